@@ -1,0 +1,2 @@
+// shadowkv command-line entry point (placeholder until the subcommands land).
+int main() { return 0; }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what shadowkv needs to build and test on Debian/Ubuntu (run as root or with sudo).
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config python3
+  libopenblas-dev liblapacke-dev    # CPU linear algebra (GEMM, symmetric eigensolver)
+  libfmt-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-dev             # libFuzzer target for the GGUF parser
+  jargon-text                       # default essay haystack for the long-context evaluation
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
