@@ -1,0 +1,50 @@
+// KvPolicyConfig: every setting of every KV policy, as a user states it (absolute or ratio).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace shadowkv::kv {
+
+struct KvPolicyConfig {
+  std::string policy = "full";  // full | shadowkv | snapkv | quest | streaming
+
+  // Token budget T shared by the sparse policies: budget_tokens if > 0, else
+  // max(budget_min_tokens, budget_fraction * context) rounded to the policy's granularity.
+  int64_t budget_tokens = 0;
+  double budget_fraction = 0.015625;  // 1.56% (ShadowKV's default: 2048 of 131072)
+  int64_t budget_min_tokens = 256;    // floor for short contexts
+
+  // ShadowKV (SPEC §3).
+  int chunk_size = 8;
+  int rank = 0;                 // r; 0 = from rank_ratio
+  double rank_ratio = 1 / 6.4;  // r = ceil8(ratio * num_kv_heads * head_dim)
+  int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
+  int local_window = 32;        // W: exact tokens at the end of the prompt
+  std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)
+
+  // SnapKV (SPEC §4).
+  int snap_window = 32;
+  int snap_kernel = 7;
+  std::string snap_pooling = "max";  // max | avg
+
+  // Quest.
+  int quest_page_size = 16;
+  int quest_dense_layers = 2;
+
+  // StreamingLLM.
+  int sink_tokens = 4;
+
+  // Checks the settings that do not depend on the model (names, ranges).
+  Status Validate() const;
+  // Budget T in tokens for a context of `context_tokens`.
+  int64_t BudgetTokens(int64_t context_tokens) const;
+};
+
+// The policy names MakeKvPolicy knows.
+const std::vector<std::string>& KnownKvPolicies();
+
+}  // namespace shadowkv::kv

@@ -1,0 +1,148 @@
+// The KV-policy seam: how a sequence's keys and values are kept, and what attention reads.
+//
+// A KvPolicy is a factory (one per engine and setting); a SequenceKv holds one sequence's KV
+// state for every layer and is owned by the engine's sequence. The forward pass, per layer:
+//   1. computes q, k (pre- and post-RoPE) and v for the new tokens of each sequence;
+//   2. SequenceKv::Append(layer, block)         -- the only call that adds tokens;
+//   3. SequenceKv::Prepare(layer, q, ..., &in)  -- the policy picks what the queries see;
+//   4. the backend's attention op consumes `in` (plain pointers; it never sees a policy);
+//   5. after the last chunk of the prompt: SequenceKv::FinishPrefill(layer) (compression point).
+// Pointers placed in an AttentionInput stay valid until the next Append/Prepare/FinishPrefill
+// on that sequence. A SequenceKv is used by one thread at a time; different sequences may be
+// driven from different threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/kv_config.h"
+#include "ops/cpu/rope.h"
+
+namespace shadowkv::kv {
+
+// Shape of a model's attention, as the policies need it.
+struct KvGeometry {
+  int num_layers = 0;
+  int num_query_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int64_t max_context = 0;  // tokens per sequence
+  RopeConfig rope;          // to rotate rebuilt keys at their original positions
+
+  int kv_width() const { return num_kv_heads * head_dim; }
+  int q_width() const { return num_query_heads * head_dim; }
+  int group_size() const { return num_query_heads / num_kv_heads; }
+};
+
+// New tokens of one sequence at one layer (rows are tokens, consecutive positions).
+struct TokenBlock {
+  int num_tokens = 0;
+  int64_t first_position = 0;
+  const float* keys_pre_rope = nullptr;  // [num_tokens, num_kv_heads * head_dim]
+  const float* keys = nullptr;           // [num_tokens, num_kv_heads * head_dim] post-RoPE
+  const float* values = nullptr;         // [num_tokens, num_kv_heads * head_dim]
+  const float* queries = nullptr;        // [num_tokens, num_query_heads * head_dim] post-RoPE
+};
+
+// A run of exact post-RoPE keys/values of one KV head. Row t: keys + t * row_stride.
+struct KvSegment {
+  const float* keys = nullptr;    // [num_tokens, row_stride], first head_dim floats used
+  const float* values = nullptr;  // [num_tokens, row_stride]
+  int32_t num_tokens = 0;
+  int32_t row_stride = 0;
+  // When causal, row t sits at position first_position + t and is hidden from queries at
+  // earlier positions (the segment holding the tokens just appended). Otherwise every row
+  // precedes every query.
+  bool causal = false;
+  int64_t first_position = 0;
+};
+
+// What the attention op reads for one layer of one sequence.
+struct AttentionInput {
+  std::vector<std::vector<KvSegment>> heads;  // [num_kv_heads][segments]
+
+  void Reset(int num_kv_heads) {
+    heads.resize(num_kv_heads);
+    for (auto& segments : heads) segments.clear();
+  }
+  int64_t num_tokens(int kv_head) const {
+    int64_t total = 0;
+    for (const auto& s : heads[kv_head]) total += s.num_tokens;
+    return total;
+  }
+};
+
+// Bytes held per memory tier (fast: GPU memory or RAM next to compute; slow: host RAM or file).
+struct MemoryUsage {
+  int64_t fast_bytes = 0;
+  int64_t slow_bytes = 0;
+  MemoryUsage& operator+=(const MemoryUsage& o) {
+    fast_bytes += o.fast_bytes;
+    slow_bytes += o.slow_bytes;
+    return *this;
+  }
+};
+
+// Counters a policy keeps across a sequence's decode steps (summed over layers and KV heads).
+struct PolicyStats {
+  int64_t prepare_calls = 0;
+  int64_t context_tokens = 0;    // tokens the sequence holds, summed per prepare
+  int64_t attended_tokens = 0;   // tokens the attention actually read, summed per prepare
+  int64_t chunk_selections = 0;  // chunks selected (sparse policies)
+  int64_t chunk_hits = 0;        // of those, reused from the previous step
+  int64_t bytes_fetched = 0;     // bytes moved from the slow tier
+  double hit_rate() const {
+    return chunk_selections ? static_cast<double>(chunk_hits) / chunk_selections : 0.0;
+  }
+  PolicyStats& operator+=(const PolicyStats& o);
+};
+
+class SequenceKv {
+ public:
+  virtual ~SequenceKv() = default;
+
+  // Adds block.num_tokens tokens at `layer`, starting at position block.first_position (which
+  // must equal the number of tokens the layer already holds).
+  virtual Status Append(int layer, const TokenBlock& block) = 0;
+
+  // Chooses what the `num_queries` queries just appended at `layer` attend to
+  // (queries: [num_queries, num_query_heads * head_dim] post-RoPE). Fills `out`.
+  virtual Status Prepare(int layer, const float* queries, int num_queries,
+                         AttentionInput* out) = 0;
+
+  // The prompt is complete at `layer`: compress (snapkv, shadowkv) or do nothing.
+  virtual Status FinishPrefill(int layer) = 0;
+
+  // Tokens this sequence holds (same for every layer between steps).
+  virtual int64_t num_tokens() const = 0;
+  virtual MemoryUsage memory() const = 0;
+  virtual const PolicyStats& stats() const = 0;
+};
+
+class KvPolicy {
+ public:
+  virtual ~KvPolicy() = default;
+  virtual std::string_view name() const = 0;
+  const KvPolicyConfig& config() const { return config_; }
+  const KvGeometry& geometry() const { return geometry_; }
+
+  virtual Result<std::unique_ptr<SequenceKv>> NewSequence() const = 0;
+  // Memory a sequence of `num_tokens` tokens will hold once prefilled (admission control).
+  virtual MemoryUsage EstimateMemory(int64_t num_tokens) const = 0;
+
+ protected:
+  KvPolicy(KvPolicyConfig config, KvGeometry geometry)
+      : config_(std::move(config)), geometry_(std::move(geometry)) {}
+  KvPolicyConfig config_;
+  KvGeometry geometry_;
+};
+
+// Builds the policy named by config.policy; impossible settings give kInvalidArgument.
+Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
+                                                const KvGeometry& geometry);
+
+}  // namespace shadowkv::kv

@@ -1,0 +1,36 @@
+// Exact attention over what a KV policy prepared (plain segments), on the CPU with BLAS tiles.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/thread_pool.h"
+#include "kv/kv_policy.h"
+
+namespace shadowkv {
+
+// One sequence's attention work at one layer.
+struct AttentionJob {
+  const float* queries = nullptr;  // [num_queries, num_query_heads * head_dim] post-RoPE
+  float* out = nullptr;            // [num_queries, num_query_heads * head_dim]
+  int num_queries = 0;
+  int64_t first_position = 0;      // position of query 0 (queries are consecutive)
+  const kv::AttentionInput* input = nullptr;
+};
+
+struct AttentionShape {
+  int num_query_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 0.0f;  // usually 1/sqrt(head_dim)
+};
+
+// Runs every job (softmax(q·kᵀ·scale, causal where a segment says so)·v), spreading
+// (job, KV head, query block) tasks over the pool.
+void RunAttention(const AttentionShape& shape, std::span<const AttentionJob> jobs,
+                  ThreadPool& pool);
+
+// Straightforward per-query reference (fp64 accumulation), for tests.
+void ReferenceAttention(const AttentionShape& shape, const AttentionJob& job);
+
+}  // namespace shadowkv
