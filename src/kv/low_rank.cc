@@ -1,0 +1,137 @@
+// Gram matrix, truncated eigendecomposition (LAPACK MRRR) and projections for LowRankBasis.
+#include "kv/low_rank.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace shadowkv::kv {
+namespace {
+
+// Rows per fp32 SYRK block, blocks summed in fp64. Measured on 40K-100K rows of low-rank-plus-
+// noise keys: one fp32 SYRK over all rows misses the discarded energy by ~0.6%, 256-row blocks
+// by ~0.02% (against fp64 DSYRK), at fp32 speed and without an fp64 copy of the keys.
+constexpr int64_t kGramBlockRows = 256;
+
+}  // namespace
+
+Result<int> ResolveRank(int rank, double rank_ratio, int width) {
+  if (width <= 0) return Error(ErrorCode::kInvalidArgument, "key width {} is not positive", width);
+  int resolved = rank;
+  if (resolved <= 0) {
+    if (!(rank_ratio > 0.0 && rank_ratio <= 1.0)) {
+      return Error(ErrorCode::kInvalidArgument, "rank ratio {} is not in (0, 1]", rank_ratio);
+    }
+    // The small slack keeps exact products (1/6.4 · 1024 = 160) from rounding up to 168.
+    const auto scaled = static_cast<int>(std::ceil(rank_ratio * width - 1e-6));
+    resolved = std::min(width, (std::max(scaled, 1) + 7) / 8 * 8);
+  }
+  if (resolved > width) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "rank {} exceeds the key width {} (num_kv_heads * head_dim)", resolved, width);
+  }
+  return resolved;
+}
+
+std::vector<double> GramMatrix(const float* rows, int64_t num_rows, int width, int64_t row_stride) {
+  const size_t n = static_cast<size_t>(width);
+  std::vector<double> gram(n * n, 0.0);
+  std::vector<float> block(n * n);
+  for (int64_t begin = 0; begin < num_rows; begin += kGramBlockRows) {
+    const auto count = static_cast<int>(std::min(kGramBlockRows, num_rows - begin));
+    // Upper triangle of XᵀX for this block (row-major, X is [count, width]).
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, width, count, 1.0f,
+                rows + begin * row_stride, static_cast<int>(row_stride), 0.0f, block.data(), width);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = i; j < n; ++j) gram[i * n + j] += block[i * n + j];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < i; ++j) gram[i * n + j] = gram[j * n + i];
+  }
+  return gram;
+}
+
+Result<std::vector<double>> GramEigenvalues(std::span<const double> gram, int width) {
+  if (gram.size() != static_cast<size_t>(width) * width) {
+    return Error(ErrorCode::kInvalidArgument, "Gram matrix of {} entries is not {}x{}", gram.size(),
+                 width, width);
+  }
+  std::vector<double> work(gram.begin(), gram.end());
+  std::vector<double> values(width);
+  const lapack_int info =
+      LAPACKE_dsyevd(LAPACK_COL_MAJOR, 'N', 'U', width, work.data(), width, values.data());
+  if (info != 0) {
+    return Error(ErrorCode::kInternal, "eigenvalues of a {}x{} Gram matrix failed (LAPACK info {})",
+                 width, width, info);
+  }
+  std::reverse(values.begin(), values.end());
+  return values;
+}
+
+double LowRankBasis::discarded_energy() const {
+  double kept = 0.0;
+  for (double v : eigenvalues) kept += v;
+  return std::max(0.0, total_energy - kept);
+}
+
+Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, int rank) {
+  if (rank <= 0 || rank > width) {
+    return Error(ErrorCode::kInvalidArgument, "rank {} is not in [1, {}]", rank, width);
+  }
+  if (gram.size() != static_cast<size_t>(width) * width) {
+    return Error(ErrorCode::kInvalidArgument, "Gram matrix of {} entries is not {}x{}", gram.size(),
+                 width, width);
+  }
+  LowRankBasis fit;
+  fit.width = width;
+  fit.rank = rank;
+  for (int i = 0; i < width; ++i) fit.total_energy += gram[static_cast<size_t>(i) * width + i];
+
+  // dsyevr overwrites its input; G is symmetric, so row- and column-major read the same.
+  std::vector<double> work(gram.begin(), gram.end());
+  std::vector<double> values(width);
+  std::vector<double> vectors(static_cast<size_t>(width) * rank);  // column-major [width, rank]
+  std::vector<lapack_int> support(2 * static_cast<size_t>(rank));
+  lapack_int found = 0;
+  const lapack_int info = LAPACKE_dsyevr(LAPACK_COL_MAJOR, 'V', 'I', 'U', width, work.data(), width,
+                                         0.0, 0.0, width - rank + 1, width, 0.0, &found,
+                                         values.data(), vectors.data(), width, support.data());
+  if (info != 0 || found != rank) {
+    return Error(
+        ErrorCode::kInternal,
+        "eigendecomposition of a {}x{} Gram matrix failed (LAPACK info {}, {} of {} found)", width,
+        width, info, found, rank);
+  }
+  // LAPACK returns ascending eigenvalues; B wants the largest first.
+  fit.eigenvalues.resize(rank);
+  fit.basis.resize(static_cast<size_t>(rank) * width);
+  for (int i = 0; i < rank; ++i) {
+    const int source = rank - 1 - i;
+    fit.eigenvalues[i] = values[source];
+    const double* column = vectors.data() + static_cast<size_t>(source) * width;
+    float* row = fit.basis.data() + static_cast<size_t>(i) * width;
+    for (int j = 0; j < width; ++j) row[j] = static_cast<float>(column[j]);
+  }
+  return fit;
+}
+
+void ProjectOntoBasis(const LowRankBasis& basis, const float* rows, int64_t num_rows,
+                      int64_t row_stride, float* out) {
+  if (num_rows == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(num_rows), basis.rank,
+              basis.width, 1.0f, rows, static_cast<int>(row_stride), basis.basis.data(),
+              basis.width, 0.0f, out, basis.rank);
+}
+
+void RebuildColumns(const LowRankBasis& basis, const float* coefficients, int64_t num_rows,
+                    int column, int num_columns, float* out, int64_t out_stride) {
+  if (num_rows == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(num_rows), num_columns,
+              basis.rank, 1.0f, coefficients, basis.rank, basis.basis.data() + column, basis.width,
+              0.0f, out, static_cast<int>(out_stride));
+}
+
+}  // namespace shadowkv::kv

@@ -1,0 +1,158 @@
+// Tests of the low-rank key factorisation against direct fp64 computations.
+#include "kv/low_rank.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace shadowkv::kv {
+namespace {
+
+// X = U·V + noise: [num_rows, width] with `signal_rank` strong directions of decaying scale.
+std::vector<float> LowRankPlusNoise(int64_t num_rows, int width, int signal_rank, float noise,
+                                    uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> u(num_rows * signal_rank), v(static_cast<size_t>(signal_rank) * width);
+  for (auto& x : u) x = normal(rng);
+  for (int k = 0; k < signal_rank; ++k) {
+    const float scale = 4.0f / (1.0f + 0.3f * k);
+    for (int j = 0; j < width; ++j) v[k * width + j] = scale * normal(rng);
+  }
+  std::vector<float> x(num_rows * width);
+  for (int64_t i = 0; i < num_rows; ++i) {
+    for (int j = 0; j < width; ++j) {
+      double sum = 0;
+      for (int k = 0; k < signal_rank; ++k) sum += u[i * signal_rank + k] * v[k * width + j];
+      x[i * width + j] = static_cast<float>(sum) + noise * normal(rng);
+    }
+  }
+  return x;
+}
+
+// ‖X − A·B‖²_F in fp64, straight from the definition.
+double ResidualEnergy(const std::vector<float>& x, int64_t num_rows, const LowRankBasis& fit) {
+  const int w = fit.width, r = fit.rank;
+  double energy = 0;
+  std::vector<double> a(r);
+  for (int64_t i = 0; i < num_rows; ++i) {
+    const float* row = x.data() + i * w;
+    for (int k = 0; k < r; ++k) {
+      double dot = 0;
+      for (int j = 0; j < w; ++j) dot += static_cast<double>(row[j]) * fit.basis[k * w + j];
+      a[k] = dot;
+    }
+    for (int j = 0; j < w; ++j) {
+      double rebuilt = 0;
+      for (int k = 0; k < r; ++k) rebuilt += a[k] * fit.basis[k * w + j];
+      energy += (row[j] - rebuilt) * (row[j] - rebuilt);
+    }
+  }
+  return energy;
+}
+
+TEST(LowRankTest, ResolveRankFollowsTheRatioRule) {
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 1024).value(), 160);  // the paper's Llama-3-8B setting
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 192).value(), 32);    // 30 rounded up to a multiple of 8
+  EXPECT_EQ(ResolveRank(0, 1.0, 100).value(), 100);       // 104 capped at the width
+  EXPECT_EQ(ResolveRank(48, 0.5, 192).value(), 48);
+  auto too_big = ResolveRank(200, 0.0, 192);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("200"), std::string::npos);
+  EXPECT_NE(too_big.status().message().find("192"), std::string::npos);
+}
+
+TEST(LowRankTest, GramMatchesDirectSum) {
+  const int64_t rows = 700;  // several SYRK blocks and a partial one
+  const int width = 24;
+  auto x = LowRankPlusNoise(rows, width, 5, 0.1f, 3);
+  auto gram = GramMatrix(x.data(), rows, width, width);
+  for (int i = 0; i < width; ++i) {
+    for (int j = 0; j < width; ++j) {
+      double expected = 0;
+      for (int64_t t = 0; t < rows; ++t) expected += double(x[t * width + i]) * x[t * width + j];
+      EXPECT_NEAR(gram[i * width + j], expected, 1e-5 * (1 + std::fabs(expected)));
+    }
+  }
+}
+
+TEST(LowRankTest, GramHonoursRowStride) {
+  // Columns 4..11 of a 16-wide matrix, read through the stride.
+  std::vector<float> x(5 * 16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  auto gram = GramMatrix(x.data() + 4, 5, 8, 16);
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      double expected = 0;
+      for (int t = 0; t < 5; ++t) expected += double(x[t * 16 + 4 + i]) * x[t * 16 + 4 + j];
+      EXPECT_DOUBLE_EQ(gram[i * 8 + j], expected);
+    }
+  }
+}
+
+TEST(LowRankTest, DiscardedEnergyEqualsResidual) {
+  const int64_t rows = 3000;
+  const int width = 96, rank = 16;
+  auto x = LowRankPlusNoise(rows, width, 12, 0.05f, 11);
+  auto gram = GramMatrix(x.data(), rows, width, width);
+  auto fit = FitLowRankBasis(gram, width, rank);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  const double residual = ResidualEnergy(x, rows, *fit);
+  EXPECT_NEAR(fit->discarded_energy(), residual, 1e-3 * residual);
+
+  // The same energy as the sum of the eigenvalues past the rank.
+  auto spectrum = GramEigenvalues(gram, width);
+  ASSERT_TRUE(spectrum.ok());
+  double tail = 0;
+  for (int i = rank; i < width; ++i) tail += (*spectrum)[i];
+  EXPECT_NEAR(tail, residual, 1e-3 * residual);
+  for (int i = 0; i < rank; ++i)
+    EXPECT_NEAR((*spectrum)[i], fit->eigenvalues[i], 1e-9 * (*spectrum)[0]);
+  for (int i = 1; i < width; ++i) EXPECT_GE((*spectrum)[i - 1], (*spectrum)[i]);
+}
+
+TEST(LowRankTest, LongContextKeepsDiscardedEnergyAccurate) {
+  // Many rows with a small noise floor: a single fp32 Gram loses the tail to rounding.
+  const int64_t rows = 40000;
+  const int width = 64, rank = 8;
+  auto x = LowRankPlusNoise(rows, width, 8, 0.02f, 5);
+  auto gram = GramMatrix(x.data(), rows, width, width);
+  auto fit = FitLowRankBasis(gram, width, rank);
+  ASSERT_TRUE(fit.ok());
+  const double residual = ResidualEnergy(x, rows, *fit);
+  EXPECT_NEAR(fit->discarded_energy(), residual, 1e-3 * residual);
+}
+
+TEST(LowRankTest, BasisIsOrthonormalAndFullRankRebuildsExactly) {
+  const int64_t rows = 200;
+  const int width = 48;
+  auto x = LowRankPlusNoise(rows, width, 6, 0.3f, 7);
+  auto fit = FitLowRankBasis(GramMatrix(x.data(), rows, width, width), width, width);
+  ASSERT_TRUE(fit.ok());
+  for (int a = 0; a < width; ++a) {
+    for (int b = 0; b < width; ++b) {
+      double dot = 0;
+      for (int j = 0; j < width; ++j)
+        dot += double(fit->basis[a * width + j]) * fit->basis[b * width + j];
+      EXPECT_NEAR(dot, a == b ? 1.0 : 0.0, 1e-5);
+    }
+  }
+  std::vector<float> coefficients(rows * width), rebuilt(rows * width);
+  ProjectOntoBasis(*fit, x.data(), rows, width, coefficients.data());
+  // Rebuild two column ranges separately, as the policy does per KV head.
+  RebuildColumns(*fit, coefficients.data(), rows, 0, 16, rebuilt.data(), width);
+  RebuildColumns(*fit, coefficients.data(), rows, 16, 32, rebuilt.data() + 16, width);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(rebuilt[i], x[i], 1e-4 * (1 + std::fabs(x[i])));
+}
+
+TEST(LowRankTest, RejectsBadRank) {
+  std::vector<double> gram(16, 0.0);
+  EXPECT_FALSE(FitLowRankBasis(gram, 4, 5).ok());
+  EXPECT_FALSE(FitLowRankBasis(gram, 4, 0).ok());
+  EXPECT_FALSE(FitLowRankBasis(gram, 3, 2).ok());  // wrong size
+}
+
+}  // namespace
+}  // namespace shadowkv::kv
