@@ -1,0 +1,202 @@
+// CpuModel::Forward: the llama/qwen2 block over a batch of decode rows and prefill chunks.
+#include "model/cpu_model.h"
+
+#include <cblas.h>
+
+#include <cmath>
+
+#include "ops/cpu/attention.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/cpu/gemm.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace shadowkv {
+
+// Rows of a step in processing order: decode inputs first (one row each, contiguous so one
+// mat-vec call serves them all), then the prefill inputs' rows.
+struct CpuModel::Rows {
+  std::vector<int> order;             // input indices in processing order
+  std::vector<int64_t> first_row;     // [input] first row of the input
+  std::vector<int64_t> position;      // [input] position of its first token
+  int64_t decode_rows = 0;
+  int64_t total = 0;
+};
+
+Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::string& path, int num_threads) {
+  std::unique_ptr<CpuModel> model(new CpuModel());
+  SKV_ASSIGN_OR_RETURN(model->file_, gguf::GgufFile::Open(path));
+  SKV_ASSIGN_OR_RETURN(model->config_, ModelConfig::FromGguf(*model->file_));
+  SKV_ASSIGN_OR_RETURN(model->tokenizer_, Tokenizer::FromGguf(*model->file_));
+  if (model->tokenizer_->vocab_size() != model->config_.vocab_size) {
+    return Error(ErrorCode::kCorrupt, "tokenizer has {} tokens but the embedding has {} rows",
+                 model->tokenizer_->vocab_size(), model->config_.vocab_size);
+  }
+  SKV_ASSIGN_OR_RETURN(model->weights_, ModelWeights::Load(*model->file_, model->config_));
+  // BLAS runs single-threaded inside our own pool's tasks.
+  openblas_set_num_threads(1);
+  model->pool_ = std::make_unique<ThreadPool>(num_threads);
+  model->rope_ = std::make_unique<Rope>(model->config_.rope);
+  return model;
+}
+
+kv::KvGeometry CpuModel::kv_geometry() const {
+  kv::KvGeometry g;
+  g.num_layers = config_.num_layers;
+  g.num_query_heads = config_.num_query_heads;
+  g.num_kv_heads = config_.num_kv_heads;
+  g.head_dim = config_.head_dim;
+  g.max_context = config_.context_length;
+  g.rope = config_.rope;
+  return g;
+}
+
+void CpuModel::Linear(const LinearWeight& w, const float* x, float* y, const Rows& rows) {
+  const int64_t out = w.out_features(), in = w.in_features();
+  if (rows.decode_rows > 0) QuantMatVec(w.matrix, x, rows.decode_rows, y, *pool_);
+  const int64_t prefill_rows = rows.total - rows.decode_rows;
+  if (prefill_rows > 0) {
+    DequantGemm(w.matrix, x + rows.decode_rows * in, prefill_rows, y + rows.decode_rows * out,
+                *pool_);
+  }
+  if (!w.bias.empty()) AddBias(y, w.bias.data(), rows.total, static_cast<int>(out));
+}
+
+Status CpuModel::Forward(std::span<const StepInput> inputs) {
+  const ModelConfig& c = config_;
+  const int hidden = c.hidden_size;
+  const int d = c.head_dim;
+  const int q_width = c.num_query_heads * d;
+  const int kv_width = c.num_kv_heads * d;
+  const int n = static_cast<int>(inputs.size());
+
+  // Plan rows and check every input before touching any state.
+  Rows rows;
+  rows.first_row.assign(n, 0);
+  rows.position.assign(n, 0);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int i = 0; i < n; ++i) {
+      if ((inputs[i].tokens.size() == 1) == (pass == 0)) rows.order.push_back(i);
+    }
+  }
+  for (int i : rows.order) {
+    const StepInput& in = inputs[i];
+    if (!in.kv || in.tokens.empty()) {
+      return Error(ErrorCode::kInvalidArgument, "step input {} has no KV state or no tokens", i);
+    }
+    rows.first_row[i] = rows.total;
+    rows.position[i] = in.kv->num_tokens();
+    if (rows.position[i] + static_cast<int64_t>(in.tokens.size()) > c.context_length) {
+      return Error(ErrorCode::kOutOfRange,
+                   "sequence would hold {} tokens, more than the model's context of {}",
+                   rows.position[i] + in.tokens.size(), c.context_length);
+    }
+    for (int32_t token : in.tokens) {
+      if (token < 0 || token >= c.vocab_size) {
+        return Error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
+                     token, c.vocab_size);
+      }
+    }
+    if (in.tokens.size() == 1) rows.decode_rows++;
+    rows.total += static_cast<int64_t>(in.tokens.size());
+  }
+  const int64_t total = rows.total;
+
+  // Activations, [rows, width] each.
+  std::vector<float> x(total * hidden), xn(total * hidden), q(total * q_width),
+      k_pre(total * kv_width), k(total * kv_width), v(total * kv_width), attn(total * q_width),
+      proj(total * hidden), gate(total * c.ffn_size), up(total * c.ffn_size);
+  for (int i : rows.order) {
+    for (size_t t = 0; t < inputs[i].tokens.size(); ++t) {
+      DequantRow(weights_.token_embd, inputs[i].tokens[t], x.data() + (rows.first_row[i] + t) * hidden);
+    }
+  }
+
+  std::vector<kv::AttentionInput> prepared(n);
+  std::vector<Status> statuses(n);
+  std::vector<AttentionJob> jobs(n);
+  const AttentionShape shape{c.num_query_heads, c.num_kv_heads, d,
+                             1.0f / std::sqrt(static_cast<float>(d))};
+
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& w = weights_.layers[layer];
+    RmsNorm(x.data(), w.attn_norm.data(), total, hidden, c.rms_norm_eps, xn.data());
+    Linear(w.q, xn.data(), q.data(), rows);
+    Linear(w.k, xn.data(), k_pre.data(), rows);
+    Linear(w.v, xn.data(), v.data(), rows);
+    k = k_pre;
+    for (int i : rows.order) {
+      for (size_t t = 0; t < inputs[i].tokens.size(); ++t) {
+        const int64_t r = rows.first_row[i] + t;
+        rope_->Apply(q.data() + r * q_width, c.num_query_heads, d, rows.position[i] + t);
+        rope_->Apply(k.data() + r * kv_width, c.num_kv_heads, d, rows.position[i] + t);
+      }
+    }
+    // Each sequence's policy stores the new tokens and prepares what its queries read.
+    pool_->ParallelFor(n, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const StepInput& in = inputs[i];
+        const int64_t r = rows.first_row[i];
+        kv::TokenBlock block;
+        block.num_tokens = static_cast<int>(in.tokens.size());
+        block.first_position = rows.position[i];
+        block.keys_pre_rope = k_pre.data() + r * kv_width;
+        block.keys = k.data() + r * kv_width;
+        block.values = v.data() + r * kv_width;
+        block.queries = q.data() + r * q_width;
+        Status status = in.kv->Append(layer, block);
+        if (status.ok()) {
+          status = in.kv->Prepare(layer, block.queries, block.num_tokens, &prepared[i]);
+        }
+        statuses[i] = status;
+        jobs[i] = AttentionJob{block.queries, attn.data() + r * q_width, block.num_tokens,
+                               block.first_position, &prepared[i]};
+      }
+    });
+    for (const Status& s : statuses) SKV_RETURN_IF_ERROR(s);
+    RunAttention(shape, jobs, *pool_);
+    for (int i = 0; i < n; ++i) {
+      if (inputs[i].finish_prefill) SKV_RETURN_IF_ERROR(inputs[i].kv->FinishPrefill(layer));
+    }
+    Linear(w.o, attn.data(), proj.data(), rows);
+    AddInPlace(x.data(), proj.data(), total * hidden);
+
+    RmsNorm(x.data(), w.ffn_norm.data(), total, hidden, c.rms_norm_eps, xn.data());
+    Linear(w.gate, xn.data(), gate.data(), rows);
+    Linear(w.up, xn.data(), up.data(), rows);
+    SwiGlu(gate.data(), up.data(), total * c.ffn_size);
+    Linear(w.down, gate.data(), proj.data(), rows);
+    AddInPlace(x.data(), proj.data(), total * hidden);
+  }
+
+  // Logits: last rows through the mat-vec kernel (as decode), whole inputs through the GEMM.
+  std::vector<float> last_rows;
+  std::vector<int> last_inputs;
+  for (int i : rows.order) {
+    const StepInput& in = inputs[i];
+    const int64_t count = static_cast<int64_t>(in.tokens.size());
+    const float* first = x.data() + rows.first_row[i] * hidden;
+    if (in.logits == StepInput::Logits::kLast) {
+      last_rows.resize(last_rows.size() + hidden);
+      RmsNorm(first + (count - 1) * hidden, weights_.output_norm.data(), 1, hidden,
+              c.rms_norm_eps, last_rows.data() + last_rows.size() - hidden);
+      last_inputs.push_back(i);
+    } else if (in.logits == StepInput::Logits::kAll) {
+      std::vector<float> normed(count * hidden);
+      RmsNorm(first, weights_.output_norm.data(), count, hidden, c.rms_norm_eps, normed.data());
+      DequantGemm(weights_.output.matrix, normed.data(), count, in.logits_out, *pool_);
+    }
+  }
+  if (!last_inputs.empty()) {
+    std::vector<float> logits(last_inputs.size() * c.vocab_size);
+    QuantMatVec(weights_.output.matrix, last_rows.data(), static_cast<int64_t>(last_inputs.size()),
+                logits.data(), *pool_);
+    for (size_t j = 0; j < last_inputs.size(); ++j) {
+      std::copy_n(logits.data() + j * c.vocab_size, c.vocab_size,
+                  inputs[last_inputs[j]].logits_out);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace shadowkv

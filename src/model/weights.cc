@@ -1,0 +1,105 @@
+// ModelWeights::Load: tensor names and shapes of the llama/qwen2 layouts in GGUF.
+#include "model/weights.h"
+
+#include "format/quants.h"
+
+namespace shadowkv {
+namespace {
+
+Result<const gguf::TensorInfo*> FindShaped(const gguf::GgufFile& file, const std::string& name,
+                                           std::vector<int64_t> shape) {
+  const gguf::TensorInfo* t = file.FindTensor(name);
+  if (!t) return Error(ErrorCode::kNotFound, "tensor '{}' is missing from {}", name, file.path());
+  if (t->shape != shape) {
+    return Error(ErrorCode::kCorrupt, "tensor '{}' has shape [{}], expected [{}]", name,
+                 fmt::join(t->shape, ", "), fmt::join(shape, ", "));
+  }
+  return t;
+}
+
+Result<std::vector<float>> LoadVector(const gguf::GgufFile& file, const std::string& name,
+                                      int64_t size) {
+  SKV_ASSIGN_OR_RETURN(const gguf::TensorInfo* t, FindShaped(file, name, {size}));
+  return gguf::DequantizeTensor(*t);
+}
+
+// Binds a [in, out] GGUF matrix (row length `in`) as a [out, in] QuantMatrix.
+Result<QuantMatrix> BindMatrix(const gguf::TensorInfo& t) {
+  auto traits = gguf::GetTypeTraits(static_cast<uint32_t>(t.type));
+  if (!traits.ok()) return traits.status();
+  std::vector<float> probe(t.row_length());
+  // Every weight type must at least dequantise (the GEMM path and repacking need it).
+  Status status = gguf::DequantizeRow(t.type, t.data, probe.data(), t.row_length());
+  if (!status.ok()) {
+    return Error(ErrorCode::kUnsupported, "tensor '{}': {}", t.name, status.message());
+  }
+  return QuantMatrix{t.type, t.data, t.rows(), t.row_length(), t.row_bytes()};
+}
+
+Result<LinearWeight> LoadLinear(const gguf::GgufFile& file, const std::string& name, int64_t in,
+                                int64_t out, bool with_bias) {
+  SKV_ASSIGN_OR_RETURN(const gguf::TensorInfo* t, FindShaped(file, name + ".weight", {in, out}));
+  LinearWeight linear;
+  SKV_ASSIGN_OR_RETURN(linear.matrix, BindMatrix(*t));
+  if (!QuantMatVecSupports(linear.matrix.type)) {
+    if (in % 32 != 0) {
+      return Error(ErrorCode::kUnsupported, "tensor '{}': type {} with row length {} (not a "
+                   "multiple of 32) cannot be repacked", t->name, gguf::TypeName(t->type), in);
+    }
+    SKV_ASSIGN_OR_RETURN(std::vector<float> dense, gguf::DequantizeTensor(*t));
+    linear.repacked = QuantizeRowsQ8_0(dense.data(), out, in);
+    linear.matrix = QuantMatrix{gguf::GgmlType::kQ8_0, linear.repacked.data(), out, in,
+                                QuantRowBytes(gguf::GgmlType::kQ8_0, in)};
+  }
+  if (with_bias) {
+    SKV_ASSIGN_OR_RETURN(linear.bias, LoadVector(file, name + ".bias", out));
+  }
+  return linear;
+}
+
+}  // namespace
+
+Result<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, const ModelConfig& c) {
+  ModelWeights w;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  SKV_ASSIGN_OR_RETURN(const gguf::TensorInfo* embd,
+                       FindShaped(file, "token_embd.weight", {hidden, c.vocab_size}));
+  SKV_ASSIGN_OR_RETURN(w.token_embd, BindMatrix(*embd));
+  if (c.tied_embeddings) {
+    SKV_ASSIGN_OR_RETURN(w.output, LoadLinear(file, "token_embd", hidden, c.vocab_size, false));
+  } else {
+    SKV_ASSIGN_OR_RETURN(w.output, LoadLinear(file, "output", hidden, c.vocab_size, false));
+  }
+  SKV_ASSIGN_OR_RETURN(w.output_norm, LoadVector(file, "output_norm.weight", hidden));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    LayerWeights layer;
+    SKV_ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(file, p + "attn_norm.weight", hidden));
+    SKV_ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(file, p + "ffn_norm.weight", hidden));
+    SKV_ASSIGN_OR_RETURN(layer.q, LoadLinear(file, p + "attn_q", hidden, q_width, c.qkv_bias));
+    SKV_ASSIGN_OR_RETURN(layer.k, LoadLinear(file, p + "attn_k", hidden, kv_width, c.qkv_bias));
+    SKV_ASSIGN_OR_RETURN(layer.v, LoadLinear(file, p + "attn_v", hidden, kv_width, c.qkv_bias));
+    SKV_ASSIGN_OR_RETURN(layer.o, LoadLinear(file, p + "attn_output", q_width, hidden, false));
+    SKV_ASSIGN_OR_RETURN(layer.gate, LoadLinear(file, p + "ffn_gate", hidden, c.ffn_size, false));
+    SKV_ASSIGN_OR_RETURN(layer.up, LoadLinear(file, p + "ffn_up", hidden, c.ffn_size, false));
+    SKV_ASSIGN_OR_RETURN(layer.down, LoadLinear(file, p + "ffn_down", c.ffn_size, hidden, false));
+    w.layers.push_back(std::move(layer));
+  }
+  return w;
+}
+
+int64_t ModelWeights::ByteSize() const {
+  auto bytes = [](const LinearWeight& l) {
+    return static_cast<int64_t>(l.matrix.rows * l.matrix.row_bytes);
+  };
+  int64_t total = bytes(output);
+  for (const auto& l : layers) {
+    total += bytes(l.q) + bytes(l.k) + bytes(l.v) + bytes(l.o) + bytes(l.gate) + bytes(l.up) +
+             bytes(l.down);
+  }
+  return total;
+}
+
+}  // namespace shadowkv
