@@ -121,6 +121,8 @@ class SequenceKv {
   virtual int64_t num_tokens() const = 0;
   virtual MemoryUsage memory() const = 0;
   virtual const PolicyStats& stats() const = 0;
+  // The same counters per layer ([num_layers]) where the policy keeps them; empty otherwise.
+  virtual std::vector<PolicyStats> layer_stats() const { return {}; }
 };
 
 class KvPolicy {
