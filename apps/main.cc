@@ -1,2 +1,30 @@
-// shadowkv command-line entry point (placeholder until the subcommands land).
-int main() { return 0; }
+// shadowkv: command-line entry point; dispatches to the subcommands.
+#include <CLI/CLI.hpp>
+
+#include <map>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"shadowkv: long-context LLM inference with the ShadowKV KV cache"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, shadowkv::app::Command> commands;
+  auto add = [&](shadowkv::app::Command (*adder)(CLI::App&)) {
+    const size_t before = app.get_subcommands({}).size();
+    shadowkv::app::Command command = adder(app);
+    commands[app.get_subcommands({})[before]] = std::move(command);
+  };
+  add(shadowkv::app::AddGenerateCommand);
+  add(shadowkv::app::AddBenchCommand);
+  add(shadowkv::app::AddFetchModelCommand);
+  add(shadowkv::app::AddInspectCommand);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;  // usage errors exit 2, --help exits 0
+  }
+  for (auto& [subcommand, command] : commands) {
+    if (subcommand->parsed()) return command();
+  }
+  return 2;
+}

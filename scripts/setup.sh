@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-dev             # libFuzzer target for the GGUF parser
   jargon-text                       # default essay haystack for the long-context evaluation
+  python3-matplotlib                # plots (inspect spectra, eval heatmaps)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -19,4 +20,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The plotting scripts run under whichever python3 is first on PATH.
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  python3 -m pip install --quiet matplotlib
 fi

@@ -8,5 +8,8 @@
 namespace shadowkv::kv {
 
 Result<std::unique_ptr<KvPolicy>> MakeFullPolicy(const KvPolicyConfig&, const KvGeometry&);
+Result<std::unique_ptr<KvPolicy>> MakeSnapKvPolicy(const KvPolicyConfig&, const KvGeometry&);
+Result<std::unique_ptr<KvPolicy>> MakeQuestPolicy(const KvPolicyConfig&, const KvGeometry&);
+Result<std::unique_ptr<KvPolicy>> MakeStreamingPolicy(const KvPolicyConfig&, const KvGeometry&);
 
 }  // namespace shadowkv::kv

@@ -1,0 +1,182 @@
+// `shadowkv generate`: one prompt in, streamed text out, a speed and memory summary on stderr.
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "commands.h"
+#include "engine/engine.h"
+#include "format/chat_template.h"
+#include "options.h"
+
+namespace shadowkv::app {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "shadowkv: %s\n", message.c_str());
+  return 1;
+}
+
+namespace {
+
+struct GenerateOptions {
+  ModelOptions model;
+  kv::KvPolicyConfig kv;
+  SamplingParams sampling;
+  std::string prompt;
+  std::string prompt_file;
+  std::string system;
+  bool chat = false;
+  int max_new_tokens = 128;
+  int prefill_chunk = 512;
+  bool ignore_eos = false;
+  bool quiet = false;
+};
+
+std::string FormatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", value, units[unit]);
+}
+
+int RunGenerate(const GenerateOptions& o) {
+  std::string text = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    if (!in) return Fail(fmt::format("cannot read prompt file '{}'", o.prompt_file));
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  if (text.empty()) return Fail("no prompt: give -p TEXT or -f FILE");
+
+  auto model_or = CpuModel::Load(ResolveModelPath(o.model), o.model.threads);
+  if (!model_or.ok()) {
+    return Fail(fmt::format("cannot load model '{}': {}", ResolveModelPath(o.model),
+                            model_or.status().ToString()));
+  }
+  CpuModel& model = **model_or;
+  auto policy_or = kv::MakeKvPolicy(o.kv, model.kv_geometry());
+  if (!policy_or.ok()) return Fail(policy_or.status().ToString());
+
+  std::vector<int32_t> prompt;
+  if (o.chat) {
+    auto chat_template = DetectChatTemplate(model.file());
+    if (!chat_template.ok()) return Fail(chat_template.status().ToString());
+    std::vector<ChatMessage> messages;
+    if (!o.system.empty()) messages.push_back({"system", o.system});
+    messages.push_back({"user", text});
+    prompt = model.tokenizer().Encode(ApplyChatTemplate(*chat_template, messages, true), true, true);
+  } else {
+    prompt = model.tokenizer().Encode(text, true, false);
+  }
+
+  GenerationRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = o.max_new_tokens;
+  request.sampling = o.sampling;
+  request.stop_at_end_of_generation = !o.ignore_eos;
+  EngineOptions engine_options;
+  engine_options.prefill_chunk = o.prefill_chunk;
+  Engine engine(model, **policy_or, engine_options);
+  if (Status s = engine.Validate(request); !s.ok()) return Fail(s.ToString());
+
+  const bool progress = isatty(STDERR_FILENO) && !o.quiet;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  Clock::time_point first_token_time;
+  StreamingDecoder decoder(model.tokenizer(), /*skip_special=*/true);
+  bool first = true;
+  auto on_prefill = [&](int, int64_t done, int64_t total) {
+    if (!progress || done == total) return;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::fprintf(stderr, "\rprefill %lld/%lld tokens, %.0f tokens/s", static_cast<long long>(done),
+                 static_cast<long long>(total), done / std::max(seconds, 1e-9));
+  };
+  auto on_token = [&](int, int32_t token) {
+    if (first) {
+      first_token_time = Clock::now();
+      first = false;
+      if (progress) std::fprintf(stderr, "\r\033[K");
+    }
+    const std::string piece = decoder.Push(token);
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  std::vector<GenerationResult> results =
+      engine.Run(std::span<const GenerationRequest>(&request, 1), on_token, on_prefill);
+  const auto end = Clock::now();
+  const std::string tail = decoder.Flush();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  const GenerationResult& r = results[0];
+  if (!r.status.ok()) return Fail(r.status.ToString());
+
+  if (!o.quiet) {
+    const double prefill_s = std::chrono::duration<double>(first_token_time - start).count();
+    const double decode_s = std::chrono::duration<double>(end - first_token_time).count();
+    const size_t decoded = r.tokens.size() > 0 ? r.tokens.size() - 1 : 0;
+    std::fprintf(stderr,
+                 "[%s] prompt %zu tokens: prefill %.2f s (%.1f tokens/s); generated %zu tokens "
+                 "(%s): decode %.1f tokens/s\n",
+                 std::string((*policy_or)->name()).c_str(), prompt.size(), prefill_s,
+                 prompt.size() / std::max(prefill_s, 1e-9), r.tokens.size(),
+                 FinishReasonName(r.finish_reason), decoded / std::max(decode_s, 1e-9));
+    std::fprintf(stderr, "KV memory: fast tier %s, slow tier %s", FormatBytes(r.kv_memory.fast_bytes).c_str(),
+                 FormatBytes(r.kv_memory.slow_bytes).c_str());
+    if (r.kv_stats.chunk_selections > 0) {
+      std::fprintf(stderr, "; chunk hit rate %.1f%%", 100.0 * r.kv_stats.hit_rate());
+    }
+    std::fprintf(stderr, "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command AddGenerateCommand(CLI::App& app) {
+  auto options = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt");
+  AddModelOptions(*cmd, options->model);
+  AddKvOptions(*cmd, options->kv);
+  AddSamplingOptions(*cmd, options->sampling);
+  auto* prompt = cmd->add_option("-p,--prompt", options->prompt, "prompt text");
+  cmd->add_option("-f,--file", options->prompt_file, "read the prompt from a file")
+      ->excludes(prompt);
+  cmd->add_flag("--chat", options->chat, "wrap the prompt in the model's chat template");
+  cmd->add_option("--system", options->system, "system message for --chat");
+  cmd->add_option("-n,--max-tokens", options->max_new_tokens, "tokens to generate")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens per forward step")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag("--ignore-eos", options->ignore_eos, "keep generating past end-of-text tokens");
+  cmd->add_flag("-q,--quiet", options->quiet, "no progress line or summary");
+  return [options] { return RunGenerate(*options); };
+}
+
+Command AddFetchModelCommand(CLI::App& app) {
+  auto name = std::make_shared<std::string>("smollm2-135m-instruct");
+  CLI::App* cmd = app.add_subcommand("fetch-model", "Download and verify the default model");
+  cmd->add_option("--model", *name, "model name (see scripts/fetch_model.py --list)");
+  return [name] {
+    for (char ch : *name) {
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '.' && ch != '_') {
+        return Fail(fmt::format("model name '{}' has characters other than letters, digits, "
+                                "'-', '.' and '_'", *name));
+      }
+    }
+    const std::string script = std::string(SHADOWKV_SOURCE_DIR) + "/scripts/fetch_model.py";
+    const std::string command = fmt::format("python3 '{}' --model '{}'", script, *name);
+    return std::system(command.c_str()) == 0 ? 0 : 1;
+  };
+}
+
+}  // namespace shadowkv::app

@@ -1,0 +1,259 @@
+// `shadowkv inspect`: the paper's observations on a real model and prompt — singular-value
+// spectra of pre-RoPE keys, post-RoPE keys and values per layer, chunk landmark fidelity
+// (min cosine similarity, outlier fraction), and ShadowKV's chunk hit rate over a decode run.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "engine/sampler.h"
+#include "kv/low_rank.h"
+#include "model/cpu_model.h"
+#include "options.h"
+
+namespace shadowkv::app {
+namespace {
+
+struct InspectOptions {
+  ModelOptions model;
+  kv::KvPolicyConfig kv;
+  std::string prompt;
+  std::string prompt_file;
+  int decode_tokens = 64;
+  int max_spectrum = 64;  // singular values kept per series in the JSON
+  std::string json_path = "inspect.json";
+  std::string png_path;
+};
+
+// Full attention that also keeps each layer's pre-RoPE keys, post-RoPE keys and values.
+class RecordingSequence final : public kv::SequenceKv {
+ public:
+  RecordingSequence(std::unique_ptr<kv::SequenceKv> inner, int layers, int width)
+      : k_pre(layers), k_post(layers), values(layers), inner_(std::move(inner)), width_(width) {}
+  Status Append(int layer, const kv::TokenBlock& block) override {
+    SKV_RETURN_IF_ERROR(inner_->Append(layer, block));
+    const size_t n = static_cast<size_t>(block.num_tokens) * width_;
+    k_pre[layer].insert(k_pre[layer].end(), block.keys_pre_rope, block.keys_pre_rope + n);
+    k_post[layer].insert(k_post[layer].end(), block.keys, block.keys + n);
+    values[layer].insert(values[layer].end(), block.values, block.values + n);
+    return Status::Ok();
+  }
+  Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
+    return inner_->Prepare(layer, q, n, out);
+  }
+  Status FinishPrefill(int layer) override { return inner_->FinishPrefill(layer); }
+  int64_t num_tokens() const override { return inner_->num_tokens(); }
+  kv::MemoryUsage memory() const override { return inner_->memory(); }
+  const kv::PolicyStats& stats() const override { return inner_->stats(); }
+
+  std::vector<std::vector<float>> k_pre, k_post, values;  // [layer][token * kv_width]
+
+ private:
+  std::unique_ptr<kv::SequenceKv> inner_;
+  int width_;
+};
+
+// Spectrum summary of rows [tokens, width]: leading singular values and ranks for energy levels.
+Result<nlohmann::json> Spectrum(const std::vector<float>& rows, int64_t tokens, int width,
+                                int keep) {
+  const std::vector<double> gram = kv::GramMatrix(rows.data(), tokens, width, width);
+  SKV_ASSIGN_OR_RETURN(std::vector<double> eig, kv::GramEigenvalues(gram, width));
+  double total = 0;
+  for (double e : eig) total += std::max(0.0, e);
+  nlohmann::json ranks;
+  for (double level : {0.90, 0.95, 0.99}) {
+    double cumulative = 0;
+    int rank = 0;
+    while (rank < width && cumulative < level * total) cumulative += std::max(0.0, eig[rank++]);
+    ranks[fmt::format("{:.0f}", level * 100)] = rank;
+  }
+  std::vector<double> singular;
+  const double top = std::sqrt(std::max(eig.empty() ? 0.0 : eig[0], 1e-30));
+  for (int i = 0; i < std::min(keep, width); ++i) {
+    singular.push_back(std::sqrt(std::max(0.0, eig[i])) / top);  // relative to the largest
+  }
+  return nlohmann::json{{"rank_for_energy", ranks}, {"relative_singular_values", singular}};
+}
+
+// Per chunk and KV head, the smallest cosine similarity between the chunk's landmark (mean
+// post-RoPE key) and its keys.
+std::vector<double> ChunkMinCosines(const std::vector<float>& keys, int64_t tokens, int heads,
+                                    int head_dim, int chunk) {
+  std::vector<double> result;
+  const int width = heads * head_dim;
+  for (int64_t c = 0; c + chunk <= tokens; c += chunk) {
+    for (int h = 0; h < heads; ++h) {
+      std::vector<double> mean(head_dim, 0.0);
+      for (int t = 0; t < chunk; ++t)
+        for (int i = 0; i < head_dim; ++i) mean[i] += keys[(c + t) * width + h * head_dim + i];
+      double mean_norm = 0;
+      for (double& m : mean) mean_norm += (m /= chunk) * m;
+      double min_cos = 1.0;
+      for (int t = 0; t < chunk; ++t) {
+        double dot = 0, norm = 0;
+        for (int i = 0; i < head_dim; ++i) {
+          const double k = keys[(c + t) * width + h * head_dim + i];
+          dot += k * mean[i];
+          norm += k * k;
+        }
+        min_cos = std::min(min_cos, dot / std::sqrt(std::max(norm * mean_norm, 1e-30)));
+      }
+      result.push_back(min_cos);
+    }
+  }
+  return result;
+}
+
+int RunInspect(const InspectOptions& o) {
+  std::string text = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    if (!in) return Fail(fmt::format("cannot read prompt file '{}'", o.prompt_file));
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  if (text.empty()) return Fail("no prompt: give -p TEXT or -f FILE");
+  auto model_or = CpuModel::Load(ResolveModelPath(o.model), o.model.threads);
+  if (!model_or.ok()) return Fail(model_or.status().ToString());
+  CpuModel& model = **model_or;
+  const auto& c = model.config();
+  const int width = c.num_kv_heads * c.head_dim;
+  std::vector<int32_t> prompt = model.tokenizer().Encode(text, true, false);
+  if (static_cast<int64_t>(prompt.size()) + o.decode_tokens > c.context_length) {
+    return Fail(fmt::format("prompt of {} tokens plus {} decode tokens exceeds the context of {}",
+                            prompt.size(), o.decode_tokens, c.context_length));
+  }
+  const int64_t tokens = static_cast<int64_t>(prompt.size());
+
+  // 1. Record K/V over the prompt with full attention.
+  kv::KvPolicyConfig full_config;
+  auto full = kv::MakeKvPolicy(full_config, model.kv_geometry());
+  if (!full.ok()) return Fail(full.status().ToString());
+  RecordingSequence recording((*full)->NewSequence().value(), c.num_layers, width);
+  std::vector<float> logits(c.vocab_size);
+  for (int64_t done = 0; done < tokens; done += 512) {
+    const int64_t count = std::min<int64_t>(512, tokens - done);
+    StepInput in;
+    in.kv = &recording;
+    in.tokens = std::span<const int32_t>(prompt.data() + done, count);
+    in.logits = StepInput::Logits::kNone;
+    if (Status s = model.Forward(std::span<const StepInput>(&in, 1)); !s.ok()) {
+      return Fail(s.ToString());
+    }
+  }
+  nlohmann::json layers = nlohmann::json::array();
+  const int chunk = o.kv.chunk_size;
+  for (int l = 0; l < c.num_layers; ++l) {
+    nlohmann::json layer = {{"layer", l}};
+    for (auto [name, rows] : {std::pair{"pre_rope_keys", &recording.k_pre[l]},
+                              std::pair{"post_rope_keys", &recording.k_post[l]},
+                              std::pair{"values", &recording.values[l]}}) {
+      auto spectrum = Spectrum(*rows, tokens, width, o.max_spectrum);
+      if (!spectrum.ok()) return Fail(spectrum.status().ToString());
+      layer[name] = *spectrum;
+    }
+    std::vector<double> cosines =
+        ChunkMinCosines(recording.k_post[l], tokens, c.num_kv_heads, c.head_dim, chunk);
+    std::sort(cosines.begin(), cosines.end());
+    auto fraction_below = [&](double x) {
+      return cosines.empty() ? 0.0
+                             : static_cast<double>(std::lower_bound(cosines.begin(), cosines.end(), x) -
+                                                   cosines.begin()) / cosines.size();
+    };
+    layer["chunk_min_cosine"] = {
+        {"chunks", cosines.size()},
+        {"median", cosines.empty() ? 0.0 : cosines[cosines.size() / 2]},
+        {"fraction_below_0.5", fraction_below(0.5)},
+        {"fraction_below_0.8", fraction_below(0.8)}};
+    layers.push_back(layer);
+  }
+
+  // 2. Hit rate of ShadowKV over a greedy decode run.
+  kv::KvPolicyConfig skv_config = o.kv;
+  skv_config.policy = "shadowkv";
+  auto shadow = kv::MakeKvPolicy(skv_config, model.kv_geometry());
+  if (!shadow.ok()) return Fail(shadow.status().ToString());
+  auto sequence = (*shadow)->NewSequence();
+  if (!sequence.ok()) return Fail(sequence.status().ToString());
+  int32_t next = 0;
+  for (int64_t done = 0; done < tokens; done += 512) {
+    const int64_t count = std::min<int64_t>(512, tokens - done);
+    StepInput in;
+    in.kv = sequence->get();
+    in.tokens = std::span<const int32_t>(prompt.data() + done, count);
+    in.finish_prefill = done + count == tokens;
+    in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;
+    in.logits_out = logits.data();
+    if (Status s = model.Forward(std::span<const StepInput>(&in, 1)); !s.ok()) return Fail(s.ToString());
+  }
+  next = Argmax(logits);
+  for (int step = 0; step < o.decode_tokens; ++step) {
+    StepInput in;
+    in.kv = sequence->get();
+    in.tokens = std::span<const int32_t>(&next, 1);
+    in.logits_out = logits.data();
+    if (Status s = model.Forward(std::span<const StepInput>(&in, 1)); !s.ok()) return Fail(s.ToString());
+    next = Argmax(logits);
+  }
+  const kv::PolicyStats& stats = (*sequence)->stats();
+  std::vector<double> layer_hits;
+  for (const kv::PolicyStats& s : (*sequence)->layer_stats()) layer_hits.push_back(s.hit_rate());
+
+  nlohmann::json report = {
+      {"model", c.Summary()},
+      {"prompt_tokens", tokens},
+      {"chunk_size", chunk},
+      {"layers", layers},
+      {"shadowkv", {{"decode_tokens", o.decode_tokens},
+                    {"hit_rate", stats.hit_rate()},
+                    {"hit_rate_per_layer", layer_hits},
+                    {"attended_fraction", stats.context_tokens
+                                              ? static_cast<double>(stats.attended_tokens) /
+                                                    stats.context_tokens
+                                              : 0.0}}}};
+  std::ofstream(o.json_path) << report.dump(1) << "\n";
+  // Summary on stdout: per layer the ranks for 90% energy.
+  std::printf("%5s %10s %10s %10s %12s %10s\n", "layer", "preK r90", "postK r90", "V r90",
+              "minCos<0.5", "hit rate");
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto& L = layers[l];
+    std::printf("%5d %10d %10d %10d %11.1f%% %9.1f%%\n", l,
+                L["pre_rope_keys"]["rank_for_energy"]["90"].get<int>(),
+                L["post_rope_keys"]["rank_for_energy"]["90"].get<int>(),
+                L["values"]["rank_for_energy"]["90"].get<int>(),
+                100 * L["chunk_min_cosine"]["fraction_below_0.5"].get<double>(),
+                l < static_cast<int>(layer_hits.size()) ? 100 * layer_hits[l] : 0.0);
+  }
+  std::printf("ShadowKV hit rate over %d decode steps: %.1f%%; JSON written to %s\n",
+              o.decode_tokens, 100 * stats.hit_rate(), o.json_path.c_str());
+  if (!o.png_path.empty()) {
+    const std::string command =
+        fmt::format("python3 '{}/scripts/plot_inspect.py' '{}' '{}'", SHADOWKV_SOURCE_DIR,
+                    o.json_path, o.png_path);
+    if (std::system(command.c_str()) != 0) return Fail("plotting failed (needs python3-matplotlib)");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command AddInspectCommand(CLI::App& app) {
+  auto options = std::make_shared<InspectOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "Spectra of K/V, landmark fidelity and ShadowKV hit rate on a prompt");
+  AddModelOptions(*cmd, options->model);
+  AddKvOptions(*cmd, options->kv);
+  auto* prompt = cmd->add_option("-p,--prompt", options->prompt, "prompt text");
+  cmd->add_option("-f,--file", options->prompt_file, "read the prompt from a file")->excludes(prompt);
+  cmd->add_option("--decode", options->decode_tokens, "greedy decode steps for the hit rate")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--json", options->json_path, "JSON report path")->capture_default_str();
+  cmd->add_option("--png", options->png_path, "also plot the spectra to this PNG");
+  return [options] { return RunInspect(*options); };
+}
+
+}  // namespace shadowkv::app

@@ -1,0 +1,20 @@
+// The subcommands of the shadowkv binary: each registers its flags and returns an exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace shadowkv::app {
+
+// Adds a subcommand to `app`; the returned function runs it after parsing.
+using Command = std::function<int()>;
+Command AddGenerateCommand(CLI::App& app);
+Command AddBenchCommand(CLI::App& app);
+Command AddFetchModelCommand(CLI::App& app);
+Command AddInspectCommand(CLI::App& app);
+
+// Prints "shadowkv: <message>" on stderr and returns the exit code for errors.
+int Fail(const std::string& message);
+
+}  // namespace shadowkv::app

@@ -1,0 +1,66 @@
+// Shared option declarations.
+#include "options.h"
+
+#include <cstdlib>
+
+namespace shadowkv::app {
+
+void AddModelOptions(CLI::App& app, ModelOptions& options) {
+  app.add_option("-m,--model", options.model_path,
+                 "GGUF model file (default: $SHADOWKV_MODEL, else the default model fetched by "
+                 "scripts/fetch_model.py)");
+  app.add_option("-t,--threads", options.threads, "CPU threads (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
+  app.add_option("--kv", c.policy, "KV policy: full | shadowkv | snapkv | quest | streaming")
+      ->capture_default_str();
+  app.add_option("--budget", c.budget_tokens,
+                 "sparse policies: tokens attended per KV head (0 = from --budget-fraction)");
+  app.add_option("--budget-fraction", c.budget_fraction, "budget as a fraction of the context")
+      ->capture_default_str();
+  app.add_option("--budget-min", c.budget_min_tokens, "smallest budget for short contexts")
+      ->capture_default_str();
+  app.add_option("--chunk-size", c.chunk_size, "shadowkv: tokens per chunk")->capture_default_str();
+  app.add_option("--rank", c.rank, "shadowkv: rank of the pre-RoPE key factorisation (0 = ratio)");
+  app.add_option("--rank-ratio", c.rank_ratio, "shadowkv: rank as a fraction of KV heads x head dim")
+      ->capture_default_str();
+  app.add_option("--outliers", c.outlier_chunks, "shadowkv: outlier chunks per KV head (-1 = auto)")
+      ->capture_default_str();
+  app.add_option("--local-window", c.local_window, "shadowkv: exact tokens kept at the end")
+      ->capture_default_str();
+  app.add_option("--value-store", c.value_store_path,
+                 "shadowkv: directory for a file-backed value store (default: RAM)");
+  app.add_option("--snap-window", c.snap_window, "snapkv: observation window")->capture_default_str();
+  app.add_option("--snap-kernel", c.snap_kernel, "snapkv: pooling kernel")->capture_default_str();
+  app.add_option("--snap-pooling", c.snap_pooling, "snapkv: max | avg")->capture_default_str();
+  app.add_option("--page-size", c.quest_page_size, "quest: tokens per page")->capture_default_str();
+  app.add_option("--dense-layers", c.quest_dense_layers, "quest: leading layers kept dense")
+      ->capture_default_str();
+  app.add_option("--sink-tokens", c.sink_tokens, "streaming: attention-sink tokens")
+      ->capture_default_str();
+}
+
+void AddSamplingOptions(CLI::App& app, SamplingParams& p) {
+  app.add_option("--temp", p.temperature, "temperature (0 = greedy)")->capture_default_str();
+  app.add_option("--top-k", p.top_k, "keep the k most likely tokens (0 = all)")
+      ->capture_default_str();
+  app.add_option("--top-p", p.top_p, "nucleus mass")->capture_default_str();
+  app.add_option("--seed", p.seed, "random seed")->capture_default_str();
+}
+
+std::string ResolveModelPath(const ModelOptions& options) {
+  if (!options.model_path.empty()) return options.model_path;
+  if (const char* env = std::getenv("SHADOWKV_MODEL"); env && *env) return env;
+  std::string cache;
+  if (const char* env = std::getenv("SHADOWKV_CACHE"); env && *env) {
+    cache = env;
+  } else {
+    const char* home = std::getenv("HOME");
+    cache = std::string(home ? home : ".") + "/.cache/shadowkv";
+  }
+  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+}  // namespace shadowkv::app

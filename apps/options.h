@@ -1,0 +1,28 @@
+// Command-line options shared by every subcommand (declared once, used by all frontends).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "engine/sampler.h"
+#include "kv/kv_config.h"
+
+namespace shadowkv::app {
+
+struct ModelOptions {
+  std::string model_path;  // empty: the default model in the cache
+  int threads = 0;
+};
+
+// Registers -m/--model and -t/--threads.
+void AddModelOptions(CLI::App& app, ModelOptions& options);
+// Registers --kv and every policy setting (--budget, --rank, ...).
+void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& config);
+// Registers --temp, --top-k, --top-p, --seed.
+void AddSamplingOptions(CLI::App& app, SamplingParams& params);
+
+// The model path to open: the flag, else $SHADOWKV_MODEL, else the default model's cache path.
+std::string ResolveModelPath(const ModelOptions& options);
+
+}  // namespace shadowkv::app

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The shadowkv binary given bad input: a clear message naming the problem, exit code 1 or 2,
+# never a crash (signals give codes above 128).
+set -u
+bin=$1
+model=${SHADOWKV_MODEL:-$HOME/.cache/shadowkv/SmolLM2-135M-Instruct.Q4_1.gguf}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+# expect_error NAME PATTERN COMMAND...: the command must fail cleanly and print PATTERN on stderr.
+expect_error() {
+  local name=$1 pattern=$2
+  shift 2
+  "$@" > "$tmp/out" 2> "$tmp/err"
+  local code=$?
+  if [ $code -eq 0 ] || [ $code -gt 2 ]; then
+    echo "FAIL $name: exit code $code"; cat "$tmp/err"; failures=$((failures + 1)); return
+  fi
+  if ! grep -qiE "$pattern" "$tmp/err"; then
+    echo "FAIL $name: stderr lacks /$pattern/:"; cat "$tmp/err"; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: $(head -c 160 "$tmp/err" | head -n 1)"
+  passes=$((passes + 1))
+}
+
+head -c 1000000 "$model" > "$tmp/truncated.gguf"
+printf 'NOTAGGUFFILE%.0s' {1..10} > "$tmp/garbage.gguf"
+python3 - "$tmp/mamba.gguf" <<'PY'
+import struct, sys
+def string(s):
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+# GGUF v3: magic, version, tensor count, metadata count, one string key-value.
+data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("general.architecture")
+data += struct.pack("<I", 8) + string("mamba")
+open(sys.argv[1], "wb").write(data)
+PY
+python3 -c "print('word ' * 20000)" > "$tmp/long.txt"
+
+expect_error missing_model "no such file|cannot open|not found" "$bin" generate -m "$tmp/none.gguf" -p hi
+expect_error truncated_model "past the end|truncated|beyond" "$bin" generate -m "$tmp/truncated.gguf" -p hi
+expect_error garbage_model "magic|not a gguf" "$bin" generate -m "$tmp/garbage.gguf" -p hi
+expect_error unknown_arch "mamba.*not supported.*llama" "$bin" generate -m "$tmp/mamba.gguf" -p hi
+expect_error prompt_too_long "exceeds the model's context of 8192" "$bin" generate -m "$model" -f "$tmp/long.txt"
+expect_error too_many_tokens "exceeds the model's context" "$bin" generate -m "$model" -p hi -n 9000
+expect_error unknown_policy "unknown KV policy 'bogus'" "$bin" generate -m "$model" -p hi --kv bogus
+expect_error bad_temperature "temperature" "$bin" generate -m "$model" -p hi --temp -1
+expect_error bad_top_p "top_p" "$bin" generate -m "$model" -p hi --top-p 1.5
+expect_error zero_chunk "chunk size 0" "$bin" generate -m "$model" -p hi --kv shadowkv --chunk-size 0
+expect_error bad_flag "unknown|extra|not expected|The following argument" "$bin" generate --no-such-flag
+expect_error no_prompt "no prompt" "$bin" generate -m "$model"
+expect_error missing_prompt_file "cannot read prompt file" "$bin" generate -m "$model" -f "$tmp/none.txt"
+expect_error bad_bench_context "not a number" "$bin" bench -m "$model" --context 12x
+
+echo "$passes passed, $failures failed"
+[ $failures -eq 0 ]
