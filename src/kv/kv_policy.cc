@@ -23,6 +23,7 @@ Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
                  geometry.num_query_heads, geometry.num_kv_heads);
   }
   if (config.policy == "full") return MakeFullPolicy(config, geometry);
+  if (config.policy == "shadowkv") return MakeShadowKvPolicy(config, geometry);
   if (config.policy == "snapkv") return MakeSnapKvPolicy(config, geometry);
   if (config.policy == "quest") return MakeQuestPolicy(config, geometry);
   if (config.policy == "streaming") return MakeStreamingPolicy(config, geometry);

@@ -8,6 +8,7 @@
 namespace shadowkv::kv {
 
 Result<std::unique_ptr<KvPolicy>> MakeFullPolicy(const KvPolicyConfig&, const KvGeometry&);
+Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig&, const KvGeometry&);
 Result<std::unique_ptr<KvPolicy>> MakeSnapKvPolicy(const KvPolicyConfig&, const KvGeometry&);
 Result<std::unique_ptr<KvPolicy>> MakeQuestPolicy(const KvPolicyConfig&, const KvGeometry&);
 Result<std::unique_ptr<KvPolicy>> MakeStreamingPolicy(const KvPolicyConfig&, const KvGeometry&);

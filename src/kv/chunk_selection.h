@@ -1,0 +1,77 @@
+// ShadowKV's chunk machinery for one KV head: landmarks, outlier chunks, scoring, top-k, slots.
+//
+// Keys here are one KV head's post-RoPE keys: row t at keys + t * row_stride, head_dim floats.
+// Chunk c holds rows [c * chunk_size, (c + 1) * chunk_size).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace shadowkv::kv {
+
+// Landmark of each chunk: the mean of its keys. landmarks: [num_chunks, head_dim].
+void ComputeLandmarks(const float* keys, int64_t row_stride, int64_t num_chunks, int chunk_size,
+                      int head_dim, float* landmarks);
+
+// Per chunk, the smallest cosine similarity between its landmark and one of its keys
+// (min_cosine: [num_chunks]). A zero vector counts as cosine 0.
+void ChunkMinCosine(const float* keys, int64_t row_stride, const float* landmarks,
+                    int64_t num_chunks, int chunk_size, int head_dim, float* min_cosine);
+
+// O per KV head: `configured` if >= 0, else 24 per 1024 budget tokens (at least 1 when there are
+// chunks); never more than `num_chunks`.
+int64_t ResolveOutlierChunks(int64_t configured, int64_t budget_tokens, int64_t num_chunks);
+
+// The `count` chunks with the lowest min-cosine (ties: lower index first), in increasing index.
+std::vector<int32_t> PickOutlierChunks(std::span<const float> min_cosine, int64_t count);
+
+// Reusable buffers for ScoreLandmarks (so decode steps do not allocate).
+struct ScoreScratch {
+  std::vector<float> logits;  // [query rows, num_landmarks]
+  std::vector<float> sums;    // [group_size, num_landmarks]
+};
+
+// Chunk scores of one KV head: for each of its `group_size` query heads, softmax over landmarks
+// of q·L/√head_dim, summed over the `num_queries` queries; then the max over the group.
+// Query head g of query i is at queries + i * query_stride + g * head_dim.
+// landmarks: [num_landmarks, head_dim]; scores: [num_landmarks].
+void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride, int group_size,
+                    const float* landmarks, int64_t num_landmarks, int head_dim,
+                    ScoreScratch* scratch, float* scores);
+
+// Indices of the k highest scores (ties: lower index first), in increasing index order.
+// `order` is scratch; `selected` receives min(k, scores.size()) indices.
+void SelectTopK(std::span<const float> scores, int64_t k, std::vector<int32_t>* order,
+                std::vector<int32_t>* selected);
+
+// Which item (landmark index) each gather-buffer slot holds, so that a chunk selected at two
+// consecutive steps is reused in place instead of being rebuilt and fetched again.
+class GatherSlots {
+ public:
+  struct Fill {
+    int32_t slot;
+    int32_t item;
+  };
+
+  // Sets the number of slots and the item range [0, num_items). Existing assignments survive;
+  // new slots start empty. Neither count may shrink.
+  void Resize(int32_t num_slots, int64_t num_items);
+
+  // Places `selected` (distinct items, at most num_slots) into slots: an item already held stays
+  // put (a hit); the others go to slots whose item is not selected (filled into `misses`, which
+  // is cleared first). Returns the number of hits.
+  int64_t Assign(std::span<const int32_t> selected, std::vector<Fill>* misses);
+
+  int32_t num_slots() const { return static_cast<int32_t>(slot_item_.size()); }
+  int32_t item_in_slot(int32_t slot) const { return slot_item_[slot]; }  // -1: empty
+  int32_t slot_of_item(int32_t item) const { return item_slot_[item]; }  // -1: not held
+
+ private:
+  std::vector<int32_t> slot_item_;  // [num_slots]
+  std::vector<int32_t> item_slot_;  // [num_items]
+  std::vector<uint8_t> wanted_;     // [num_items] scratch for Assign
+  std::vector<int32_t> free_;       // scratch for Assign
+};
+
+}  // namespace shadowkv::kv

@@ -1,0 +1,549 @@
+// ShadowKV policy: compression at FinishPrefill, graduation on Append, selection in Prepare.
+#include "kv/shadowkv_policy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "kv/chunk_selection.h"
+#include "kv/low_rank.h"
+#include "kv/policies.h"
+#include "kv/value_store.h"
+
+namespace shadowkv::kv {
+namespace {
+
+constexpr int64_t kFloat = sizeof(float);
+
+// The settings a sequence needs, resolved once by the policy.
+struct Settings {
+  KvPolicyConfig config;
+  KvGeometry geometry;
+  int chunk_size = 0;
+  int local_window = 0;
+  int rank = 0;
+};
+
+// K chunks per KV head for a context of `context_tokens`: the budget rounded down to chunks.
+Result<int64_t> BudgetChunks(const Settings& settings, int64_t context_tokens) {
+  const int64_t budget = settings.config.BudgetTokens(context_tokens);
+  if (budget < settings.chunk_size) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "ShadowKV budget of {} tokens (context {}) is below one chunk of {} tokens",
+                 budget, context_tokens, settings.chunk_size);
+  }
+  return budget / settings.chunk_size;
+}
+
+// Chunks a layer of `num_tokens` exact tokens can form while keeping local_window exact.
+int64_t ChunksToForm(const Settings& settings, int64_t num_tokens) {
+  const int64_t spare = num_tokens - settings.local_window;
+  return spare >= settings.chunk_size ? spare / settings.chunk_size : 0;
+}
+
+// cos/sin of every rotary frequency at each position [0, num_positions), taken from Rope itself
+// so rebuilt keys get bit-for-bit the rotation the model gave the originals, without recomputing
+// sin/cos for every rebuilt token.
+class RopeTable {
+ public:
+  RopeTable(const RopeConfig& config, int head_dim)
+      : rope_(config),
+        head_dim_(head_dim),
+        half_(config.rotary_dim / 2),
+        pairs_(config.style == RopeConfig::Style::kPairs) {}
+
+  void Extend(int64_t num_positions) {
+    if (half_ == 0 || num_positions <= num_positions_) return;
+    table_.resize(static_cast<size_t>(num_positions) * 2 * half_);
+    std::vector<float> unit(head_dim_);
+    for (int64_t p = num_positions_; p < num_positions; ++p) {
+      std::fill(unit.begin(), unit.end(), 0.0f);
+      for (int i = 0; i < half_; ++i) unit[pairs_ ? 2 * i : i] = 1.0f;
+      rope_.Apply(unit.data(), 1, head_dim_, p);  // (1, 0) turns into (cos, sin)
+      float* row = table_.data() + p * 2 * half_;
+      for (int i = 0; i < half_; ++i) {
+        row[i] = unit[pairs_ ? 2 * i : i];
+        row[half_ + i] = unit[pairs_ ? 2 * i + 1 : i + half_];
+      }
+    }
+    num_positions_ = num_positions;
+  }
+
+  // Rotates one head vector (head_dim floats) to `position` (< the extended range).
+  void Rotate(float* x, int64_t position) const {
+    if (half_ == 0) return;
+    const float* cosines = table_.data() + position * 2 * half_;
+    const float* sines = cosines + half_;
+    for (int i = 0; i < half_; ++i) {
+      float* a = pairs_ ? x + 2 * i : x + i;
+      float* b = pairs_ ? x + 2 * i + 1 : x + i + half_;
+      const float x0 = *a, x1 = *b;
+      *a = x0 * cosines[i] - x1 * sines[i];
+      *b = x0 * sines[i] + x1 * cosines[i];
+    }
+  }
+
+  int64_t bytes() const { return static_cast<int64_t>(table_.size()) * kFloat; }
+
+ private:
+  Rope rope_;
+  int head_dim_;
+  int half_;
+  bool pairs_;
+  int64_t num_positions_ = 0;
+  std::vector<float> table_;  // [positions, rotary_dim]: cos of each frequency, then sin
+};
+
+struct HeadState {
+  std::vector<int32_t> landmark_chunks;  // [L] chunk of each landmark
+  std::vector<int64_t> value_runs;       // [L] value-store run of each landmark
+  std::vector<float> landmarks;          // [L, head_dim] mean post-RoPE key of the chunk
+  std::vector<int32_t> outlier_chunks;   // [O]
+  std::vector<float> outlier_keys;       // [O * chunk_size, head_dim] exact post-RoPE
+  std::vector<float> outlier_values;     // [O * chunk_size, head_dim]
+  GatherSlots slots;                     // landmark index held by each gather slot
+  std::vector<float> gather_keys;        // [slots * chunk_size, head_dim] rebuilt post-RoPE
+  std::vector<float> gather_values;      // [slots * chunk_size, head_dim]
+
+  int64_t num_landmarks() const { return static_cast<int64_t>(landmark_chunks.size()); }
+};
+
+struct LayerState {
+  int64_t num_tokens = 0;
+  bool prefill_done = false;
+  bool compressed = false;
+  // Exact rows hold positions [exact_first, num_tokens): the whole prompt before compression,
+  // the recent window after.
+  int64_t exact_first = 0;
+  std::vector<float> exact_keys;      // [rows, kv_width] post-RoPE
+  std::vector<float> exact_keys_pre;  // [rows, kv_width] pre-RoPE
+  std::vector<float> exact_values;    // [rows, kv_width]
+  int64_t num_chunks = 0;
+  LowRankBasis basis;
+  std::vector<float> coefficients;  // A: [num_chunks * chunk_size, rank]
+  std::vector<HeadState> heads;     // [num_kv_heads]
+};
+
+// Reusable buffers of Prepare and the compression steps (one sequence, one thread at a time).
+struct Scratch {
+  ScoreScratch score;
+  std::vector<float> scores;
+  std::vector<int32_t> order, selected;
+  std::vector<GatherSlots::Fill> misses;
+  std::vector<float> miss_coefficients;  // [misses * chunk_size, rank]
+  std::vector<float> rebuilt;            // [misses * chunk_size, head_dim]
+  std::vector<float> runs;               // value runs being packed for the store
+};
+
+class ShadowKvSequenceImpl final : public ShadowKvSequence {
+ public:
+  ShadowKvSequenceImpl(const Settings& settings, std::unique_ptr<ValueStore> store)
+      : settings_(settings),
+        store_(std::move(store)),
+        rope_table_(settings.geometry.rope, settings.geometry.head_dim),
+        layers_(settings.geometry.num_layers),
+        layer_stats_(settings.geometry.num_layers) {
+    for (auto& layer : layers_) layer.heads.resize(settings.geometry.num_kv_heads);
+  }
+
+  Status Append(int layer_index, const TokenBlock& block) override;
+  Status Prepare(int layer_index, const float* queries, int num_queries,
+                 AttentionInput* out) override;
+  Status FinishPrefill(int layer_index) override;
+  int64_t num_tokens() const override { return layers_.back().num_tokens; }
+  MemoryUsage memory() const override;
+  const PolicyStats& stats() const override { return stats_; }
+  std::vector<PolicyStats> layer_stats() const override { return layer_stats_; }
+  ShadowKvLayerInfo Inspect(int layer_index) const override;
+
+ private:
+  Status Compress(LayerState& layer);
+  Status Graduate(LayerState& layer, int64_t block_first_position);
+  // Turns the first num_chunks * chunk_size exact rows of `layer` into chunks of head `h`
+  // (landmarks, value runs), skipping the chunks listed in `outliers` (sorted).
+  Status AddChunks(LayerState& layer, int h, int64_t num_chunks,
+                   const std::vector<int32_t>& outliers);
+  void DropExactRows(LayerState& layer, int64_t rows);
+  // Fills the gather slots of scratch_.misses; counts the bytes read into `stats`.
+  Status Rebuild(const LayerState& layer, HeadState& head, int h, PolicyStats* stats);
+
+  Settings settings_;
+  std::unique_ptr<ValueStore> store_;
+  RopeTable rope_table_;
+  std::vector<LayerState> layers_;
+  int64_t budget_chunks_ = 0;             // K, fixed at the first FinishPrefill
+  PolicyStats stats_;                     // summed over layers
+  std::vector<PolicyStats> layer_stats_;  // [num_layers]
+  Scratch scratch_;
+};
+
+Status ShadowKvSequenceImpl::Append(int layer_index, const TokenBlock& block) {
+  const KvGeometry& g = settings_.geometry;
+  if (layer_index < 0 || layer_index >= g.num_layers) {
+    return Error(ErrorCode::kInternal, "layer {} of {}", layer_index, g.num_layers);
+  }
+  LayerState& layer = layers_[layer_index];
+  if (block.first_position != layer.num_tokens) {
+    return Error(ErrorCode::kInternal, "layer {}: append at position {} but it holds {} tokens",
+                 layer_index, block.first_position, layer.num_tokens);
+  }
+  if (layer.num_tokens + block.num_tokens > g.max_context) {
+    return Error(ErrorCode::kOutOfRange, "sequence of {} tokens exceeds the context of {}",
+                 layer.num_tokens + block.num_tokens, g.max_context);
+  }
+  if (block.num_tokens > 0 && (!block.keys_pre_rope || !block.keys || !block.values)) {
+    return Error(ErrorCode::kInternal, "ShadowKV needs pre-RoPE keys, keys and values");
+  }
+  // A prompt too short to chunk at FinishPrefill is compressed once enough tokens precede
+  // this block (all of them come before its queries, so chunking them hides nothing).
+  const int64_t exact_rows = layer.num_tokens - layer.exact_first;
+  if (layer.prefill_done && !layer.compressed && ChunksToForm(settings_, exact_rows) > 0) {
+    SKV_RETURN_IF_ERROR(Compress(layer));
+  }
+  const size_t added = static_cast<size_t>(block.num_tokens) * g.kv_width();
+  layer.exact_keys.insert(layer.exact_keys.end(), block.keys, block.keys + added);
+  layer.exact_keys_pre.insert(layer.exact_keys_pre.end(), block.keys_pre_rope,
+                              block.keys_pre_rope + added);
+  layer.exact_values.insert(layer.exact_values.end(), block.values, block.values + added);
+  layer.num_tokens += block.num_tokens;
+  if (layer.compressed) SKV_RETURN_IF_ERROR(Graduate(layer, block.first_position));
+  return Status::Ok();
+}
+
+Status ShadowKvSequenceImpl::FinishPrefill(int layer_index) {
+  LayerState& layer = layers_[layer_index];
+  if (layer.prefill_done) return Status::Ok();
+  if (budget_chunks_ == 0) {
+    SKV_ASSIGN_OR_RETURN(budget_chunks_, BudgetChunks(settings_, layer.num_tokens));
+  }
+  layer.prefill_done = true;
+  if (ChunksToForm(settings_, layer.num_tokens) > 0) SKV_RETURN_IF_ERROR(Compress(layer));
+  return Status::Ok();
+}
+
+Status ShadowKvSequenceImpl::Compress(LayerState& layer) {
+  const KvGeometry& g = settings_.geometry;
+  const int width = g.kv_width();
+  const int64_t rows = layer.num_tokens - layer.exact_first;
+  const int64_t num_chunks = ChunksToForm(settings_, rows);
+  const int64_t chunked = num_chunks * settings_.chunk_size;
+
+  // 1. One basis for all KV heads from every token held (chunked and window alike).
+  const std::vector<double> gram = GramMatrix(layer.exact_keys_pre.data(), rows, width, width);
+  SKV_ASSIGN_OR_RETURN(layer.basis, FitLowRankBasis(gram, width, settings_.rank));
+  layer.coefficients.resize(static_cast<size_t>(chunked) * settings_.rank);
+  ProjectOntoBasis(layer.basis, layer.exact_keys_pre.data(), chunked, width,
+                   layer.coefficients.data());
+
+  // 2-4. Landmarks, outliers and the slow tier, per KV head.
+  const int64_t outliers = ResolveOutlierChunks(settings_.config.outlier_chunks,
+                                                budget_chunks_ * settings_.chunk_size, num_chunks);
+  std::vector<float> landmarks(static_cast<size_t>(num_chunks) * g.head_dim);
+  std::vector<float> min_cosine(num_chunks);
+  const int64_t chunk_floats = static_cast<int64_t>(settings_.chunk_size) * g.head_dim;
+  for (int h = 0; h < g.num_kv_heads; ++h) {
+    const float* keys = layer.exact_keys.data() + h * g.head_dim;
+    ComputeLandmarks(keys, width, num_chunks, settings_.chunk_size, g.head_dim, landmarks.data());
+    ChunkMinCosine(keys, width, landmarks.data(), num_chunks, settings_.chunk_size, g.head_dim,
+                   min_cosine.data());
+    HeadState& head = layer.heads[h];
+    head.outlier_chunks = PickOutlierChunks(min_cosine, outliers);
+    head.outlier_keys.resize(head.outlier_chunks.size() * chunk_floats);
+    head.outlier_values.resize(head.outlier_chunks.size() * chunk_floats);
+    for (size_t i = 0; i < head.outlier_chunks.size(); ++i) {
+      for (int t = 0; t < settings_.chunk_size; ++t) {
+        const int64_t row = static_cast<int64_t>(head.outlier_chunks[i]) * settings_.chunk_size + t;
+        const size_t source = row * width + h * g.head_dim;
+        const size_t target = (i * settings_.chunk_size + t) * g.head_dim;
+        std::memcpy(&head.outlier_keys[target], &layer.exact_keys[source], g.head_dim * kFloat);
+        std::memcpy(&head.outlier_values[target], &layer.exact_values[source], g.head_dim * kFloat);
+      }
+    }
+    SKV_RETURN_IF_ERROR(AddChunks(layer, h, num_chunks, head.outlier_chunks));
+  }
+  rope_table_.Extend(chunked);
+
+  // 5. Only the window stays exact; the prompt's staging memory is given back.
+  DropExactRows(layer, chunked);
+  for (auto* buffer : {&layer.exact_keys, &layer.exact_keys_pre, &layer.exact_values}) {
+    buffer->shrink_to_fit();
+  }
+  layer.num_chunks = num_chunks;
+  layer.compressed = true;
+  return Status::Ok();
+}
+
+Status ShadowKvSequenceImpl::AddChunks(LayerState& layer, int h, int64_t num_chunks,
+                                       const std::vector<int32_t>& outliers) {
+  const KvGeometry& g = settings_.geometry;
+  const int width = g.kv_width();
+  const int chunk = settings_.chunk_size;
+  const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
+  HeadState& head = layer.heads[h];
+  const int64_t kept = num_chunks - static_cast<int64_t>(outliers.size());
+  const int64_t first_landmark = head.num_landmarks();
+  head.landmarks.resize((first_landmark + kept) * g.head_dim);
+  scratch_.runs.resize(kept * chunk_floats);
+  int64_t next = 0;
+  size_t outlier = 0;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    if (outlier < outliers.size() && outliers[outlier] == c) {
+      ++outlier;
+      continue;
+    }
+    const float* keys = layer.exact_keys.data() + c * chunk * width + h * g.head_dim;
+    ComputeLandmarks(keys, width, 1, chunk, g.head_dim,
+                     head.landmarks.data() + (first_landmark + next) * g.head_dim);
+    const float* values = layer.exact_values.data() + c * chunk * width + h * g.head_dim;
+    for (int t = 0; t < chunk; ++t) {
+      std::memcpy(scratch_.runs.data() + next * chunk_floats + t * g.head_dim, values + t * width,
+                  g.head_dim * kFloat);
+    }
+    head.landmark_chunks.push_back(static_cast<int32_t>(layer.num_chunks + c));
+    ++next;
+  }
+  SKV_ASSIGN_OR_RETURN(const int64_t first_run, store_->Append(scratch_.runs.data(), kept));
+  for (int64_t i = 0; i < kept; ++i) head.value_runs.push_back(first_run + i);
+
+  const int64_t slots = std::min(budget_chunks_, head.num_landmarks());
+  head.slots.Resize(static_cast<int32_t>(slots), head.num_landmarks());
+  head.gather_keys.resize(slots * chunk_floats);
+  head.gather_values.resize(slots * chunk_floats);
+  return Status::Ok();
+}
+
+Status ShadowKvSequenceImpl::Graduate(LayerState& layer, int64_t block_first_position) {
+  const int chunk = settings_.chunk_size;
+  const int64_t rows = layer.num_tokens - layer.exact_first;
+  // Whole chunks beyond the window, and only tokens before the block just appended: its own
+  // queries must still see it causally.
+  const int64_t num_chunks =
+      std::min(ChunksToForm(settings_, rows), (block_first_position - layer.exact_first) / chunk);
+  if (num_chunks <= 0) return Status::Ok();
+  const int64_t graduating = num_chunks * chunk;
+  const size_t old_size = layer.coefficients.size();
+  layer.coefficients.resize(old_size + graduating * settings_.rank);
+  ProjectOntoBasis(layer.basis, layer.exact_keys_pre.data(), graduating,
+                   settings_.geometry.kv_width(), layer.coefficients.data() + old_size);
+  static const std::vector<int32_t> kNoOutliers;
+  for (int h = 0; h < settings_.geometry.num_kv_heads; ++h) {
+    SKV_RETURN_IF_ERROR(AddChunks(layer, h, num_chunks, kNoOutliers));
+  }
+  layer.num_chunks += num_chunks;
+  rope_table_.Extend(layer.num_chunks * chunk);
+  DropExactRows(layer, graduating);
+  return Status::Ok();
+}
+
+void ShadowKvSequenceImpl::DropExactRows(LayerState& layer, int64_t rows) {
+  const size_t floats = static_cast<size_t>(rows) * settings_.geometry.kv_width();
+  for (auto* buffer : {&layer.exact_keys, &layer.exact_keys_pre, &layer.exact_values}) {
+    buffer->erase(buffer->begin(), buffer->begin() + floats);
+  }
+  layer.exact_first += rows;
+}
+
+Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int num_queries,
+                                     AttentionInput* out) {
+  const KvGeometry& g = settings_.geometry;
+  const int width = g.kv_width();
+  const int chunk = settings_.chunk_size;
+  LayerState& layer = layers_[layer_index];
+  const auto exact_rows = static_cast<int32_t>(layer.num_tokens - layer.exact_first);
+  out->Reset(g.num_kv_heads);
+  PolicyStats step;
+  step.prepare_calls = 1;
+  step.context_tokens = layer.num_tokens;
+  int64_t attended = 0;  // summed over KV heads
+  for (int h = 0; h < g.num_kv_heads; ++h) {
+    HeadState& head = layer.heads[h];
+    auto& segments = out->heads[h];
+    if (layer.compressed) {
+      if (!head.outlier_chunks.empty()) {
+        const auto rows = static_cast<int32_t>(head.outlier_chunks.size() * chunk);
+        segments.push_back(
+            {head.outlier_keys.data(), head.outlier_values.data(), rows, g.head_dim, false, 0});
+        attended += rows;
+      }
+      const int64_t selected_count = std::min(budget_chunks_, head.num_landmarks());
+      if (selected_count > 0) {
+        scratch_.scores.resize(head.num_landmarks());
+        ScoreLandmarks(queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim, num_queries,
+                       g.q_width(), g.group_size(), head.landmarks.data(), head.num_landmarks(),
+                       g.head_dim, &scratch_.score, scratch_.scores.data());
+        SelectTopK(scratch_.scores, selected_count, &scratch_.order, &scratch_.selected);
+        const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
+        SKV_RETURN_IF_ERROR(Rebuild(layer, head, h, &step));
+        step.chunk_selections += selected_count;
+        step.chunk_hits += hits;
+        const auto rows = static_cast<int32_t>(selected_count * chunk);
+        segments.push_back(
+            {head.gather_keys.data(), head.gather_values.data(), rows, g.head_dim, false, 0});
+        attended += rows;
+      }
+    }
+    if (exact_rows > 0) {
+      segments.push_back({layer.exact_keys.data() + h * g.head_dim,
+                          layer.exact_values.data() + h * g.head_dim, exact_rows, width, true,
+                          layer.exact_first});
+      attended += exact_rows;
+    }
+  }
+  step.attended_tokens = attended / g.num_kv_heads;
+  stats_ += step;
+  layer_stats_[layer_index] += step;
+  return Status::Ok();
+}
+
+Status ShadowKvSequenceImpl::Rebuild(const LayerState& layer, HeadState& head, int h,
+                                     PolicyStats* stats) {
+  const auto& misses = scratch_.misses;
+  if (misses.empty()) return Status::Ok();
+  const KvGeometry& g = settings_.geometry;
+  const int chunk = settings_.chunk_size;
+  const int rank = settings_.rank;
+  const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
+  const auto count = static_cast<int64_t>(misses.size());
+  // Gather the misses' A rows so one GEMM rebuilds all their keys for this head.
+  scratch_.miss_coefficients.resize(count * chunk * rank);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t first_row = static_cast<int64_t>(head.landmark_chunks[misses[i].item]) * chunk;
+    std::memcpy(scratch_.miss_coefficients.data() + i * chunk * rank,
+                layer.coefficients.data() + first_row * rank, chunk * rank * kFloat);
+  }
+  scratch_.rebuilt.resize(count * chunk_floats);
+  RebuildColumns(layer.basis, scratch_.miss_coefficients.data(), count * chunk, h * g.head_dim,
+                 g.head_dim, scratch_.rebuilt.data(), g.head_dim);
+  for (int64_t i = 0; i < count; ++i) {
+    const auto [slot, item] = misses[i];
+    const int64_t first_position = static_cast<int64_t>(head.landmark_chunks[item]) * chunk;
+    float* keys = head.gather_keys.data() + slot * chunk_floats;
+    std::memcpy(keys, scratch_.rebuilt.data() + i * chunk_floats, chunk_floats * kFloat);
+    for (int t = 0; t < chunk; ++t) rope_table_.Rotate(keys + t * g.head_dim, first_position + t);
+    SKV_RETURN_IF_ERROR(
+        store_->Read(head.value_runs[item], head.gather_values.data() + slot * chunk_floats));
+  }
+  stats->bytes_fetched += count * chunk_floats * kFloat;
+  return Status::Ok();
+}
+
+MemoryUsage ShadowKvSequenceImpl::memory() const {
+  int64_t floats = 0;
+  for (const LayerState& layer : layers_) {
+    floats += static_cast<int64_t>(layer.exact_keys.size() + layer.exact_keys_pre.size() +
+                                   layer.exact_values.size() + layer.coefficients.size() +
+                                   layer.basis.basis.size());
+    for (const HeadState& head : layer.heads) {
+      floats += static_cast<int64_t>(head.landmarks.size() + head.outlier_keys.size() +
+                                     head.outlier_values.size() + head.gather_keys.size() +
+                                     head.gather_values.size());
+    }
+  }
+  return {floats * kFloat + rope_table_.bytes(), store_->bytes()};
+}
+
+ShadowKvLayerInfo ShadowKvSequenceImpl::Inspect(int layer_index) const {
+  const LayerState& layer = layers_[layer_index];
+  ShadowKvLayerInfo info;
+  info.compressed = layer.compressed;
+  info.rank = layer.basis.rank;
+  info.num_chunks = layer.num_chunks;
+  info.exact_tokens = layer.num_tokens - layer.exact_first;
+  info.exact_first_position = layer.exact_first;
+  info.budget_chunks = budget_chunks_;
+  info.eigenvalues = layer.basis.eigenvalues;
+  info.total_energy = layer.basis.total_energy;
+  info.discarded_energy = layer.compressed ? layer.basis.discarded_energy() : 0.0;
+  for (const HeadState& head : layer.heads) {
+    info.outlier_chunks.push_back(head.outlier_chunks);
+    info.landmark_chunks.push_back(head.landmark_chunks);
+    auto& gathered = info.gathered_chunks.emplace_back();
+    for (int32_t s = 0; s < head.slots.num_slots(); ++s) {
+      const int32_t item = head.slots.item_in_slot(s);
+      gathered.push_back(item < 0 ? -1 : head.landmark_chunks[item]);
+    }
+  }
+  return info;
+}
+
+class ShadowKvPolicy final : public KvPolicy {
+ public:
+  explicit ShadowKvPolicy(const Settings& settings)
+      : KvPolicy(settings.config, settings.geometry), settings_(settings) {}
+  std::string_view name() const override { return "shadowkv"; }
+
+  Result<std::unique_ptr<SequenceKv>> NewSequence() const override {
+    SKV_ASSIGN_OR_RETURN(auto store, ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) *
+                                                            geometry_.head_dim,
+                                                        config_.value_store_path));
+    return std::unique_ptr<SequenceKv>(
+        std::make_unique<ShadowKvSequenceImpl>(settings_, std::move(store)));
+  }
+
+  // The sizes memory() reports right after FinishPrefill of a `num_tokens` prompt.
+  MemoryUsage EstimateMemory(int64_t num_tokens) const override {
+    const KvGeometry& g = geometry_;
+    const int64_t width = g.kv_width();
+    const int64_t chunk = settings_.chunk_size;
+    const int64_t num_chunks = ChunksToForm(settings_, num_tokens);
+    const int64_t exact = num_tokens - num_chunks * chunk;
+    int64_t layer_floats = 3 * exact * width;
+    int64_t slow_floats = 0;
+    int64_t rope_floats = 0;
+    if (num_chunks > 0) {
+      auto budget = BudgetChunks(settings_, num_tokens);
+      const int64_t budget_chunks = budget.ok() ? *budget : 0;
+      const int64_t outliers =
+          ResolveOutlierChunks(config_.outlier_chunks, budget_chunks * chunk, num_chunks);
+      const int64_t landmarks = num_chunks - outliers;
+      const int64_t gathered = std::min(budget_chunks, landmarks);
+      layer_floats += num_chunks * chunk * settings_.rank + settings_.rank * width +
+                      g.num_kv_heads * (landmarks + 2 * (outliers + gathered) * chunk) * g.head_dim;
+      slow_floats = landmarks * chunk * width;
+      rope_floats = num_chunks * chunk * (g.rope.rotary_dim / 2 * 2);
+    }
+    return {(layer_floats * g.num_layers + rope_floats) * kFloat,
+            slow_floats * g.num_layers * kFloat};
+  }
+
+ private:
+  Settings settings_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& config,
+                                                     const KvGeometry& geometry) {
+  SKV_RETURN_IF_ERROR(config.Validate());
+  if (geometry.num_layers <= 0 || geometry.head_dim <= 0 || geometry.num_kv_heads <= 0 ||
+      geometry.num_query_heads % geometry.num_kv_heads != 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "ShadowKV needs a model shape ({} layers, {} query heads over {} KV heads, head "
+                 "dim {})",
+                 geometry.num_layers, geometry.num_query_heads, geometry.num_kv_heads,
+                 geometry.head_dim);
+  }
+  if (geometry.rope.rotary_dim < 0 || geometry.rope.rotary_dim > geometry.head_dim ||
+      geometry.rope.rotary_dim % 2 != 0) {
+    return Error(ErrorCode::kInvalidArgument, "rotary dim {} does not fit head dim {}",
+                 geometry.rope.rotary_dim, geometry.head_dim);
+  }
+  Settings settings{config, geometry, config.chunk_size, config.local_window, 0};
+  auto rank = ResolveRank(config.rank, config.rank_ratio, geometry.kv_width());
+  if (!rank.ok()) {
+    return Error(ErrorCode::kInvalidArgument, "ShadowKV: {}", rank.status().message());
+  }
+  settings.rank = *rank;
+  if (config.budget_tokens > 0 && config.budget_tokens < config.chunk_size) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "ShadowKV budget of {} tokens is below one chunk of {} tokens",
+                 config.budget_tokens, config.chunk_size);
+  }
+  if (!config.value_store_path.empty() && !std::filesystem::is_directory(config.value_store_path)) {
+    return Error(ErrorCode::kInvalidArgument, "value store path '{}' is not a directory",
+                 config.value_store_path);
+  }
+  return std::unique_ptr<KvPolicy>(std::make_unique<ShadowKvPolicy>(settings));
+}
+
+}  // namespace shadowkv::kv

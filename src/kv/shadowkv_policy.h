@@ -1,0 +1,43 @@
+// The ShadowKV KV policy (SPEC §3): low-rank pre-RoPE keys, offloaded values, top-k chunks.
+//
+// Per layer a sequence keeps, once compressed at FinishPrefill:
+//   fast tier: A [chunked tokens, rank] and B [rank, kv_width] (K_pre ≈ A·B), one landmark per
+//              chunk and KV head, the outlier chunks' exact K/V, a gather buffer of K chunks per
+//              KV head, and the exact recent window (post-RoPE K, pre-RoPE K, V);
+//   slow tier: the values of every non-outlier chunk (ValueStore, RAM or file).
+// Each Prepare scores the landmarks with the new queries, selects K chunks per KV head, reuses
+// those still in the gather buffer and rebuilds the others (keys from A·B, RoPE'd at their own
+// positions; values from the slow tier). Tokens leaving the recent window in whole chunks are
+// projected onto the same basis ("graduated"), so generation never drops tokens.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kv/kv_policy.h"
+
+namespace shadowkv::kv {
+
+// One layer of a ShadowKV sequence as it stands (for tests and `inspect`).
+struct ShadowKvLayerInfo {
+  bool compressed = false;  // factorised (FinishPrefill with at least one chunk, or later)
+  int rank = 0;
+  int64_t num_chunks = 0;            // chunked tokens: [0, num_chunks * chunk_size)
+  int64_t exact_tokens = 0;          // rows of the exact buffer (recent window)
+  int64_t exact_first_position = 0;  // position of its first row
+  int64_t budget_chunks = 0;         // K per KV head (before capping by the landmarks)
+  std::vector<double> eigenvalues;   // [rank] top eigenvalues of K_preᵀK_pre, largest first
+  double total_energy = 0.0;         // ‖K_pre‖²_F over the prompt
+  double discarded_energy = 0.0;     // ‖K_pre − A·B‖²_F over the prompt
+  std::vector<std::vector<int32_t>> outlier_chunks;   // [kv_head] chunk indices, increasing
+  std::vector<std::vector<int32_t>> landmark_chunks;  // [kv_head] chunk of each landmark
+  std::vector<std::vector<int32_t>> gathered_chunks;  // [kv_head][slot] chunk held, -1 if none
+};
+
+// A SequenceKv that can also describe its state.
+class ShadowKvSequence : public SequenceKv {
+ public:
+  virtual ShadowKvLayerInfo Inspect(int layer) const = 0;
+};
+
+}  // namespace shadowkv::kv
