@@ -1,0 +1,403 @@
+// Byte-level BPE: special-token split, pre-tokenization, then rank-ordered merges per piece.
+#include "format/tokenizer.h"
+
+#include <algorithm>
+
+#include "format/gguf.h"
+#include "format/unicode.h"
+
+namespace shadowkv {
+namespace {
+
+// GPT-2's reversible byte-to-unicode map: printable Latin-1 bytes stand for themselves, the
+// rest (controls, space, 0x7F-0xA0, 0xAD) take codepoints 256, 257, ... in byte order, so
+// every token text is printable and free of spaces.
+struct ByteMap {
+  std::array<char32_t, 256> byte_to_codepoint{};
+  std::array<int16_t, 324> codepoint_to_byte{};  // -1 where no byte maps
+
+  ByteMap() {
+    codepoint_to_byte.fill(-1);
+    char32_t next_extra = 256;
+    for (int byte = 0; byte < 256; ++byte) {
+      const bool printable =
+          (byte >= 0x21 && byte <= 0x7E) || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
+      const char32_t codepoint = printable ? byte : next_extra++;
+      byte_to_codepoint[byte] = codepoint;
+      codepoint_to_byte[codepoint] = static_cast<int16_t>(byte);
+    }
+  }
+};
+
+const ByteMap& GetByteMap() {
+  static const ByteMap map;
+  return map;
+}
+
+// The bytes a byte-mapped token text stands for. Codepoints outside the map are kept as
+// UTF-8 so that a malformed vocabulary still decodes to something readable.
+std::string UnmapBytes(std::string_view text) {
+  const ByteMap& map = GetByteMap();
+  std::string bytes;
+  bytes.reserve(text.size());
+  for (size_t offset = 0; offset < text.size();) {
+    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
+    if (decoded.codepoint < map.codepoint_to_byte.size() &&
+        map.codepoint_to_byte[decoded.codepoint] >= 0) {
+      bytes.push_back(static_cast<char>(map.codepoint_to_byte[decoded.codepoint]));
+    } else {
+      bytes.append(text.substr(offset, decoded.num_bytes));
+    }
+    offset += decoded.num_bytes;
+  }
+  return bytes;
+}
+
+void MapBytes(std::string_view bytes, std::string& out) {
+  const ByteMap& map = GetByteMap();
+  out.clear();
+  for (const char byte : bytes) {
+    unicode::AppendUtf8(map.byte_to_codepoint[static_cast<uint8_t>(byte)], out);
+  }
+}
+
+// Token texts that end a turn or a document in the chat formats we know.
+constexpr std::string_view kEndOfGenerationTexts[] = {
+    "<|eot_id|>",    "<|eom_id|>",      "<|im_end|>",    "<|end|>",
+    "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>",
+};
+// Preferred end-of-turn token when the metadata names none, in this order.
+constexpr std::string_view kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>", "<end_of_turn>",
+                                                "<|end|>"};
+
+// One BPE symbol of the piece being merged: a doubly linked list over the piece's bytes.
+struct Symbol {
+  int32_t id;  // -1 for a byte without a token: it takes part in no merge
+  int32_t prev;
+  int32_t next;  // -1 at the end
+};
+
+// A possible merge of symbols[left] with its right neighbour. The ids are those seen when it
+// was queued; if either symbol has changed since, the entry is stale and skipped.
+struct Candidate {
+  int32_t rank;
+  int32_t left;
+  int32_t left_id;
+  int32_t right_id;
+  int32_t result_id;
+  // Lowest rank first; among equal ranks (the same pair) the leftmost.
+  bool operator<(const Candidate& other) const {
+    return rank != other.rank ? rank > other.rank : left > other.left;
+  }
+};
+
+Result<int32_t> OptionalTokenId(const gguf::GgufFile& file, std::string_view key) {
+  if (file.Find(key) == nullptr) return -1;
+  SKV_ASSIGN_OR_RETURN(const int64_t id, file.GetInt(key));
+  return static_cast<int32_t>(id);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& file) {
+  SKV_ASSIGN_OR_RETURN(const std::string model, file.GetString("tokenizer.ggml.model"));
+  if (model != "gpt2") {
+    return Error(ErrorCode::kUnsupported,
+                 "tokenizer model '{}' is not supported; supported: gpt2 (byte-level BPE)", model);
+  }
+  TokenizerConfig config;
+  if (file.Find("tokenizer.ggml.pre") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(config.pre, file.GetString("tokenizer.ggml.pre"));
+  }
+  // Checked before the big arrays are copied, so an unsupported model fails fast.
+  SKV_ASSIGN_OR_RETURN(const PreTokenizerType pre_type, ParsePreTokenizerType(config.pre));
+
+  SKV_ASSIGN_OR_RETURN(config.tokens, file.GetStringArray("tokenizer.ggml.tokens"));
+  if (file.Find("tokenizer.ggml.token_type") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(const std::vector<int64_t> types,
+                         file.GetIntArray("tokenizer.ggml.token_type"));
+    config.token_types.reserve(types.size());
+    for (const int64_t type : types) config.token_types.push_back(static_cast<TokenType>(type));
+  }
+  if (file.Find("tokenizer.ggml.merges") == nullptr) {
+    return Error(ErrorCode::kCorrupt, "BPE tokenizer without tokenizer.ggml.merges");
+  }
+  SKV_ASSIGN_OR_RETURN(config.merges, file.GetStringArray("tokenizer.ggml.merges"));
+
+  SKV_ASSIGN_OR_RETURN(config.bos_id, OptionalTokenId(file, "tokenizer.ggml.bos_token_id"));
+  SKV_ASSIGN_OR_RETURN(config.eos_id, OptionalTokenId(file, "tokenizer.ggml.eos_token_id"));
+  SKV_ASSIGN_OR_RETURN(config.eot_id, OptionalTokenId(file, "tokenizer.ggml.eot_token_id"));
+  SKV_ASSIGN_OR_RETURN(config.eom_id, OptionalTokenId(file, "tokenizer.ggml.eom_token_id"));
+  SKV_ASSIGN_OR_RETURN(config.padding_id, OptionalTokenId(file, "tokenizer.ggml.padding_token_id"));
+  // Llama 3 vocabularies expect a BOS unless the file says otherwise.
+  config.add_bos = pre_type == PreTokenizerType::kLlama3;
+  if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(config.add_bos, file.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(config.add_eos, file.GetBool("tokenizer.ggml.add_eos_token"));
+  }
+  return Create(std::move(config));
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerConfig config) {
+  std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
+  SKV_RETURN_IF_ERROR(tokenizer->Build(std::move(config)));
+  return tokenizer;
+}
+
+Status Tokenizer::Build(TokenizerConfig config) {
+  SKV_ASSIGN_OR_RETURN(pre_type_, ParsePreTokenizerType(config.pre));
+  ignore_merges_ = pre_type_ == PreTokenizerType::kLlama3;
+  if (config.tokens.empty()) return Error(ErrorCode::kCorrupt, "tokenizer has no tokens");
+  if (config.tokens.size() > static_cast<size_t>(INT32_MAX)) {
+    return Error(ErrorCode::kCorrupt, "tokenizer has {} tokens", config.tokens.size());
+  }
+  const int32_t num_tokens = static_cast<int32_t>(config.tokens.size());
+  if (config.token_types.empty()) config.token_types.assign(num_tokens, TokenType::kNormal);
+  if (config.token_types.size() != config.tokens.size()) {
+    return Error(ErrorCode::kCorrupt, "tokenizer has {} tokens but {} token types",
+                 config.tokens.size(), config.token_types.size());
+  }
+  for (const int32_t* id :
+       {&config.bos_id, &config.eos_id, &config.eot_id, &config.eom_id, &config.padding_id}) {
+    if (*id < -1 || *id >= num_tokens) {
+      return Error(ErrorCode::kCorrupt, "special token id {} is outside the vocabulary of {}", *id,
+                   num_tokens);
+    }
+  }
+
+  tokens_ = std::move(config.tokens);
+  token_types_ = std::move(config.token_types);
+  token_ids_.reserve(tokens_.size());
+  token_bytes_.reserve(tokens_.size());
+  for (int32_t id = 0; id < num_tokens; ++id) {
+    token_ids_.emplace(tokens_[id], id);  // the first of duplicate texts wins
+    const TokenType type = token_types_[id];
+    const bool plain_text = type == TokenType::kControl || type == TokenType::kUserDefined;
+    token_bytes_.push_back(plain_text ? tokens_[id] : UnmapBytes(tokens_[id]));
+  }
+
+  std::string mapped;
+  for (int byte = 0; byte < 256; ++byte) {
+    const char raw = static_cast<char>(byte);
+    MapBytes(std::string_view(&raw, 1), mapped);
+    // Some vocabularies leave out bytes that never occur in UTF-8 text (0xC0, 0xFF) or rare
+    // controls; such bytes are dropped from the output, as the reference tokenizers do.
+    byte_token_ids_[byte] = FindToken(mapped);
+  }
+
+  merges_.reserve(config.merges.size());
+  for (size_t rank = 0; rank < config.merges.size(); ++rank) {
+    const std::string& merge = config.merges[rank];
+    // Token texts hold no spaces, so the first one separates the pair; it is searched from
+    // index 1 so that a (malformed) leading space stays in the left part.
+    const size_t space = merge.find(' ', 1);
+    if (space == std::string::npos) {
+      return Error(ErrorCode::kCorrupt, "merge {} '{}' is not a pair", rank, merge);
+    }
+    const std::string_view left(merge.data(), space);
+    const std::string_view right(merge.data() + space + 1, merge.size() - space - 1);
+    const int32_t left_id = FindToken(left);
+    const int32_t right_id = FindToken(right);
+    const int32_t result_id = FindToken(std::string(left) + std::string(right));
+    // A merge whose parts or result are not tokens can never apply to token ids.
+    if (left_id < 0 || right_id < 0 || result_id < 0) continue;
+    merges_.emplace(PairKey(left_id, right_id), Merge{static_cast<int32_t>(rank), result_id});
+  }
+
+  for (int32_t id = 0; id < num_tokens; ++id) {
+    const TokenType type = token_types_[id];
+    if ((type == TokenType::kControl || type == TokenType::kUserDefined) && !tokens_[id].empty()) {
+      special_by_first_byte_[static_cast<uint8_t>(tokens_[id][0])].push_back(id);
+    }
+  }
+  for (auto& bucket : special_by_first_byte_) {
+    std::stable_sort(bucket.begin(), bucket.end(),
+                     [&](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
+  }
+
+  bos_id_ = config.bos_id;
+  eos_id_ = config.eos_id;
+  eot_id_ = config.eot_id;
+  eom_id_ = config.eom_id;
+  padding_id_ = config.padding_id;
+  add_bos_ = config.add_bos && bos_id_ >= 0;
+  add_eos_ = config.add_eos && eos_id_ >= 0;
+  if (eot_id_ < 0) {
+    for (const std::string_view text : kEndOfTurnTexts) {
+      if ((eot_id_ = FindToken(text)) >= 0) break;
+    }
+  }
+  for (const int32_t id : {eos_id_, eot_id_, eom_id_}) {
+    if (id >= 0) end_of_generation_ids_.insert(id);
+  }
+  for (const std::string_view text : kEndOfGenerationTexts) {
+    if (const int32_t id = FindToken(text); id >= 0) end_of_generation_ids_.insert(id);
+  }
+  return Status::Ok();
+}
+
+int32_t Tokenizer::FindToken(std::string_view text) const {
+  const auto it = token_ids_.find(text);
+  return it == token_ids_.end() ? -1 : it->second;
+}
+
+const std::string& Tokenizer::TokenText(int32_t id) const {
+  static const std::string kEmpty;
+  return id >= 0 && id < vocab_size() ? tokens_[id] : kEmpty;
+}
+
+std::string_view Tokenizer::TokenBytes(int32_t id) const {
+  return id >= 0 && id < vocab_size() ? std::string_view(token_bytes_[id]) : std::string_view();
+}
+
+TokenType Tokenizer::GetTokenType(int32_t id) const {
+  return id >= 0 && id < vocab_size() ? token_types_[id] : TokenType::kUndefined;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
+                                       bool parse_special) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_special && add_bos_) out.push_back(bos_id_);
+
+  // Special tokens are cut out first, leftmost and then longest; the text between them is
+  // tokenized on its own, so pre-tokenizer pieces never straddle a special token.
+  size_t text_start = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    int32_t matched = -1;
+    for (const int32_t id : special_by_first_byte_[static_cast<uint8_t>(text[pos])]) {
+      if (!parse_special && token_types_[id] == TokenType::kControl) continue;
+      if (text.substr(pos).starts_with(tokens_[id])) {
+        matched = id;
+        break;
+      }
+    }
+    if (matched < 0) {
+      ++pos;
+      continue;
+    }
+    EncodeText(text.substr(text_start, pos - text_start), out);
+    out.push_back(matched);
+    pos += tokens_[matched].size();
+    text_start = pos;
+  }
+  EncodeText(text.substr(text_start), out);
+
+  if (add_special && add_eos_) out.push_back(eos_id_);
+  return out;
+}
+
+void Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::vector<std::string_view> pieces;
+  PreTokenize(pre_type_, text, pieces);
+  std::string scratch;
+  for (const std::string_view piece : pieces) EncodePiece(piece, scratch, out);
+}
+
+void Tokenizer::EncodePiece(std::string_view piece, std::string& scratch,
+                            std::vector<int32_t>& out) const {
+  if (piece.size() == 1) {
+    if (const int32_t id = byte_token_ids_[static_cast<uint8_t>(piece[0])]; id >= 0) {
+      out.push_back(id);
+    }
+    return;
+  }
+  if (ignore_merges_) {
+    MapBytes(piece, scratch);
+    if (const int32_t id = FindToken(scratch); id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+
+  // Reused across calls: most pieces are short, and allocation would dominate.
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Candidate> queue;  // a heap, best candidate at the front
+  symbols.clear();
+  queue.clear();
+  const int32_t num_symbols = static_cast<int32_t>(piece.size());
+  for (int32_t i = 0; i < num_symbols; ++i) {
+    symbols.push_back(
+        {byte_token_ids_[static_cast<uint8_t>(piece[i])], i - 1, i + 1 < num_symbols ? i + 1 : -1});
+  }
+  const auto enqueue = [&](int32_t left) {
+    if (left < 0) return;
+    const int32_t right = symbols[left].next;
+    if (right < 0) return;
+    const auto it = merges_.find(PairKey(symbols[left].id, symbols[right].id));
+    if (it == merges_.end()) return;
+    queue.push_back(
+        {it->second.rank, left, symbols[left].id, symbols[right].id, it->second.result_id});
+    std::push_heap(queue.begin(), queue.end());
+  };
+  for (int32_t i = 0; i + 1 < num_symbols; ++i) enqueue(i);
+
+  while (!queue.empty()) {
+    std::pop_heap(queue.begin(), queue.end());
+    const Candidate candidate = queue.back();
+    queue.pop_back();
+    Symbol& left = symbols[candidate.left];
+    if (left.id != candidate.left_id || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    if (right.id != candidate.right_id) continue;
+    left.id = candidate.result_id;
+    right.id = -1;  // unlinked; stale candidates naming it fail the id checks
+    left.next = right.next;
+    if (left.next >= 0) symbols[left.next].prev = candidate.left;
+    enqueue(left.prev);
+    enqueue(candidate.left);
+  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) {
+    if (symbols[i].id >= 0) out.push_back(symbols[i].id);  // bytes without a token are dropped
+  }
+}
+
+std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string text;
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= vocab_size()) continue;
+    const TokenType type = token_types_[id];
+    if (skip_special && (type == TokenType::kControl || type == TokenType::kUnknown)) continue;
+    text += token_bytes_[id];
+  }
+  return text;
+}
+
+namespace {
+
+// Appends `bytes` with every malformed byte replaced by U+FFFD.
+void AppendSanitized(std::string_view bytes, std::string& out) {
+  for (size_t offset = 0; offset < bytes.size();) {
+    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(bytes, offset);
+    if (decoded.codepoint == unicode::kInvalidCodepoint) {
+      out += "\xEF\xBF\xBD";
+    } else {
+      out.append(bytes.substr(offset, decoded.num_bytes));
+    }
+    offset += decoded.num_bytes;
+  }
+}
+
+}  // namespace
+
+std::string StreamingDecoder::Push(int32_t id) {
+  const TokenType type = tokenizer_.GetTokenType(id);
+  if (skip_special_ && (type == TokenType::kControl || type == TokenType::kUnknown)) return {};
+  pending_ += tokenizer_.TokenBytes(id);
+  const size_t complete = unicode::CompleteUtf8PrefixLength(pending_);
+  std::string text;
+  AppendSanitized(std::string_view(pending_).substr(0, complete), text);
+  pending_.erase(0, complete);
+  return text;
+}
+
+std::string StreamingDecoder::Flush() {
+  std::string text = pending_.empty() ? "" : "\xEF\xBF\xBD";
+  pending_.clear();
+  return text;
+}
+
+}  // namespace shadowkv

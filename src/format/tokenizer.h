@@ -1,0 +1,143 @@
+// Byte-level BPE tokenizer (GGUF tokenizer.ggml.model "gpt2") and a streaming detokenizer.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/status.h"
+#include "format/pre_tokenizer.h"
+
+namespace shadowkv {
+
+namespace gguf {
+class GgufFile;
+}
+
+// GGUF tokenizer.ggml.token_type values.
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,      // e.g. <|im_start|>: matched in text only when asked to parse specials
+  kUserDefined = 4,  // added tokens: always matched in text, stored as plain (not byte-mapped) text
+  kUnused = 5,
+  kByte = 6,
+};
+
+// Everything a tokenizer is built from; FromGguf fills it from metadata, tests by hand.
+struct TokenizerConfig {
+  std::vector<std::string> tokens;     // token texts in GPT-2 byte-to-unicode form
+  std::vector<TokenType> token_types;  // empty: all normal
+  std::vector<std::string> merges;     // "left right", highest priority first
+  std::string pre;                     // tokenizer.ggml.pre
+  int32_t bos_id = -1;                 // -1: none
+  int32_t eos_id = -1;
+  int32_t eot_id = -1;
+  int32_t eom_id = -1;
+  int32_t padding_id = -1;
+  bool add_bos = false;
+  bool add_eos = false;
+};
+
+// Immutable after construction; safe to use from several threads.
+class Tokenizer {
+ public:
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Reads tokenizer.ggml.* metadata. An unsupported model or pre-tokenizer is kUnsupported (the
+  // message lists the supported ones); inconsistent metadata is kCorrupt.
+  static Result<std::unique_ptr<Tokenizer>> FromGguf(const gguf::GgufFile& file);
+  static Result<std::unique_ptr<Tokenizer>> Create(TokenizerConfig config);
+
+  // `add_special`: BOS/EOS as the model's add_bos/add_eos say. `parse_special`: control-token
+  // texts such as "<|im_start|>" in `text` become those tokens (user-defined tokens always do).
+  std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
+
+  // Concatenated bytes of the tokens (not necessarily valid UTF-8 when cut mid-character).
+  // `skip_special` drops control tokens. Ids outside the vocabulary produce nothing.
+  std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const;
+
+  // The token as stored in the vocabulary (e.g. "Ġthe"); empty for ids out of range.
+  const std::string& TokenText(int32_t id) const;
+  // The bytes the token stands for (e.g. " the").
+  std::string_view TokenBytes(int32_t id) const;
+  TokenType GetTokenType(int32_t id) const;
+  // Id of a token by its vocabulary text, or -1.
+  int32_t FindToken(std::string_view text) const;
+
+  int32_t bos_id() const { return bos_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  int32_t eot_id() const { return eot_id_; }
+  int32_t padding_id() const { return padding_id_; }
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+  PreTokenizerType pre_tokenizer() const { return pre_type_; }
+
+  // Generation stops at EOS, EOT, EOM and the chat end tokens the vocabulary has
+  // (<|im_end|>, <|eot_id|>, <|end_of_text|>, <|endoftext|>, ...).
+  bool IsEndOfGeneration(int32_t id) const { return end_of_generation_ids_.contains(id); }
+
+ private:
+  Tokenizer() = default;
+  Status Build(TokenizerConfig config);
+  // Appends the BPE encoding of one pre-tokenized piece.
+  void EncodePiece(std::string_view piece, std::string& scratch, std::vector<int32_t>& out) const;
+  void EncodeText(std::string_view text, std::vector<int32_t>& out) const;
+
+  struct Merge {
+    int32_t rank;
+    int32_t result_id;
+  };
+  static uint64_t PairKey(int32_t left, int32_t right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+
+  std::vector<std::string> tokens_;
+  std::vector<std::string> token_bytes_;  // decoded form of each token
+  std::vector<TokenType> token_types_;
+  std::unordered_map<std::string_view, int32_t> token_ids_;  // views into tokens_
+  std::unordered_map<uint64_t, Merge> merges_;
+  std::array<int32_t, 256> byte_token_ids_{};  // the single-byte token of each byte, or -1
+  // Tokens matched as whole strings in the input, longest first within each first byte.
+  std::array<std::vector<int32_t>, 256> special_by_first_byte_;
+  std::unordered_set<int32_t> end_of_generation_ids_;
+  PreTokenizerType pre_type_ = PreTokenizerType::kGpt2;
+  bool ignore_merges_ = false;  // a piece that is itself a token skips the merges (Llama 3)
+  int32_t bos_id_ = -1;
+  int32_t eos_id_ = -1;
+  int32_t eot_id_ = -1;
+  int32_t eom_id_ = -1;
+  int32_t padding_id_ = -1;
+  bool add_bos_ = false;
+  bool add_eos_ = false;
+};
+
+// Turns a stream of token ids into text that is always whole, valid UTF-8: bytes of a
+// character split across tokens are held until it completes; malformed bytes become U+FFFD.
+class StreamingDecoder {
+ public:
+  explicit StreamingDecoder(const Tokenizer& tokenizer, bool skip_special = false)
+      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+
+  // Text completed by this token (possibly empty).
+  std::string Push(int32_t id);
+  // Whatever is still held, as U+FFFD for each unfinished character; resets the decoder.
+  std::string Flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::string pending_;  // bytes of an unfinished character
+};
+
+}  // namespace shadowkv

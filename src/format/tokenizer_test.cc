@@ -1,0 +1,311 @@
+// Tests for byte-level BPE on a hand-made vocabulary, with merge results worked out by hand.
+#include "format/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "format/gguf.h"
+#include "format/gguf_writer.h"
+
+namespace shadowkv {
+namespace {
+
+using Ids = std::vector<int32_t>;
+
+// GPT-2's byte-to-unicode form of one byte: printable Latin-1 stands for itself, the other
+// bytes take U+0100.. in order (so ' ' is U+0120 'Ġ' and '\n' is U+010A 'Ċ').
+std::string MappedByte(int byte) {
+  static const std::vector<int> kUnprintable = [] {
+    std::vector<int> bytes;
+    for (int b = 0; b < 256; ++b) {
+      if (!((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)) {
+        bytes.push_back(b);
+      }
+    }
+    return bytes;
+  }();
+  const auto it = std::find(kUnprintable.begin(), kUnprintable.end(), byte);
+  const char32_t codepoint =
+      it == kUnprintable.end() ? byte : 256 + static_cast<char32_t>(it - kUnprintable.begin());
+  std::string out;
+  if (codepoint < 0x80) {
+    out.push_back(static_cast<char>(codepoint));
+  } else {
+    out.push_back(static_cast<char>(0xC0 | (codepoint >> 6)));
+    out.push_back(static_cast<char>(0x80 | (codepoint & 0x3F)));
+  }
+  return out;
+}
+
+// Ids 0..255 are the bytes themselves; then merge results and special tokens.
+constexpr int32_t kAb = 256, kAbc = 257, kSpaceA = 258, kBc = 259, kCc = 260;
+constexpr int32_t kImStart = 261, kUser = 262, kImEnd = 263, kBos = 264, kEndOfText = 265;
+
+TokenizerConfig SmallConfig(std::string pre = "gpt2") {
+  TokenizerConfig config;
+  for (int byte = 0; byte < 256; ++byte) config.tokens.push_back(MappedByte(byte));
+  config.tokens.insert(config.tokens.end(),
+                       {"ab", "abc", "\xC4\xA0\x61", "bc", "cc", "<|im_start|>", "<user>",
+                        "<|im_end|>", "<s>", "<|endoftext|>"});
+  config.token_types.assign(config.tokens.size(), TokenType::kNormal);
+  config.token_types[kImStart] = TokenType::kControl;
+  config.token_types[kUser] = TokenType::kUserDefined;
+  config.token_types[kImEnd] = TokenType::kControl;
+  config.token_types[kBos] = TokenType::kControl;
+  config.token_types[kEndOfText] = TokenType::kControl;
+  // Ranks 0..4 in this order.
+  config.merges = {"a b", "ab c", "\xC4\xA0 a", "b c", "c c"};
+  config.pre = std::move(pre);
+  config.bos_id = kBos;
+  config.eos_id = kImEnd;
+  return config;
+}
+
+std::unique_ptr<Tokenizer> MakeTokenizer(TokenizerConfig config) {
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create(std::move(config));
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
+}
+
+Ids Bytes(std::string_view text) {
+  Ids ids;
+  for (const char c : text) ids.push_back(static_cast<uint8_t>(c));
+  return ids;
+}
+
+TEST(TokenizerTest, MergesApplyInRankOrder) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  // a·b (rank 0) first, then ab·c (rank 1).
+  EXPECT_EQ(tokenizer->Encode("abc", false, false), (Ids{kAbc}));
+  // b·c (rank 3) beats c·c (rank 4); bc·c is no merge.
+  EXPECT_EQ(tokenizer->Encode("bcc", false, false), (Ids{kBc, 'c'}));
+  // Two equal-rank pairs overlap: the leftmost wins.
+  EXPECT_EQ(tokenizer->Encode("ccc", false, false), (Ids{kCc, 'c'}));
+  // " abc" is one piece. Ġ·a (rank 2) loses to a·b (rank 0), and Ġ·ab is no merge.
+  EXPECT_EQ(tokenizer->Encode(" abc", false, false), (Ids{' ', kAbc}));
+  EXPECT_EQ(tokenizer->Encode(" a", false, false), (Ids{kSpaceA}));
+  // Pieces never merge across their boundaries: "c" + " " + "c".
+  EXPECT_EQ(tokenizer->Encode("c  c", false, false), (Ids{'c', ' ', ' ', 'c'}));
+  EXPECT_EQ(tokenizer->Encode("", false, false), Ids{});
+}
+
+TEST(TokenizerTest, IgnoreMergesTakesWholeTokensForLlama3) {
+  TokenizerConfig config = SmallConfig();
+  config.merges = {"b c"};  // "abc" cannot be built from merges alone
+  auto gpt2 = MakeTokenizer(config);
+  config.pre = "llama-bpe";
+  auto llama3 = MakeTokenizer(config);
+  ASSERT_NE(gpt2, nullptr);
+  ASSERT_NE(llama3, nullptr);
+  EXPECT_EQ(gpt2->Encode("abc", false, false), (Ids{'a', kBc}));
+  EXPECT_EQ(llama3->Encode("abc", false, false), (Ids{kAbc}));
+  EXPECT_EQ(llama3->Encode("abcc", false, false), (Ids{'a', kBc, 'c'}));
+}
+
+TEST(TokenizerTest, SpecialTokens) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->Encode("a<|im_start|>b", false, true), (Ids{'a', kImStart, 'b'}));
+  // Without parse_special the control token's text is plain text.
+  EXPECT_EQ(tokenizer->Encode("a<|im_start|>b", false, false), Bytes("a<|im_start|>b"));
+  // User-defined tokens are always matched.
+  EXPECT_EQ(tokenizer->Encode("x<user>y", false, false), (Ids{'x', kUser, 'y'}));
+  EXPECT_EQ(tokenizer->Encode("<|im_end|><|im_end|>", false, true), (Ids{kImEnd, kImEnd}));
+  EXPECT_EQ(tokenizer->Encode("<|im_end|", false, true), Bytes("<|im_end|"));
+  // The text around a special token is pre-tokenized on its own: no " " + "a" merge across.
+  EXPECT_EQ(tokenizer->Encode(" <user>a", false, true), (Ids{' ', kUser, 'a'}));
+}
+
+TEST(TokenizerTest, AddSpecialFollowsConfig) {
+  TokenizerConfig config = SmallConfig();
+  auto plain = MakeTokenizer(config);
+  config.add_bos = true;
+  config.add_eos = true;
+  auto both = MakeTokenizer(config);
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(both, nullptr);
+  EXPECT_FALSE(plain->add_bos());
+  EXPECT_EQ(plain->Encode("a", true, false), (Ids{'a'}));
+  EXPECT_TRUE(both->add_bos());
+  EXPECT_EQ(both->Encode("a", true, false), (Ids{kBos, 'a', kImEnd}));
+  EXPECT_EQ(both->Encode("a", false, false), (Ids{'a'}));
+}
+
+TEST(TokenizerTest, Accessors) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->vocab_size(), 266);
+  EXPECT_EQ(tokenizer->bos_id(), kBos);
+  EXPECT_EQ(tokenizer->eos_id(), kImEnd);
+  EXPECT_EQ(tokenizer->TokenText(kSpaceA), "\xC4\xA0\x61");
+  EXPECT_EQ(tokenizer->TokenBytes(kSpaceA), " a");
+  EXPECT_EQ(tokenizer->TokenBytes('\n'), "\n");
+  EXPECT_EQ(tokenizer->TokenText(9999), "");
+  EXPECT_EQ(tokenizer->FindToken("<|im_start|>"), kImStart);
+  EXPECT_EQ(tokenizer->FindToken("zzz"), -1);
+  // End of generation: the EOS, plus known end-of-text tokens by name.
+  EXPECT_TRUE(tokenizer->IsEndOfGeneration(kImEnd));
+  EXPECT_TRUE(tokenizer->IsEndOfGeneration(kEndOfText));
+  EXPECT_FALSE(tokenizer->IsEndOfGeneration(kImStart));
+  EXPECT_FALSE(tokenizer->IsEndOfGeneration('a'));
+  // No eot_id in the config: <|im_end|> is the end-of-turn token.
+  EXPECT_EQ(tokenizer->eot_id(), kImEnd);
+}
+
+TEST(TokenizerTest, Decode) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  const Ids ids = {kAbc, ' ', kImStart, kUser, '\n', 9999, -1};
+  EXPECT_EQ(tokenizer->Decode(ids), "abc <|im_start|><user>\n");
+  EXPECT_EQ(tokenizer->Decode(ids, /*skip_special=*/true), "abc <user>\n");
+}
+
+TEST(TokenizerTest, RoundTripsArbitraryBytes) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    std::string text;
+    const int length = std::uniform_int_distribution<int>(0, 64)(rng);
+    for (int i = 0; i < length; ++i) {
+      // Mostly a, b, c and spaces so that merges fire, plus any byte at all.
+      const int pick = std::uniform_int_distribution<int>(0, 9)(rng);
+      text.push_back(pick < 6 ? "abc  "[pick % 5] : static_cast<char>(rng() & 0xFF));
+    }
+    EXPECT_EQ(tokenizer->Decode(tokenizer->Encode(text, false, false)), text);
+  }
+}
+
+TEST(TokenizerTest, BytesWithoutTokensAreDropped) {
+  TokenizerConfig config = SmallConfig();
+  config.tokens[0x04] = "<unused-4>";  // byte 0x04 loses its token
+  auto tokenizer = MakeTokenizer(config);
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->Encode("a\x04\x62", false, false), (Ids{'a', 'b'}));
+
+  config = SmallConfig();
+  config.tokens['q'] = "<unused-q>";
+  tokenizer = MakeTokenizer(config);
+  ASSERT_NE(tokenizer, nullptr);
+  // "aqb" is one piece; the tokenless q still separates a and b, so they do not merge.
+  EXPECT_EQ(tokenizer->Encode("aqb", false, false), (Ids{'a', 'b'}));
+}
+
+TEST(TokenizerTest, LongRepetitiveInput) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  // One 200K-byte piece: "ab" x 100000 merges pairwise to kAb everywhere.
+  std::string text;
+  for (int i = 0; i < 100000; ++i) text += "ab";
+  const Ids ids = tokenizer->Encode(text, false, false);
+  ASSERT_EQ(ids.size(), 100000u);
+  EXPECT_TRUE(std::all_of(ids.begin(), ids.end(), [](int32_t id) { return id == kAb; }));
+}
+
+TEST(TokenizerTest, RejectsBadConfigs) {
+  TokenizerConfig config = SmallConfig("tekken");
+  Result<std::unique_ptr<Tokenizer>> result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(result.status().message().find("llama-bpe"), std::string::npos);
+
+  config = SmallConfig();
+  config.token_types.pop_back();
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+
+  config = SmallConfig();
+  config.merges.push_back("abc");
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+
+  config = SmallConfig();
+  config.eos_id = 100000;
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+}
+
+// A GGUF image holding SmallConfig() as tokenizer.ggml.* metadata.
+std::vector<uint8_t> SmallGguf(const std::string& model, const std::string& pre) {
+  const TokenizerConfig config = SmallConfig();
+  gguf::GgufWriter writer;
+  writer.AddString("general.architecture", "llama");
+  writer.AddString("tokenizer.ggml.model", model);
+  writer.AddString("tokenizer.ggml.pre", pre);
+  writer.AddStringArray("tokenizer.ggml.tokens", config.tokens);
+  std::vector<int32_t> types;
+  for (const TokenType type : config.token_types) types.push_back(static_cast<int32_t>(type));
+  writer.AddInt32Array("tokenizer.ggml.token_type", types);
+  writer.AddStringArray("tokenizer.ggml.merges", config.merges);
+  writer.AddUint32("tokenizer.ggml.bos_token_id", kBos);
+  writer.AddUint32("tokenizer.ggml.eos_token_id", kImEnd);
+  writer.AddUint32("tokenizer.ggml.padding_token_id", kEndOfText);
+  writer.AddBool("tokenizer.ggml.add_bos_token", true);
+  return writer.Finish();
+}
+
+TEST(TokenizerTest, FromGguf) {
+  auto file = gguf::GgufFile::FromBytes(SmallGguf("gpt2", "smollm"));
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf(*file.value());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  const Tokenizer& loaded = *tokenizer.value();
+  EXPECT_EQ(loaded.pre_tokenizer(), PreTokenizerType::kSmolLM);
+  EXPECT_EQ(loaded.padding_id(), kEndOfText);
+  EXPECT_TRUE(loaded.add_bos());
+  EXPECT_FALSE(loaded.add_eos());
+  EXPECT_EQ(loaded.Encode(" abc<|im_end|>", true, true), (Ids{kBos, ' ', kAbc, kImEnd}));
+}
+
+TEST(TokenizerTest, FromGgufRejectsUnsupportedModels) {
+  auto spm = gguf::GgufFile::FromBytes(SmallGguf("llama", "default"));
+  ASSERT_TRUE(spm.ok()) << spm.status().ToString();
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf(*spm.value());
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(tokenizer.status().message().find("gpt2"), std::string::npos);
+
+  auto pre = gguf::GgufFile::FromBytes(SmallGguf("gpt2", "chameleon"));
+  ASSERT_TRUE(pre.ok()) << pre.status().ToString();
+  tokenizer = Tokenizer::FromGguf(*pre.value());
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(tokenizer.status().message().find("chameleon"), std::string::npos);
+  EXPECT_NE(tokenizer.status().message().find("qwen2"), std::string::npos);
+}
+
+TEST(StreamingDecoderTest, HoldsSplitCharacters) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  StreamingDecoder decoder(*tokenizer);
+  EXPECT_EQ(decoder.Push(kAbc), "abc");
+  EXPECT_EQ(decoder.Push(0xC3), "");  // first byte of é
+  EXPECT_EQ(decoder.Push(0xA9), "\xC3\xA9");
+  EXPECT_EQ(decoder.Push(0xF0), "");  // 😀 in four tokens
+  EXPECT_EQ(decoder.Push(0x9F), "");
+  EXPECT_EQ(decoder.Push(0x98), "");
+  EXPECT_EQ(decoder.Push(0x80), "\xF0\x9F\x98\x80");
+  EXPECT_EQ(decoder.Push(kImStart), "<|im_start|>");
+  EXPECT_EQ(decoder.Flush(), "");
+}
+
+TEST(StreamingDecoderTest, ReplacesMalformedBytes) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  StreamingDecoder decoder(*tokenizer, /*skip_special=*/true);
+  EXPECT_EQ(decoder.Push(0xFF), "\xEF\xBF\xBD");
+  EXPECT_EQ(decoder.Push(kImStart), "");  // skipped
+  EXPECT_EQ(decoder.Push(0xE2), "");
+  EXPECT_EQ(decoder.Push('x'), "\xEF\xBF\xBDx");  // € cut short by 'x'
+  EXPECT_EQ(decoder.Push(0xE2), "");
+  EXPECT_EQ(decoder.Flush(), "\xEF\xBF\xBD");
+  EXPECT_EQ(decoder.Push('y'), "y");
+}
+
+}  // namespace
+}  // namespace shadowkv
