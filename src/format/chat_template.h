@@ -1,0 +1,60 @@
+// Chat prompt formats (ChatML, Llama 3): detection from GGUF metadata and rendering.
+#pragma once
+
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+
+namespace shadowkv {
+
+namespace gguf {
+class GgufFile;
+}
+
+enum class ChatFormat {
+  // <|im_start|>{role}\n{content}<|im_end|>\n ... then <|im_start|>assistant\n
+  kChatML,
+  // <|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|> ... then
+  // <|start_header_id|>assistant<|end_header_id|>\n\n
+  kLlama3,
+  // Llama 3.1+: as kLlama3, but a system turn always comes first and opens with
+  // "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" (the template's
+  // fallback date).
+  kLlama31,
+};
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant", ... (written verbatim)
+  std::string content;
+};
+
+// A format plus what the model's template adds on its own.
+struct ChatTemplate {
+  ChatFormat format = ChatFormat::kChatML;
+  // Inserted as a system turn when the first message is not one (SmolLM2: "You are a helpful
+  // AI assistant named SmolLM, trained by Hugging Face"; Qwen2.5: "You are Qwen, created by
+  // Alibaba Cloud. You are a helpful assistant."). Empty: none. kChatML only.
+  std::string default_system_prompt;
+};
+
+const char* ChatFormatName(ChatFormat format);
+
+// From the Jinja source of a chat template (GGUF tokenizer.chat_template). Unrecognised
+// templates are kUnsupported, naming the supported formats.
+Result<ChatTemplate> DetectChatTemplate(std::string_view template_text);
+// From a model file: its tokenizer.chat_template, or where that is absent, the turn tokens
+// its vocabulary has and its architecture.
+Result<ChatTemplate> DetectChatTemplate(const gguf::GgufFile& file);
+Result<ChatFormat> DetectChatFormat(const gguf::GgufFile& file);
+
+// The prompt text for `messages`, ending with the assistant header when
+// `add_generation_prompt`. It holds no BOS: encode it with add_special = true (so the
+// tokenizer adds BOS where the model wants one) and parse_special = true.
+std::string ApplyChatTemplate(const ChatTemplate& chat_template,
+                              std::span<const ChatMessage> messages, bool add_generation_prompt);
+std::string ApplyChatTemplate(ChatFormat format, std::span<const ChatMessage> messages,
+                              bool add_generation_prompt);
+
+}  // namespace shadowkv

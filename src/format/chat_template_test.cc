@@ -1,0 +1,146 @@
+// Tests for chat format detection and rendering, against hand-written prompts.
+#include "format/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include "format/gguf.h"
+#include "format/gguf_writer.h"
+
+namespace shadowkv {
+namespace {
+
+using Messages = std::vector<ChatMessage>;
+
+// Minimal templates in the shapes real ones take (written for these tests).
+constexpr std::string_view kChatMLWithDefaultNewline =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a test bot<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
+    "{% endfor %}";
+// The same with \n escapes inside the Jinja strings, and the system prompt coming from a
+// variable in one branch before the literal default appears.
+constexpr std::string_view kChatMLWithDefaultEscaped =
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- \"<|im_start|>system\\nYou're \\\"helpful\\\".<|im_end|>\\n\" }}{%- endif %}";
+constexpr std::string_view kPlainChatML =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+constexpr std::string_view kLlama3Template =
+    "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}";
+constexpr std::string_view kLlama31Template =
+    "{{- \"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}"
+    "{{- \"Cutting Knowledge Date: December 2023\\n\" }}";
+
+TEST(ChatTemplateTest, DetectsChatMLAndItsDefaultSystemPrompt) {
+  Result<ChatTemplate> detected = DetectChatTemplate(kChatMLWithDefaultNewline);
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kChatML);
+  EXPECT_EQ(detected->default_system_prompt, "You are a test bot");
+
+  detected = DetectChatTemplate(kChatMLWithDefaultEscaped);
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kChatML);
+  EXPECT_EQ(detected->default_system_prompt, "You're \"helpful\".");
+
+  detected = DetectChatTemplate(kPlainChatML);
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kChatML);
+  EXPECT_EQ(detected->default_system_prompt, "");
+}
+
+TEST(ChatTemplateTest, DetectsLlama3) {
+  Result<ChatTemplate> detected = DetectChatTemplate(kLlama3Template);
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kLlama3);
+  detected = DetectChatTemplate(kLlama31Template);
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kLlama31);
+}
+
+TEST(ChatTemplateTest, RejectsUnknownTemplates) {
+  const Result<ChatTemplate> detected =
+      DetectChatTemplate("{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}");
+  ASSERT_FALSE(detected.ok());
+  EXPECT_EQ(detected.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(detected.status().message().find("ChatML"), std::string::npos);
+}
+
+TEST(ChatTemplateTest, ChatMLInsertsTheDefaultSystemPrompt) {
+  const ChatTemplate smollm{ChatFormat::kChatML,
+                            "You are a helpful AI assistant named SmolLM, trained by Hugging Face"};
+  EXPECT_EQ(ApplyChatTemplate(smollm, Messages{{"user", "hi"}}, true),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  // A system message of the caller's replaces the default.
+  EXPECT_EQ(
+      ApplyChatTemplate(
+          smollm,
+          Messages{
+              {"system", "Be terse."}, {"user", "2+2?"}, {"assistant", "4"}, {"user", "And 3+3?"}},
+          false),
+      "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+      "<|im_start|>assistant\n4<|im_end|>\n<|im_start|>user\nAnd 3+3?<|im_end|>\n");
+  EXPECT_EQ(ApplyChatTemplate(smollm, Messages{}, true), "<|im_start|>assistant\n");
+  // Content is written verbatim (no trimming).
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kChatML, Messages{{"user", " x \n"}}, false),
+            "<|im_start|>user\n x \n<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, Llama3TrimsContent) {
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kLlama3,
+                              Messages{{"system", " Be brief. "}, {"user", "Hi\n"}}, true),
+            "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kLlama3, Messages{{"user", "\xE3\x80\x80x\t"}}, false),
+            "<|start_header_id|>user<|end_header_id|>\n\nx<|eot_id|>");
+}
+
+TEST(ChatTemplateTest, Llama31AlwaysHasASystemTurn) {
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kLlama31, Messages{{"user", "Hi"}}, true),
+            "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+            "Hi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kLlama31,
+                              Messages{{"system", "Be brief.\n"}, {"user", "Hi"}}, false),
+            "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+            "Today Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+}
+
+TEST(ChatTemplateTest, DetectsFromGguf) {
+  gguf::GgufWriter with_template;
+  with_template.AddString("general.architecture", "llama");
+  with_template.AddString("tokenizer.chat_template", std::string(kChatMLWithDefaultNewline));
+  auto file = gguf::GgufFile::FromBytes(with_template.Finish());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Result<ChatTemplate> detected = DetectChatTemplate(*file.value());
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->default_system_prompt, "You are a test bot");
+
+  // No template: the vocabulary's turn tokens decide.
+  gguf::GgufWriter llama3_tokens;
+  llama3_tokens.AddString("general.architecture", "llama");
+  llama3_tokens.AddStringArray("tokenizer.ggml.tokens",
+                               {"a", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"});
+  file = gguf::GgufFile::FromBytes(llama3_tokens.Finish());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Result<ChatFormat> format = DetectChatFormat(*file.value());
+  ASSERT_TRUE(format.ok()) << format.status().ToString();
+  EXPECT_EQ(format.value(), ChatFormat::kLlama3);
+
+  gguf::GgufWriter nothing;
+  nothing.AddString("general.architecture", "gemma");
+  nothing.AddStringArray("tokenizer.ggml.tokens", {"a", "b"});
+  file = gguf::GgufFile::FromBytes(nothing.Finish());
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  format = DetectChatFormat(*file.value());
+  ASSERT_FALSE(format.ok());
+  EXPECT_EQ(format.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(format.status().message().find("gemma"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shadowkv
