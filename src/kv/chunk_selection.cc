@@ -1,11 +1,16 @@
-// Landmarks, outlier chunks, landmark scoring (BLAS + vectorisable exp), top-k and gather slots.
+// Landmarks, outlier chunks, landmark scoring (AVX2 where built), top-k and gather slots.
 #include "kv/chunk_selection.h"
 
 #include <cblas.h>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -17,38 +22,138 @@ namespace {
 // Query rows scored per GEMM, bounding the logits scratch for long multi-token appends.
 constexpr int kQueryBlock = 32;
 
-// e^x for x <= 0 (softmax after subtracting the max), ~1 ulp. Written so the compiler vectorises
-// the loop around it: tens of thousands of landmarks per head and step make std::exp the cost.
+// Landmark scoring reads every landmark of a head at every decode step (S/chunk_size rows), so
+// its loops are written for the vector unit: one pass over the landmarks for the whole GQA group
+// (a GEMM with 1-8 rows spends its time packing the landmarks) and a polynomial exp.
+
+// e^x for x <= 0 (softmax after subtracting the max): Cody-Waite reduction x = n·ln2 + f, then
+// e^f by its Taylor series to degree 6 (|f| <= ln2/2: below 2e-7 relative), times 2^n.
 inline float ExpNonPositive(float x) {
   x = std::max(x, -87.0f);
-  const float t = x * 1.44269504088896341f;  // x·log2(e)
-  const float n = std::nearbyint(t);
-  const float f = (t - n) * 0.693147180559945309f;  // |f| <= ln2/2
-  // Taylor series of e^f to degree 6: truncation error below 2e-7 relative for |f| <= 0.347.
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float f = std::fma(n, -0.693145751953125f, x);
+  f = std::fma(n, -1.428606820309417e-6f, f);
   float p = 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
+  p = std::fma(p, f, 1.0f / 120.0f);
+  p = std::fma(p, f, 1.0f / 24.0f);
+  p = std::fma(p, f, 1.0f / 6.0f);
+  p = std::fma(p, f, 0.5f);
+  p = std::fma(p, f, 1.0f);
+  p = std::fma(p, f, 1.0f);
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+inline float HorizontalSum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+inline float HorizontalMax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// ExpNonPositive on 8 lanes.
+inline __m256 ExpNonPositive8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606820309417e-6f), f);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+// logits[g * num_landmarks + l] = scale · q_g·L_l for the `group` query heads at `queries`
+// (head_dim apart), in one pass over the landmarks.
+void GroupLogits(const float* queries, int group, const float* landmarks, int64_t num_landmarks,
+                 int head_dim, float scale, float* logits) {
+  int64_t l = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (head_dim % 8 == 0) {
+    // Blocks of 8 landmarks (a few KiB, in L1 across the group): 8 independent FMA chains per
+    // query head, then one transpose-and-add turns the 8 accumulators into 8 dot products.
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    for (; l + 8 <= num_landmarks; l += 8) {
+      const float* block = landmarks + l * head_dim;
+      for (int g = 0; g < group; ++g) {
+        const float* q = queries + g * head_dim;
+        __m256 acc[8];
+        for (auto& a : acc) a = _mm256_setzero_ps();
+        for (int d = 0; d < head_dim; d += 8) {
+          const __m256 qv = _mm256_loadu_ps(q + d);
+          for (int j = 0; j < 8; ++j) {
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(block + j * head_dim + d), qv, acc[j]);
+          }
+        }
+        const __m256 s0123 =
+            _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        const __m256 s4567 =
+            _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+        const __m256 dots = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                                          _mm256_permute2f128_ps(s0123, s4567, 0x31));
+        _mm256_storeu_ps(logits + g * num_landmarks + l, _mm256_mul_ps(dots, scale8));
+      }
+    }
+  }
+#endif
+  for (; l < num_landmarks; ++l) {
+    const float* landmark = landmarks + l * head_dim;
+    for (int g = 0; g < group; ++g) {
+      const float* q = queries + g * head_dim;
+      float dot = 0.0f;
+      for (int d = 0; d < head_dim; ++d) dot += landmark[d] * q[d];
+      logits[g * num_landmarks + l] = dot * scale;
+    }
+  }
+}
+
 // In place: row = softmax(row).
 void SoftmaxRow(float* row, int64_t length) {
+  int64_t i = 0;
   float max_value = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < length; ++i) max_value = std::max(max_value, row[i]);
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 max8 = _mm256_set1_ps(max_value);
+  for (; i + 8 <= length; i += 8) max8 = _mm256_max_ps(max8, _mm256_loadu_ps(row + i));
+  max_value = HorizontalMax(max8);
+#endif
+  for (; i < length; ++i) max_value = std::max(max_value, row[i]);
+
+  i = 0;
   float sum = 0.0f;
-  for (int64_t i = 0; i < length; ++i) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 shift = _mm256_set1_ps(max_value);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (; i + 8 <= length; i += 8) {
+    const __m256 e = ExpNonPositive8(_mm256_sub_ps(_mm256_loadu_ps(row + i), shift));
+    _mm256_storeu_ps(row + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  sum = HorizontalSum(sum8);
+#endif
+  for (; i < length; ++i) {
     row[i] = ExpNonPositive(row[i] - max_value);
     sum += row[i];
   }
   const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < length; ++i) row[i] *= inv;
+  for (i = 0; i < length; ++i) row[i] *= inv;
 }
 
 }  // namespace
@@ -118,10 +223,10 @@ void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride,
   const auto length = static_cast<size_t>(num_landmarks);
   const int lm_rows = static_cast<int>(num_landmarks);
   if (num_queries == 1) {
-    // The group's heads sit side by side: one GEMM, and the softmax rows are the sums.
+    // One query: its softmax rows are the sums.
     scratch->sums.resize(group_size * length);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group_size, lm_rows, head_dim, scale,
-                queries, head_dim, landmarks, head_dim, 0.0f, scratch->sums.data(), lm_rows);
+    GroupLogits(queries, group_size, landmarks, num_landmarks, head_dim, scale,
+                scratch->sums.data());
     for (int g = 0; g < group_size; ++g) SoftmaxRow(scratch->sums.data() + g * length, lm_rows);
   } else {
     scratch->sums.assign(group_size * length, 0.0f);
@@ -148,7 +253,7 @@ void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride,
   }
 }
 
-void SelectTopK(std::span<const float> scores, int64_t k, std::vector<int32_t>* order,
+void SelectTopK(std::span<const float> scores, int64_t k, std::vector<float>* values,
                 std::vector<int32_t>* selected) {
   const auto count = static_cast<int64_t>(scores.size());
   k = std::clamp<int64_t>(k, 0, count);
@@ -159,14 +264,20 @@ void SelectTopK(std::span<const float> scores, int64_t k, std::vector<int32_t>* 
     std::iota(selected->begin(), selected->end(), 0);
     return;
   }
-  order->resize(count);
-  std::iota(order->begin(), order->end(), 0);
-  auto higher = [&](int32_t a, int32_t b) {
-    return scores[a] != scores[b] ? scores[a] > scores[b] : a < b;
-  };
-  std::nth_element(order->begin(), order->begin() + k, order->end(), higher);
-  selected->assign(order->begin(), order->begin() + k);
-  std::sort(selected->begin(), selected->end());
+  // The k-th largest score on a plain copy (no index indirection), then one pass in index order:
+  // everything above it, and as many scores equal to it as fit, lowest index first.
+  values->assign(scores.begin(), scores.end());
+  std::nth_element(values->begin(), values->begin() + (k - 1), values->end(),
+                   std::greater<float>());
+  const float threshold = (*values)[k - 1];
+  int64_t ties_allowed = k - std::count_if(values->begin(), values->begin() + (k - 1),
+                                           [threshold](float v) { return v > threshold; });
+  selected->reserve(k);
+  for (int64_t i = 0; i < count; ++i) {
+    if (scores[i] > threshold || (scores[i] == threshold && ties_allowed-- > 0)) {
+      selected->push_back(static_cast<int32_t>(i));
+    }
+  }
 }
 
 void GatherSlots::Resize(int32_t num_slots, int64_t num_items) {

@@ -41,8 +41,8 @@ void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride,
                     ScoreScratch* scratch, float* scores);
 
 // Indices of the k highest scores (ties: lower index first), in increasing index order.
-// `order` is scratch; `selected` receives min(k, scores.size()) indices.
-void SelectTopK(std::span<const float> scores, int64_t k, std::vector<int32_t>* order,
+// `values` is scratch; `selected` receives min(k, scores.size()) indices.
+void SelectTopK(std::span<const float> scores, int64_t k, std::vector<float>* values,
                 std::vector<int32_t>* selected);
 
 // Which item (landmark index) each gather-buffer slot holds, so that a chunk selected at two

@@ -100,8 +100,7 @@ std::vector<double> NaiveScores(const std::vector<float>& q, int num_queries, in
   return best;
 }
 
-void CheckScores(int num_queries, int group, int num_landmarks) {
-  const int head_dim = 64;
+void CheckScores(int num_queries, int group, int num_landmarks, int head_dim = 64) {
   const int64_t stride = 3 * group * head_dim;  // this KV head's group inside wider rows
   auto q = Random(num_queries * stride, 10 + num_queries, 1.5f);
   auto landmarks = Random(num_landmarks * head_dim, 20 + num_landmarks, 1.5f);
@@ -114,7 +113,8 @@ void CheckScores(int num_queries, int group, int num_landmarks) {
     ASSERT_NEAR(scores[l], expected[l], 2e-5 * expected[l] + 1e-9) << "landmark " << l;
   }
   // Top-k against a full sort of the reference scores.
-  std::vector<int32_t> order, selected;
+  std::vector<float> order;
+  std::vector<int32_t> selected;
   const int k = num_landmarks / 4;
   SelectTopK(scores, k, &order, &selected);
   std::vector<int32_t> all(num_landmarks);
@@ -128,6 +128,8 @@ void CheckScores(int num_queries, int group, int num_landmarks) {
 TEST(ChunkSelectionTest, DecodeScoresMatchNaive) { CheckScores(1, 3, 300); }
 TEST(ChunkSelectionTest, MultiQueryScoresMatchNaive) { CheckScores(45, 3, 200); }
 TEST(ChunkSelectionTest, SingleHeadGroupScoresMatchNaive) { CheckScores(2, 1, 77); }
+TEST(ChunkSelectionTest, OddHeadDimScoresMatchNaive) { CheckScores(1, 4, 101, 20); }
+TEST(ChunkSelectionTest, LongLandmarkListScoresMatchNaive) { CheckScores(1, 7, 5000, 128); }
 
 TEST(ChunkSelectionTest, SoftmaxSurvivesLargeLogits) {
   // A landmark far ahead of the rest: its softmax weight must be ~1, others ~0, no NaN.
@@ -144,9 +146,14 @@ TEST(ChunkSelectionTest, SoftmaxSurvivesLargeLogits) {
 
 TEST(ChunkSelectionTest, TopKBreaksTiesByLowerIndex) {
   const std::vector<float> scores = {0.5f, 0.7f, 0.5f, 0.1f, 0.7f, 0.5f};
-  std::vector<int32_t> order, selected;
+  std::vector<float> order;
+  std::vector<int32_t> selected;
   SelectTopK(scores, 3, &order, &selected);
   EXPECT_EQ(selected, std::vector<int32_t>({0, 1, 4}));
+  SelectTopK(scores, 4, &order, &selected);
+  EXPECT_EQ(selected, std::vector<int32_t>({0, 1, 2, 4}));
+  SelectTopK(scores, 5, &order, &selected);
+  EXPECT_EQ(selected, std::vector<int32_t>({0, 1, 2, 4, 5}));
   SelectTopK(scores, 10, &order, &selected);
   EXPECT_EQ(selected.size(), 6u);
   SelectTopK(scores, 0, &order, &selected);

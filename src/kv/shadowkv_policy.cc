@@ -69,17 +69,16 @@ class RopeTable {
     num_positions_ = num_positions;
   }
 
-  // Rotates one head vector (head_dim floats) to `position` (< the extended range).
-  void Rotate(float* x, int64_t position) const {
-    if (half_ == 0) return;
+  // out = `x` (one head vector, head_dim floats) rotated to `position` (< the extended range).
+  void Rotate(const float* x, int64_t position, float* out) const {
+    std::memcpy(out, x, head_dim_ * kFloat);  // dims past rotary_dim pass through
     const float* cosines = table_.data() + position * 2 * half_;
     const float* sines = cosines + half_;
     for (int i = 0; i < half_; ++i) {
-      float* a = pairs_ ? x + 2 * i : x + i;
-      float* b = pairs_ ? x + 2 * i + 1 : x + i + half_;
-      const float x0 = *a, x1 = *b;
-      *a = x0 * cosines[i] - x1 * sines[i];
-      *b = x0 * sines[i] + x1 * cosines[i];
+      const int a = pairs_ ? 2 * i : i;
+      const int b = pairs_ ? 2 * i + 1 : i + half_;
+      out[a] = x[a] * cosines[i] - x[b] * sines[i];
+      out[b] = x[a] * sines[i] + x[b] * cosines[i];
     }
   }
 
@@ -128,7 +127,8 @@ struct LayerState {
 struct Scratch {
   ScoreScratch score;
   std::vector<float> scores;
-  std::vector<int32_t> order, selected;
+  std::vector<float> top_values;
+  std::vector<int32_t> selected;
   std::vector<GatherSlots::Fill> misses;
   std::vector<float> miss_coefficients;  // [misses * chunk_size, rank]
   std::vector<float> rebuilt;            // [misses * chunk_size, head_dim]
@@ -371,7 +371,7 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         ScoreLandmarks(queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim, num_queries,
                        g.q_width(), g.group_size(), head.landmarks.data(), head.num_landmarks(),
                        g.head_dim, &scratch_.score, scratch_.scores.data());
-        SelectTopK(scratch_.scores, selected_count, &scratch_.order, &scratch_.selected);
+        SelectTopK(scratch_.scores, selected_count, &scratch_.top_values, &scratch_.selected);
         const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
         SKV_RETURN_IF_ERROR(Rebuild(layer, head, h, &step));
         step.chunk_selections += selected_count;
@@ -417,9 +417,11 @@ Status ShadowKvSequenceImpl::Rebuild(const LayerState& layer, HeadState& head, i
   for (int64_t i = 0; i < count; ++i) {
     const auto [slot, item] = misses[i];
     const int64_t first_position = static_cast<int64_t>(head.landmark_chunks[item]) * chunk;
+    const float* rebuilt = scratch_.rebuilt.data() + i * chunk_floats;
     float* keys = head.gather_keys.data() + slot * chunk_floats;
-    std::memcpy(keys, scratch_.rebuilt.data() + i * chunk_floats, chunk_floats * kFloat);
-    for (int t = 0; t < chunk; ++t) rope_table_.Rotate(keys + t * g.head_dim, first_position + t);
+    for (int t = 0; t < chunk; ++t) {
+      rope_table_.Rotate(rebuilt + t * g.head_dim, first_position + t, keys + t * g.head_dim);
+    }
     SKV_RETURN_IF_ERROR(
         store_->Read(head.value_runs[item], head.gather_values.data() + slot * chunk_floats));
   }
