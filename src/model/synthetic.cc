@@ -1,0 +1,60 @@
+// Synthetic model shapes, from the models' published configurations.
+#include "model/synthetic.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace shadowkv {
+namespace {
+
+struct NamedShape {
+  const char* name;
+  const char* display;
+  int num_layers, hidden_size, num_query_heads, num_kv_heads, head_dim, ffn_size;
+  int64_t vocab_size, context_length;
+  float rope_theta;
+  bool tied_embeddings;
+};
+
+// Llama-3-8B: the SPEC §7 shapes (Llama-3.1-8B differs only in context and RoPE scaling).
+// SmolLM2-135M: as its GGUF metadata gives it (the project's default small model).
+constexpr NamedShape kShapes[] = {
+    {"llama3-8b", "Llama-3-8B", 32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0f, false},
+    {"smollm2-135m", "SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0f, true},
+};
+
+}  // namespace
+
+std::vector<std::string> SyntheticModelNames() {
+  std::vector<std::string> names;
+  for (const NamedShape& s : kShapes) names.emplace_back(s.name);
+  return names;
+}
+
+Result<ModelConfig> SyntheticModelConfig(std::string_view name) {
+  for (const NamedShape& s : kShapes) {
+    if (name != s.name) continue;
+    ModelConfig c;
+    c.architecture = "llama";
+    c.name = fmt::format("{} (synthetic random weights)", s.display);
+    c.num_layers = s.num_layers;
+    c.hidden_size = s.hidden_size;
+    c.num_query_heads = s.num_query_heads;
+    c.num_kv_heads = s.num_kv_heads;
+    c.head_dim = s.head_dim;
+    c.ffn_size = s.ffn_size;
+    c.vocab_size = s.vocab_size;
+    c.context_length = s.context_length;
+    c.rms_norm_eps = 1e-5f;
+    c.qkv_bias = false;
+    c.tied_embeddings = s.tied_embeddings;
+    c.rope.rotary_dim = s.head_dim;
+    c.rope.theta_base = s.rope_theta;
+    c.rope.style = RopeConfig::Style::kPairs;
+    return c;
+  }
+  return Error(ErrorCode::kNotFound, "no synthetic model '{}' (known: {})", name,
+               fmt::join(SyntheticModelNames(), ", "));
+}
+
+}  // namespace shadowkv

@@ -1,0 +1,98 @@
+// CudaModel: a llama/qwen2 model resident on one GPU (bf16 weights, fp32 accumulation) with a
+// device-side full KV cache: chunked prefill, batched decode over sequences of different
+// lengths, and decode steps replayed from CUDA graphs. Pure C++ interface (no CUDA types).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/status.h"
+#include "model/config.h"
+
+namespace shadowkv::cuda {
+
+struct CudaModelOptions {
+  int max_batch = 16;          // sequences in one Forward or DecodeStep
+  int max_step_tokens = 2048;  // tokens in one Forward (prefill chunks plus decode rows)
+  bool use_graphs = true;      // DecodeStep replays one captured CUDA graph per batch size
+};
+
+// One sequence's share of a Forward call: new tokens at the positions that follow what its slot
+// already holds.
+struct CudaStepInput {
+  int slot = 0;
+  std::span<const int32_t> tokens;
+  float* logits_out = nullptr;  // [vocab] host memory for the last token's logits, or null
+};
+
+struct CudaSampling {
+  float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
+  uint64_t seed = 0;
+};
+
+// GPU time of one decode step by kind of work, measured with events between the ops of an
+// un-graphed step: GEMMs (cuBLAS), attention (split + combine kernels), everything else.
+struct StepBreakdown {
+  double total_ms = 0;
+  double gemm_ms = 0;
+  double attention_ms = 0;
+  double other_ms = 0;
+};
+
+class CudaModel {
+ public:
+  // Reads a GGUF model and uploads it once, every weight dequantised to bf16. Unsupported shapes
+  // (head_dim other than 64/128, more than 8 query heads per KV head) are kUnsupported.
+  static Result<std::unique_ptr<CudaModel>> Load(const std::string& path,
+                                                 const CudaModelOptions& options);
+  // Random weights generated on the device with `config`'s shapes: for throughput only.
+  static Result<std::unique_ptr<CudaModel>> CreateSynthetic(const ModelConfig& config,
+                                                            uint64_t seed,
+                                                            const CudaModelOptions& options);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const;
+  const CudaModelOptions& options() const;
+  bool synthetic() const;
+  int64_t weight_bytes() const;         // device bytes of all weights
+  int64_t decode_weight_bytes() const;  // weight bytes one decode step reads (not the embedding)
+  int64_t activation_bytes() const;     // device bytes of the step buffers
+
+  // The KV cache: `num_slots` sequences of up to `capacity` tokens. Replaces any previous cache
+  // (every slot starts empty). Short of memory: kResourceExhausted, and no cache is held.
+  int64_t KvBytesPerToken() const;  // keys and values of one token, all layers
+  Status AllocateKvCache(int num_slots, int64_t capacity);
+  void FreeKvCache();
+  int num_slots() const;
+  int64_t slot_capacity() const;
+  int64_t slot_length(int slot) const;  // tokens the slot holds
+  void ResetSlot(int slot);             // the slot's sequence is forgotten
+  // Makes `to` hold a copy of `from`'s sequence (forks; bench batches of one prompt).
+  Status CopySlot(int from, int to);
+
+  // Runs the new tokens of every input (distinct slots) through the model and appends them to
+  // the cache. Single-token inputs take the decode attention kernel, longer ones the prefill
+  // kernel. On error nothing was appended when the inputs were rejected up front; a failure
+  // inside the GPU work leaves the slots involved unusable (reset them).
+  Status Forward(std::span<const CudaStepInput> inputs);
+
+  // One decode step for `slots` (distinct): tokens[i] goes in, the next token (chosen on the
+  // GPU) comes back in tokens[i]. logits_out, when not null, receives [slots.size(), vocab].
+  Status DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
+                    const CudaSampling& sampling, float* logits_out = nullptr);
+
+  // DecodeStep without the graph, timing its parts (greedy). Advances the sequences the same way.
+  Result<StepBreakdown> ProfileDecodeStep(std::span<const int> slots, std::span<int32_t> tokens);
+
+  struct Impl;
+
+ private:
+  explicit CudaModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shadowkv::cuda

@@ -1,0 +1,127 @@
+// CudaModel's state: device weights, step buffers, the KV cache, stream, cuBLAS and graphs.
+// Internal to the CUDA backend.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <vector>
+
+#include "ops/cuda/cuda_model.h"
+#include "ops/cuda/device_buffer.h"
+#include "ops/cuda/kv_cache_view.cuh"
+#include "ops/cuda/prefill_attention.cuh"
+#include "ops/cuda/sampling.cuh"
+
+namespace shadowkv::cuda {
+
+using Bf16 = __nv_bfloat16;
+
+struct DeviceLayer {
+  DeviceBuffer<Bf16> qkv;       // [q_width + 2 * kv_width, hidden]: q rows, then k, then v
+  DeviceBuffer<float> qkv_bias;  // [q_width + 2 * kv_width] (qwen2) or empty
+  DeviceBuffer<Bf16> o;         // [hidden, q_width]
+  DeviceBuffer<Bf16> gate_up;   // [2 * ffn, hidden]: gate rows, then up rows
+  DeviceBuffer<Bf16> down;      // [hidden, ffn]
+  DeviceBuffer<float> attn_norm;  // [hidden]
+  DeviceBuffer<float> ffn_norm;   // [hidden]
+};
+
+// Per-step metadata, mirrored in pinned host memory and uploaded as one block before each step
+// (a replayed graph reads the fresh values from the same addresses).
+struct StepMeta {
+  int32_t* tokens = nullptr;     // [max_rows] token of each row
+  int32_t* slots = nullptr;      // [max_rows] slot of each row
+  int32_t* positions = nullptr;  // [max_rows] position of each row
+  int32_t* logit_rows = nullptr;  // [max_batch] rows whose logits are wanted
+  PrefillSequence* sequences = nullptr;  // [max_batch] prefill chunks
+  SamplingControl* control = nullptr;
+  int32_t* next_tokens = nullptr;  // [max_batch] written by the sampler
+};
+
+// What one step runs; decode rows come first, then the prefill chunks' rows.
+struct StepPlan {
+  int rows = 0;
+  int decode_rows = 0;
+  int num_prefill = 0;
+  int max_prefill_queries = 0;
+  int logit_rows = 0;
+  bool sample = false;
+};
+
+enum class OpKind { kGemm, kAttention, kOther };
+
+// Events between ops of an un-graphed step.
+class StepProfiler {
+ public:
+  ~StepProfiler();
+  Status Mark(OpKind kind, cudaStream_t stream);  // the op just issued ends here
+  Result<StepBreakdown> Collect();                // after the stream finished
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<OpKind> kinds_;  // kinds_[i]: the op between events_[i] and events_[i + 1]
+};
+
+struct CudaModel::Impl {
+  ~Impl();
+
+  ModelConfig config;
+  CudaModelOptions options;
+  bool synthetic = false;
+  int q_width = 0, kv_width = 0, qkv_width = 0, max_rows = 0, target_blocks = 0;
+
+  // Weights.
+  std::vector<DeviceLayer> layers;
+  DeviceBuffer<Bf16> token_embd;  // [vocab, hidden]
+  DeviceBuffer<Bf16> output_own;  // [vocab, hidden] when not tied
+  const Bf16* output = nullptr;   // output_own or token_embd
+  DeviceBuffer<float> output_norm;  // [hidden]
+  DeviceBuffer<float> inv_freq;     // [rotary_dim / 2]
+
+  // Step buffers, [max_rows, width] unless noted.
+  DeviceBuffer<float> x;         // residual stream
+  DeviceBuffer<Bf16> xn;         // normalised rows (GEMM input)
+  DeviceBuffer<float> qkv;       // [max_rows, qkv_width]
+  DeviceBuffer<Bf16> q;          // [max_rows, q_width]
+  DeviceBuffer<Bf16> attn;       // [max_rows, q_width]
+  DeviceBuffer<float> proj;      // [max_rows, hidden] o-proj or down-proj output
+  DeviceBuffer<Bf16> gate_up;    // [max_rows, 2 * ffn]
+  DeviceBuffer<Bf16> act;        // [max_rows, ffn]
+  DeviceBuffer<float> logits;    // [max_batch, vocab]
+  DeviceBuffer<float> partial_out;  // [max_batch, num_query_heads, kDecodeMaxSplits, head_dim]
+  DeviceBuffer<float> partial_lse;  // [max_batch, num_query_heads, kDecodeMaxSplits]
+  DeviceBuffer<uint8_t> meta_block;
+  StepMeta meta;            // device pointers into meta_block
+  StepMeta host_meta;       // the same layout in host_meta_block
+  uint8_t* host_meta_block = nullptr;  // pinned
+  int64_t meta_bytes = 0;
+  float* host_logits = nullptr;  // pinned [max_batch, vocab]
+
+  // KV cache.
+  DeviceBuffer<Bf16> kv_keys, kv_values;
+  KvCacheView cache;
+  std::vector<int64_t> lengths;  // [num_slots]
+
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DeviceBuffer<uint8_t> cublas_workspace;
+  std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
+  uint64_t sample_step = 0;               // random stream of the next sampled step
+
+  Status Init();  // stream, cuBLAS, step buffers (after config/options are set)
+  Status AllocateWeights();
+  void DropGraphs();
+  int64_t DecodeWeightBytes() const;
+  int64_t ActivationBytes() const;
+
+  // The whole step on `stream`, from the uploaded metadata; profiler may be null.
+  Status RunStep(const StepPlan& plan, StepProfiler* profiler);
+  Status Upload();  // host_meta_block -> meta_block
+  Status CheckSlots(std::span<const int> slots) const;
+  Status DecodeStepImpl(std::span<const int> slots, std::span<int32_t> tokens,
+                        const CudaSampling& sampling, float* logits_out, StepProfiler* profiler);
+};
+
+}  // namespace shadowkv::cuda

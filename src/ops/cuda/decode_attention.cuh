@@ -1,0 +1,46 @@
+// Decode attention over the full KV cache: split-KV, the GQA query heads of a KV head sharing
+// every K/V load, bf16 cache, fp32 softmax and accumulation, then a combine over the splits.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kv_cache_view.cuh"
+
+namespace shadowkv::cuda {
+
+constexpr int kDecodeMaxSplits = 64;       // splits per (row, KV head) at most
+constexpr int kDecodeMinSplitTokens = 32;  // a split reads at least this many keys
+
+struct DecodeAttentionParams {
+  const __nv_bfloat16* queries = nullptr;  // [rows, num_query_heads * head_dim] post-RoPE
+  KvCacheView cache;
+  int layer = 0;
+  const int32_t* slots = nullptr;      // [rows] KV-cache slot of each row's sequence
+  const int32_t* positions = nullptr;  // [rows] the query's position: it sees keys [0, position]
+  // Per (row, query head, split): the split's normalised output and log2-sum-exp2 of its scaled
+  // scores. [rows, num_query_heads, num_splits, head_dim] and [rows, num_query_heads, num_splits].
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  __nv_bfloat16* out = nullptr;  // [rows, num_query_heads * head_dim]
+  int rows = 0;
+  int num_query_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;    // 64 or 128
+  int num_splits = 1;  // in [1, kDecodeMaxSplits]; a row of length L uses splits of
+                       // max(kDecodeMinSplitTokens, ceil(L / num_splits) rounded up to 16) keys
+  float scale = 0.0f;  // usually 1/sqrt(head_dim)
+};
+
+// True when the kernels are built for this head_dim and group size (query heads per KV head).
+bool DecodeAttentionSupports(int head_dim, int group_size);
+
+// Splits per (row, KV head) that give about `target_blocks` blocks for `rows` rows. The result
+// does not depend on the lengths, so a captured graph stays valid as sequences grow.
+int DecodeNumSplits(int rows, int num_kv_heads, int target_blocks);
+
+cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
+
+}  // namespace shadowkv::cuda

@@ -1,0 +1,42 @@
+// Device-side helpers shared by the kernels (.cu files only): bf16 vectors, warp and block sums.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace shadowkv::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 8 bf16 values (one 16-byte load) to fp32.
+__device__ __forceinline__ void Bf16x8ToFloat(const uint4& packed, float* out) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// `scratch` holds 32 floats of shared memory; the call contains barriers.
+__device__ __forceinline__ float BlockSum(float value, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  value = WarpSum(value);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  const int num_warps = blockDim.x >> 5;
+  value = lane < num_warps ? scratch[lane] : 0.0f;
+  return WarpSum(value);
+}
+
+}  // namespace shadowkv::cuda

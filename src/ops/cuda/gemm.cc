@@ -1,0 +1,35 @@
+// cuBLAS GEMM wrapper: row-major products expressed as cuBLAS's column-major ones.
+#include "ops/cuda/gemm.h"
+
+#include <limits>
+
+namespace shadowkv::cuda {
+
+Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  const ErrorCode code = status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kResourceExhausted
+                                                              : ErrorCode::kInternal;
+  return Error(code, "{}:{}: {} failed: {} ({})", file, line, call, cublasGetStatusName(status),
+               cublasGetStatusString(status));
+}
+
+Status RunGemm(cublasHandle_t handle, const GemmParams& p) {
+  if (p.rows == 0) return Status::Ok();
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (p.rows < 0 || p.in <= 0 || p.out <= 0 || p.rows > kMax || p.in > kMax || p.out > kMax) {
+    return Error(ErrorCode::kInvalidArgument, "GEMM of [{} x {}] by [{} x {}]ᵀ is out of range",
+                 p.rows, p.in, p.out, p.in);
+  }
+  // Row-major y[rows, out] is column-major yᵀ[out, rows] = W[out, in] · xᵀ[in, rows], where the
+  // row-major W reads as a column-major [in, out] matrix, hence the transpose on it.
+  const float alpha = 1.0f;
+  const cudaDataType_t y_type = p.output == GemmOutput::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
+  SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.out), static_cast<int>(p.rows),
+      static_cast<int>(p.in), &alpha, p.weight, CUDA_R_16BF, static_cast<int>(p.in), p.x,
+      CUDA_R_16BF, static_cast<int>(p.in), &p.beta, p.y, y_type, static_cast<int>(p.out),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return Status::Ok();
+}
+
+}  // namespace shadowkv::cuda
