@@ -18,6 +18,10 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;
 // Deep enough for any real file; bounds recursion on hostile input.
 constexpr int kMaxArrayDepth = 8;
+// Metadata values cost ~60 bytes in memory against 1 byte in the file, so their total count is
+// capped; real files hold well under a million (vocabularies, merges, scores). Same for tensors.
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
+constexpr uint64_t kMaxTensors = uint64_t{1} << 20;
 constexpr uint32_t kLastValueType = static_cast<uint32_t>(ValueType::kFloat64);
 // Smallest possible encodings, used to reject hostile counts before anything is allocated:
 // a metadata entry is a key length (8) + value type (4) + a 1-byte value; a tensor info is a
@@ -157,6 +161,7 @@ class Cursor {
 struct ValuePath {
   const std::string& key;
   std::vector<uint64_t> indices;
+  uint64_t* values_left;  // of kMaxMetadataValues, shared by all keys
 
   std::string Describe() const {
     std::string text = fmt::format("metadata key '{}'", key);
@@ -242,6 +247,13 @@ Status ReadValue(Cursor& cursor, ValueType type, int depth, ValuePath& path, Val
                  path.Describe(), count, ValueTypeName(element_type), min_bytes,
                  cursor.remaining());
   }
+  if (count > *path.values_left) {
+    return Error(ErrorCode::kResourceExhausted,
+                 "{}: array of {} elements takes the metadata past {} values in total; refusing "
+                 "to load it",
+                 path.Describe(), count, kMaxMetadataValues);
+  }
+  *path.values_left -= count;
   std::vector<Value> elements(count);
   path.indices.push_back(0);
   for (uint64_t i = 0; i < count; ++i) {
@@ -444,6 +456,12 @@ Status GgufFile::Parse() {
                  metadata_count, cursor.remaining(), kMinMetadataEntryBytes);
   }
 
+  if (metadata_count > kMaxMetadataValues) {
+    return Error(ErrorCode::kResourceExhausted,
+                 "header claims {} metadata entries; refusing to load more than {}", metadata_count,
+                 kMaxMetadataValues);
+  }
+  uint64_t values_left = kMaxMetadataValues - metadata_count;
   metadata_.reserve(metadata_count);
   metadata_index_.reserve(metadata_count);
   for (uint64_t i = 0; i < metadata_count; ++i) {
@@ -458,7 +476,7 @@ Status GgufFile::Parse() {
       return Error(ErrorCode::kCorrupt, "metadata key '{}': unknown value type {}", key, raw_type);
     }
     Value value;
-    ValuePath path{key, {}};
+    ValuePath path{key, {}, &values_left};
     SKV_RETURN_IF_ERROR(ReadValue(cursor, static_cast<ValueType>(raw_type), 0, path, &value));
     const auto [it, inserted] = metadata_index_.emplace(key, metadata_.size());
     if (!inserted) {
@@ -489,6 +507,11 @@ Status GgufFile::Parse() {
                  "header claims {} tensors but only {} bytes follow the metadata (each tensor "
                  "info needs at least {})",
                  tensor_count, cursor.remaining(), kMinTensorInfoBytes);
+  }
+  if (tensor_count > kMaxTensors) {
+    return Error(ErrorCode::kResourceExhausted,
+                 "header claims {} tensors; refusing to load more than {}", tensor_count,
+                 kMaxTensors);
   }
   tensors_.reserve(tensor_count);
   tensor_index_.reserve(tensor_count);

@@ -205,6 +205,16 @@ TEST(GgufReaderTest, RejectsHostileCountsWithoutAllocating) {
               ErrorCode::kCorrupt, {"metadata entry #0 key"});
 }
 
+TEST(GgufReaderTest, CapsWhatAFileMayMakeUsAllocate) {
+  // Counts that fit in the file but would cost ~60 bytes of memory per byte of input.
+  constexpr uint64_t kValues = (1ull << 24) + 1;
+  ExpectError(RawImage().Header(0, 1).Str("big").U32(9).U32(0).U64(kValues).Zeros(kValues).bytes(),
+              ErrorCode::kResourceExhausted, {"'big': array of 16777217 elements", "refusing"});
+  constexpr uint64_t kTensors = (1ull << 20) + 1;
+  ExpectError(RawImage().Header(kTensors, 0).Zeros(kTensors * 33).bytes(),
+              ErrorCode::kResourceExhausted, {"1048577 tensors; refusing to load more than"});
+}
+
 TEST(GgufReaderTest, RejectsMalformedMetadata) {
   ExpectError(RawImage().Header(0, 1).Str("k").U32(13).U32(0).bytes(), ErrorCode::kCorrupt,
               {"metadata key 'k': unknown value type 13"});
