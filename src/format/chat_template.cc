@@ -175,11 +175,9 @@ std::string ApplyChatTemplate(const ChatTemplate& chat_template,
         system_prompt = messages[0].content;
         messages = messages.subspan(1);
       }
-      const std::string system_text =
-          "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" +
-          std::string(Trim(system_prompt));
       out += "<|start_header_id|>system<|end_header_id|>\n\n";
-      out += system_text;
+      out += "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+      out += Trim(system_prompt);
       out += "<|eot_id|>";
       for (const ChatMessage& message : messages) {
         AppendLlama3Turn(message.role, message.content, out);
