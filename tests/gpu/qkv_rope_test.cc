@@ -1,0 +1,123 @@
+// GPU bias + RoPE + KV-cache append against the CPU ops (AddBias, Rope::Apply), both rotation
+// styles, partial rotary dims and large positions.
+#include "ops/cuda/qkv_rope.cuh"
+
+#include "gpu_test_util.h"
+#include "ops/cpu/elementwise.h"
+#include "ops/cpu/rope.h"
+
+namespace shadowkv::cuda {
+namespace {
+
+using namespace testing;
+
+void CheckQkvRope(RopeConfig::Style style, int rotary_dim, bool with_bias) {
+  std::mt19937 rng(rotary_dim * 3 + (with_bias ? 1 : 0) + static_cast<int>(style) * 100);
+  const int num_query_heads = 8, num_kv_heads = 2, head_dim = 128;
+  const int q_width = num_query_heads * head_dim, kv_width = num_kv_heads * head_dim;
+  const int width = q_width + 2 * kv_width;
+  const std::vector<int32_t> positions = {0, 3, 1000, 65535, 70000};
+  const std::vector<int32_t> slots = {0, 1, 1, 0, 1};
+  const int rows = static_cast<int>(positions.size());
+  const int layer = 1;
+
+  RopeConfig config;
+  config.rotary_dim = rotary_dim;
+  config.theta_base = 500000.0f;
+  config.style = style;
+  const Rope rope(config);
+  std::vector<float> inv_freq(rotary_dim / 2);
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / rotary_dim));
+  }
+
+  const std::vector<float> qkv = RandomFloats(static_cast<int64_t>(rows) * width, rng);
+  const std::vector<float> bias = RandomFloats(width, rng, 0.1f);
+  KvCacheView cache;
+  cache.num_slots = 2;
+  cache.num_layers = 2;
+  cache.num_kv_heads = num_kv_heads;
+  cache.head_dim = head_dim;
+  cache.capacity = 70001;
+  const int64_t cache_count = cache.HeadOffset(cache.num_slots, 0, 0);
+  auto keys = Poisoned<uint16_t>(cache_count);
+  auto values = Poisoned<uint16_t>(cache_count);
+  cache.keys = reinterpret_cast<__nv_bfloat16*>(keys.get());
+  cache.values = reinterpret_cast<__nv_bfloat16*>(values.get());
+  auto device_qkv = ToDevice(qkv);
+  auto device_bias = ToDevice(bias);
+  auto device_freq = ToDevice(inv_freq);
+  auto device_positions = ToDevice(positions);
+  auto device_slots = ToDevice(slots);
+  auto queries = Poisoned<uint16_t>(static_cast<int64_t>(rows) * q_width);
+
+  QkvRopeParams p;
+  p.qkv = device_qkv.get();
+  p.bias = with_bias ? device_bias.get() : nullptr;
+  p.inv_freq = device_freq.get();
+  p.positions = device_positions.get();
+  p.slots = device_slots.get();
+  p.queries = reinterpret_cast<__nv_bfloat16*>(queries.get());
+  p.cache = cache;
+  p.layer = layer;
+  p.rows = rows;
+  p.num_query_heads = num_query_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_dim = head_dim;
+  p.rotary_dim = rotary_dim;
+  p.halves = style == RopeConfig::Style::kHalves;
+  SKV_ASSERT_CUDA(LaunchQkvRope(p, nullptr));
+  const std::vector<float> got_q = ToHostBf16(queries);
+  const std::vector<uint16_t> got_keys = ToHost(keys), got_values = ToHost(values);
+
+  // CPU: bias, then RoPE of q and k at each row's position; v as is.
+  std::vector<float> want = qkv;
+  if (with_bias) AddBias(want.data(), bias.data(), rows, width);
+  std::vector<float> got_k, want_k, got_v, want_v;
+  for (int r = 0; r < rows; ++r) {
+    float* row = want.data() + static_cast<int64_t>(r) * width;
+    rope.Apply(row, num_query_heads, head_dim, positions[r]);
+    rope.Apply(row + q_width, num_kv_heads, head_dim, positions[r]);
+    for (int h = 0; h < num_kv_heads; ++h) {
+      const int64_t at = cache.HeadOffset(slots[r], layer, h) +
+                         static_cast<int64_t>(positions[r]) * head_dim;
+      for (int d = 0; d < head_dim; ++d) {
+        got_k.push_back(Bf16ToFp32(got_keys[at + d]));
+        got_v.push_back(Bf16ToFp32(got_values[at + d]));
+        want_k.push_back(row[q_width + h * head_dim + d]);
+        want_v.push_back(row[q_width + kv_width + h * head_dim + d]);
+      }
+    }
+  }
+  std::vector<float> want_q;
+  for (int r = 0; r < rows; ++r) {
+    const float* row = want.data() + static_cast<int64_t>(r) * width;
+    want_q.insert(want_q.end(), row, row + q_width);
+  }
+  EXPECT_LT(RelativeError(got_q, want_q), kBf16OutputTolerance);
+  EXPECT_LT(RelativeError(got_k, want_k), kBf16OutputTolerance);
+  EXPECT_LT(RelativeError(got_v, want_v), kBf16OutputTolerance);
+  // Nothing but the rows' own cache entries was written.
+  int64_t written = 0;
+  for (uint16_t bits : got_keys) written += bits != 0xFFFF;
+  EXPECT_EQ(written, static_cast<int64_t>(rows) * kv_width);
+}
+
+TEST(CudaQkvRopeTest, PairsStyleWithBias) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckQkvRope(RopeConfig::Style::kPairs, 128, true);
+}
+
+TEST(CudaQkvRopeTest, HalvesStyle) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckQkvRope(RopeConfig::Style::kHalves, 128, false);
+}
+
+TEST(CudaQkvRopeTest, PartialRotaryDimsPassThrough) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckQkvRope(RopeConfig::Style::kPairs, 64, true);
+  CheckQkvRope(RopeConfig::Style::kHalves, 32, true);
+}
+
+}  // namespace
+}  // namespace shadowkv::cuda
