@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cmd_bench_cuda.h"
 #include "commands.h"
 #include "engine/sampler.h"
 #include "model/cpu_model.h"
@@ -25,6 +26,9 @@ struct BenchOptions {
   int prefill_chunk = 512;
   int repeat = 1;
   std::string json_path;
+  std::string device = "cpu";  // cpu | cuda
+  std::string synthetic;       // cuda only: random weights with a named model's shapes
+  int max_batch = 64;          // cuda only: the largest batch "auto" may pick
 };
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -184,6 +188,39 @@ int RunBench(const BenchOptions& o) {
   return 0;
 }
 
+// --device cuda: the same flags, run by cmd_bench_cuda.cc ("auto" batches allowed there).
+void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
+  cmd.add_option("--device", o.device, "cpu | cuda")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd.add_option("--synthetic", o.synthetic,
+                 "cuda: random weights with a named model's shapes (e.g. llama3-8b), "
+                 "throughput only");
+  cmd.add_option("--max-batch", o.max_batch, "cuda: the largest batch --batch auto may pick")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+}
+
+int RunCudaBenchFrom(const BenchOptions& o) {
+  CudaBenchOptions c;
+  c.model_path = o.synthetic.empty() ? ResolveModelPath(o.model) : std::string();
+  c.synthetic = o.synthetic;
+  c.policies = o.policies;
+  c.contexts = o.contexts;
+  c.batches = o.batches;
+  c.gen_tokens = o.gen_tokens;
+  c.prefill_chunk = o.prefill_chunk;
+  c.max_batch = o.max_batch;
+  c.json_path = o.json_path;
+  return RunCudaBench(c);
+}
+
+int RunBenchOnDevice(const BenchOptions& o) {
+  if (o.device == "cuda") return RunCudaBenchFrom(o);
+  if (!o.synthetic.empty()) return Fail("--synthetic needs --device cuda");
+  return RunBench(o);
+}
+
 }  // namespace
 
 Command AddBenchCommand(CLI::App& app) {
@@ -206,7 +243,8 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->add_option("--repeat", options->repeat, "repetitions (best is reported)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--json", options->json_path, "also write the results as JSON here");
-  return [options] { return RunBench(*options); };
+  AddCudaBenchOptions(*cmd, *options);
+  return [options] { return RunBenchOnDevice(*options); };
 }
 
 }  // namespace shadowkv::app

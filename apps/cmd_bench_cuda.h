@@ -1,0 +1,25 @@
+// `shadowkv bench --device cuda`: the CUDA backend's throughput table (see cmd_bench.cc for the
+// CPU one, which shares the flags).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace shadowkv::app {
+
+struct CudaBenchOptions {
+  std::string model_path;   // GGUF model (ignored with synthetic)
+  std::string synthetic;    // e.g. "llama3-8b": random weights with that model's shapes
+  std::string policies = "full";
+  std::string contexts;     // comma-separated, k = 1024
+  std::string batches;      // comma-separated counts or "auto" (the largest that fits)
+  int gen_tokens = 128;     // timed decode steps
+  int prefill_chunk = 4096;
+  int max_batch = 64;       // upper bound for "auto" (sizes the step buffers)
+  std::string json_path;
+};
+
+// Runs every (policy, context, batch) case and prints the table; returns the exit code.
+int RunCudaBench(const CudaBenchOptions& options);
+
+}  // namespace shadowkv::app

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Full-attention anchor in PyTorch (SDPA, GQA, bf16) with Llama-3-8B shapes and random weights.
+
+Measures, on the GPU it runs on:
+  decode:  tokens/s of a whole-model decode step at the largest batch whose KV cache fits, per
+           context (all sequences of that length; SDPA over a preallocated cache);
+  prefill: one sequence of each prefill length through the whole model at once, with the time
+           spent inside causal SDPA reported separately.
+Weights are random (SYNTHETIC: throughput only, outputs are meaningless). Prints one JSON object
+last (and writes it to --json). Needs torch >= 2.5 (enable_gqa) and a CUDA GPU.
+
+    python3 bench/pytorch_sdpa_anchor.py --contexts 61440,124928 --prefill 32768,124928
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+LLAMA3_8B = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                 vocab=128256, theta=500000.0)
+FLOOR_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device rate (SPEC section 6)
+LABEL = "SYNTHETIC WEIGHTS (random values, real shapes): throughput only, outputs are meaningless"
+
+
+class Model:
+    """Llama-style decoder with random bf16 weights; fused QKV and gate|up projections."""
+
+    def __init__(self, s, device):
+        self.s = s
+        g = torch.Generator(device=device).manual_seed(1)
+        h, q, kv, f = s["hidden"], s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"], s["ffn"]
+
+        def weight(rows, cols):
+            w = torch.empty(rows, cols, dtype=torch.bfloat16, device=device)
+            return w.uniform_(-math.sqrt(3.0 / cols), math.sqrt(3.0 / cols), generator=g)
+
+        self.embed = weight(s["vocab"], h)
+        self.head = weight(s["vocab"], h)
+        self.layers = [dict(qkv=weight(q + 2 * kv, h), o=weight(h, q), gate_up=weight(2 * f, h),
+                            down=weight(h, f)) for _ in range(s["layers"])]
+        self.norm = torch.ones(h, dtype=torch.bfloat16, device=device)
+        d = s["head_dim"]
+        self.inv_freq = 1.0 / (s["theta"] ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+
+    def weight_bytes(self):
+        n = self.embed.numel() + self.head.numel()
+        for l in self.layers:
+            n += sum(t.numel() for t in l.values())
+        return 2 * n
+
+    def rope(self, x, positions):
+        # x [B, H, T, D]; positions [T] (the same for every sequence of the batch)
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        cos = torch.cat([angles.cos(), angles.cos()], -1).to(x.dtype)
+        sin = torch.cat([angles.sin(), angles.sin()], -1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rotated * sin
+
+    def forward(self, tokens, k_cache, v_cache, start, attention_events=None):
+        """tokens [B, T] at positions [start, start + T); caches per layer [B, kv, cap, D]."""
+        s = self.s
+        b, t = tokens.shape
+        h, nq, nkv, d = s["hidden"], s["heads"], s["kv_heads"], s["head_dim"]
+        positions = torch.arange(start, start + t, device=tokens.device)
+        x = self.embed[tokens]
+        for i, l in enumerate(self.layers):
+            y = F.rms_norm(x, (h,), self.norm, 1e-5)
+            qkv = y @ l["qkv"].T
+            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+            q = self.rope(q.view(b, t, nq, d).transpose(1, 2), positions)
+            k = self.rope(k.view(b, t, nkv, d).transpose(1, 2), positions)
+            k_cache[i][:, :, start:start + t] = k
+            v_cache[i][:, :, start:start + t] = v.view(b, t, nkv, d).transpose(1, 2)
+            keys, values = k_cache[i][:, :, :start + t], v_cache[i][:, :, :start + t]
+            if attention_events is not None:
+                attention_events.append(torch.cuda.Event(enable_timing=True))
+                attention_events[-1].record()
+            o = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1 and start == 0,
+                                               enable_gqa=True)
+            if attention_events is not None:
+                attention_events.append(torch.cuda.Event(enable_timing=True))
+                attention_events[-1].record()
+            x = x + o.transpose(1, 2).reshape(b, t, nq * d) @ l["o"].T
+            y = F.rms_norm(x, (h,), self.norm, 1e-5)
+            gate, up = (y @ l["gate_up"].T).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ l["down"].T
+        last = F.rms_norm(x[:, -1], (h,), self.norm, 1e-5)
+        return (last @ self.head.T).float().argmax(-1)
+
+
+def kv_caches(s, batch, capacity, device):
+    shape = (batch, s["kv_heads"], capacity, s["head_dim"])
+    k = [torch.empty(shape, dtype=torch.bfloat16, device=device) for _ in range(s["layers"])]
+    v = [torch.empty(shape, dtype=torch.bfloat16, device=device) for _ in range(s["layers"])]
+    return k, v
+
+
+def kv_bytes_per_token(s):
+    return 2 * s["layers"] * s["kv_heads"] * s["head_dim"] * 2
+
+
+def measure_prefill(model, length, device):
+    s = model.s
+    k, v = kv_caches(s, 1, length, device)
+    tokens = torch.randint(0, s["vocab"], (1, length), device=device)
+    model.forward(tokens[:, :min(length, 1024)], k, v, 0)  # warm-up
+    torch.cuda.synchronize()
+    events = []
+    start = time.perf_counter()
+    model.forward(tokens, k, v, 0, attention_events=events)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    attention_ms = sum(events[i].elapsed_time(events[i + 1]) for i in range(0, len(events), 2))
+    # Causal attention: QK^T and PV over the lower triangle, 2 FLOP per multiply-add.
+    flops = 2 * 2 * (length * (length + 1) / 2) * s["head_dim"] * s["heads"] * s["layers"]
+    del k, v
+    torch.cuda.empty_cache()
+    return dict(tokens=length, seconds=seconds, tokens_per_s=length / seconds,
+                attention_seconds=attention_ms / 1e3,
+                attention_tflops=flops / (attention_ms / 1e3) / 1e12)
+
+
+def measure_decode(model, context, steps, warmup, max_batch, reserve_gib, device):
+    s = model.s
+    capacity = context + warmup + steps
+    free, _ = torch.cuda.mem_get_info()
+    per_sequence = kv_bytes_per_token(s) * capacity
+    batch = int(min(max_batch, (free - reserve_gib * 2**30) // per_sequence))
+    if batch < 1:
+        return dict(context=context, error="not even one sequence fits")
+    k, v = kv_caches(s, batch, capacity, device)
+    for t in k + v:  # any finite values: decode time does not depend on them
+        t[:, :, :context].normal_()
+    tokens = torch.randint(0, s["vocab"], (batch, 1), device=device)
+    position = context
+    for _ in range(warmup):
+        tokens = model.forward(tokens, k, v, position)[:, None]
+        position += 1
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        tokens = model.forward(tokens, k, v, position)[:, None]
+        position += 1
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    used = torch.cuda.mem_get_info()
+    mean_length = context + warmup + steps / 2
+    floor_bytes = model.weight_bytes() - model.embed.numel() * 2 + batch * mean_length * kv_bytes_per_token(s)
+    floor_step = floor_bytes / FLOOR_BYTES_PER_S
+    del k, v
+    torch.cuda.empty_cache()
+    return dict(context=context, batch=batch, steps=steps, step_ms=1e3 * seconds / steps,
+                tokens_per_s=batch * steps / seconds, gpu_bytes_used=used[1] - used[0],
+                floor_step_ms=1e3 * floor_step, floor_tokens_per_s=batch / floor_step)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--contexts", default="61440,124928", help="decode contexts, comma-separated")
+    p.add_argument("--prefill", default="32768,124928", help="prefill lengths, comma-separated")
+    p.add_argument("--steps", type=int, default=100, help="timed decode steps")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--reserve-gib", type=float, default=6.0,
+                   help="device memory left free for activations when sizing the batch")
+    p.add_argument("--json", default="", help="also write the JSON here")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("pytorch_sdpa_anchor: no CUDA device")
+    device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    s = LLAMA3_8B
+    with torch.inference_mode():
+        model = Model(s, device)
+        print(f"*** {LABEL} ***", file=sys.stderr)
+        report = dict(label=LABEL, torch=torch.__version__, gpu=torch.cuda.get_device_name(),
+                      shapes=s, weight_bytes=model.weight_bytes(), prefill=[], decode=[])
+        for length in [int(x) for x in args.prefill.split(",") if x]:
+            try:
+                r = measure_prefill(model, length, device)
+            except torch.OutOfMemoryError as error:
+                r = dict(tokens=length, error=f"out of memory: {error}")
+            torch.cuda.empty_cache()
+            print(f"prefill {length}: {r}", file=sys.stderr)
+            report["prefill"].append(r)
+        for context in [int(x) for x in args.contexts.split(",") if x]:
+            try:
+                r = measure_decode(model, context, args.steps, args.warmup, args.max_batch,
+                                   args.reserve_gib, device)
+            except torch.OutOfMemoryError as error:
+                r = dict(context=context, error=f"out of memory: {error}")
+            torch.cuda.empty_cache()
+            print(f"decode {context}: {r}", file=sys.stderr)
+            report["decode"].append(r)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+// Throughput measurements of a CudaModel with the full KV cache (`shadowkv bench --device cuda`).
+// Pure C++ interface.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+#include "ops/cuda/cuda_model.h"
+
+namespace shadowkv::cuda {
+
+// The H200's device-to-device copy rate measured on the lent machine (SPEC §6), the bandwidth
+// the "floor" of a decode step is computed with.
+constexpr double kFloorBytesPerSecond = 4.27e12;
+
+struct BenchCase {
+  int64_t context = 0;      // prompt tokens of every sequence
+  int batch = 0;            // sequences decoded together; 0 = the largest that fits
+  int decode_steps = 128;   // timed, graph-replayed steps
+  int warmup_steps = 3;     // untimed steps first (the graph is captured in the first)
+  int prefill_chunk = 4096;  // prompt tokens per Forward
+  uint64_t seed = 1;        // prompt tokens
+};
+
+struct BenchResult {
+  int64_t context = 0;
+  int batch = 0;
+  int max_batch = 0;  // the largest batch whose KV cache fits beside the model, from free memory
+  // One sequence's prompt, prefilled chunk by chunk; the other batch - 1 slots are copies of it
+  // (decode speed does not depend on the values in the cache).
+  double prefill_seconds = 0;
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;  // batch tokens per graph-replayed step
+  double step_ms = 0;
+  StepBreakdown breakdown;        // one un-graphed step, timed op by op
+  int64_t kv_bytes = 0;           // the KV cache allocated
+  int64_t gpu_bytes_used = 0;     // device memory in use during decode (all processes)
+  // Bytes one decode step must move (weights read once, each sequence's K and V read once, at
+  // the mean length of the timed steps) and the time and rate that takes at kFloorBytesPerSecond.
+  int64_t floor_bytes = 0;
+  double floor_step_ms = 0;
+  double floor_tokens_per_s = 0;
+};
+
+// How many sequences of `capacity` tokens fit in the device's free memory now, keeping
+// `reserve_bytes` free (cuBLAS, graphs, fragmentation). At most model.options().max_batch.
+Result<int> LargestBatch(const CudaModel& model, int64_t capacity, int64_t reserve_bytes);
+
+// Frees the model's KV cache, sizes a new one for the case, prefills, decodes and measures.
+// A batch that does not fit is kResourceExhausted (never a crash).
+Result<BenchResult> RunBenchCase(CudaModel& model, const BenchCase& bench_case);
+
+}  // namespace shadowkv::cuda
