@@ -137,7 +137,7 @@ int RunBench(const BenchOptions& o) {
   if (!batches.ok()) return Fail(batches.status().ToString());
   const std::vector<std::string> policies = SplitList(o.policies);
   if (policies.empty()) return Fail("no KV policy given");
-  auto model_or = CpuModel::Load(ResolveModelPath(o.model), o.model.threads);
+  auto model_or = LoadModel(o.model);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
   CpuModel& model = **model_or;
 

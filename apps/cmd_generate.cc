@@ -57,11 +57,8 @@ int RunGenerate(const GenerateOptions& o) {
   }
   if (text.empty()) return Fail("no prompt: give -p TEXT or -f FILE");
 
-  auto model_or = CpuModel::Load(ResolveModelPath(o.model), o.model.threads);
-  if (!model_or.ok()) {
-    return Fail(fmt::format("cannot load model '{}': {}", ResolveModelPath(o.model),
-                            model_or.status().ToString()));
-  }
+  auto model_or = LoadModel(o.model);
+  if (!model_or.ok()) return Fail(model_or.status().ToString());
   CpuModel& model = **model_or;
   auto policy_or = kv::MakeKvPolicy(o.kv, model.kv_geometry());
   if (!policy_or.ok()) return Fail(policy_or.status().ToString());

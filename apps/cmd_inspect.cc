@@ -117,7 +117,7 @@ int RunInspect(const InspectOptions& o) {
     text = buffer.str();
   }
   if (text.empty()) return Fail("no prompt: give -p TEXT or -f FILE");
-  auto model_or = CpuModel::Load(ResolveModelPath(o.model), o.model.threads);
+  auto model_or = LoadModel(o.model);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
   CpuModel& model = **model_or;
   const auto& c = model.config();

@@ -11,6 +11,10 @@ void AddModelOptions(CLI::App& app, ModelOptions& options) {
                  "scripts/fetch_model.py)");
   app.add_option("-t,--threads", options.threads, "CPU threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--numerics", options.numerics,
+                 "exact: fp32 activations and KV (the dequantised model's arithmetic); int8: "
+                 "8-bit activations in matmuls and fp16 KV (faster decode)")
+      ->capture_default_str();
 }
 
 void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
@@ -48,6 +52,17 @@ void AddSamplingOptions(CLI::App& app, SamplingParams& p) {
       ->capture_default_str();
   app.add_option("--top-p", p.top_p, "nucleus mass")->capture_default_str();
   app.add_option("--seed", p.seed, "random seed")->capture_default_str();
+}
+
+Result<std::unique_ptr<CpuModel>> LoadModel(const ModelOptions& options) {
+  SKV_ASSIGN_OR_RETURN(Numerics numerics, ParseNumerics(options.numerics));
+  const std::string path = ResolveModelPath(options);
+  auto model = CpuModel::Load(path, options.threads, numerics);
+  if (!model.ok()) {
+    return Status(model.status().code(),
+                  fmt::format("cannot load model '{}': {}", path, model.status().message()));
+  }
+  return model;
 }
 
 std::string ResolveModelPath(const ModelOptions& options) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/sampler.h"
+#include "model/cpu_model.h"
 #include "kv/kv_config.h"
 
 namespace shadowkv::app {
@@ -13,6 +14,7 @@ namespace shadowkv::app {
 struct ModelOptions {
   std::string model_path;  // empty: the default model in the cache
   int threads = 0;
+  std::string numerics = "exact";  // exact | int8 (see Numerics in model/cpu_model.h)
 };
 
 // Registers -m/--model and -t/--threads.
@@ -21,6 +23,9 @@ void AddModelOptions(CLI::App& app, ModelOptions& options);
 void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& config);
 // Registers --temp, --top-k, --top-p, --seed.
 void AddSamplingOptions(CLI::App& app, SamplingParams& params);
+
+// Loads the model the options name, reporting errors as a message for the user.
+Result<std::unique_ptr<CpuModel>> LoadModel(const ModelOptions& options);
 
 // The model path to open: the flag, else $SHADOWKV_MODEL, else the default model's cache path.
 std::string ResolveModelPath(const ModelOptions& options);

@@ -7,11 +7,20 @@
 
 #include "ops/cpu/attention.h"
 #include "ops/cpu/elementwise.h"
+#include "core/half.h"
+#include "ops/cpu/exact_matvec.h"
 #include "ops/cpu/gemm.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace shadowkv {
+namespace {
+
+void RoundToFp16(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
+}
+
+}  // namespace
 
 // Rows of a step in processing order: decode inputs first (one row each, contiguous so one
 // mat-vec call serves them all), then the prefill inputs' rows.
@@ -23,8 +32,20 @@ struct CpuModel::Rows {
   int64_t total = 0;
 };
 
-Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::string& path, int num_threads) {
+const char* NumericsName(Numerics numerics) {
+  return numerics == Numerics::kExact ? "exact" : "int8";
+}
+
+Result<Numerics> ParseNumerics(const std::string& name) {
+  if (name == "exact") return Numerics::kExact;
+  if (name == "int8") return Numerics::kInt8;
+  return Error(ErrorCode::kInvalidArgument, "numerics '{}' is not exact or int8", name);
+}
+
+Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::string& path, int num_threads,
+                                                 Numerics numerics) {
   std::unique_ptr<CpuModel> model(new CpuModel());
+  model->numerics_ = numerics;
   SKV_ASSIGN_OR_RETURN(model->file_, gguf::GgufFile::Open(path));
   SKV_ASSIGN_OR_RETURN(model->config_, ModelConfig::FromGguf(*model->file_));
   SKV_ASSIGN_OR_RETURN(model->tokenizer_, Tokenizer::FromGguf(*model->file_));
@@ -53,11 +74,23 @@ kv::KvGeometry CpuModel::kv_geometry() const {
 
 void CpuModel::Linear(const LinearWeight& w, const float* x, float* y, const Rows& rows) {
   const int64_t out = w.out_features(), in = w.in_features();
-  if (rows.decode_rows > 0) QuantMatVec(w.matrix, x, rows.decode_rows, y, *pool_);
+  const bool exact = numerics_ == Numerics::kExact;
+  if (rows.decode_rows > 0) {
+    if (exact) {
+      ExactMatVec(w.matrix, x, rows.decode_rows, y, *pool_);
+    } else {
+      QuantMatVec(w.matrix, x, rows.decode_rows, y, *pool_);
+    }
+  }
   const int64_t prefill_rows = rows.total - rows.decode_rows;
-  if (prefill_rows > 0) {
+  if (prefill_rows > 0 && exact) {
     DequantGemm(w.matrix, x + rows.decode_rows * in, prefill_rows, y + rows.decode_rows * out,
                 *pool_);
+  } else if (prefill_rows > 0) {
+    // Same rounding of the activations as the mat-vec kernel, so prefill and decode agree.
+    rounded_.resize(prefill_rows * in);
+    RoundActivations(w.matrix.type, x + rows.decode_rows * in, prefill_rows, in, rounded_.data());
+    DequantGemm(w.matrix, rounded_.data(), prefill_rows, y + rows.decode_rows * out, *pool_);
   }
   if (!w.bias.empty()) AddBias(y, w.bias.data(), rows.total, static_cast<int>(out));
 }
@@ -132,6 +165,11 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
         rope_->Apply(k.data() + r * kv_width, c.num_kv_heads, d, rows.position[i] + t);
       }
     }
+    if (numerics_ == Numerics::kInt8) {  // fp16 KV cache, as ggml's default
+      RoundToFp16(k_pre.data(), total * kv_width);
+      RoundToFp16(k.data(), total * kv_width);
+      RoundToFp16(v.data(), total * kv_width);
+    }
     // Each sequence's policy stores the new tokens and prepares what its queries read.
     pool_->ParallelFor(n, 1, [&](int64_t begin, int64_t end, int) {
       for (int64_t i = begin; i < end; ++i) {
@@ -184,13 +222,20 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
     } else if (in.logits == StepInput::Logits::kAll) {
       std::vector<float> normed(count * hidden);
       RmsNorm(first, weights_.output_norm.data(), count, hidden, c.rms_norm_eps, normed.data());
+      if (numerics_ == Numerics::kInt8) {
+        RoundActivations(weights_.output.matrix.type, normed.data(), count, hidden, normed.data());
+      }
       DequantGemm(weights_.output.matrix, normed.data(), count, in.logits_out, *pool_);
     }
   }
   if (!last_inputs.empty()) {
     std::vector<float> logits(last_inputs.size() * c.vocab_size);
-    QuantMatVec(weights_.output.matrix, last_rows.data(), static_cast<int64_t>(last_inputs.size()),
-                logits.data(), *pool_);
+    const int64_t count = static_cast<int64_t>(last_inputs.size());
+    if (numerics_ == Numerics::kExact) {
+      ExactMatVec(weights_.output.matrix, last_rows.data(), count, logits.data(), *pool_);
+    } else {
+      QuantMatVec(weights_.output.matrix, last_rows.data(), count, logits.data(), *pool_);
+    }
     for (size_t j = 0; j < last_inputs.size(); ++j) {
       std::copy_n(logits.data() + j * c.vocab_size, c.vocab_size,
                   inputs[last_inputs[j]].logits_out);

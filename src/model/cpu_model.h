@@ -27,10 +27,24 @@ struct StepInput {
   float* logits_out = nullptr;
 };
 
+// How the linear layers and the KV cache round numbers.
+enum class Numerics {
+  // fp32 activations times exactly dequantised weights, fp32 KV: the arithmetic of the
+  // dequantised model (what a reference implementation computes in fp32).
+  kExact,
+  // Activations rounded to 8 bits per 32-block for integer dot products, fp16 KV: the
+  // arithmetic class of ggml's CPU backend; decode mat-vecs are several times faster.
+  kInt8,
+};
+const char* NumericsName(Numerics numerics);
+Result<Numerics> ParseNumerics(const std::string& name);
+
 class CpuModel {
  public:
   // Opens the GGUF file, reads config, tokenizer and weights. num_threads 0 = all cores.
-  static Result<std::unique_ptr<CpuModel>> Load(const std::string& path, int num_threads = 0);
+  static Result<std::unique_ptr<CpuModel>> Load(const std::string& path, int num_threads = 0,
+                                                Numerics numerics = Numerics::kExact);
+  Numerics numerics() const { return numerics_; }
 
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -56,6 +70,8 @@ class CpuModel {
   ModelWeights weights_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Rope> rope_;
+  Numerics numerics_ = Numerics::kExact;
+  std::vector<float> rounded_;  // scratch: rounded activations of prefill rows
 };
 
 }  // namespace shadowkv
