@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "kv/policies.h"
 #include "ops/cpu/attention.h"
@@ -488,6 +489,9 @@ TEST(ShadowKvTest, FastTierIsSmallerThanFullAtLongContext) {
   const MemoryUsage m = shadow->EstimateMemory(tokens);
   EXPECT_LT(m.fast_bytes * 3, full->EstimateMemory(tokens).fast_bytes);
   EXPECT_GT(m.slow_bytes, 0);
+  // Too short to chunk (fewer than window + chunk tokens): exact K, pre-RoPE K and V only.
+  EXPECT_EQ(shadow->EstimateMemory(39).fast_bytes, 3LL * 39 * g.kv_width() * 4 * g.num_layers);
+  EXPECT_EQ(shadow->EstimateMemory(39).slow_bytes, 0);
 }
 
 TEST(ShadowKvTest, ImpossibleSettingsAreClearErrors) {
@@ -531,6 +535,29 @@ TEST(ShadowKvTest, ImpossibleSettingsAreClearErrors) {
   ASSERT_FALSE(finish.ok());
   EXPECT_EQ(finish.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(finish.message().find("below one chunk"), std::string::npos);
+}
+
+TEST(ShadowKvTest, SequencesOnSeparateThreadsMatchSerialRuns) {
+  // One policy, three sequences driven concurrently: nothing may be shared between them.
+  const KvGeometry g = TestGeometry();
+  KvPolicyConfig config = ShadowConfig(8, 16, 2, 48);
+  config.budget_tokens = 48;
+  auto policy = MakePolicy(config, g);
+  std::vector<std::unique_ptr<TokenStream>> streams;
+  for (uint32_t seed : {101u, 202u, 303u})
+    streams.push_back(std::make_unique<TokenStream>(g, 0, seed));
+  auto drive = [&](int i, std::vector<std::vector<float>>* last) {
+    Runner runner(*policy, *streams[i]);
+    runner.Step(120 + 17 * i, true);
+    for (int step = 0; step < 12; ++step) runner.Step(1);
+    *last = runner.outputs();
+  };
+  std::vector<std::vector<std::vector<float>>> serial(3), threaded(3);
+  for (int i = 0; i < 3; ++i) drive(i, &serial[i]);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) threads.emplace_back(drive, i, &threaded[i]);
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(serial[i], threaded[i]) << "sequence " << i;
 }
 
 }  // namespace
