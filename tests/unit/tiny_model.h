@@ -1,6 +1,8 @@
 // A tiny llama/qwen2-shaped GGUF model with random weights and a byte-level vocabulary, for tests.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -112,7 +114,9 @@ inline std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& s) {
 
 // Writes the model to a unique temporary file and returns its path.
 inline std::string WriteTinyModel(const TinyModelSpec& spec, const std::string& tag) {
-  const std::string path = ::testing::TempDir() + "/tiny_" + tag + ".gguf";
+  // The process id keeps parallel test processes off each other's (memory-mapped) files.
+  const std::string path = ::testing::TempDir() + "/tiny_" + tag + "_" +
+                           std::to_string(static_cast<long>(getpid())) + ".gguf";
   std::vector<uint8_t> bytes = MakeTinyModel(spec);
   FILE* f = std::fopen(path.c_str(), "wb");
   std::fwrite(bytes.data(), 1, bytes.size(), f);
