@@ -336,6 +336,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
       SKV_RETURN_IF_ERROR(UploadFloats(bias, l.qkv_bias.get()));
     }
   }
+  // cudaMemcpy from pageable memory may return before its DMA lands, and the model's own stream
+  // does not wait for the legacy stream: settle every upload before the first step.
+  SKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 
@@ -375,7 +378,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::CreateSynthetic(const ModelConfig&
       SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.qkv_bias.get(), 0, l.qkv_bias.bytes(), s));
     }
   }
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  SKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the fills and the uploads alike
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 
