@@ -143,10 +143,8 @@ int RunEvalCommand(const EvalOptions& o) {
   }
 
   const std::string model_path = ResolveModelPath(o.model);
-  auto model_or = CpuModel::Load(model_path, o.model.threads);
-  if (!model_or.ok()) {
-    return Fail(fmt::format("cannot load model '{}': {}", model_path, model_or.status().ToString()));
-  }
+  auto model_or = LoadModel(o.model);
+  if (!model_or.ok()) return Fail(model_or.status().ToString());
   CpuModel& model = **model_or;
   eval::PromptFormat format = eval::PromptFormat::Plain();
   if (!o.plain) {
@@ -167,8 +165,10 @@ int RunEvalCommand(const EvalOptions& o) {
   const eval::TaskContext tasks = eval::MakeTaskContext(
       model, format, corpus.words.empty() ? nullptr : &corpus, &vocabulary);
 
-  std::fprintf(stderr, "eval: %s; model %s (%s); prompts: %s; policies:", eval::EvalModeName(settings.mode),
-               model_path.c_str(), model.config().Summary().c_str(), format.name().c_str());
+  std::fprintf(stderr, "eval: %s; model %s (%s; %s numerics); prompts: %s; policies:",
+               eval::EvalModeName(settings.mode), model_path.c_str(),
+               model.config().Summary().c_str(), NumericsName(model.numerics()),
+               format.name().c_str());
   for (const auto& config : settings.policies) {
     std::fprintf(stderr, " %s", config.policy.c_str());
     if (config.policy == "full") continue;
@@ -228,6 +228,7 @@ int RunEvalCommand(const EvalOptions& o) {
     std::printf("CSV written to %s\n", o.csv_path.c_str());
   }
   if (!o.png_path.empty()) {
+    std::fflush(stdout);
     const std::string command = fmt::format("python3 '{}/scripts/plot_eval.py' '{}' '{}'",
                                             SHADOWKV_SOURCE_DIR, json_path, o.png_path);
     if (std::system(command.c_str()) != 0) return Fail("plotting failed (needs python3-matplotlib)");

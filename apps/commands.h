@@ -13,6 +13,7 @@ Command AddGenerateCommand(CLI::App& app);
 Command AddBenchCommand(CLI::App& app);
 Command AddFetchModelCommand(CLI::App& app);
 Command AddInspectCommand(CLI::App& app);
+Command AddEvalCommand(CLI::App& app);
 
 // Prints "shadowkv: <message>" on stderr and returns the exit code for errors.
 int Fail(const std::string& message);

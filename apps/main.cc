@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add(shadowkv::app::AddBenchCommand);
   add(shadowkv::app::AddFetchModelCommand);
   add(shadowkv::app::AddInspectCommand);
+  add(shadowkv::app::AddEvalCommand);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

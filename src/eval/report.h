@@ -1,0 +1,40 @@
+// Eval reports: mean scores per context length, row (task, needle depth or turn) and policy,
+// as text tables, JSON (settings, summaries, every answer) and CSV.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "eval/runner.h"
+
+namespace shadowkv::eval {
+
+struct ScoreSummary {
+  std::vector<int64_t> lengths;
+  std::vector<std::string> rows;      // task names, "depth 50%" or "turn 2", in run order
+  std::vector<double> row_values;     // the depth or turn of each row (tasks: 0)
+  std::vector<std::string> policies;
+  // Mean score in percent, [length][row][policy]; NaN where nothing was asked.
+  std::vector<std::vector<std::vector<double>>> scores;
+  std::vector<std::vector<std::vector<int>>> counts;  // questions behind each mean
+  // Mean over the rows that have a score, [length][policy] (RULER's average over tasks).
+  std::vector<std::vector<double>> averages;
+};
+
+ScoreSummary Summarize(const EvalReport& report);
+
+// One table per context length: rows as above plus "average", one column per policy.
+std::string FormatTables(const EvalReport& report);
+
+// Everything: settings (model, KV settings with budgets resolved per length, samples, seed),
+// the summary, the grid (niah_grid mode), and each question with every policy's answer.
+// Keys keep their order (tasks and policies as run).
+nlohmann::ordered_json ReportToJson(const EvalReport& report);
+
+// One line per (length, row, policy) including the averages, with the settings in columns.
+std::string ReportToCsv(const EvalReport& report);
+
+}  // namespace shadowkv::eval

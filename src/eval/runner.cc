@@ -1,0 +1,357 @@
+// The eval runner: shared prefill per sample, every policy replayed and decoded side by side.
+#include "eval/runner.h"
+
+#include <chrono>
+#include <memory>
+
+#include "engine/sampler.h"
+#include "eval/greedy.h"
+#include "eval/prefill_record.h"
+#include "eval/scoring.h"
+#include "kv/shadowkv_policy.h"
+
+namespace shadowkv::eval {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// One sample's sequences, one per policy, kept across the turns of a conversation.
+struct Conversation {
+  std::vector<std::unique_ptr<kv::SequenceKv>> sequences;  // [policy]
+  std::vector<GreedyStream> streams;                       // [policy]
+  std::vector<size_t> turn_start;                          // [policy] first token of this turn
+  int64_t prefill_tokens = 0;                              // the shared prompt
+};
+
+class Runner {
+ public:
+  Runner(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,
+         const EvalSettings& settings, const ProgressFn& progress)
+      : model_(model), format_(format), tasks_(tasks), settings_(settings), progress_(progress) {}
+
+  Result<EvalReport> Run();
+
+ private:
+  Status RunTasks();
+  Status RunGrid();
+  Status RunMultiTurn();
+  // Prefills `prompt` once and decodes its answer under every policy.
+  Status Start(const std::vector<int32_t>& prompt, int max_new_tokens, Conversation* conversation,
+               QuestionOutcome* outcome);
+  // Asks the next question in every policy's own conversation.
+  Status Continue(const std::string& followup, int max_new_tokens, Conversation* conversation,
+                  QuestionOutcome* outcome);
+  void Collect(Conversation& conversation, Metric metric, QuestionOutcome* outcome);
+  Result<std::vector<int32_t>> Encode(const std::string& prompt, int max_new_tokens) const;
+  void Report(const std::string& current);
+  Status Annotate(const Status& status, const std::string& what) const {
+    return status.ok() ? status : Error(status.code(), "{}: {}", what, status.message());
+  }
+
+  CpuModel& model_;
+  const PromptFormat& format_;
+  const TaskContext& tasks_;
+  const EvalSettings& settings_;
+  const ProgressFn& progress_;
+  std::vector<std::unique_ptr<kv::KvPolicy>> policies_;
+  EvalReport report_;
+  EvalProgress state_;
+};
+
+Result<EvalReport> Runner::Run() {
+  if (settings_.lengths.empty()) return Error(ErrorCode::kInvalidArgument, "no context lengths");
+  if (settings_.samples <= 0) return Error(ErrorCode::kInvalidArgument, "no samples");
+  if (settings_.policies.empty()) return Error(ErrorCode::kInvalidArgument, "no KV policies");
+  for (const kv::KvPolicyConfig& config : settings_.policies) {
+    SKV_RETURN_IF_ERROR(config.Validate());
+    SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model_.kv_geometry()));
+    policies_.push_back(std::move(policy));
+  }
+  report_.settings = settings_;
+  report_.model_summary = model_.config().Summary();
+  report_.numerics = NumericsName(model_.numerics());
+  report_.prompt_format = format_.name();
+  report_.haystack_source = tasks_.corpus ? tasks_.corpus->source : "";
+  const auto start = Clock::now();
+  switch (settings_.mode) {
+    case EvalMode::kTasks: SKV_RETURN_IF_ERROR(RunTasks()); break;
+    case EvalMode::kNiahGrid: SKV_RETURN_IF_ERROR(RunGrid()); break;
+    case EvalMode::kMultiTurn: SKV_RETURN_IF_ERROR(RunMultiTurn()); break;
+  }
+  report_.seconds = Since(start);
+  return std::move(report_);
+}
+
+void Runner::Report(const std::string& current) {
+  state_.current = current;
+  if (progress_) progress_(state_);
+}
+
+Result<std::vector<int32_t>> Runner::Encode(const std::string& prompt, int max_new_tokens) const {
+  std::vector<int32_t> tokens = model_.tokenizer().Encode(prompt, true, true);
+  const int64_t context = model_.config().context_length;
+  if (static_cast<int64_t>(tokens.size()) + max_new_tokens > context) {
+    return Error(ErrorCode::kOutOfRange,
+                 "a prompt of {} tokens plus {} to generate exceeds the model's context of {}",
+                 tokens.size(), max_new_tokens, context);
+  }
+  return tokens;
+}
+
+Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
+                     Conversation* conversation, QuestionOutcome* outcome) {
+  auto start = Clock::now();
+  std::vector<float> first_logits;
+  {
+    SKV_ASSIGN_OR_RETURN(PrefillRecord record,
+                         RecordPrefill(model_, prompt, settings_.prefill_chunk));
+    for (const auto& policy : policies_) {
+      SKV_ASSIGN_OR_RETURN(auto sequence, policy->NewSequence());
+      SKV_RETURN_IF_ERROR(ReplayPrefill(record, *sequence));
+      conversation->sequences.push_back(std::move(sequence));
+    }
+    first_logits = std::move(record.last_logits);
+  }  // the record is freed before decoding
+  outcome->prefill_seconds = Since(start);
+  outcome->prompt_tokens = static_cast<int64_t>(prompt.size());
+  conversation->prefill_tokens = outcome->prompt_tokens;
+  start = Clock::now();
+  const int32_t first = Argmax(first_logits);
+  conversation->streams.resize(policies_.size());
+  conversation->turn_start.assign(policies_.size(), 0);
+  std::vector<GreedyStream*> streams;
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    GreedyStream& stream = conversation->streams[p];
+    stream.kv = conversation->sequences[p].get();
+    stream.remaining = max_new_tokens;
+    PushToken(stream, first, model_.tokenizer());
+    streams.push_back(&stream);
+  }
+  SKV_RETURN_IF_ERROR(RunGreedy(model_, streams));
+  outcome->decode_seconds = Since(start);
+  return Status::Ok();
+}
+
+Status Runner::Continue(const std::string& followup, int max_new_tokens,
+                        Conversation* conversation, QuestionOutcome* outcome) {
+  const auto start = Clock::now();
+  const Tokenizer& tokenizer = model_.tokenizer();
+  std::vector<GreedyStream*> streams;
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    GreedyStream& stream = conversation->streams[p];
+    conversation->turn_start[p] = stream.generated.size();
+    if (stream.truncated) continue;  // no room left in this conversation
+    // The last generated token was never fed; it opens the follow-up (where it ended the
+    // turn, it stands for the end-of-turn markup the follow-up starts with).
+    const int32_t last = stream.generated.back();
+    std::string text = followup;
+    const std::string last_text = tokenizer.Decode(std::span<const int32_t>(&last, 1));
+    if (stream.ended && text.starts_with(last_text)) text.erase(0, last_text.size());
+    stream.feed = {last};
+    const std::vector<int32_t> more = tokenizer.Encode(text, false, true);
+    stream.feed.insert(stream.feed.end(), more.begin(), more.end());
+    stream.remaining = max_new_tokens;
+    stream.ended = false;
+    streams.push_back(&stream);
+  }
+  const GreedyStream& reference = conversation->streams[0];
+  outcome->prompt_tokens = conversation->sequences[0]->num_tokens() +
+                           static_cast<int64_t>(reference.feed.size());
+  SKV_RETURN_IF_ERROR(RunGreedy(model_, streams));
+  outcome->decode_seconds = Since(start);
+  return Status::Ok();
+}
+
+void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome* outcome) {
+  const Tokenizer& tokenizer = model_.tokenizer();
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    const GreedyStream& stream = conversation.streams[p];
+    const kv::SequenceKv& sequence = *conversation.sequences[p];
+    PolicyOutput out;
+    out.policy = settings_.policies[p].policy;
+    const size_t begin = std::min(conversation.turn_start[p], stream.generated.size());
+    const std::span<const int32_t> answer =
+        std::span<const int32_t>(stream.generated).subspan(begin);
+    out.text = tokenizer.Decode(answer, /*skip_special=*/true);
+    out.tokens.assign(answer.begin(), answer.end());
+    out.score = Score(metric, out.text, outcome->answers);
+    out.generated_tokens = static_cast<int>(answer.size());
+    out.truncated = stream.truncated;
+    if (out.policy != "full") {
+      out.budget_tokens = settings_.policies[p].BudgetTokens(conversation.prefill_tokens);
+    }
+    if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {
+      const kv::ShadowKvLayerInfo info = shadow->Inspect(0);
+      out.rank = info.rank;
+      out.outlier_chunks =
+          info.outlier_chunks.empty() ? 0 : static_cast<int64_t>(info.outlier_chunks[0].size());
+    }
+    out.stats = sequence.stats();
+    out.memory = sequence.memory();
+    outcome->outputs.push_back(std::move(out));
+  }
+}
+
+Status Runner::RunTasks() {
+  for (const std::string& name : settings_.tasks) {
+    if (!FindTask(name)) {
+      return Error(ErrorCode::kInvalidArgument, "unknown task '{}' ({})", name,
+                   kUnavailableTasksNote);
+    }
+  }
+  state_.total = static_cast<int64_t>(settings_.lengths.size() * settings_.tasks.size()) *
+                 settings_.samples;
+  for (int64_t length : settings_.lengths) {
+    state_.total_weight += static_cast<double>(length) * settings_.tasks.size() * settings_.samples;
+  }
+  for (int64_t length : settings_.lengths) {
+    for (const std::string& name : settings_.tasks) {
+      const TaskInfo& task = *FindTask(name);
+      for (int index = 0; index < settings_.samples; ++index) {
+        const std::string what = fmt::format("{} at {} tokens, sample {}", name, length, index + 1);
+        Report(what);
+        SampleRequest request{name, length, settings_.seed, index, settings_.depth};
+        SKV_ASSIGN_OR_RETURN(Sample sample, SynthesizeSample(request, tasks_));
+        auto prompt = Encode(sample.prompt, task.max_new_tokens);
+        SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
+        QuestionOutcome outcome;
+        outcome.task = name;
+        outcome.length = length;
+        outcome.index = index;
+        outcome.depth = sample.depths.size() == 1 ? sample.depths[0] : -1.0;
+        outcome.answers = sample.answers;
+        Conversation conversation;
+        SKV_RETURN_IF_ERROR(
+            Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
+        Collect(conversation, task.metric, &outcome);
+        report_.questions.push_back(std::move(outcome));
+        state_.done++;
+        state_.done_weight += static_cast<double>(length);
+      }
+    }
+  }
+  Report("");
+  return Status::Ok();
+}
+
+Status Runner::RunGrid() {
+  if (settings_.tasks.size() != 1 || !settings_.tasks[0].starts_with("niah_single")) {
+    return Error(ErrorCode::kInvalidArgument, "the NIAH grid takes one niah_single_* task");
+  }
+  if (settings_.grid_depths.empty()) return Error(ErrorCode::kInvalidArgument, "no grid depths");
+  const TaskInfo& task = *FindTask(settings_.tasks[0]);
+  const int64_t cells = static_cast<int64_t>(settings_.grid_depths.size()) * settings_.samples;
+  state_.total = cells * static_cast<int64_t>(settings_.lengths.size());
+  for (int64_t length : settings_.lengths) state_.total_weight += static_cast<double>(length) * cells;
+  for (int64_t length : settings_.lengths) {
+    for (double depth : settings_.grid_depths) {
+      for (int index = 0; index < settings_.samples; ++index) {
+        const std::string what = fmt::format("{} at {} tokens, depth {:g}%, sample {}", task.name,
+                                             length, depth, index + 1);
+        Report(what);
+        SampleRequest request{task.name, length, settings_.seed, index, depth};
+        SKV_ASSIGN_OR_RETURN(Sample sample, SynthesizeSample(request, tasks_));
+        auto prompt = Encode(sample.prompt, task.max_new_tokens);
+        SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
+        QuestionOutcome outcome;
+        outcome.task = task.name;
+        outcome.length = length;
+        outcome.index = index;
+        outcome.depth = depth;
+        outcome.answers = sample.answers;
+        Conversation conversation;
+        SKV_RETURN_IF_ERROR(
+            Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
+        Collect(conversation, task.metric, &outcome);
+        report_.questions.push_back(std::move(outcome));
+        state_.done++;
+        state_.done_weight += static_cast<double>(length);
+      }
+    }
+  }
+  Report("");
+  return Status::Ok();
+}
+
+Status Runner::RunMultiTurn() {
+  if (settings_.turns < 1) return Error(ErrorCode::kInvalidArgument, "multi-turn needs turns");
+  state_.total = static_cast<int64_t>(settings_.lengths.size()) * settings_.samples;
+  for (int64_t length : settings_.lengths) {
+    state_.total_weight += static_cast<double>(length) * settings_.samples;
+  }
+  for (int64_t length : settings_.lengths) {
+    for (int index = 0; index < settings_.samples; ++index) {
+      const std::string what =
+          fmt::format("multi-turn NIAH ({} turns) at {} tokens, sample {}", settings_.turns,
+                      length, index + 1);
+      Report(what);
+      SKV_ASSIGN_OR_RETURN(MultiTurnSample sample,
+                           SynthesizeMultiTurn(settings_.turns, length, settings_.seed, index,
+                                               tasks_));
+      const int max_new_tokens = sample.first.max_new_tokens;
+      // The whole conversation must fit: its sizing reserved room for every turn.
+      auto prompt = Encode(sample.first.prompt, max_new_tokens);
+      SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
+      Conversation conversation;
+      for (int turn = 0; turn < settings_.turns; ++turn) {
+        QuestionOutcome outcome;
+        outcome.task = "niah_multi_turn";
+        outcome.length = length;
+        outcome.index = index;
+        outcome.turn = turn + 1;
+        outcome.depth = sample.key_depths[turn];
+        outcome.answers = {sample.values[turn]};
+        if (turn == 0) {
+          SKV_RETURN_IF_ERROR(
+              Annotate(Start(*prompt, max_new_tokens, &conversation, &outcome), what));
+        } else {
+          const std::string followup = format_.Followup(sample.followups[turn - 1]);
+          SKV_RETURN_IF_ERROR(
+              Annotate(Continue(followup, max_new_tokens, &conversation, &outcome), what));
+        }
+        Collect(conversation, Metric::kStringMatchAll, &outcome);
+        report_.questions.push_back(std::move(outcome));
+      }
+      state_.done++;
+      state_.done_weight += static_cast<double>(length);
+    }
+  }
+  Report("");
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* EvalModeName(EvalMode mode) {
+  switch (mode) {
+    case EvalMode::kTasks: return "tasks";
+    case EvalMode::kNiahGrid: return "niah_grid";
+    case EvalMode::kMultiTurn: return "multi_turn";
+  }
+  return "?";
+}
+
+Result<EvalReport> RunEval(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,
+                           const EvalSettings& settings, const ProgressFn& progress) {
+  Runner runner(model, format, tasks, settings, progress);
+  return runner.Run();
+}
+
+TaskContext MakeTaskContext(const CpuModel& model, const PromptFormat& format,
+                            const EssayCorpus* corpus, const std::vector<std::string>* vocabulary) {
+  TaskContext context;
+  context.corpus = corpus;
+  context.vocabulary = vocabulary;
+  context.render = [format](const PromptParts& parts) { return format.First(parts); };
+  const Tokenizer* tokenizer = &model.tokenizer();
+  context.count_tokens = [tokenizer](const std::string& text) {
+    return static_cast<int64_t>(tokenizer->Encode(text, true, true).size());
+  };
+  return context;
+}
+
+}  // namespace shadowkv::eval

@@ -1,0 +1,96 @@
+// The eval runner: synthetic tasks × context lengths × samples under several KV policies, the
+// NIAH depth grid, and multi-turn NIAH.
+//
+// Each sample is prefilled once (full attention, recorded) and replayed into a fresh sequence of
+// every policy; the policies then decode greedily side by side in one batched forward step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "eval/prompt_format.h"
+#include "eval/tasks.h"
+#include "kv/kv_config.h"
+#include "kv/kv_policy.h"
+#include "model/cpu_model.h"
+
+namespace shadowkv::eval {
+
+enum class EvalMode { kTasks, kNiahGrid, kMultiTurn };
+const char* EvalModeName(EvalMode mode);
+
+struct EvalSettings {
+  EvalMode mode = EvalMode::kTasks;
+  std::vector<std::string> tasks;           // kTasks; kNiahGrid uses the first
+  std::vector<int64_t> lengths;             // target tokens (prompt + generation cap)
+  int samples = 4;                          // per task and length (per grid cell, per length)
+  uint64_t seed = 42;
+  double depth = -1.0;                      // kTasks: fixed needle depth, < 0 random
+  std::vector<double> grid_depths;          // kNiahGrid
+  int turns = 0;                            // kMultiTurn: needles = questions
+  std::vector<kv::KvPolicyConfig> policies; // one per policy, in report order
+  int prefill_chunk = 512;
+};
+
+// One policy's answer to one question.
+struct PolicyOutput {
+  std::string policy;
+  std::string text;  // generated text, special tokens dropped
+  std::vector<int32_t> tokens;  // generated tokens
+  double score = 0.0;  // in [0, 1]
+  int generated_tokens = 0;
+  bool truncated = false;        // the context filled up before the answer ended
+  int64_t budget_tokens = 0;     // the policy's budget for this prompt (0: full)
+  int rank = 0;                  // shadowkv: rank of the key factorisation (layer 0)
+  int64_t outlier_chunks = 0;    // shadowkv: outlier chunks per KV head (layer 0, head 0)
+  kv::PolicyStats stats;
+  kv::MemoryUsage memory;
+};
+
+// One question of one sample (multi-turn: one row per turn), answered by every policy.
+struct QuestionOutcome {
+  std::string task;
+  int64_t length = 0;          // target tokens
+  int index = 0;               // sample
+  int turn = 0;                // multi-turn: 1-based; 0 otherwise
+  double depth = -1.0;         // depth of the asked needle (grid, multi-turn); -1 when n/a
+  int64_t prompt_tokens = 0;   // tokens before this question's answer
+  std::vector<std::string> answers;
+  std::vector<PolicyOutput> outputs;  // [policy], in settings order
+  double prefill_seconds = 0.0;       // the shared prefill (first question of a sample)
+  double decode_seconds = 0.0;        // all policies together
+};
+
+struct EvalReport {
+  EvalSettings settings;
+  std::string model_path;
+  std::string model_sha256;  // filled by the caller where it can hash the file
+  std::string model_summary;
+  std::string numerics;  // the model's arithmetic (exact | int8)
+  std::string prompt_format;
+  std::string haystack_source;
+  std::vector<QuestionOutcome> questions;
+  double seconds = 0.0;
+};
+
+// Work done so far, for progress lines; weights approximate cost (prompt tokens).
+struct EvalProgress {
+  int64_t done = 0, total = 0;            // questions (samples, grid cells × samples)
+  double done_weight = 0, total_weight = 0;
+  std::string current;                    // what is running now
+};
+using ProgressFn = std::function<void(const EvalProgress&)>;
+
+// Runs settings.mode over `model`. `tasks` renders with `format` and counts with the model's
+// tokenizer (see MakeTaskContext).
+Result<EvalReport> RunEval(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,
+                           const EvalSettings& settings, const ProgressFn& progress = nullptr);
+
+// A task context for `model`: prompts rendered by `format`, lengths counted by its tokenizer.
+TaskContext MakeTaskContext(const CpuModel& model, const PromptFormat& format,
+                            const EssayCorpus* corpus, const std::vector<std::string>* vocabulary);
+
+}  // namespace shadowkv::eval
