@@ -162,8 +162,8 @@ int RunEvalCommand(const EvalOptions& o) {
     corpus = std::move(loaded).value();
     vocabulary = eval::CorpusVocabulary(corpus);
   }
-  const eval::TaskContext tasks = eval::MakeTaskContext(
-      model, format, corpus.words.empty() ? nullptr : &corpus, &vocabulary);
+  const eval::TaskContext tasks =
+      eval::MakeTaskContext(model, format, corpus.words.empty() ? nullptr : &corpus, &vocabulary);
 
   std::fprintf(stderr, "eval: %s; model %s (%s; %s numerics); prompts: %s; policies:",
                eval::EvalModeName(settings.mode), model_path.c_str(),
@@ -231,7 +231,8 @@ int RunEvalCommand(const EvalOptions& o) {
     std::fflush(stdout);
     const std::string command = fmt::format("python3 '{}/scripts/plot_eval.py' '{}' '{}'",
                                             SHADOWKV_SOURCE_DIR, json_path, o.png_path);
-    if (std::system(command.c_str()) != 0) return Fail("plotting failed (needs python3-matplotlib)");
+    if (std::system(command.c_str()) != 0)
+      return Fail("plotting failed (needs python3-matplotlib)");
   }
   return 0;
 }
@@ -242,7 +243,8 @@ Command AddEvalCommand(CLI::App& app) {
   auto options = std::make_shared<EvalOptions>();
   options->kv.policy = "full,shadowkv,snapkv,quest,streaming";
   CLI::App* cmd = app.add_subcommand(
-      "eval", "Long-context accuracy (RULER-style tasks, NIAH grid, multi-turn NIAH) per KV policy");
+      "eval",
+      "Long-context accuracy (RULER-style tasks, NIAH grid, multi-turn NIAH) per KV policy");
   AddModelOptions(*cmd, options->model);
   AddKvOptions(*cmd, options->kv);  // --kv takes a comma-separated list here
   cmd->add_option("--tasks", options->tasks,

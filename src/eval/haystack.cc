@@ -19,7 +19,7 @@ bool EndsWith(std::string_view text, std::string_view suffix) {
 // Typographic punctuation of the corpus in ASCII, so haystacks tokenise like plain English.
 std::string AsciiPunctuation(std::string_view text) {
   static const std::pair<std::string_view, std::string_view> kReplacements[] = {
-      {"\u201C", "\""}, {"\u201D", "\""}, {"\u2018", "'"},  {"\u2019", "'"},
+      {"\u201C", "\""}, {"\u201D", "\""}, {"\u2018", "'"},   {"\u2019", "'"},
       {"\u2014", "--"}, {"\u2013", "-"},  {"\u2026", "..."}, {"\u00A0", " "}};
   std::string out;
   out.reserve(text.size());
@@ -234,39 +234,35 @@ std::string BuildLineContext(const std::vector<std::string>& lines,
 
 const std::vector<std::string>& KeyAdjectives() {
   static const std::vector<std::string> words = {
-      "abrupt",   "agile",    "ancient",  "bitter",   "bold",     "brave",    "brisk",
-      "calm",     "careful",  "cheerful", "clever",   "cloudy",   "crimson",  "curious",
-      "damp",     "daring",   "distant",  "dusty",    "eager",    "early",    "elegant",
-      "empty",    "fancy",    "fierce",   "fragile",  "frozen",   "gentle",   "giant",
-      "glossy",   "golden",   "graceful", "grumpy",   "hasty",    "hollow",   "humble",
-      "icy",      "idle",     "jolly",    "keen",     "lazy",     "little",   "lively",
-      "lonely",   "loud",     "lucky",    "massive",  "mellow",   "mighty",   "misty",
-      "modest",   "narrow",   "nervous",  "noisy",    "odd",      "orange",   "pale",
-      "patient",  "plain",    "polite",   "proud",    "purple",   "quick",    "quiet",
-      "rapid",    "rare",     "restless", "rough",    "rusty",    "scarlet",  "shiny",
-      "silent",   "silver",   "sleepy",   "slender",  "smooth",   "sober",    "solid",
-      "sparkling", "steady",  "stormy",   "strange",  "sturdy",   "swift",    "tender",
-      "tidy",     "tiny",     "vivid",    "wandering", "warm",    "wicked",   "wise",
-      "witty",    "wooden",   "young",    "zealous"};
+      "abrupt",  "agile",    "ancient", "bitter",  "bold",    "brave",     "brisk",    "calm",
+      "careful", "cheerful", "clever",  "cloudy",  "crimson", "curious",   "damp",     "daring",
+      "distant", "dusty",    "eager",   "early",   "elegant", "empty",     "fancy",    "fierce",
+      "fragile", "frozen",   "gentle",  "giant",   "glossy",  "golden",    "graceful", "grumpy",
+      "hasty",   "hollow",   "humble",  "icy",     "idle",    "jolly",     "keen",     "lazy",
+      "little",  "lively",   "lonely",  "loud",    "lucky",   "massive",   "mellow",   "mighty",
+      "misty",   "modest",   "narrow",  "nervous", "noisy",   "odd",       "orange",   "pale",
+      "patient", "plain",    "polite",  "proud",   "purple",  "quick",     "quiet",    "rapid",
+      "rare",    "restless", "rough",   "rusty",   "scarlet", "shiny",     "silent",   "silver",
+      "sleepy",  "slender",  "smooth",  "sober",   "solid",   "sparkling", "steady",   "stormy",
+      "strange", "sturdy",   "swift",   "tender",  "tidy",    "tiny",      "vivid",    "wandering",
+      "warm",    "wicked",   "wise",    "witty",   "wooden",  "young",     "zealous"};
   return words;
 }
 
 const std::vector<std::string>& KeyNouns() {
   static const std::vector<std::string> words = {
-      "anchor",   "apple",    "arrow",    "badger",   "balloon",  "banjo",    "barrel",
-      "beacon",   "blanket",  "bridge",   "bucket",   "cabin",    "camel",    "candle",
-      "canyon",   "carpet",   "castle",   "cellar",   "chimney",  "clock",    "comet",
-      "compass",  "cottage",  "crayon",   "crystal",  "dolphin",  "dragon",   "drum",
-      "eagle",    "engine",   "falcon",   "feather",  "fiddle",   "forest",   "fountain",
-      "garden",   "glacier",  "goblet",   "harbor",   "harvest",  "helmet",   "island",
-      "jacket",   "kettle",   "ladder",   "lantern",  "lemon",    "lighthouse", "magnet",
-      "meadow",   "mirror",   "monkey",   "needle",   "oasis",    "orchard",  "otter",
-      "paddle",   "parrot",   "pebble",   "pencil",   "pillow",   "planet",   "pocket",
-      "puzzle",   "quarry",   "rabbit",   "ribbon",   "river",    "rocket",   "saddle",
-      "sandal",   "scarf",    "shovel",   "spider",   "statue",   "teapot",   "thunder",
-      "ticket",   "tiger",    "tractor",  "trumpet",  "tunnel",   "umbrella", "valley",
-      "velvet",   "violin",   "volcano",  "wagon",    "walrus",   "whistle",  "window",
-      "wizard",   "yacht",    "zebra"};
+      "anchor",  "apple",   "arrow",    "badger", "balloon", "banjo",   "barrel",  "beacon",
+      "blanket", "bridge",  "bucket",   "cabin",  "camel",   "candle",  "canyon",  "carpet",
+      "castle",  "cellar",  "chimney",  "clock",  "comet",   "compass", "cottage", "crayon",
+      "crystal", "dolphin", "dragon",   "drum",   "eagle",   "engine",  "falcon",  "feather",
+      "fiddle",  "forest",  "fountain", "garden", "glacier", "goblet",  "harbor",  "harvest",
+      "helmet",  "island",  "jacket",   "kettle", "ladder",  "lantern", "lemon",   "lighthouse",
+      "magnet",  "meadow",  "mirror",   "monkey", "needle",  "oasis",   "orchard", "otter",
+      "paddle",  "parrot",  "pebble",   "pencil", "pillow",  "planet",  "pocket",  "puzzle",
+      "quarry",  "rabbit",  "ribbon",   "river",  "rocket",  "saddle",  "sandal",  "scarf",
+      "shovel",  "spider",  "statue",   "teapot", "thunder", "ticket",  "tiger",   "tractor",
+      "trumpet", "tunnel",  "umbrella", "valley", "velvet",  "violin",  "volcano", "wagon",
+      "walrus",  "whistle", "window",   "wizard", "yacht",   "zebra"};
   return words;
 }
 

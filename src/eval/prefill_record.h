@@ -18,8 +18,8 @@ namespace shadowkv::eval {
 
 struct PrefillRecord {
   int64_t num_tokens = 0;
-  int kv_width = 0;  // num_kv_heads * head_dim
-  int q_width = 0;   // num_query_heads * head_dim
+  int kv_width = 0;                               // num_kv_heads * head_dim
+  int q_width = 0;                                // num_query_heads * head_dim
   std::vector<std::vector<float>> keys_pre_rope;  // [layer][num_tokens * kv_width]
   std::vector<std::vector<float>> keys;           // [layer][num_tokens * kv_width] post-RoPE
   std::vector<std::vector<float>> values;         // [layer][num_tokens * kv_width]

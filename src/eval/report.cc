@@ -1,12 +1,12 @@
 // Eval report summaries and their text, JSON and CSV forms.
 #include "eval/report.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
-
-#include <fmt/format.h>
 
 namespace shadowkv::eval {
 namespace {
@@ -15,9 +15,12 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::string RowLabel(EvalMode mode, const QuestionOutcome& q) {
   switch (mode) {
-    case EvalMode::kTasks: return q.task;
-    case EvalMode::kNiahGrid: return fmt::format("depth {:g}%", q.depth);
-    case EvalMode::kMultiTurn: return fmt::format("turn {}", q.turn);
+    case EvalMode::kTasks:
+      return q.task;
+    case EvalMode::kNiahGrid:
+      return fmt::format("depth {:g}%", q.depth);
+    case EvalMode::kMultiTurn:
+      return fmt::format("turn {}", q.turn);
   }
   return "";
 }
@@ -49,9 +52,9 @@ std::string KvConfigText(const kv::KvPolicyConfig& c) {
   return fmt::format(
       "budget={};fraction={};min={};chunk={};rank={};rank_ratio={:.4f};outliers={};window={};"
       "snap_window={};snap_kernel={};snap_pooling={};page={};dense_layers={};sinks={}",
-      c.budget_tokens, c.budget_fraction, c.budget_min_tokens, c.chunk_size, c.rank,
-      c.rank_ratio, c.outlier_chunks, c.local_window, c.snap_window, c.snap_kernel,
-      c.snap_pooling, c.quest_page_size, c.quest_dense_layers, c.sink_tokens);
+      c.budget_tokens, c.budget_fraction, c.budget_min_tokens, c.chunk_size, c.rank, c.rank_ratio,
+      c.outlier_chunks, c.local_window, c.snap_window, c.snap_kernel, c.snap_pooling,
+      c.quest_page_size, c.quest_dense_layers, c.sink_tokens);
 }
 
 // JSON number, or null for NaN.
@@ -83,8 +86,8 @@ ScoreSummary Summarize(const EvalReport& report) {
   std::vector<std::vector<std::vector<double>>> sums(
       s.lengths.size(),
       std::vector<std::vector<double>>(s.rows.size(), std::vector<double>(num_policies, 0.0)));
-  s.counts.assign(s.lengths.size(), std::vector<std::vector<int>>(
-                                        s.rows.size(), std::vector<int>(num_policies, 0)));
+  s.counts.assign(s.lengths.size(),
+                  std::vector<std::vector<int>>(s.rows.size(), std::vector<int>(num_policies, 0)));
   for (const QuestionOutcome& q : report.questions) {
     const size_t l = length_index[q.length], r = row_index[RowLabel(mode, q)];
     for (size_t p = 0; p < q.outputs.size() && p < num_policies; ++p) {
@@ -151,9 +154,9 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
     nlohmann::ordered_json budgets = nlohmann::ordered_json::object();
     nlohmann::ordered_json resolved = nlohmann::ordered_json::object();
     for (int64_t length : st.lengths) {
-      budgets[std::to_string(length)] =
-          config.policy == "full" ? nlohmann::ordered_json(nullptr)
-                                  : nlohmann::ordered_json(config.BudgetTokens(length));
+      budgets[std::to_string(length)] = config.policy == "full"
+                                            ? nlohmann::ordered_json(nullptr)
+                                            : nlohmann::ordered_json(config.BudgetTokens(length));
       // What the policy really used on the first question at this length.
       for (const QuestionOutcome& q : report.questions) {
         if (q.length != length || p >= q.outputs.size()) continue;
@@ -174,16 +177,18 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
                         {"resolved_on_first_question", resolved}});
   }
   nlohmann::ordered_json settings = {{"mode", EvalModeName(st.mode)},
-                             {"tasks", st.tasks},
-                             {"lengths", st.lengths},
-                             {"samples", st.samples},
-                             {"seed", st.seed},
-                             {"prefill_chunk", st.prefill_chunk},
-                             {"prompt_format", report.prompt_format},
-                             {"haystack", report.haystack_source},
-                             {"decoding", "greedy"},
-                             {"policies", policies}};
-  if (st.mode == EvalMode::kTasks) settings["depth"] = st.depth < 0 ? nlohmann::ordered_json("random") : nlohmann::ordered_json(st.depth);
+                                     {"tasks", st.tasks},
+                                     {"lengths", st.lengths},
+                                     {"samples", st.samples},
+                                     {"seed", st.seed},
+                                     {"prefill_chunk", st.prefill_chunk},
+                                     {"prompt_format", report.prompt_format},
+                                     {"haystack", report.haystack_source},
+                                     {"decoding", "greedy"},
+                                     {"policies", policies}};
+  if (st.mode == EvalMode::kTasks)
+    settings["depth"] =
+        st.depth < 0 ? nlohmann::ordered_json("random") : nlohmann::ordered_json(st.depth);
   if (st.mode == EvalMode::kNiahGrid) settings["grid_depths"] = st.grid_depths;
   if (st.mode == EvalMode::kMultiTurn) settings["turns"] = st.turns;
 
@@ -198,7 +203,8 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
       by_row[s.rows[r]] = by_policy;
     }
     nlohmann::ordered_json average = nlohmann::ordered_json::object();
-    for (size_t p = 0; p < s.policies.size(); ++p) average[s.policies[p]] = Number(s.averages[l][p]);
+    for (size_t p = 0; p < s.policies.size(); ++p)
+      average[s.policies[p]] = Number(s.averages[l][p]);
     by_row["average"] = average;
     scores[std::to_string(s.lengths[l])] = by_row;
   }
@@ -207,40 +213,43 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
   for (const QuestionOutcome& q : report.questions) {
     nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
     for (const PolicyOutput& o : q.outputs) {
-      nlohmann::ordered_json out = {{"policy", o.policy},
-                            {"text", o.text},
-                            {"score", o.score},
-                            {"generated_tokens", o.generated_tokens},
-                            {"truncated", o.truncated},
-                            {"kv_fast_bytes", o.memory.fast_bytes},
-                            {"kv_slow_bytes", o.memory.slow_bytes},
-                            {"attended_fraction",
-                             o.stats.context_tokens ? static_cast<double>(o.stats.attended_tokens) /
-                                                          o.stats.context_tokens
-                                                    : 1.0}};
+      nlohmann::ordered_json out = {
+          {"policy", o.policy},
+          {"text", o.text},
+          {"score", o.score},
+          {"generated_tokens", o.generated_tokens},
+          {"truncated", o.truncated},
+          {"kv_fast_bytes", o.memory.fast_bytes},
+          {"kv_slow_bytes", o.memory.slow_bytes},
+          {"attended_fraction",
+           o.stats.context_tokens
+               ? static_cast<double>(o.stats.attended_tokens) / o.stats.context_tokens
+               : 1.0}};
       if (o.policy != "full") out["budget_tokens"] = o.budget_tokens;
       if (o.stats.chunk_selections > 0) out["chunk_hit_rate"] = o.stats.hit_rate();
       outputs.push_back(out);
     }
-    nlohmann::ordered_json item = {{"task", q.task},         {"length", q.length},
-                           {"sample", q.index},      {"prompt_tokens", q.prompt_tokens},
-                           {"answers", q.answers},   {"outputs", outputs},
-                           {"prefill_seconds", q.prefill_seconds},
-                           {"decode_seconds", q.decode_seconds}};
+    nlohmann::ordered_json item = {{"task", q.task},
+                                   {"length", q.length},
+                                   {"sample", q.index},
+                                   {"prompt_tokens", q.prompt_tokens},
+                                   {"answers", q.answers},
+                                   {"outputs", outputs},
+                                   {"prefill_seconds", q.prefill_seconds},
+                                   {"decode_seconds", q.decode_seconds}};
     if (q.turn > 0) item["turn"] = q.turn;
     if (q.depth >= 0) item["depth"] = q.depth;
     questions.push_back(item);
   }
 
-  nlohmann::ordered_json out = {
-      {"model",
-       {{"path", report.model_path},
-        {"summary", report.model_summary},
-        {"numerics", report.numerics}}},
-      {"settings", settings},
-      {"scores", scores},
-      {"questions", questions},
-      {"seconds", report.seconds}};
+  nlohmann::ordered_json out = {{"model",
+                                 {{"path", report.model_path},
+                                  {"summary", report.model_summary},
+                                  {"numerics", report.numerics}}},
+                                {"settings", settings},
+                                {"scores", scores},
+                                {"questions", questions},
+                                {"seconds", report.seconds}};
   if (!report.model_sha256.empty()) out["model"]["sha256"] = report.model_sha256;
   if (st.mode == EvalMode::kTasks) out["unavailable"] = std::string(kUnavailableTasksNote);
   if (st.mode != EvalMode::kTasks) {
@@ -282,8 +291,7 @@ std::string ReportToCsv(const EvalReport& report) {
       auto line = [&](const std::string& row, double score, int count) {
         out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", EvalModeName(st.mode),
                            quote(report.model_path), report.numerics, st.seed, st.samples,
-                           s.lengths[l],
-                           quote(row), config.policy, budget,
+                           s.lengths[l], quote(row), config.policy, budget,
                            std::isnan(score) ? "" : fmt::format("{:.2f}", score), count,
                            quote(KvConfigText(config)));
       };

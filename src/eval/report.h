@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "eval/runner.h"
 
@@ -14,8 +13,8 @@ namespace shadowkv::eval {
 
 struct ScoreSummary {
   std::vector<int64_t> lengths;
-  std::vector<std::string> rows;      // task names, "depth 50%" or "turn 2", in run order
-  std::vector<double> row_values;     // the depth or turn of each row (tasks: 0)
+  std::vector<std::string> rows;   // task names, "depth 50%" or "turn 2", in run order
+  std::vector<double> row_values;  // the depth or turn of each row (tasks: 0)
   std::vector<std::string> policies;
   // Mean score in percent, [length][row][policy]; NaN where nothing was asked.
   std::vector<std::vector<std::vector<double>>> scores;

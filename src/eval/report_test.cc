@@ -45,8 +45,8 @@ TEST(ReportTest, MeansPerTaskAndAverageOverTasks) {
   EvalReport report = TwoPolicies(EvalMode::kTasks);
   report.settings.tasks = {"niah_single_1", "vt"};
   report.questions = {Question("niah_single_1", 2048, {1.0, 0.0}),
-                      Question("niah_single_1", 2048, {1.0, 1.0}),
-                      Question("vt", 2048, {0.4, 0.0}), Question("vt", 2048, {0.6, 0.2}),
+                      Question("niah_single_1", 2048, {1.0, 1.0}), Question("vt", 2048, {0.4, 0.0}),
+                      Question("vt", 2048, {0.6, 0.2}),
                       Question("niah_single_1", 4096, {0.0, 0.0})};
   const ScoreSummary s = Summarize(report);
   EXPECT_EQ(s.lengths, (std::vector<int64_t>{2048, 4096}));

@@ -78,9 +78,15 @@ Result<EvalReport> Runner::Run() {
   report_.haystack_source = tasks_.corpus ? tasks_.corpus->source : "";
   const auto start = Clock::now();
   switch (settings_.mode) {
-    case EvalMode::kTasks: SKV_RETURN_IF_ERROR(RunTasks()); break;
-    case EvalMode::kNiahGrid: SKV_RETURN_IF_ERROR(RunGrid()); break;
-    case EvalMode::kMultiTurn: SKV_RETURN_IF_ERROR(RunMultiTurn()); break;
+    case EvalMode::kTasks:
+      SKV_RETURN_IF_ERROR(RunTasks());
+      break;
+    case EvalMode::kNiahGrid:
+      SKV_RETURN_IF_ERROR(RunGrid());
+      break;
+    case EvalMode::kMultiTurn:
+      SKV_RETURN_IF_ERROR(RunMultiTurn());
+      break;
   }
   report_.seconds = Since(start);
   return std::move(report_);
@@ -136,8 +142,8 @@ Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
   return Status::Ok();
 }
 
-Status Runner::Continue(const std::string& followup, int max_new_tokens,
-                        Conversation* conversation, QuestionOutcome* outcome) {
+Status Runner::Continue(const std::string& followup, int max_new_tokens, Conversation* conversation,
+                        QuestionOutcome* outcome) {
   const auto start = Clock::now();
   const Tokenizer& tokenizer = model_.tokenizer();
   std::vector<GreedyStream*> streams;
@@ -159,8 +165,8 @@ Status Runner::Continue(const std::string& followup, int max_new_tokens,
     streams.push_back(&stream);
   }
   const GreedyStream& reference = conversation->streams[0];
-  outcome->prompt_tokens = conversation->sequences[0]->num_tokens() +
-                           static_cast<int64_t>(reference.feed.size());
+  outcome->prompt_tokens =
+      conversation->sequences[0]->num_tokens() + static_cast<int64_t>(reference.feed.size());
   SKV_RETURN_IF_ERROR(RunGreedy(model_, streams));
   outcome->decode_seconds = Since(start);
   return Status::Ok();
@@ -203,8 +209,8 @@ Status Runner::RunTasks() {
                    kUnavailableTasksNote);
     }
   }
-  state_.total = static_cast<int64_t>(settings_.lengths.size() * settings_.tasks.size()) *
-                 settings_.samples;
+  state_.total =
+      static_cast<int64_t>(settings_.lengths.size() * settings_.tasks.size()) * settings_.samples;
   for (int64_t length : settings_.lengths) {
     state_.total_weight += static_cast<double>(length) * settings_.tasks.size() * settings_.samples;
   }
@@ -246,7 +252,8 @@ Status Runner::RunGrid() {
   const TaskInfo& task = *FindTask(settings_.tasks[0]);
   const int64_t cells = static_cast<int64_t>(settings_.grid_depths.size()) * settings_.samples;
   state_.total = cells * static_cast<int64_t>(settings_.lengths.size());
-  for (int64_t length : settings_.lengths) state_.total_weight += static_cast<double>(length) * cells;
+  for (int64_t length : settings_.lengths)
+    state_.total_weight += static_cast<double>(length) * cells;
   for (int64_t length : settings_.lengths) {
     for (double depth : settings_.grid_depths) {
       for (int index = 0; index < settings_.samples; ++index) {
@@ -285,13 +292,12 @@ Status Runner::RunMultiTurn() {
   }
   for (int64_t length : settings_.lengths) {
     for (int index = 0; index < settings_.samples; ++index) {
-      const std::string what =
-          fmt::format("multi-turn NIAH ({} turns) at {} tokens, sample {}", settings_.turns,
-                      length, index + 1);
+      const std::string what = fmt::format("multi-turn NIAH ({} turns) at {} tokens, sample {}",
+                                           settings_.turns, length, index + 1);
       Report(what);
-      SKV_ASSIGN_OR_RETURN(MultiTurnSample sample,
-                           SynthesizeMultiTurn(settings_.turns, length, settings_.seed, index,
-                                               tasks_));
+      SKV_ASSIGN_OR_RETURN(
+          MultiTurnSample sample,
+          SynthesizeMultiTurn(settings_.turns, length, settings_.seed, index, tasks_));
       const int max_new_tokens = sample.first.max_new_tokens;
       // The whole conversation must fit: its sizing reserved room for every turn.
       auto prompt = Encode(sample.first.prompt, max_new_tokens);
@@ -328,9 +334,12 @@ Status Runner::RunMultiTurn() {
 
 const char* EvalModeName(EvalMode mode) {
   switch (mode) {
-    case EvalMode::kTasks: return "tasks";
-    case EvalMode::kNiahGrid: return "niah_grid";
-    case EvalMode::kMultiTurn: return "multi_turn";
+    case EvalMode::kTasks:
+      return "tasks";
+    case EvalMode::kNiahGrid:
+      return "niah_grid";
+    case EvalMode::kMultiTurn:
+      return "multi_turn";
   }
   return "?";
 }

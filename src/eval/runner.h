@@ -24,28 +24,28 @@ const char* EvalModeName(EvalMode mode);
 
 struct EvalSettings {
   EvalMode mode = EvalMode::kTasks;
-  std::vector<std::string> tasks;           // kTasks; kNiahGrid uses the first
-  std::vector<int64_t> lengths;             // target tokens (prompt + generation cap)
-  int samples = 4;                          // per task and length (per grid cell, per length)
+  std::vector<std::string> tasks;  // kTasks; kNiahGrid uses the first
+  std::vector<int64_t> lengths;    // target tokens (prompt + generation cap)
+  int samples = 4;                 // per task and length (per grid cell, per length)
   uint64_t seed = 42;
-  double depth = -1.0;                      // kTasks: fixed needle depth, < 0 random
-  std::vector<double> grid_depths;          // kNiahGrid
-  int turns = 0;                            // kMultiTurn: needles = questions
-  std::vector<kv::KvPolicyConfig> policies; // one per policy, in report order
+  double depth = -1.0;                       // kTasks: fixed needle depth, < 0 random
+  std::vector<double> grid_depths;           // kNiahGrid
+  int turns = 0;                             // kMultiTurn: needles = questions
+  std::vector<kv::KvPolicyConfig> policies;  // one per policy, in report order
   int prefill_chunk = 512;
 };
 
 // One policy's answer to one question.
 struct PolicyOutput {
   std::string policy;
-  std::string text;  // generated text, special tokens dropped
+  std::string text;             // generated text, special tokens dropped
   std::vector<int32_t> tokens;  // generated tokens
-  double score = 0.0;  // in [0, 1]
+  double score = 0.0;           // in [0, 1]
   int generated_tokens = 0;
-  bool truncated = false;        // the context filled up before the answer ended
-  int64_t budget_tokens = 0;     // the policy's budget for this prompt (0: full)
-  int rank = 0;                  // shadowkv: rank of the key factorisation (layer 0)
-  int64_t outlier_chunks = 0;    // shadowkv: outlier chunks per KV head (layer 0, head 0)
+  bool truncated = false;      // the context filled up before the answer ended
+  int64_t budget_tokens = 0;   // the policy's budget for this prompt (0: full)
+  int rank = 0;                // shadowkv: rank of the key factorisation (layer 0)
+  int64_t outlier_chunks = 0;  // shadowkv: outlier chunks per KV head (layer 0, head 0)
   kv::PolicyStats stats;
   kv::MemoryUsage memory;
 };
@@ -53,11 +53,11 @@ struct PolicyOutput {
 // One question of one sample (multi-turn: one row per turn), answered by every policy.
 struct QuestionOutcome {
   std::string task;
-  int64_t length = 0;          // target tokens
-  int index = 0;               // sample
-  int turn = 0;                // multi-turn: 1-based; 0 otherwise
-  double depth = -1.0;         // depth of the asked needle (grid, multi-turn); -1 when n/a
-  int64_t prompt_tokens = 0;   // tokens before this question's answer
+  int64_t length = 0;         // target tokens
+  int index = 0;              // sample
+  int turn = 0;               // multi-turn: 1-based; 0 otherwise
+  double depth = -1.0;        // depth of the asked needle (grid, multi-turn); -1 when n/a
+  int64_t prompt_tokens = 0;  // tokens before this question's answer
   std::vector<std::string> answers;
   std::vector<PolicyOutput> outputs;  // [policy], in settings order
   double prefill_seconds = 0.0;       // the shared prefill (first question of a sample)
@@ -78,9 +78,9 @@ struct EvalReport {
 
 // Work done so far, for progress lines; weights approximate cost (prompt tokens).
 struct EvalProgress {
-  int64_t done = 0, total = 0;            // questions (samples, grid cells × samples)
+  int64_t done = 0, total = 0;  // questions (samples, grid cells × samples)
   double done_weight = 0, total_weight = 0;
-  std::string current;                    // what is running now
+  std::string current;  // what is running now
 };
 using ProgressFn = std::function<void(const EvalProgress&)>;
 

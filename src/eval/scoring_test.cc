@@ -34,7 +34,9 @@ TEST(ScoringTest, IgnoresCase) {
 }
 
 TEST(ScoringTest, CleanPredictionTurnsControlCharactersIntoNewlinesAndTrims) {
-  EXPECT_EQ(CleanPrediction("  \x01" "abc\tdef\r\n"), "abc\ndef");
+  EXPECT_EQ(CleanPrediction("  \x01"
+                            "abc\tdef\r\n"),
+            "abc\ndef");
   EXPECT_EQ(CleanPrediction(" \n\t "), "");
   EXPECT_EQ(CleanPrediction("x"), "x");
 }

@@ -30,9 +30,9 @@ using Builder = std::function<Built(int64_t units)>;
 Result<Sample> FitToTarget(const Builder& build, int64_t min_units, int64_t budget_tokens,
                            const TaskContext& context);
 
-std::string RandomUuid(Rng& rng);          // version-4 form, lowercase hex
+std::string RandomUuid(Rng& rng);  // version-4 form, lowercase hex
 std::string RandomNumber(Rng& rng, int digits);
-std::string RandomWordKey(Rng& rng);       // "adjective-noun"
+std::string RandomWordKey(Rng& rng);  // "adjective-noun"
 std::string RandomLetters(Rng& rng, int length, bool upper);
 // "a" for one key; "a, b, c, and d" (RULER's form) for several.
 std::string JoinQuery(const std::vector<std::string>& keys);

@@ -1,10 +1,10 @@
 // The variable-tracking (vt), common-words (cwe) and frequent-words (fwe) tasks.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "eval/task_builder.h"
 
@@ -147,8 +147,8 @@ Result<Sample> SynthesizeCommonWords(const SampleRequest& request, const TaskCon
     Rng r(DeriveSeed(words_seed, "cwe", units));
     const int64_t needed = example_words + units;
     std::vector<std::string> words;
-    for (int64_t i : r.Distinct(static_cast<int64_t>(pool.size()),
-                                std::min<int64_t>(needed, pool.size()))) {
+    for (int64_t i :
+         r.Distinct(static_cast<int64_t>(pool.size()), std::min<int64_t>(needed, pool.size()))) {
       words.push_back(pool[i]);
     }
     // Past the pool, made-up words (RULER switches to a larger word list there).
@@ -161,12 +161,12 @@ Result<Sample> SynthesizeCommonWords(const SampleRequest& request, const TaskCon
       return std::vector<std::string>(words.begin() + begin, words.begin() + end);
     };
     const auto example_top = part(0, kCommon);
-    const std::string example_list = NumberedList(r, example_top, part(kCommon, example_words),
-                                                  example_common, example_other);
+    const std::string example_list =
+        NumberedList(r, example_top, part(kCommon, example_words), example_common, example_other);
     Built b;
     const auto top = part(example_words, example_words + kCommon);
-    b.context = NumberedList(r, top, part(example_words + kCommon, needed), common_repeats,
-                             other_repeats);
+    b.context =
+        NumberedList(r, top, part(example_words + kCommon, needed), common_repeats, other_repeats);
     const PromptParts example = CwePrompt(example_list);
     std::string answer;
     for (int i = 0; i < kCommon; ++i) answer += fmt::format(" {}. {}", i + 1, example_top[i]);

@@ -1,10 +1,10 @@
 // Task registry, sizing to a token target, the NIAH family, passkey and multi-turn NIAH.
 #include "eval/tasks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "eval/task_builder.h"
 
@@ -74,8 +74,7 @@ Result<Sample> FitToTarget(const Builder& build, int64_t min_units, int64_t budg
     best = probe;
   }
   // Bracket [good fits, bad does not] around the linear estimate, then bisect.
-  const int64_t guess =
-      min_units + static_cast<int64_t>((budget_tokens - smallest) / per_unit);
+  const int64_t guess = min_units + static_cast<int64_t>((budget_tokens - smallest) / per_unit);
   int64_t bad = -1;
   int64_t step = std::max<int64_t>(1, guess / 50);
   int64_t x = std::max(good + 1, guess - step);
@@ -111,8 +110,8 @@ Result<Sample> FitToTarget(const Builder& build, int64_t min_units, int64_t budg
 
 std::string RandomUuid(Rng& rng) {
   uint64_t high = rng.Next(), low = rng.Next();
-  high = (high & ~0xF000ull) | 0x4000ull;                            // version 4
-  low = (low & ~(0xC000ull << 48)) | (0x8000ull << 48);              // variant 10xx
+  high = (high & ~0xF000ull) | 0x4000ull;                // version 4
+  low = (low & ~(0xC000ull << 48)) | (0x8000ull << 48);  // variant 10xx
   const std::string hex = fmt::format("{:016x}{:016x}", high, low);
   return hex.substr(0, 8) + "-" + hex.substr(8, 4) + "-" + hex.substr(12, 4) + "-" +
          hex.substr(16, 4) + "-" + hex.substr(20, 12);
@@ -178,15 +177,17 @@ NiahSpec NiahSpecOf(std::string_view task) {
 
 std::string Draw(Rng& rng, Kind kind) {
   switch (kind) {
-    case Kind::kWord: return RandomWordKey(rng);
-    case Kind::kNumber: return RandomNumber(rng, 7);
-    case Kind::kUuid: return RandomUuid(rng);
+    case Kind::kWord:
+      return RandomWordKey(rng);
+    case Kind::kNumber:
+      return RandomNumber(rng, 7);
+    case Kind::kUuid:
+      return RandomUuid(rng);
   }
   return {};
 }
 
-std::string NeedleText(std::string_view type_plural, std::string_view key,
-                       std::string_view value) {
+std::string NeedleText(std::string_view type_plural, std::string_view key, std::string_view value) {
   return fmt::format("One of the special magic {} for {} is: {}.", type_plural, key, value);
 }
 
@@ -289,8 +290,7 @@ Result<Sample> SynthesizeNiah(const SampleRequest& request, const TaskContext& c
     return b;
   };
   const int64_t min_units = spec.haystack == Haystack::kEssay ? 64 : 4;
-  return internal::FitToTarget(build, min_units, request.target_tokens - max_new_tokens,
-                               context);
+  return internal::FitToTarget(build, min_units, request.target_tokens - max_new_tokens, context);
 }
 
 Result<Sample> SynthesizePasskey(const SampleRequest& request, const TaskContext& context,
@@ -339,8 +339,8 @@ Result<Sample> SynthesizeSample(const SampleRequest& request, const TaskContext&
     sample = internal::SynthesizeFrequentWords(request, context, task->max_new_tokens);
   }
   if (!sample.ok()) {
-    return Error(sample.status().code(), "{} at {} tokens: {}", request.task,
-                 request.target_tokens, sample.status().message());
+    return Error(sample.status().code(), "{} at {} tokens: {}", request.task, request.target_tokens,
+                 sample.status().message());
   }
   sample->task = request.task;
   sample->index = request.index;
@@ -348,16 +348,16 @@ Result<Sample> SynthesizeSample(const SampleRequest& request, const TaskContext&
   return sample;
 }
 
-Result<MultiTurnSample> SynthesizeMultiTurn(int num_needles, int64_t target_tokens,
-                                            uint64_t seed, int index,
-                                            const TaskContext& context) {
+Result<MultiTurnSample> SynthesizeMultiTurn(int num_needles, int64_t target_tokens, uint64_t seed,
+                                            int index, const TaskContext& context) {
   if (num_needles < 1) {
     return Error(ErrorCode::kInvalidArgument, "multi-turn needs at least one needle");
   }
-  if (!context.corpus) return Error(ErrorCode::kInvalidArgument, "multi-turn needs an essay corpus");
+  if (!context.corpus)
+    return Error(ErrorCode::kInvalidArgument, "multi-turn needs an essay corpus");
   constexpr int kMaxNewTokens = 128;
-  Rng rng(DeriveSeed(seed, "multi_turn", target_tokens, static_cast<uint64_t>(index) * 1000 +
-                                                             num_needles));
+  Rng rng(DeriveSeed(seed, "multi_turn", target_tokens,
+                     static_cast<uint64_t>(index) * 1000 + num_needles));
   MultiTurnSample result;
   while (static_cast<int>(result.keys.size()) < num_needles) {
     std::string key = RandomWordKey(rng);
@@ -380,9 +380,8 @@ Result<MultiTurnSample> SynthesizeMultiTurn(int num_needles, int64_t target_toke
   const int64_t offset = rng.Below(context.corpus->words.size());
   for (int turn = 1; turn < num_needles; ++turn) {
     PromptParts q;
-    q.user = fmt::format(
-        "What is the special magic number for {} mentioned in the provided text?",
-        result.keys[turn]);
+    q.user = fmt::format("What is the special magic number for {} mentioned in the provided text?",
+                         result.keys[turn]);
     q.answer_prefix = fmt::format(
         " The special magic number for {} mentioned in the provided text is", result.keys[turn]);
     result.followups.push_back(q);

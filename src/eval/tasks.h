@@ -84,15 +84,14 @@ Result<Sample> SynthesizeSample(const SampleRequest& request, const TaskContext&
 // Multi-turn NIAH: one essay haystack with `num_needles` needles (word keys, 7-digit values);
 // turn 1 is a NIAH prompt asking for keys[0]; each later turn asks for the next key.
 struct MultiTurnSample {
-  Sample first;                         // the context and the first question
-  std::vector<std::string> keys;        // in the order asked
-  std::vector<std::string> values;      // values[i] answers keys[i]
-  std::vector<double> key_depths;       // depth (percent) of the needle of keys[i]
-  std::vector<PromptParts> followups;   // turns 2..N: question and answer prefix
+  Sample first;                        // the context and the first question
+  std::vector<std::string> keys;       // in the order asked
+  std::vector<std::string> values;     // values[i] answers keys[i]
+  std::vector<double> key_depths;      // depth (percent) of the needle of keys[i]
+  std::vector<PromptParts> followups;  // turns 2..N: question and answer prefix
 };
 // Sized so the first prompt plus every turn's question and answer fits `target_tokens`.
-Result<MultiTurnSample> SynthesizeMultiTurn(int num_needles, int64_t target_tokens,
-                                            uint64_t seed, int index,
-                                            const TaskContext& context);
+Result<MultiTurnSample> SynthesizeMultiTurn(int num_needles, int64_t target_tokens, uint64_t seed,
+                                            int index, const TaskContext& context);
 
 }  // namespace shadowkv::eval

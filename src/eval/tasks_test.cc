@@ -112,10 +112,8 @@ TEST_F(TasksTest, EachNeedleIsInTheContextExactlyOnce) {
     }
     int64_t needles = 0;
     for (const auto& [key, values] : values_by_key) needles += values.size();
-    const int64_t expected = task == "niah_multikey_1" || task == "niah_multiquery" ||
-                                     task == "niah_multivalue"
-                                 ? 4
-                                 : 1;
+    const int64_t expected =
+        task == "niah_multikey_1" || task == "niah_multiquery" || task == "niah_multivalue" ? 4 : 1;
     EXPECT_EQ(needles, expected);
     for (const std::string& answer : s.answers) {
       EXPECT_EQ(Occurrences(s.context, answer + "."), 1) << answer;
@@ -270,7 +268,8 @@ TEST_F(TasksTest, PasskeyAppearsInOneNeedle) {
   const Sample s = Make("passkey", 2000, 11);
   ASSERT_EQ(s.answers.size(), 1u);
   EXPECT_EQ(s.answers[0].size(), 5u);
-  EXPECT_EQ(Occurrences(s.context, s.answers[0]), 2);  // "The pass key is X. ... X is the pass key."
+  EXPECT_EQ(Occurrences(s.context, s.answers[0]),
+            2);  // "The pass key is X. ... X is the pass key."
   EXPECT_EQ(Occurrences(s.context, "The pass key is " + s.answers[0] + ". Remember it."), 1);
 }
 
@@ -281,8 +280,8 @@ TEST_F(TasksTest, MultiTurnHasEveryNeedleOnceAndOneQuestionPerTurn) {
   ASSERT_EQ(sample->followups.size(), 4u);
   EXPECT_EQ(std::set<std::string>(sample->keys.begin(), sample->keys.end()).size(), 5u);
   for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(Occurrences(sample->first.context, "for " + sample->keys[i] + " is: " +
-                                                     sample->values[i] + "."),
+    EXPECT_EQ(Occurrences(sample->first.context,
+                          "for " + sample->keys[i] + " is: " + sample->values[i] + "."),
               1);
     const std::string& asked =
         i == 0 ? sample->first.parts.answer_prefix : sample->followups[i - 1].answer_prefix;

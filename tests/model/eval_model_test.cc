@@ -43,8 +43,7 @@ class EvalModelTest : public ::testing::Test {
 };
 
 TEST_F(EvalModelTest, PromptsFillTheTargetWithTheModelsTokenizer) {
-  const eval::TaskContext context =
-      eval::MakeTaskContext(*model_, *format_, corpus_, vocabulary_);
+  const eval::TaskContext context = eval::MakeTaskContext(*model_, *format_, corpus_, vocabulary_);
   for (const eval::TaskInfo& task : eval::AllTasks()) {
     if (!corpus_ && (task.name == "niah_single_2" || task.name == "cwe")) continue;
     for (int64_t target : {2048, 8192}) {
@@ -60,7 +59,8 @@ TEST_F(EvalModelTest, PromptsFillTheTargetWithTheModelsTokenizer) {
       EXPECT_LE(sample->prompt_tokens + task.max_new_tokens, target);
       EXPECT_GE(sample->prompt_tokens + task.max_new_tokens, 0.97 * target);
       // ChatML around the user turn, the answer prefix after the assistant header.
-      EXPECT_TRUE(sample->prompt.starts_with("<|im_start|>system\n")) << sample->prompt.substr(0, 80);
+      EXPECT_TRUE(sample->prompt.starts_with("<|im_start|>system\n"))
+          << sample->prompt.substr(0, 80);
       const std::string header = "<|im_end|>\n<|im_start|>assistant\n";
       const size_t at = sample->prompt.rfind(header);
       ASSERT_NE(at, std::string::npos);
@@ -71,8 +71,7 @@ TEST_F(EvalModelTest, PromptsFillTheTargetWithTheModelsTokenizer) {
 }
 
 TEST_F(EvalModelTest, TinyEvalWithFullAttentionFindsTheNeedle) {
-  const eval::TaskContext context =
-      eval::MakeTaskContext(*model_, *format_, corpus_, vocabulary_);
+  const eval::TaskContext context = eval::MakeTaskContext(*model_, *format_, corpus_, vocabulary_);
   eval::EvalSettings settings;
   settings.tasks = {"niah_single_1", "passkey"};
   settings.lengths = {1024};
@@ -82,11 +81,11 @@ TEST_F(EvalModelTest, TinyEvalWithFullAttentionFindsTheNeedle) {
   full.policy = "full";
   settings.policies = {full};
   int progress_calls = 0;
-  auto report = eval::RunEval(*model_, *format_, context, settings,
-                              [&](const eval::EvalProgress& p) {
-                                EXPECT_EQ(p.total, 4);
-                                ++progress_calls;
-                              });
+  auto report =
+      eval::RunEval(*model_, *format_, context, settings, [&](const eval::EvalProgress& p) {
+        EXPECT_EQ(p.total, 4);
+        ++progress_calls;
+      });
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(progress_calls, 5);  // before each question, then once finished
   ASSERT_EQ(report->questions.size(), 4u);
@@ -123,7 +122,8 @@ TEST_F(EvalModelTest, TinyEvalWithFullAttentionFindsTheNeedle) {
   EXPECT_EQ(json["scores"]["1024"]["niah_single_1"]["full"], 100.0);
   EXPECT_TRUE(json["scores"]["1024"].contains("average"));
   EXPECT_EQ(json["questions"].size(), 4u);
-  EXPECT_EQ(json["unavailable"], "qa_1, qa_2: not available (SQuAD/HotpotQA cannot be fetched here)");
+  EXPECT_EQ(json["unavailable"],
+            "qa_1, qa_2: not available (SQuAD/HotpotQA cannot be fetched here)");
 
   const std::string csv = eval::ReportToCsv(*report);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4);  // header, 2 tasks, average

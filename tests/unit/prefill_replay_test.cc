@@ -35,7 +35,8 @@ std::vector<int32_t> DecodeNormally(CpuModel& model, const kv::KvPolicy& policy,
   for (int64_t done = 0; done < size; done += kChunk) {
     StepInput in;
     in.kv = sequence.get();
-    in.tokens = std::span<const int32_t>(prompt).subspan(done, std::min<int64_t>(kChunk, size - done));
+    in.tokens =
+        std::span<const int32_t>(prompt).subspan(done, std::min<int64_t>(kChunk, size - done));
     in.finish_prefill = done + kChunk >= size;
     in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;
     in.logits_out = logits.data();
