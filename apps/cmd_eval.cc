@@ -246,7 +246,9 @@ Command AddEvalCommand(CLI::App& app) {
       "eval",
       "Long-context accuracy (RULER-style tasks, NIAH grid, multi-turn NIAH) per KV policy");
   AddModelOptions(*cmd, options->model);
-  AddKvOptions(*cmd, options->kv);  // --kv takes a comma-separated list here
+  AddKvOptions(*cmd, options->kv);
+  cmd->get_option("--kv")->description(
+      "KV policies to compare, comma-separated: full, shadowkv, snapkv, quest, streaming");
   cmd->add_option("--tasks", options->tasks,
                   "comma-separated tasks or 'all': niah_single_1..3, niah_multikey_1..3, "
                   "niah_multivalue, niah_multiquery, vt, cwe, fwe, passkey")

@@ -66,6 +66,12 @@ Result<EvalReport> Runner::Run() {
   if (settings_.lengths.empty()) return Error(ErrorCode::kInvalidArgument, "no context lengths");
   if (settings_.samples <= 0) return Error(ErrorCode::kInvalidArgument, "no samples");
   if (settings_.policies.empty()) return Error(ErrorCode::kInvalidArgument, "no KV policies");
+  for (int64_t length : settings_.lengths) {
+    if (length > model_.config().context_length) {
+      return Error(ErrorCode::kOutOfRange, "context length {} exceeds the model's context of {}",
+                   length, model_.config().context_length);
+    }
+  }
   for (const kv::KvPolicyConfig& config : settings_.policies) {
     SKV_RETURN_IF_ERROR(config.Validate());
     SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model_.kv_geometry()));
