@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs a CUDA bundle made by scripts/cuda_bundle.sh on a GPU machine: the GPU tests, the same
+# under compute-sanitizer, the CUDA bench (synthetic Llama-3-8B) and the PyTorch SDPA anchor.
+# Logs and JSON go to $OUT (default /tmp/shadowkv_out); a short summary is printed last.
+# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [bench] [anchor]   (default: all four)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/shadowkv_out}
+mkdir -p "$out"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench anchor)
+stage=/tmp/shadowkv_cuda
+rm -rf "$stage" && mkdir -p "$stage" && tar -xJf .devrun/shadowkv_cuda.tar.xz -C "$stage" || exit 1
+
+# CUDA's libraries come from the machine (matched to its driver): the toolkit's, else any copy.
+lib_path="$stage/lib"
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+  found=$(ldconfig -p | awk -v name="$lib" '$1 == name {print $NF; exit}')
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -z "$found" ] && [ -e "$dir/$lib" ] && found="$dir/$lib"
+  done
+  [ -z "$found" ] && found=$(find /usr /opt -name "$lib" 2>/dev/null | head -1)
+  [ -n "$found" ] && lib_path="$lib_path:$(dirname "$found")"
+done
+export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! "$stage/bin/shadowkv" --help > /dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$stage/lib/compat"  # the machine's libstdc++ is older
+fi
+{
+  echo "bundle commit: $(cat "$stage/COMMIT" 2>/dev/null)"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd "$stage/bin/shadowkv_gpu_tests" | grep -E "not found|cuda|cublas"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+declare -A status
+for step in "${steps[@]}"; do
+  start=$(date +%s)
+  case "$step" in
+    tests)
+      timeout 300 "$stage/bin/shadowkv_gpu_tests" --gtest_output="json:$out/gpu_tests.json" \
+        > "$out/gpu_tests.log" 2>&1
+      ;;
+    sanitize)
+      # memcheck over every kernel test; racecheck over the shared-memory kernels.
+      { timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+          "$stage/bin/shadowkv_gpu_tests" --gtest_filter='Cuda*Test.*-CudaModelParityTest.*' &&
+        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+          "$stage/bin/shadowkv_gpu_tests" \
+          --gtest_filter='CudaPrefillAttentionTest.FreshPromptLlama3Shape:CudaDecodeAttentionTest.Llama3ShapeManySplits:CudaRmsNormTest.*:CudaSamplingTest.GreedyMatchesCpuArgmax'; \
+      } > "$out/sanitizer.log" 2>&1
+      ;;
+    bench)
+      timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b --kv full \
+        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
+        --json "$out/bench_cuda.json" > "$out/bench_cuda.log" 2>&1
+      ;;
+    anchor)
+      PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_sdpa_anchor.py \
+        --contexts 61440,124928 --prefill 32768,124928 --json "$out/anchor.json" \
+        > "$out/anchor.log" 2>&1
+      ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  status[$step]="exit $? in $(( $(date +%s) - start )) s"
+done
+
+echo "==== summary"
+for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
+[ -f "$out/gpu_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|tests from .* ran" "$out/gpu_tests.log" | head -40
+[ -f "$out/gpu_tests.log" ] && grep -B2 -A8 "Failure" "$out/gpu_tests.log" | head -60
+[ -f "$out/sanitizer.log" ] && grep -E "ERROR SUMMARY|Invalid|Race|error" "$out/sanitizer.log" | head -20
+[ -f "$out/bench_cuda.log" ] && cat "$out/bench_cuda.log"
+[ -f "$out/anchor.log" ] && grep -v '^ ' "$out/anchor.log" | grep -v '^[{}\[]' | head -20
+exit 0
