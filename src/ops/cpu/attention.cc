@@ -21,14 +21,54 @@ struct Task {
   int row_end;
 };
 
+// scores[r * ld + t] = scale * q_r · k_t for t < columns. Few rows (decode): direct loops that
+// stream the keys once; many rows (prefill): BLAS.
+void ScoreRows(const float* q, int q_stride, int rows, const kv::KvSegment& s, int64_t columns,
+               int d, float scale, float* scores, int64_t ld) {
+  if (rows > 8) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, static_cast<int>(columns), d, scale,
+                q, q_stride, s.keys, s.row_stride, 0.0f, scores, static_cast<int>(ld));
+    return;
+  }
+  for (int64_t t = 0; t < columns; ++t) {
+    const float* k = s.keys + t * s.row_stride;
+    for (int r = 0; r < rows; ++r) {
+      const float* qr = q + r * q_stride;
+      float dot = 0.0f;
+      for (int c = 0; c < d; ++c) dot += qr[c] * k[c];
+      scores[r * ld + t] = dot * scale;
+    }
+  }
+}
+
+// out_r (+)= Σ_t p[r * ld + t] · v_t for t < columns.
+void AccumulateValues(const float* p, int64_t ld, int rows, const kv::KvSegment& s, int64_t columns,
+                      int d, bool overwrite, float* out, int out_stride) {
+  if (rows > 8) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, static_cast<int>(columns), 1.0f,
+                p, static_cast<int>(ld), s.values, s.row_stride, overwrite ? 0.0f : 1.0f, out,
+                out_stride);
+    return;
+  }
+  if (overwrite) {
+    for (int r = 0; r < rows; ++r) std::fill(out + r * out_stride, out + r * out_stride + d, 0.0f);
+  }
+  for (int64_t t = 0; t < columns; ++t) {
+    const float* v = s.values + t * s.row_stride;
+    for (int r = 0; r < rows; ++r) {
+      const float weight = p[r * ld + t];
+      float* o = out + r * out_stride;
+      for (int c = 0; c < d; ++c) o[c] += weight * v[c];
+    }
+  }
+}
+
 // Rows of one task: row r has pointer q + r*q_stride, output o + r*o_stride, and position.
 void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& task,
              std::vector<float>& scores) {
   const int d = shape.head_dim;
   const int q_width = shape.num_query_heads * d;
   const auto& segments = job.input->heads[task.kv_head];
-  int64_t total = 0;
-  for (const auto& s : segments) total += s.num_tokens;
   const int rows = task.row_end - task.row_begin;
   if (rows <= 0) return;
 
@@ -48,6 +88,17 @@ void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& t
   auto row_position = [&](int r) {
     return task.query_head < 0 ? job.first_position : job.first_position + task.row_begin + r;
   };
+  // Columns each segment contributes: a causal segment only up to the last row's position, so
+  // a prefill block does not score the keys of later blocks.
+  thread_local std::vector<int64_t> used;
+  used.clear();
+  int64_t total = 0;
+  for (const auto& s : segments) {
+    used.push_back(s.causal ? std::clamp<int64_t>(row_position(rows - 1) - s.first_position + 1, 0,
+                                                  s.num_tokens)
+                            : s.num_tokens);
+    total += used.back();
+  }
 
   if (total == 0) {
     for (int r = 0; r < rows; ++r) std::fill(out + r * q_stride, out + r * q_stride + d, 0.0f);
@@ -56,12 +107,10 @@ void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& t
   scores.resize(static_cast<size_t>(rows) * total);
   // S[r, t] = scale * q_r · k_t, segment by segment.
   int64_t column = 0;
-  for (const auto& s : segments) {
-    if (s.num_tokens > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, s.num_tokens, d, shape.scale, q,
-                  q_stride, s.keys, s.row_stride, 0.0f, scores.data() + column, total);
-    }
-    column += s.num_tokens;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const auto& s = segments[i];
+    if (used[i] > 0) ScoreRows(q, q_stride, rows, s, used[i], d, shape.scale, scores.data() + column, total);
+    column += used[i];
   }
   // Causal mask, then row softmax.
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -69,12 +118,13 @@ void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& t
     float* row = scores.data() + static_cast<int64_t>(r) * total;
     const int64_t pos = row_position(r);
     column = 0;
-    for (const auto& s : segments) {
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const auto& s = segments[i];
       if (s.causal) {
-        const int64_t visible = std::clamp<int64_t>(pos - s.first_position + 1, 0, s.num_tokens);
-        std::fill(row + column + visible, row + column + s.num_tokens, neg_inf);
+        const int64_t visible = std::clamp<int64_t>(pos - s.first_position + 1, 0, used[i]);
+        std::fill(row + column + visible, row + column + used[i], neg_inf);
       }
-      column += s.num_tokens;
+      column += used[i];
     }
     float max_score = neg_inf;
     for (int64_t t = 0; t < total; ++t) max_score = std::max(max_score, row[t]);
@@ -93,14 +143,16 @@ void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& t
   // O = P · V, segment by segment.
   column = 0;
   bool first = true;
-  for (const auto& s : segments) {
-    if (s.num_tokens > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, s.num_tokens, 1.0f,
-                  scores.data() + column, total, s.values, s.row_stride, first ? 0.0f : 1.0f, out,
-                  q_stride);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const auto& s = segments[i];
+    if (used[i] > 0) {
+      AccumulateValues(scores.data() + column, total, rows, s, used[i], d, first, out, q_stride);
       first = false;
     }
-    column += s.num_tokens;
+    column += used[i];
+  }
+  if (first) {  // nothing visible at all
+    for (int r = 0; r < rows; ++r) std::fill(out + r * q_stride, out + r * q_stride + d, 0.0f);
   }
 }
 
