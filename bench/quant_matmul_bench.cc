@@ -33,19 +33,29 @@ ThreadPool& PoolWith(int threads) {
   return threads == 1 ? one : two;
 }
 
-// Args: rows, cols, type, batch, threads.
+// Decode streams every weight once per token from memory; `cold` cycles through copies of the
+// matrix that together exceed the last-level cache (32 MiB on the target) three times over, so
+// each call reads from DRAM as it would there. Otherwise the matrix is reused (cache-hot).
+constexpr size_t kColdBytes = 96u << 20;
+
+// Args: rows, cols, type, batch, threads, cold.
 void BM_QuantMatVec(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
   const auto type = static_cast<GgmlType>(state.range(2));
   const int64_t batch = state.range(3);
   ThreadPool& pool = PoolWith(static_cast<int>(state.range(4)));
+  const bool cold = state.range(5) != 0;
   const std::vector<uint8_t> weights = RandomWeights(type, rows, cols);
-  const QuantMatrix w{type, weights.data(), rows, cols, QuantRowBytes(type, cols)};
+  const size_t num_copies = cold ? kColdBytes / weights.size() + 1 : 1;
+  const std::vector<std::vector<uint8_t>> copies(num_copies, weights);
   std::vector<float> x(batch * cols), y(batch * rows);
   std::mt19937 rng(2);
   std::normal_distribution<float> normal;
   for (float& v : x) v = normal(rng);
+  size_t next = 0;
   for (auto _ : state) {
+    const QuantMatrix w{type, copies[next].data(), rows, cols, QuantRowBytes(type, cols)};
+    next = next + 1 == num_copies ? 0 : next + 1;
     QuantMatVec(w, x.data(), batch, y.data(), pool);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -57,14 +67,16 @@ void BM_QuantMatVec(benchmark::State& state) {
 }
 
 void Shapes(benchmark::internal::Benchmark* bench) {
-  bench->ArgNames({"rows", "cols", "type", "batch", "threads"});
+  bench->ArgNames({"rows", "cols", "type", "batch", "threads", "cold"});
   const int64_t shapes[][2] = {{576, 576},  {192, 576},   {1536, 576},
                                {576, 1536}, {49152, 576}, {4096, 4096}};
   for (const auto& shape : shapes) {
     for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
       for (int64_t batch : {1, 4}) {
         for (int64_t threads : {1, 2}) {
-          bench->Args({shape[0], shape[1], static_cast<int64_t>(type), batch, threads});
+          for (int64_t cold : {0, 1}) {
+            bench->Args({shape[0], shape[1], static_cast<int64_t>(type), batch, threads, cold});
+          }
         }
       }
     }

@@ -36,42 +36,6 @@ constexpr int kMaxTileBatch = 8;
 // Software prefetch distance for weights. Helps Q8_0 matrices larger than the L3 most.
 constexpr size_t kPrefetchBytes = 4096;
 
-// fp16 <-> fp32 in plain C++ for the scalar path (the AVX2 path uses F16C; both are exact/RNE).
-float HalfToFloat(uint16_t half) {
-  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
-  const uint32_t exponent = (half >> 10) & 0x1fu;
-  const uint32_t mantissa = half & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent == 0) {
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // 2^-24
-    return sign != 0 ? -magnitude : magnitude;
-  } else {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  }
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-
-uint16_t FloatToHalf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return sign | 0x7e00u;   // NaN
-  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // rounds to infinity (>= 65520)
-  if (magnitude < 0x38800000u) {
-    // Below 2^-14 the result is a multiple of 2^-24; scaling by 2^24 is exact.
-    float scaled;
-    std::memcpy(&scaled, &magnitude, sizeof(scaled));
-    return sign | static_cast<uint16_t>(std::nearbyint(scaled * 16777216.0f));
-  }
-  const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);  // ties to even
-  return sign | static_cast<uint16_t>((rounded - (112u << 23)) >> 13);
-}
-
 uint16_t LoadU16(const uint8_t* p) {
   uint16_t value;
   std::memcpy(&value, p, sizeof(value));
@@ -115,14 +79,17 @@ struct QuantizedActivations {
   }
 };
 
-// The scale and the block sum are kept at fp16 precision, as ggml's Q8_0/Q8_1 activation blocks
-// store them: products then match that reference implementation up to summation order.
-inline void StoreScales(float unrounded_scale, int total, float* scale, float* sum) {
+// The scale is kept at fp16 precision, as ggml's Q8_0/Q8_1 activation blocks store it. The block
+// sum serves the Q4 offsets: Q4_1 pairs with ggml's Q8_1, whose sum is fp16(unrounded scale *
+// total); Q4_0 pairs with Q8_0, whose dot is exact in the integers, i.e. scale * total. Products
+// then match that reference implementation up to fp32 rounding.
+inline void StoreScales(float unrounded_scale, int total, bool fp16_sum, float* scale, float* sum) {
   *scale = Fp16ToFp32(Fp32ToFp16(unrounded_scale));
-  *sum = Fp16ToFp32(Fp32ToFp16(unrounded_scale * static_cast<float>(total)));
+  *sum = fp16_sum ? Fp16ToFp32(Fp32ToFp16(unrounded_scale * static_cast<float>(total)))
+                  : *scale * static_cast<float>(total);
 }
 
-void QuantizeBlockScalar(const float* x, int8_t* qs, float* scale, float* sum) {
+void QuantizeBlockScalar(const float* x, bool fp16_sum, int8_t* qs, float* scale, float* sum) {
   float max_abs = 0.0f;
   for (int i = 0; i < kBlockSize; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
   const float inverse = max_abs > 0.0f ? 127.0f / max_abs : 0.0f;
@@ -133,7 +100,7 @@ void QuantizeBlockScalar(const float* x, int8_t* qs, float* scale, float* sum) {
     qs[i] = static_cast<int8_t>(q);
     total += qs[i];
   }
-  StoreScales(max_abs / 127.0f, total, scale, sum);
+  StoreScales(max_abs / 127.0f, total, fp16_sum, scale, sum);
 }
 
 // Integer dot of one weight block with 32 activation bytes. For Q4 the nibbles are unsigned
@@ -153,7 +120,7 @@ int32_t BlockDotScalar(GgmlType type, const uint8_t* block, const int8_t* x) {
 // Block value = d * scale * dot + offset * sum, with offset -8d (Q4_0), m (Q4_1), 0 (Q8_0).
 float BlockOffset(GgmlType type, const uint8_t* block, float d) {
   if (type == GgmlType::kQ4_0) return -8.0f * d;
-  if (type == GgmlType::kQ4_1) return HalfToFloat(LoadU16(block + 2));
+  if (type == GgmlType::kQ4_1) return Fp16ToFp32(LoadU16(block + 2));
   return 0.0f;
 }
 
@@ -168,7 +135,7 @@ void QuantRowsScalar(const QuantMatrix& w, const QuantizedActivations& act, int6
       float offset_acc = 0.0f;
       for (int64_t j = 0; j < act.num_blocks; ++j) {
         const uint8_t* block = row + j * block_bytes;
-        const float d = HalfToFloat(LoadU16(block));
+        const float d = Fp16ToFp32(LoadU16(block));
         const int32_t dot = BlockDotScalar(w.type, block, xq + j * kBlockSize);
         acc += static_cast<float>(dot) * (d * act.scale[j * act.batch_stride + b]);
         offset_acc += BlockOffset(w.type, block, d) * act.sum[j * act.batch_stride + b];
@@ -187,7 +154,7 @@ void FloatRowsScalar(const QuantMatrix& w, const float* x, int64_t batch, int64_
       float acc = 0.0f;
       for (int64_t c = 0; c < w.cols; ++c) {
         const float weight = w.type == GgmlType::kF32 ? reinterpret_cast<const float*>(row)[c]
-                                                      : HalfToFloat(LoadU16(row + 2 * c));
+                                                      : Fp16ToFp32(LoadU16(row + 2 * c));
         acc += weight * xb[c];
       }
       y[b * w.rows + r] = acc;
@@ -205,7 +172,8 @@ SKV_AVX2 float HorizontalSum(__m256 v) {
 }
 
 // Same values as QuantizeBlockScalar: max is exact, products and round-to-nearest-even match.
-SKV_AVX2 void QuantizeBlockAvx2(const float* x, int8_t* qs, float* scale, float* sum) {
+SKV_AVX2 void QuantizeBlockAvx2(const float* x, bool fp16_sum, int8_t* qs, float* scale,
+                                float* sum) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   __m256 v[4];
   __m256 max_abs = _mm256_setzero_ps();
@@ -237,7 +205,7 @@ SKV_AVX2 void QuantizeBlockAvx2(const float* x, int8_t* qs, float* scale, float*
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  StoreScales(max_value / 127.0f, _mm_cvtsi128_si32(s), scale, sum);
+  StoreScales(max_value / 127.0f, _mm_cvtsi128_si32(s), fp16_sum, scale, sum);
 }
 
 // Weights of one block as 32 bytes in element order: nibbles 0..15 (Q4) or int8 (Q8_0).
@@ -427,9 +395,11 @@ bool HaveAvx2() {
 #endif
 }
 
-void QuantizeActivations(const float* x, int64_t batch, int64_t cols, bool use_avx2,
+// `type` is the weight type the activations will meet; it decides how block sums are rounded.
+void QuantizeActivations(const float* x, int64_t batch, int64_t cols, GgmlType type, bool use_avx2,
                          QuantizedActivations& act) {
   act.Resize(batch, cols);
+  const bool fp16_sum = type == GgmlType::kQ4_1;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t j = 0; j < act.num_blocks; ++j) {
       const float* source = x + b * cols + j * kBlockSize;
@@ -438,11 +408,11 @@ void QuantizeActivations(const float* x, int64_t batch, int64_t cols, bool use_a
       float* sum = act.sum.data() + j * act.batch_stride + b;
 #if SKV_HAVE_X86
       if (use_avx2) {
-        QuantizeBlockAvx2(source, qs, scale, sum);
+        QuantizeBlockAvx2(source, fp16_sum, qs, scale, sum);
         continue;
       }
 #endif
-      QuantizeBlockScalar(source, qs, scale, sum);
+      QuantizeBlockScalar(source, fp16_sum, qs, scale, sum);
     }
   }
 }
@@ -520,7 +490,7 @@ void QuantMatVec(const QuantMatrix& w, const float* x, int64_t batch, float* y, 
   // reach the caller's copy through the reference.
   static thread_local QuantizedActivations scratch;
   QuantizedActivations& act = scratch;
-  QuantizeActivations(x, batch, w.cols, use_avx2, act);
+  QuantizeActivations(x, batch, w.cols, w.type, use_avx2, act);
   const RowsFn rows_fn = SelectQuantRows(w.type, use_avx2);
   pool.ParallelFor(num_tiles, grain, [&](int64_t tile_begin, int64_t tile_end, int) {
     const auto [row_begin, row_end] = tile_rows(tile_begin, tile_end);
@@ -539,8 +509,8 @@ std::vector<uint8_t> QuantizeRowsQ8_0(const float* w, int64_t rows, int64_t cols
     for (int i = 0; i < kBlockSize; ++i) max_abs = std::max(max_abs, std::fabs(source[i]));
     // Divide by the stored (fp16-rounded) scale so the reconstruction error stays within d/2;
     // the scale is capped at the largest finite fp16.
-    const uint16_t d_half = FloatToHalf(std::min(max_abs / 127.0f, 65504.0f));
-    const float d = HalfToFloat(d_half);
+    const uint16_t d_half = Fp32ToFp16(std::min(max_abs / 127.0f, 65504.0f));
+    const float d = Fp16ToFp32(d_half);
     std::memcpy(dest, &d_half, sizeof(d_half));
     for (int i = 0; i < kBlockSize; ++i) {
       const float q = d > 0.0f ? std::nearbyint(source[i] / d) : 0.0f;

@@ -43,7 +43,8 @@ uint16_t GetHalf(const uint8_t* p) {
 // element by element from the block definitions.
 struct TestMatrix {
   std::vector<uint8_t> bytes;
-  std::vector<double> values;  // [rows, cols]
+  std::vector<double> values;   // [rows, cols]
+  std::vector<double> offsets;  // [rows, cols / 32]: m (Q4_1), else 0
   QuantMatrix matrix;
 };
 
@@ -53,6 +54,7 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& r
   const size_t row_bytes = QuantRowBytes(type, cols) + padding;
   m.bytes.assign(rows * row_bytes, 0xee);
   m.values.resize(rows * cols);
+  m.offsets.assign(rows * (cols / 32), 0.0);
   std::uniform_int_distribution<int> byte(0, 255);
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = m.bytes.data() + r * row_bytes;
@@ -96,6 +98,7 @@ TestMatrix MakeMatrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& r
         PutHalf(block + 2, m_bits);
         min = DecodeHalf(m_bits);
       }
+      m.offsets[r * (cols / 32) + j] = min;
       uint8_t* qs = block + (has_min ? 4 : 2);
       for (int i = 0; i < 16; ++i) {
         qs[i] = static_cast<uint8_t>(byte(rng));
@@ -130,21 +133,33 @@ struct Reference {
   std::vector<double> bound;      // [batch, rows] worst error of 8-bit activations
 };
 
-// Rounding x to q * max|x_block| / 127 moves each element by at most half a step.
+// The kernels round each 32-block of x to q * s with step s = max|x_block| / 127 and q =
+// round(x / s), then keep s as fp16 (ggml's Q8_0/Q8_1 activation layout). With s' = fp16(s),
+// |s' - s| <= s * 2^-11, so an element moves by at most s / 2 + 127 * s * 2^-11. For Q4_1 the
+// block sum is fp16(s * sum q) (Q8_1's), so the term m * sum differs from m * s' * sum q by at
+// most |m| * 2^-10 * s * |sum q| <= |m| * 2^-10 * (sum |x| + 16 s).
 Reference ComputeReference(const TestMatrix& m, const std::vector<float>& x, int64_t batch) {
   const int64_t rows = m.matrix.rows, cols = m.matrix.cols;
+  const int64_t num_blocks = cols / 32;
   Reference ref;
   ref.y.assign(batch * rows, 0.0);
   ref.magnitude.assign(batch * rows, 0.0);
   ref.bound.assign(batch * rows, 0.0);
-  std::vector<double> half_step(cols);
+  std::vector<double> element_error(cols);    // worst movement of each rounded element
+  std::vector<double> sum_error(num_blocks);  // worst error of s' * sum q, per unit offset
   for (int64_t b = 0; b < batch; ++b) {
     const float* xb = x.data() + b * cols;
     for (int64_t c = 0; c < cols; c += 32) {
-      double max_abs = 0.0;
-      for (int i = 0; i < 32 && c + i < cols; ++i)
+      double max_abs = 0.0, sum_abs = 0.0;
+      for (int i = 0; i < 32 && c + i < cols; ++i) {
         max_abs = std::max<double>(max_abs, std::fabs(xb[c + i]));
-      for (int i = 0; i < 32 && c + i < cols; ++i) half_step[c + i] = max_abs / 127.0 / 2.0;
+        sum_abs += std::fabs(xb[c + i]);
+      }
+      const double step = max_abs / 127.0;
+      for (int i = 0; i < 32 && c + i < cols; ++i) {
+        element_error[c + i] = step / 2 + 127 * step * std::ldexp(1.0, -11);
+      }
+      if (c / 32 < num_blocks) sum_error[c / 32] = std::ldexp(1.0, -10) * (sum_abs + 16 * step);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const double* w = m.values.data() + r * cols;
@@ -152,7 +167,12 @@ Reference ComputeReference(const TestMatrix& m, const std::vector<float>& x, int
       for (int64_t c = 0; c < cols; ++c) {
         y += w[c] * xb[c];
         magnitude += std::fabs(w[c] * xb[c]);
-        bound += std::fabs(w[c]) * half_step[c];
+        bound += std::fabs(w[c]) * element_error[c];
+      }
+      if (m.matrix.type == GgmlType::kQ4_1) {
+        for (int64_t j = 0; j < num_blocks; ++j) {
+          bound += std::fabs(m.offsets[r * num_blocks + j]) * sum_error[j];
+        }
       }
       ref.y[b * rows + r] = y;
       ref.magnitude[b * rows + r] = magnitude;
@@ -184,7 +204,8 @@ TEST_P(QuantMatVecTest, MatchesFp64WithinActivationRounding) {
   for (int64_t cols : {576, 1536, 4096}) {
     for (int64_t rows : {1, 7, 37, 301}) {
       const TestMatrix m = MakeMatrix(type, rows, cols, rng);
-      for (int64_t batch = 1; batch <= 8; ++batch) {
+      // 1..8 fit one tile of activations; 11 takes a tile of 8 and one of 3 per row.
+      for (int64_t batch : {1, 2, 3, 4, 5, 6, 7, 8, 11}) {
         SCOPED_TRACE(testing::Message()
                      << "cols " << cols << " rows " << rows << " batch " << batch);
         const std::vector<float> x = MakeActivations(batch, cols, rng);
