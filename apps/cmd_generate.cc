@@ -47,15 +47,9 @@ std::string FormatBytes(int64_t bytes) {
 }
 
 int RunGenerate(const GenerateOptions& o) {
-  std::string text = o.prompt;
-  if (!o.prompt_file.empty()) {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    if (!in) return Fail(fmt::format("cannot read prompt file '{}'", o.prompt_file));
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    text = buffer.str();
-  }
-  if (text.empty()) return Fail("no prompt: give -p TEXT or -f FILE");
+  auto prompt_text = ReadPromptText(o.prompt, o.prompt_file);
+  if (!prompt_text.ok()) return Fail(prompt_text.status().message());
+  const std::string& text = *prompt_text;
 
   auto model_or = LoadModel(o.model);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
@@ -114,6 +108,7 @@ int RunGenerate(const GenerateOptions& o) {
   const std::string tail = decoder.Flush();
   std::fwrite(tail.data(), 1, tail.size(), stdout);
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // the summary goes to stderr after the text
   const GenerationResult& r = results[0];
   if (!r.status.ok()) return Fail(r.status.ToString());
 

@@ -108,15 +108,9 @@ std::vector<double> ChunkMinCosines(const std::vector<float>& keys, int64_t toke
 }
 
 int RunInspect(const InspectOptions& o) {
-  std::string text = o.prompt;
-  if (!o.prompt_file.empty()) {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    if (!in) return Fail(fmt::format("cannot read prompt file '{}'", o.prompt_file));
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    text = buffer.str();
-  }
-  if (text.empty()) return Fail("no prompt: give -p TEXT or -f FILE");
+  auto prompt_text = ReadPromptText(o.prompt, o.prompt_file);
+  if (!prompt_text.ok()) return Fail(prompt_text.status().message());
+  const std::string& text = *prompt_text;
   auto model_or = LoadModel(o.model);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
   CpuModel& model = **model_or;

@@ -2,6 +2,8 @@
 #include "options.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 namespace shadowkv::app {
 
@@ -63,6 +65,19 @@ Result<std::unique_ptr<CpuModel>> LoadModel(const ModelOptions& options) {
                   fmt::format("cannot load model '{}': {}", path, model.status().message()));
   }
   return model;
+}
+
+Result<std::string> ReadPromptText(const std::string& text, const std::string& file) {
+  std::string result = text;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return Error(ErrorCode::kNotFound, "cannot read prompt file '{}'", file);
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    result = buffer.str();
+  }
+  if (result.empty()) return Error(ErrorCode::kInvalidArgument, "no prompt: give -p TEXT or -f FILE");
+  return result;
 }
 
 std::string ResolveModelPath(const ModelOptions& options) {

@@ -27,6 +27,10 @@ void AddSamplingOptions(CLI::App& app, SamplingParams& params);
 // Loads the model the options name, reporting errors as a message for the user.
 Result<std::unique_ptr<CpuModel>> LoadModel(const ModelOptions& options);
 
+// The prompt: `text`, or the contents of `file` when one is named; an error when neither gives
+// any text or the file cannot be read.
+Result<std::string> ReadPromptText(const std::string& text, const std::string& file);
+
 // The model path to open: the flag, else $SHADOWKV_MODEL, else the default model's cache path.
 std::string ResolveModelPath(const ModelOptions& options);
 
