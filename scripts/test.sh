@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Sets up, builds, fetches the default model, and runs the whole test suite (ctest).
-# Labels: unit, model, cli, fuzz (and gpu, e2e where present). Exits non-zero on any failure.
+# Labels: unit, model, cli, fuzz; where the CUDA toolkit is installed the CUDA backend is built
+# too (preset "cuda") and its gpu tests run (they skip, saying why, on a machine without a GPU).
+# Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 export SHADOWKV_MODEL=$(python3 scripts/fetch_model.py)
 ctest --preset release -j "$(nproc)" --no-tests=error "$@"
+if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+if command -v nvcc > /dev/null; then
+  cmake --preset cuda > /dev/null
+  cmake --build --preset cuda -j "$(nproc)" --target shadowkv_gpu_tests
+  ctest --test-dir build-cuda -L gpu --no-tests=error --output-on-failure
+else
+  echo "test.sh: no CUDA toolkit (nvcc) found: the CUDA backend and its gpu tests were not built"
+fi
