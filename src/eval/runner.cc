@@ -38,6 +38,8 @@ class Runner {
  private:
   Status RunTasks();
   Status RunGrid();
+  Status AskQuestion(const TaskInfo& task, const SampleRequest& request, const std::string& what,
+                     double grid_depth);
   Status RunMultiTurn();
   // Prefills `prompt` once and decodes its answer under every policy.
   Status Start(const std::vector<int32_t>& prompt, int max_new_tokens, Conversation* conversation,
@@ -227,26 +229,35 @@ Status Runner::RunTasks() {
         const std::string what = fmt::format("{} at {} tokens, sample {}", name, length, index + 1);
         Report(what);
         SampleRequest request{name, length, settings_.seed, index, settings_.depth};
-        SKV_ASSIGN_OR_RETURN(Sample sample, SynthesizeSample(request, tasks_));
-        auto prompt = Encode(sample.prompt, task.max_new_tokens);
-        SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
-        QuestionOutcome outcome;
-        outcome.task = name;
-        outcome.length = length;
-        outcome.index = index;
-        outcome.depth = sample.depths.size() == 1 ? sample.depths[0] : -1.0;
-        outcome.answers = sample.answers;
-        Conversation conversation;
-        SKV_RETURN_IF_ERROR(
-            Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
-        Collect(conversation, task.metric, &outcome);
-        report_.questions.push_back(std::move(outcome));
-        state_.done++;
-        state_.done_weight += static_cast<double>(length);
+        SKV_RETURN_IF_ERROR(AskQuestion(task, request, what, -1.0));
       }
     }
   }
   Report("");
+  return Status::Ok();
+}
+
+// One single-question sample: synthesise, prefill once, decode with every policy, score.
+// The recorded depth is `grid_depth` when >= 0, else the needle's when the sample has one.
+Status Runner::AskQuestion(const TaskInfo& task, const SampleRequest& request,
+                           const std::string& what, double grid_depth) {
+  SKV_ASSIGN_OR_RETURN(Sample sample, SynthesizeSample(request, tasks_));
+  auto prompt = Encode(sample.prompt, task.max_new_tokens);
+  SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
+  QuestionOutcome outcome;
+  outcome.task = task.name;
+  outcome.length = request.target_tokens;
+  outcome.index = request.index;
+  outcome.depth = grid_depth >= 0 ? grid_depth
+                                  : (sample.depths.size() == 1 ? sample.depths[0] : -1.0);
+  outcome.answers = sample.answers;
+  Conversation conversation;
+  SKV_RETURN_IF_ERROR(
+      Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
+  Collect(conversation, task.metric, &outcome);
+  report_.questions.push_back(std::move(outcome));
+  state_.done++;
+  state_.done_weight += static_cast<double>(request.target_tokens);
   return Status::Ok();
 }
 
@@ -267,22 +278,7 @@ Status Runner::RunGrid() {
                                              length, depth, index + 1);
         Report(what);
         SampleRequest request{task.name, length, settings_.seed, index, depth};
-        SKV_ASSIGN_OR_RETURN(Sample sample, SynthesizeSample(request, tasks_));
-        auto prompt = Encode(sample.prompt, task.max_new_tokens);
-        SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
-        QuestionOutcome outcome;
-        outcome.task = task.name;
-        outcome.length = length;
-        outcome.index = index;
-        outcome.depth = depth;
-        outcome.answers = sample.answers;
-        Conversation conversation;
-        SKV_RETURN_IF_ERROR(
-            Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
-        Collect(conversation, task.metric, &outcome);
-        report_.questions.push_back(std::move(outcome));
-        state_.done++;
-        state_.done_weight += static_cast<double>(length);
+        SKV_RETURN_IF_ERROR(AskQuestion(task, request, what, depth));
       }
     }
   }
