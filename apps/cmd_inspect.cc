@@ -90,7 +90,10 @@ std::vector<double> ChunkMinCosines(const std::vector<float>& keys, int64_t toke
       for (int t = 0; t < chunk; ++t)
         for (int i = 0; i < head_dim; ++i) mean[i] += keys[(c + t) * width + h * head_dim + i];
       double mean_norm = 0;
-      for (double& m : mean) mean_norm += (m /= chunk) * m;
+      for (double& m : mean) {
+        m /= chunk;
+        mean_norm += m * m;
+      }
       double min_cos = 1.0;
       for (int t = 0; t < chunk; ++t) {
         double dot = 0, norm = 0;
@@ -105,6 +108,75 @@ std::vector<double> ChunkMinCosines(const std::vector<float>& keys, int64_t toke
     }
   }
   return result;
+}
+
+// Runs `prompt` through `kv` in chunks; the last token's logits go to `last_logits`.
+Status Prefill(CpuModel& model, kv::SequenceKv* kv, const std::vector<int32_t>& prompt,
+               float* last_logits) {
+  const auto tokens = static_cast<int64_t>(prompt.size());
+  for (int64_t done = 0; done < tokens; done += 512) {
+    const int64_t count = std::min<int64_t>(512, tokens - done);
+    StepInput in;
+    in.kv = kv;
+    in.tokens = std::span<const int32_t>(prompt.data() + done, count);
+    in.finish_prefill = done + count == tokens;
+    in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;
+    in.logits_out = last_logits;
+    SKV_RETURN_IF_ERROR(model.Forward(std::span<const StepInput>(&in, 1)));
+  }
+  return Status::Ok();
+}
+
+struct DecodeRun {
+  std::vector<int32_t> tokens;  // the tokens fed in order, starting with the first
+  int64_t forced_matches = 0;   // teacher-forced: steps whose argmax was the forced next token
+  kv::PolicyStats stats;
+  std::vector<kv::PolicyStats> layer_stats;
+};
+
+// `steps` greedy decode steps from `first_token`. With `forced`, token i + 1 fed is forced[i + 1]
+// whatever the model prefers, and agreement with it is counted.
+Result<DecodeRun> GreedyDecode(CpuModel& model, kv::SequenceKv* kv, int32_t first_token, int steps,
+                               const std::vector<int32_t>* forced) {
+  DecodeRun run;
+  std::vector<float> logits(model.config().vocab_size);
+  int32_t next = first_token;
+  for (int step = 0; step < steps; ++step) {
+    run.tokens.push_back(next);
+    StepInput in;
+    in.kv = kv;
+    in.tokens = std::span<const int32_t>(&run.tokens.back(), 1);
+    in.logits_out = logits.data();
+    SKV_RETURN_IF_ERROR(model.Forward(std::span<const StepInput>(&in, 1)));
+    next = Argmax(std::span<const float>(logits));
+    if (forced && step + 1 < steps) {
+      run.forced_matches += next == (*forced)[step + 1];
+      next = (*forced)[step + 1];
+    }
+  }
+  run.stats = kv->stats();
+  run.layer_stats = kv->layer_stats();
+  return run;
+}
+
+// A fresh sequence of `policy` prefilled with `prompt`, then GreedyDecode. When forced, the
+// first token too is the reference's (counted like the others).
+Result<DecodeRun> ShadowDecode(CpuModel& model, const kv::KvPolicy& policy,
+                               const std::vector<int32_t>& prompt, int steps,
+                               const std::vector<int32_t>* forced) {
+  SKV_ASSIGN_OR_RETURN(auto sequence, policy.NewSequence());
+  std::vector<float> logits(model.config().vocab_size);
+  SKV_RETURN_IF_ERROR(Prefill(model, sequence.get(), prompt, logits.data()));
+  int32_t first = Argmax(std::span<const float>(logits));
+  int64_t first_match = 0;
+  if (forced && steps > 0) {
+    first_match = first == (*forced)[0];
+    first = (*forced)[0];
+  }
+  SKV_ASSIGN_OR_RETURN(DecodeRun run, GreedyDecode(model, sequence.get(), first, steps, forced));
+  // The first forced token's agreement replaces the last step's (which has nothing to match).
+  run.forced_matches += first_match;
+  return run;
 }
 
 int RunInspect(const InspectOptions& o) {
@@ -128,16 +200,9 @@ int RunInspect(const InspectOptions& o) {
   auto full = kv::MakeKvPolicy(full_config, model.kv_geometry());
   if (!full.ok()) return Fail(full.status().ToString());
   RecordingSequence recording((*full)->NewSequence().value(), c.num_layers, width);
-  std::vector<float> logits(c.vocab_size);
-  for (int64_t done = 0; done < tokens; done += 512) {
-    const int64_t count = std::min<int64_t>(512, tokens - done);
-    StepInput in;
-    in.kv = &recording;
-    in.tokens = std::span<const int32_t>(prompt.data() + done, count);
-    in.logits = StepInput::Logits::kNone;
-    if (Status s = model.Forward(std::span<const StepInput>(&in, 1)); !s.ok()) {
-      return Fail(s.ToString());
-    }
+  std::vector<float> prefill_logits(c.vocab_size);
+  if (Status s = Prefill(model, &recording, prompt, prefill_logits.data()); !s.ok()) {
+    return Fail(s.ToString());
   }
   nlohmann::json layers = nlohmann::json::array();
   const int chunk = o.kv.chunk_size;
@@ -166,36 +231,35 @@ int RunInspect(const InspectOptions& o) {
     layers.push_back(layer);
   }
 
-  // 2. Hit rate of ShadowKV over a greedy decode run.
+  // 2. Greedy decode: full attention gives the reference tokens; ShadowKV runs free (its hit
+  // rate, its own tokens) and teacher-forced on the reference (top-1 agreement step by step,
+  // with no drift from an earlier divergence).
+  const int32_t first_token = Argmax(std::span<const float>(prefill_logits));
+  auto reference = GreedyDecode(model, &recording, first_token, o.decode_tokens, nullptr);
+  if (!reference.ok()) return Fail(reference.status().ToString());
   kv::KvPolicyConfig skv_config = o.kv;
   skv_config.policy = "shadowkv";
   auto shadow = kv::MakeKvPolicy(skv_config, model.kv_geometry());
   if (!shadow.ok()) return Fail(shadow.status().ToString());
-  auto sequence = (*shadow)->NewSequence();
-  if (!sequence.ok()) return Fail(sequence.status().ToString());
-  int32_t next = 0;
-  for (int64_t done = 0; done < tokens; done += 512) {
-    const int64_t count = std::min<int64_t>(512, tokens - done);
-    StepInput in;
-    in.kv = sequence->get();
-    in.tokens = std::span<const int32_t>(prompt.data() + done, count);
-    in.finish_prefill = done + count == tokens;
-    in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;
-    in.logits_out = logits.data();
-    if (Status s = model.Forward(std::span<const StepInput>(&in, 1)); !s.ok()) return Fail(s.ToString());
-  }
-  next = Argmax(logits);
-  for (int step = 0; step < o.decode_tokens; ++step) {
-    StepInput in;
-    in.kv = sequence->get();
-    in.tokens = std::span<const int32_t>(&next, 1);
-    in.logits_out = logits.data();
-    if (Status s = model.Forward(std::span<const StepInput>(&in, 1)); !s.ok()) return Fail(s.ToString());
-    next = Argmax(logits);
-  }
-  const kv::PolicyStats& stats = (*sequence)->stats();
+  auto free_run = ShadowDecode(model, **shadow, prompt, o.decode_tokens, nullptr);
+  if (!free_run.ok()) return Fail(free_run.status().ToString());
+  auto forced = ShadowDecode(model, **shadow, prompt, o.decode_tokens, &reference->tokens);
+  if (!forced.ok()) return Fail(forced.status().ToString());
+  const kv::PolicyStats& stats = free_run->stats;
   std::vector<double> layer_hits;
-  for (const kv::PolicyStats& s : (*sequence)->layer_stats()) layer_hits.push_back(s.hit_rate());
+  for (const kv::PolicyStats& s : free_run->layer_stats) layer_hits.push_back(s.hit_rate());
+  int64_t same_position = 0;
+  int64_t first_divergence = -1;
+  for (int i = 0; i < o.decode_tokens; ++i) {
+    if (free_run->tokens[i] == reference->tokens[i]) {
+      ++same_position;
+    } else if (first_divergence < 0) {
+      first_divergence = i;
+    }
+  }
+  const double steps = std::max(1, o.decode_tokens);
+  const double free_agreement = same_position / steps;
+  const double forced_agreement = forced->forced_matches / steps;
 
   nlohmann::json report = {
       {"model", c.Summary()},
@@ -205,6 +269,12 @@ int RunInspect(const InspectOptions& o) {
       {"shadowkv", {{"decode_tokens", o.decode_tokens},
                     {"hit_rate", stats.hit_rate()},
                     {"hit_rate_per_layer", layer_hits},
+                    {"agreement_with_full",
+                     {{"free_running", free_agreement},
+                      {"first_divergence", first_divergence},
+                      {"teacher_forced_top1", forced_agreement},
+                      {"full_tokens", reference->tokens},
+                      {"shadowkv_tokens", free_run->tokens}}},
                     {"attended_fraction", stats.context_tokens
                                               ? static_cast<double>(stats.attended_tokens) /
                                                     stats.context_tokens
@@ -224,6 +294,11 @@ int RunInspect(const InspectOptions& o) {
   }
   std::printf("ShadowKV hit rate over %d decode steps: %.1f%%; JSON written to %s\n",
               o.decode_tokens, 100 * stats.hit_rate(), o.json_path.c_str());
+  std::printf(
+      "Greedy tokens vs full attention over %d steps: %.1f%% identical free-running (first "
+      "divergence at step %lld), %.1f%% top-1 agreement teacher-forced\n",
+      o.decode_tokens, 100 * free_agreement, static_cast<long long>(first_divergence),
+      100 * forced_agreement);
   if (!o.png_path.empty()) {
     const std::string command =
         fmt::format("python3 '{}/scripts/plot_inspect.py' '{}' '{}'", SHADOWKV_SOURCE_DIR,
