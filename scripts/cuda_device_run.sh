@@ -2,7 +2,10 @@
 # Runs a CUDA bundle made by scripts/cuda_bundle.sh on a GPU machine: the GPU tests, the same
 # under compute-sanitizer, the CUDA bench (synthetic Llama-3-8B) and the PyTorch SDPA anchor.
 # Logs and JSON go to $OUT (default /tmp/shadowkv_out); a short summary is printed last.
-# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [bench] [anchor]   (default: all four)
+# micro: the kernel micro-benchmarks (decode attention variants and split counts, prefill
+# attention, GEMMs) from the GPU test binary with SKV_GPU_BENCH=1.
+# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [anchor]
+#        (default: tests sanitize bench anchor)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/shadowkv_out}
@@ -51,9 +54,13 @@ for step in "${steps[@]}"; do
           --gtest_filter='CudaPrefillAttentionTest.FreshPromptLlama3Shape:CudaDecodeAttentionTest.Llama3ShapeManySplits:CudaRmsNormTest.*:CudaSamplingTest.GreedyMatchesCpuArgmax'; \
       } > "$out/sanitizer.log" 2>&1
       ;;
+    micro)
+      SKV_GPU_BENCH=1 timeout 240 "$stage/bin/shadowkv_gpu_tests" --gtest_filter='*Bench*' \
+        > "$out/micro.log" 2>&1
+      ;;
     bench)
       timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b --kv full \
-        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
+        --context 32768,61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
         --json "$out/bench_cuda.json" > "$out/bench_cuda.log" 2>&1
       ;;
     anchor)
@@ -71,6 +78,12 @@ for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
 [ -f "$out/gpu_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|tests from .* ran" "$out/gpu_tests.log" | head -40
 [ -f "$out/gpu_tests.log" ] && grep -B2 -A8 "Failure" "$out/gpu_tests.log" | head -60
 [ -f "$out/sanitizer.log" ] && grep -E "ERROR SUMMARY|Invalid|Race|error" "$out/sanitizer.log" | head -20
+if [ -f "$out/micro.log" ]; then
+  grep -E "^\[bench\]" "$out/micro.log" | grep -v " variant " | grep -v " splits "
+  grep -E "^\[bench\].*(auto)" "$out/micro.log"
+  echo "fastest decode configurations:"
+  grep -E "^\[bench\].* variant .* GB/s" "$out/micro.log" | sort -t= -k2 -n -r | head -8
+fi
 [ -f "$out/bench_cuda.log" ] && cat "$out/bench_cuda.log"
 [ -f "$out/anchor.log" ] && grep -v '^ ' "$out/anchor.log" | grep -v '^[{}\[]' | head -20
 exit 0

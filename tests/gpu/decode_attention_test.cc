@@ -1,17 +1,23 @@
-// GPU split-KV decode attention against the CPU attention op: head dims 64/128, GQA groups 1-8,
-// one split or many, sequences of different lengths in one launch.
+// GPU split-KV decode attention against the CPU attention op: every kernel variant, head dims
+// 64/128, GQA groups 1-8, one split or many, sequences of different lengths in one launch. With
+// SKV_GPU_BENCH=1 a micro-benchmark also times the variants at Llama-3-8B decode shapes.
 #include "ops/cuda/decode_attention.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "attention_test_util.h"
 #include "ops/cpu/attention.h"
+#include "ops/cuda/fill_random.cuh"
 
 namespace shadowkv::cuda {
 namespace {
 
 using namespace testing;
 
-void CheckDecode(int head_dim, int group, int num_splits) {
-  std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits);
+void CheckDecode(int head_dim, int group, int num_splits, int variant) {
+  std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits + 7919 * variant);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim;
   const std::vector<int64_t> slot_lengths = {200, 1337, 1, 700};
@@ -43,6 +49,7 @@ void CheckDecode(int head_dim, int group, int num_splits) {
   p.head_dim = head_dim;
   p.num_splits = num_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.variant = variant;
   SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
@@ -62,33 +69,156 @@ void CheckDecode(int head_dim, int group, int num_splits) {
   RunAttention(shape, jobs, pool);
   const double error = RelativeError(got, want);
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
-                                        << " splits " << num_splits;
-  ::testing::Test::RecordProperty("relative_error", std::to_string(error));
+                                        << " splits " << num_splits << " variant " << variant;
+  ::testing::Test::RecordProperty(
+      "relative_error_h" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_s" +
+          std::to_string(num_splits) + "_v" + std::to_string(variant),
+      std::to_string(error));
 }
 
 TEST(CudaDecodeAttentionTest, Llama3ShapeManySplits) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckDecode(128, 4, 64);
-  CheckDecode(128, 4, 7);
+  for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
+    CheckDecode(128, 4, 64, variant);
+    CheckDecode(128, 4, 7, variant);
+  }
 }
 
 TEST(CudaDecodeAttentionTest, OneSplitPerSequence) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckDecode(128, 4, 1);
-  CheckDecode(64, 3, 1);
+  for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
+    CheckDecode(128, 4, 1, variant);
+    CheckDecode(64, 3, 1, variant);
+  }
 }
 
 TEST(CudaDecodeAttentionTest, EveryGroupSizeAndHeadDim) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {64, 128}) {
-    for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16);
+  for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
+    for (int head_dim : {64, 128}) {
+      for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16, variant);
+    }
   }
 }
 
 TEST(CudaDecodeAttentionTest, SplitCountDoesNotDependOnLengths) {
-  EXPECT_EQ(DecodeNumSplits(1, 8, 1056), kDecodeMaxSplits);
-  EXPECT_EQ(DecodeNumSplits(7, 8, 1056), 19);
+  // 132 multiprocessors: two waves of 3 x 132 blocks, over rows x 8 KV heads.
+  EXPECT_EQ(DecodeNumSplits(1, 8, 1056), kDecodeMaxSplits);  // 792 / 8 = 99, capped
+  EXPECT_EQ(DecodeNumSplits(16, 8, 1056), 6);
+  EXPECT_EQ(DecodeNumSplits(7, 8, 1056), 14);
   EXPECT_EQ(DecodeNumSplits(200, 8, 1056), 1);
+}
+
+// Median milliseconds of `repeats` runs of `launch` (after two warm-ups), timed with events.
+template <typename Launch>
+double MedianMs(int repeats, Launch launch) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<float> times;
+  for (int i = 0; i < repeats + 2; ++i) {
+    cudaEventRecord(start);
+    launch();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 2) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Llama-3-8B decode attention of one layer (8 KV heads, 32 query heads, head dim 128) at the
+// bench's batch and context: K/V bytes read per launch over time, against a plain read of the
+// same bytes and a device-to-device copy. Timing only; SKV_GPU_BENCH=1 enables it.
+TEST(CudaDecodeAttentionBench, StreamingRate) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
+  auto device = QueryDevice();
+  ASSERT_TRUE(device.ok());
+  const int num_kv_heads = 8, num_query_heads = 32, head_dim = 128;
+  struct Shape {
+    int rows;
+    int64_t context;
+  };
+  for (const Shape shape : {Shape{16, 61440}, Shape{8, 124928}}) {
+    KvCacheView view;
+    view.num_slots = shape.rows;
+    view.num_layers = 1;
+    view.num_kv_heads = num_kv_heads;
+    view.head_dim = head_dim;
+    view.capacity = shape.context;
+    const int64_t count = view.HeadOffset(shape.rows, 0, 0);
+    DeviceBuffer<__nv_bfloat16> keys, values, queries, out;
+    DeviceBuffer<float> partial_out, partial_lse;
+    DeviceBuffer<int32_t> slots_buffer, positions_buffer;
+    DeviceBuffer<uint32_t> sink;
+    ASSERT_TRUE(keys.Allocate(count).ok());
+    ASSERT_TRUE(values.Allocate(count).ok());
+    ASSERT_TRUE(queries.Allocate(shape.rows * num_query_heads * head_dim).ok());
+    ASSERT_TRUE(out.Allocate(shape.rows * num_query_heads * head_dim).ok());
+    ASSERT_TRUE(partial_out.Allocate(int64_t{shape.rows} * num_query_heads * kDecodeMaxSplits * head_dim).ok());
+    ASSERT_TRUE(partial_lse.Allocate(int64_t{shape.rows} * num_query_heads * kDecodeMaxSplits).ok());
+    ASSERT_TRUE(sink.Allocate(1).ok());
+    SKV_ASSERT_CUDA(LaunchFillRandom({keys.get(), count, 1.0f, 1}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({values.get(), count, 1.0f, 2}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({queries.get(), queries.size(), 1.0f, 3}, nullptr));
+    std::vector<int32_t> slots(shape.rows), positions(shape.rows,
+                                                      static_cast<int32_t>(shape.context - 1));
+    for (int r = 0; r < shape.rows; ++r) slots[r] = r;
+    slots_buffer = ToDevice(slots);
+    positions_buffer = ToDevice(positions);
+    view.keys = keys.get();
+    view.values = values.get();
+    const double bytes = 2.0 * count * 2;  // K and V, bf16
+
+    const double read_ms = MedianMs(10, [&] {
+      LaunchReadProbe(keys.get(), count * 2, sink.get(), nullptr);
+      LaunchReadProbe(values.get(), count * 2, sink.get(), nullptr);
+    });
+    const double copy_ms = MedianMs(10, [&] {
+      cudaMemcpyAsync(values.get(), keys.get(), count * 2, cudaMemcpyDeviceToDevice, nullptr);
+    });
+    SKV_ASSERT_CUDA(LaunchFillRandom({values.get(), count, 1.0f, 2}, nullptr));
+    std::printf("[bench] rows %d context %lld: K+V %.2f GB; read probe %.3f ms = %.0f GB/s; "
+                "D2D copy %.0f GB/s (read+write)\n",
+                shape.rows, static_cast<long long>(shape.context), bytes / 1e9, read_ms,
+                bytes / read_ms / 1e6, 2.0 * count * 2 / copy_ms / 1e6);
+
+    const int auto_splits = DecodeNumSplits(shape.rows, num_kv_heads, 8 * device->multiprocessors);
+    for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
+      for (int splits : {auto_splits, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32}) {
+        DecodeAttentionParams p;
+        p.queries = queries.get();
+        p.cache = view;
+        p.layer = 0;
+        p.slots = slots_buffer.get();
+        p.positions = positions_buffer.get();
+        p.partial_out = partial_out.get();
+        p.partial_lse = partial_lse.get();
+        p.out = out.get();
+        p.rows = shape.rows;
+        p.num_query_heads = num_query_heads;
+        p.num_kv_heads = num_kv_heads;
+        p.head_dim = head_dim;
+        p.num_splits = splits;
+        p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        p.variant = variant;
+        SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
+        SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+        const double ms = MedianMs(10, [&] { LaunchDecodeAttention(p, nullptr); });
+        std::printf("[bench] rows %d context %lld variant %d splits %d%s: %.3f ms = %.0f GB/s "
+                    "(%.1f%% of the read probe)\n",
+                    shape.rows, static_cast<long long>(shape.context), variant, splits,
+                    splits == auto_splits ? " (auto)" : "", ms, bytes / ms / 1e6,
+                    100.0 * read_ms / ms);
+      }
+    }
+    SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+  }
 }
 
 }  // namespace
