@@ -14,6 +14,7 @@ Command AddBenchCommand(CLI::App& app);
 Command AddFetchModelCommand(CLI::App& app);
 Command AddInspectCommand(CLI::App& app);
 Command AddEvalCommand(CLI::App& app);
+Command AddServeCommand(CLI::App& app);
 
 // Prints "shadowkv: <message>" on stderr and returns the exit code for errors.
 int Fail(const std::string& message);

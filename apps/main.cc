@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   add(shadowkv::app::AddFetchModelCommand);
   add(shadowkv::app::AddInspectCommand);
   add(shadowkv::app::AddEvalCommand);
+  add(shadowkv::app::AddServeCommand);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

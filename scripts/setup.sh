@@ -11,6 +11,8 @@ PACKAGES=(
   clang libclang-rt-dev             # libFuzzer target for the GGUF parser
   jargon-text                       # default essay haystack for the long-context evaluation
   python3-matplotlib                # plots (inspect spectra, eval heatmaps)
+  libcpp-httplib-dev                # HTTP server of `shadowkv serve`
+  chromium python3-venv             # e2e tests: headless chat page; venv for the openai client
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -24,4 +26,11 @@ fi
 # The plotting scripts run under whichever python3 is first on PATH.
 if ! python3 -c "import matplotlib" 2>/dev/null; then
   python3 -m pip install --quiet matplotlib
+fi
+# The e2e tests drive the server with the official openai client, from a venv of its own
+# (tests/e2e/run.sh looks for it here).
+E2E_VENV="${SHADOWKV_CACHE:-$HOME/.cache/shadowkv}/venv-e2e"
+if ! "$E2E_VENV/bin/python" -c "import openai" 2>/dev/null; then
+  python3 -m venv "$E2E_VENV"
+  "$E2E_VENV/bin/python" -m pip install --quiet --disable-pip-version-check openai
 fi

@@ -1,0 +1,129 @@
+// `shadowkv serve`: the OpenAI-compatible HTTP server (see docs/SERVER.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "commands.h"
+#include "options.h"
+#include "server/http_server.h"
+
+namespace shadowkv::app {
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  kv::KvPolicyConfig kv;
+  server::ServerConfig server;
+  double fast_limit_mib = 4096;
+  double slow_limit_mib = 16384;
+  double max_body_kib = 1024;
+  double shutdown_grace_seconds = 10;
+};
+
+int RunServe(ServeOptions& o) {
+  // Every thread inherits this mask, so SIGTERM/SIGINT reach only the sigwait below; a client
+  // closing its socket must not kill the process either.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto model_or = LoadModel(o.model);
+  if (!model_or.ok()) return Fail(model_or.status().ToString());
+  CpuModel& model = **model_or;
+  server::ServerConfig config = o.server;
+  config.kv = o.kv;
+  config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
+  config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
+  config.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
+  if (config.model_id.empty()) {
+    config.model_id = std::filesystem::path(ResolveModelPath(o.model)).stem().string();
+  }
+  auto server_or = server::HttpServer::Create(model, config);
+  if (!server_or.ok()) return Fail(server_or.status().ToString());
+  server::HttpServer& server = **server_or;
+  if (Status s = server.Bind(); !s.ok()) return Fail(s.ToString());
+  // Tests and scripts read the port from this line (with --port 0 the system picks it).
+  std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s)\n", config.host.c_str(),
+              server.port(), config.model_id.c_str(), o.kv.policy.c_str());
+  std::fflush(stdout);
+
+  std::thread signal_thread([&] {
+    int received = 0;
+    sigwait(&signals, &received);
+    std::fprintf(stderr, "shadowkv serve: signal %d, finishing running requests\n", received);
+    server.Stop(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_seconds * 1000)));
+  });
+  const bool served = server.Serve();
+  if (!served) {
+    // The listener failed on its own: wake the signal thread so that it can be joined.
+    pthread_kill(signal_thread.native_handle(), SIGTERM);
+  }
+  signal_thread.join();
+  server_or->reset();
+  std::fprintf(stderr, "shadowkv serve: stopped\n");
+  return served ? 0 : 1;
+}
+
+}  // namespace
+
+Command AddServeCommand(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/SERVER.md)");
+  AddModelOptions(*cmd, o->model);
+  AddKvOptions(*cmd, o->kv);
+  server::ServerConfig& s = o->server;
+  cmd->add_option("--host", s.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", s.port, "port (0 = any free port, printed at start)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--model-id", s.model_id,
+                  "model name reported by /v1/models (default: file stem)");
+  cmd->add_option("--max-batch", s.scheduler.max_batch, "sequences running together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-queue", s.scheduler.max_queue,
+                  "requests waiting for a batch slot; more get 429")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefill-chunk", s.scheduler.prefill_chunk,
+                  "prompt tokens per step (smaller: running streams stall less)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-fast-limit", o->fast_limit_mib,
+                  "MiB of fast-tier KV for running and held sequences (0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-slow-limit", o->slow_limit_mib, "MiB of slow-tier KV (0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-held", s.scheduler.max_held_states,
+                  "finished KV states kept for multi-turn reuse (0 = no reuse)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-body", o->max_body_kib, "largest request body in KiB (more: 413)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--timeout", s.request_timeout_seconds, "per-request time limit in seconds")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--default-max-tokens", s.default_max_tokens,
+                  "chat max_tokens when a request gives none")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-threads", s.http_threads, "connections served at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--shutdown-grace", o->shutdown_grace_seconds,
+                  "seconds running requests get to finish after SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  return [o] { return RunServe(*o); };
+}
+
+}  // namespace shadowkv::app

@@ -1,0 +1,389 @@
+// Scheduler: admission by KV memory, one prefill chunk per step beside all decode rows, reuse of
+// held KV states, cancellation and deadlines checked between steps.
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace shadowkv::server {
+
+// ---- SequenceHandle ----
+
+bool SequenceHandle::Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens) {
+  std::unique_lock lock(mutex_);
+  cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || reason_ != EndReason::kNone; });
+  tokens->insert(tokens->end(), pending_.begin(), pending_.end());
+  pending_.clear();
+  return reason_ != EndReason::kNone;
+}
+
+EndReason SequenceHandle::end_reason() const {
+  std::lock_guard lock(mutex_);
+  return reason_;
+}
+
+Status SequenceHandle::status() const {
+  std::lock_guard lock(mutex_);
+  return status_;
+}
+
+int64_t SequenceHandle::reused_tokens() const {
+  std::lock_guard lock(mutex_);
+  return reused_;
+}
+
+void SequenceHandle::Push(int32_t token) {
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(token);
+  }
+  cv_.notify_all();
+}
+
+void SequenceHandle::End(EndReason reason, Status status) {
+  {
+    std::lock_guard lock(mutex_);
+    reason_ = reason;
+    status_ = std::move(status);
+  }
+  cv_.notify_all();
+}
+
+void SequenceHandle::SetReused(int64_t tokens) {
+  std::lock_guard lock(mutex_);
+  reused_ = tokens;
+}
+
+// ---- Scheduler ----
+
+struct Scheduler::Running {
+  SequenceRequest request;
+  std::shared_ptr<SequenceHandle> handle;
+  std::unique_ptr<kv::SequenceKv> kv;
+  Sampler sampler;
+  int64_t prompt_done = 0;  // prompt tokens already in the KV state
+  bool reused = false;      // started from a held state (its prefill is already finished)
+  kv::MemoryUsage reserved;
+  std::vector<int32_t> generated;
+  Clock::time_point arrival;
+  Clock::time_point last_token;
+
+  bool prefilling() const { return prompt_done < static_cast<int64_t>(request.prompt.size()); }
+};
+
+Scheduler::Scheduler(CpuModel& model, SchedulerOptions options, Metrics* metrics)
+    : model_(model), options_(options), metrics_(metrics), held_(options.max_held_states) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Scheduler::~Scheduler() { Shutdown(std::chrono::milliseconds(0)); }
+
+SubmitResult Scheduler::Submit(SequenceRequest request) {
+  SubmitResult result;
+  using Code = SubmitResult::Code;
+  const int64_t context = model_.config().context_length;
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_new_tokens;
+  if (request.prompt.empty() || request.max_new_tokens < 1 || total > context || !request.policy) {
+    result.code = Code::kInvalid;
+    result.message = fmt::format(
+        "a prompt of {} tokens plus {} new tokens does not fit the "
+        "context of {} tokens",
+        request.prompt.size(), request.max_new_tokens, context);
+    return result;
+  }
+  const kv::MemoryUsage need = request.policy->EstimateMemory(total);
+  if (!Fits(need, {})) {
+    result.code = Code::kTooLarge;
+    result.message = fmt::format(
+        "a sequence of {} tokens needs {} bytes of fast-tier and {} bytes of slow-tier KV memory, "
+        "more than the server's limits ({} and {} bytes; 0 = none)",
+        total, need.fast_bytes, need.slow_bytes, options_.fast_memory_limit,
+        options_.slow_memory_limit);
+    return result;
+  }
+  auto handle = std::make_shared<SequenceHandle>();
+  handle->prompt_tokens_ = static_cast<int64_t>(request.prompt.size());
+  {
+    std::lock_guard lock(mutex_);
+    if (!accepting_) {
+      result.code = Code::kShuttingDown;
+      result.message = "the server is shutting down";
+      return result;
+    }
+    if (static_cast<int>(waiting_.size()) >= options_.max_queue) {
+      result.code = Code::kQueueFull;
+      result.message = fmt::format("the request queue is full ({} waiting)", waiting_.size());
+      return result;
+    }
+    waiting_.push_back(Waiting{std::move(request), handle, Clock::now()});
+    gauges_.queue_depth = static_cast<int64_t>(waiting_.size());
+  }
+  cv_.notify_all();
+  result.handle = std::move(handle);
+  return result;
+}
+
+void Scheduler::Shutdown(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard lock(mutex_);
+    accepting_ = false;
+  }
+  const Clock::time_point until = Clock::now() + grace;
+  while (Clock::now() < until) {
+    {
+      std::lock_guard lock(mutex_);
+      if (waiting_.empty() && gauges_.running_sequences == 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stop_now_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int Scheduler::RetryAfterSeconds() const {
+  std::lock_guard lock(mutex_);
+  const double rounds = std::ceil((waiting_.size() + 1.0) / std::max(1, options_.max_batch));
+  return std::max(1, static_cast<int>(std::ceil(rounds * mean_request_seconds_)));
+}
+
+EngineGauges Scheduler::gauges() const {
+  std::lock_guard lock(mutex_);
+  return gauges_;
+}
+
+bool Scheduler::Fits(const kv::MemoryUsage& need, const kv::MemoryUsage& used) const {
+  const bool fast_ok = options_.fast_memory_limit <= 0 ||
+                       used.fast_bytes + need.fast_bytes <= options_.fast_memory_limit;
+  const bool slow_ok = options_.slow_memory_limit <= 0 ||
+                       used.slow_bytes + need.slow_bytes <= options_.slow_memory_limit;
+  return fast_ok && slow_ok;
+}
+
+void Scheduler::Loop() {
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      if (running_.empty() && waiting_.empty() && !stop_now_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
+      }
+      if (stop_now_) {
+        for (Waiting& w : waiting_) w.handle->End(EndReason::kShutdown, Status::Ok());
+        waiting_.clear();
+        lock.unlock();
+        for (auto& r : running_) Finish(*r, EndReason::kShutdown, Status::Ok());
+        running_.clear();
+        held_.Clear();
+        PublishGauges();
+        return;
+      }
+      Admit();
+    }
+    EndExpired(Clock::now());
+    if (!running_.empty()) Step();
+    PublishGauges();
+  }
+}
+
+void Scheduler::Admit() {
+  const Clock::time_point now = Clock::now();
+  // Requests cancelled or expired while queued leave without running.
+  std::erase_if(waiting_, [&](Waiting& w) {
+    if (w.handle->cancel_.load()) {
+      w.handle->End(EndReason::kCancelled, Status::Ok());
+      return true;
+    }
+    if (now >= w.request.deadline) {
+      w.handle->End(EndReason::kTimeout, Status::Ok());
+      return true;
+    }
+    return false;
+  });
+  while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_batch) {
+    Waiting& w = waiting_.front();
+    const SequenceRequest& req = w.request;
+    const int64_t total = static_cast<int64_t>(req.prompt.size()) + req.max_new_tokens;
+    const kv::MemoryUsage need = req.policy->EstimateMemory(total);
+    std::optional<HeldState> held;
+    if (req.reuse) held = held_.Take(req.policy_key, req.prompt);
+    kv::MemoryUsage used = reserved_;
+    used += held_.memory();
+    // Held states give way to running work, oldest first.
+    while (!Fits(need, used) && held_.EvictOldest()) {
+      used = reserved_;
+      used += held_.memory();
+    }
+    if (!Fits(need, used) && !running_.empty()) {
+      if (held) held_.Put(std::move(*held));
+      break;  // wait for a running sequence to finish
+    }
+    Sampler sampler(req.sampling);
+    auto running = std::make_unique<Running>(Running{std::move(w.request),
+                                                     w.handle,
+                                                     nullptr,
+                                                     sampler,
+                                                     0,
+                                                     false,
+                                                     need,
+                                                     {},
+                                                     w.arrival,
+                                                     w.arrival});
+    if (held) {
+      running->kv = std::move(held->kv);
+      running->prompt_done = static_cast<int64_t>(held->tokens.size());
+      running->reused = true;
+      running->handle->SetReused(running->prompt_done);
+    } else {
+      auto kv = running->request.policy->NewSequence();
+      if (!kv.ok()) {
+        running->handle->End(EndReason::kError, kv.status());
+        waiting_.pop_front();
+        continue;
+      }
+      running->kv = std::move(kv).value();
+    }
+    if (metrics_) {
+      metrics_->AddPromptTokens(static_cast<int64_t>(running->request.prompt.size()),
+                                running->prompt_done);
+    }
+    reserved_ += need;
+    running_.push_back(std::move(running));
+    waiting_.pop_front();
+  }
+  // Shutdown reads these to know when the work is done; admission just changed them.
+  gauges_.queue_depth = static_cast<int64_t>(waiting_.size());
+  gauges_.running_sequences = static_cast<int64_t>(running_.size());
+}
+
+void Scheduler::EndExpired(Clock::time_point now) {
+  for (auto& r : running_) {
+    if (r->handle->cancel_.load()) {
+      Finish(*r, EndReason::kCancelled, Status::Ok());
+    } else if (now >= r->request.deadline) {
+      Finish(*r, EndReason::kTimeout, Status::Ok());
+    }
+  }
+  std::erase_if(running_, [](const auto& r) { return r->kv == nullptr; });
+}
+
+bool Scheduler::Step() {
+  const int64_t vocab = model_.config().vocab_size;
+  std::vector<StepInput> inputs;
+  std::vector<Running*> owners;
+  std::vector<int32_t> last_tokens(running_.size());
+  Running* prefill = nullptr;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Running& r = *running_[i];
+    if (r.prefilling()) {
+      if (!prefill) prefill = &r;  // the earliest admitted prompt gets this step's chunk
+      continue;
+    }
+    last_tokens[i] = r.generated.back();
+    StepInput in;
+    in.kv = r.kv.get();
+    in.tokens = std::span<const int32_t>(&last_tokens[i], 1);
+    inputs.push_back(in);
+    owners.push_back(&r);
+  }
+  if (prefill) {
+    const int64_t size = static_cast<int64_t>(prefill->request.prompt.size());
+    const int64_t count = std::min<int64_t>(options_.prefill_chunk, size - prefill->prompt_done);
+    StepInput in;
+    in.kv = prefill->kv.get();
+    in.tokens = std::span<const int32_t>(prefill->request.prompt.data() + prefill->prompt_done,
+                                         static_cast<size_t>(count));
+    const bool last = prefill->prompt_done + count == size;
+    // A reused state finished its prefill in an earlier turn; new tokens just extend it.
+    in.finish_prefill = last && !prefill->reused;
+    in.logits = last ? StepInput::Logits::kLast : StepInput::Logits::kNone;
+    inputs.push_back(in);
+    owners.push_back(prefill);
+  }
+  if (inputs.empty()) return false;
+  logits_.resize(inputs.size() * static_cast<size_t>(vocab));
+  for (size_t i = 0; i < inputs.size(); ++i) inputs[i].logits_out = logits_.data() + i * vocab;
+
+  const Status status = model_.Forward(inputs);
+  if (!status.ok()) {
+    // The step's sequences are in an unknown state: end them with the error, keep none.
+    for (Running* r : owners) {
+      r->request.reuse = false;
+      Finish(*r, EndReason::kError, status);
+    }
+    std::erase_if(running_, [](const auto& r) { return r->kv == nullptr; });
+    return true;
+  }
+  const Clock::time_point now = Clock::now();
+  int64_t generated = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Running& r = *owners[i];
+    if (r.prefilling()) {
+      r.prompt_done += static_cast<int64_t>(inputs[i].tokens.size());
+      if (r.prefilling()) continue;
+      if (metrics_) {
+        metrics_->ObserveTimeToFirstToken(std::chrono::duration<double>(now - r.arrival).count());
+      }
+    } else if (metrics_) {
+      metrics_->ObserveInterTokenLatency(std::chrono::duration<double>(now - r.last_token).count());
+    }
+    const int32_t token = r.sampler.Sample(std::span<const float>(inputs[i].logits_out, vocab));
+    r.generated.push_back(token);
+    r.last_token = now;
+    r.handle->Push(token);
+    ++generated;
+    if (r.request.stop_at_end_of_generation && model_.tokenizer().IsEndOfGeneration(token)) {
+      Finish(r, EndReason::kEndOfGeneration, Status::Ok());
+    } else if (static_cast<int>(r.generated.size()) >= r.request.max_new_tokens) {
+      Finish(r, EndReason::kLength, Status::Ok());
+    }
+  }
+  if (metrics_ && generated > 0) metrics_->AddGeneratedTokens(generated);
+  std::erase_if(running_, [](const auto& r) { return r->kv == nullptr; });
+  return true;
+}
+
+void Scheduler::Finish(Running& r, EndReason reason, Status status) {
+  if (metrics_) metrics_->AddPolicyStats(r.request.policy->name(), r.kv->stats());
+  reserved_.fast_bytes -= r.reserved.fast_bytes;
+  reserved_.slow_bytes -= r.reserved.slow_bytes;
+  // The state holds the prompt and every generated token but the last (never fed). Only states
+  // past their prefill are held: an unfinished prefill was never compressed.
+  const bool past_prefill = !r.prefilling() && !r.generated.empty();
+  if (status.ok() && past_prefill && options_.max_held_states > 0 &&
+      reason != EndReason::kShutdown) {
+    HeldState held;
+    held.policy_key = r.request.policy_key;
+    held.tokens = std::move(r.request.prompt);
+    held.tokens.insert(held.tokens.end(), r.generated.begin(), r.generated.end() - 1);
+    if (static_cast<int64_t>(held.tokens.size()) == r.kv->num_tokens()) {
+      held.kv = std::move(r.kv);
+      held_.Put(std::move(held));
+    }
+  }
+  r.kv.reset();
+  const double seconds = std::chrono::duration<double>(Clock::now() - r.arrival).count();
+  {
+    std::lock_guard lock(mutex_);
+    mean_request_seconds_ = 0.9 * mean_request_seconds_ + 0.1 * seconds;
+  }
+  r.handle->End(reason, std::move(status));
+}
+
+void Scheduler::PublishGauges() {
+  EngineGauges g;
+  g.running_sequences = static_cast<int64_t>(running_.size());
+  for (const auto& r : running_) g.active_memory += r->kv->memory();
+  g.held_states = static_cast<int64_t>(held_.size());
+  g.held_memory = held_.memory();
+  {
+    std::lock_guard lock(mutex_);
+    g.queue_depth = static_cast<int64_t>(waiting_.size());
+    gauges_ = g;
+  }
+  if (metrics_) metrics_->SetEngineGauges(g);
+}
+
+}  // namespace shadowkv::server

@@ -1,0 +1,237 @@
+// Scheduler on a tiny random model: batched output equals Engine::Run alone, reuse continues a
+// held state exactly, queue bound, memory admission, cancel, timeout and shutdown.
+#include "server/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "../../tests/unit/tiny_model.h"
+#include "engine/engine.h"
+
+namespace shadowkv::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    testing::TinyModelSpec spec;
+    spec.context = 2048;
+    model_ = CpuModel::Load(testing::WriteTinyModel(spec, "scheduler"), 1).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  std::unique_ptr<kv::KvPolicy> Policy(const std::string& name) {
+    kv::KvPolicyConfig config;
+    config.policy = name;
+    config.budget_tokens = 64;
+    return kv::MakeKvPolicy(config, model_->kv_geometry()).value();
+  }
+
+  static std::vector<int32_t> RandomPrompt(int length, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> tokens(length);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
+    return tokens;
+  }
+
+  SequenceRequest Request(const kv::KvPolicy& policy, std::vector<int32_t> prompt, int max_new) {
+    SequenceRequest r;
+    r.prompt = std::move(prompt);
+    r.max_new_tokens = max_new;
+    r.policy = &policy;
+    r.policy_key = std::string(policy.name());
+    r.stop_at_end_of_generation = false;  // a random model may end its turn anywhere
+    return r;
+  }
+
+  // Waits for the end and returns every generated token.
+  static std::vector<int32_t> Collect(SequenceHandle& handle) {
+    std::vector<int32_t> tokens;
+    while (!handle.Wait(1000ms, &tokens)) {
+    }
+    return tokens;
+  }
+
+  static CpuModel* model_;
+};
+
+CpuModel* SchedulerTest::model_ = nullptr;
+
+TEST_F(SchedulerTest, ConcurrentRequestsMatchEngineRunAlone) {
+  auto policy = Policy("full");
+  SchedulerOptions options;
+  options.prefill_chunk = 32;
+  options.max_batch = 4;  // fewer slots than requests: later ones join a running batch
+  Scheduler scheduler(*model_, options, nullptr);
+  std::vector<SequenceRequest> requests;
+  const int lengths[] = {5, 40, 100, 1, 33, 64, 70};
+  const int new_tokens[] = {12, 3, 20, 7, 15, 1, 9};
+  for (int i = 0; i < 7; ++i) {
+    requests.push_back(Request(*policy, RandomPrompt(lengths[i], 100 + i), new_tokens[i]));
+  }
+  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  for (const auto& r : requests) {
+    SubmitResult s = scheduler.Submit(r);
+    ASSERT_EQ(s.code, SubmitResult::Code::kOk) << s.message;
+    handles.push_back(s.handle);
+  }
+  EngineOptions engine_options;
+  engine_options.prefill_chunk = 32;
+  Engine engine(*model_, *policy, engine_options);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::vector<int32_t> got = Collect(*handles[i]);
+    EXPECT_EQ(handles[i]->end_reason(), EndReason::kLength);
+    GenerationRequest alone;
+    alone.prompt = requests[i].prompt;
+    alone.max_new_tokens = requests[i].max_new_tokens;
+    alone.stop_at_end_of_generation = false;
+    const auto expected = engine.Run(std::span<const GenerationRequest>(&alone, 1));
+    ASSERT_TRUE(expected[0].status.ok());
+    EXPECT_EQ(got, expected[0].tokens) << "request " << i;
+  }
+}
+
+// The reference for a continued conversation: one KV state fed turn 1, its decode, then turn 2.
+std::vector<int32_t> ContinueByHand(CpuModel& model, const kv::KvPolicy& policy,
+                                    const std::vector<int32_t>& prompt,
+                                    const std::vector<int32_t>& turn1, size_t fed_turn1,
+                                    const std::vector<int32_t>& turn2_new, int chunk, int max_new) {
+  auto kv = policy.NewSequence().value();
+  std::vector<float> logits(model.config().vocab_size);
+  auto run = [&](std::span<const int32_t> tokens, bool finish) {
+    for (size_t done = 0; done < tokens.size();) {
+      const size_t count = std::min<size_t>(chunk, tokens.size() - done);
+      StepInput in;
+      in.kv = kv.get();
+      in.tokens = tokens.subspan(done, count);
+      done += count;
+      in.finish_prefill = finish && done == tokens.size();
+      in.logits_out = logits.data();
+      EXPECT_TRUE(model.Forward(std::span<const StepInput>(&in, 1)).ok());
+    }
+  };
+  run(prompt, true);
+  for (size_t i = 0; i < fed_turn1; ++i) run(std::span<const int32_t>(&turn1[i], 1), false);
+  run(turn2_new, false);
+  std::vector<int32_t> out;
+  for (int i = 0; i < max_new; ++i) {
+    out.push_back(Argmax(logits));
+    if (i + 1 < max_new) run(std::span<const int32_t>(&out.back(), 1), false);
+  }
+  return out;
+}
+
+TEST_F(SchedulerTest, SecondTurnReusesTheHeldStateForEveryPolicy) {
+  for (const char* name : {"full", "shadowkv", "snapkv", "quest", "streaming"}) {
+    SCOPED_TRACE(name);
+    auto policy = Policy(name);
+    SchedulerOptions options;
+    options.prefill_chunk = 64;
+    Scheduler scheduler(*model_, options, nullptr);
+    const std::vector<int32_t> prompt = RandomPrompt(300, 7);
+    auto first = scheduler.Submit(Request(*policy, prompt, 6));
+    ASSERT_EQ(first.code, SubmitResult::Code::kOk);
+    const std::vector<int32_t> turn1 = Collect(*first.handle);
+    ASSERT_EQ(turn1.size(), 6u);
+    EXPECT_EQ(first.handle->reused_tokens(), 0);
+
+    // Turn 2: the whole conversation so far (the last generated token was never fed, so it is
+    // part of the new text here) plus a follow-up.
+    std::vector<int32_t> turn2 = prompt;
+    turn2.insert(turn2.end(), turn1.begin(), turn1.end());
+    const std::vector<int32_t> followup = RandomPrompt(90, 8);
+    turn2.insert(turn2.end(), followup.begin(), followup.end());
+    auto second = scheduler.Submit(Request(*policy, turn2, 8));
+    ASSERT_EQ(second.code, SubmitResult::Code::kOk);
+    const std::vector<int32_t> got = Collect(*second.handle);
+    EXPECT_EQ(second.handle->reused_tokens(), static_cast<int64_t>(prompt.size() + 5));
+
+    std::vector<int32_t> new_part(turn2.begin() + static_cast<ptrdiff_t>(prompt.size() + 5),
+                                  turn2.end());
+    EXPECT_EQ(got, ContinueByHand(*model_, *policy, prompt, turn1, 5, new_part, 64, 8));
+
+    // Without reuse the same prompt is prefilled from scratch.
+    SequenceRequest fresh = Request(*policy, turn2, 2);
+    fresh.reuse = false;
+    auto third = scheduler.Submit(fresh);
+    Collect(*third.handle);
+    EXPECT_EQ(third.handle->reused_tokens(), 0);
+  }
+}
+
+TEST_F(SchedulerTest, QueueBoundRefusesAndAcceptedRequestsFinish) {
+  auto policy = Policy("full");
+  SchedulerOptions options;
+  options.max_batch = 1;
+  options.max_queue = 2;
+  Scheduler scheduler(*model_, options, nullptr);
+  auto running = scheduler.Submit(Request(*policy, RandomPrompt(8, 1), 1500));
+  ASSERT_EQ(running.code, SubmitResult::Code::kOk);
+  while (scheduler.gauges().running_sequences == 0) std::this_thread::sleep_for(1ms);
+  auto b = scheduler.Submit(Request(*policy, RandomPrompt(8, 2), 3));
+  auto c = scheduler.Submit(Request(*policy, RandomPrompt(8, 3), 3));
+  auto d = scheduler.Submit(Request(*policy, RandomPrompt(8, 4), 3));
+  EXPECT_EQ(b.code, SubmitResult::Code::kOk);
+  EXPECT_EQ(c.code, SubmitResult::Code::kOk);
+  EXPECT_EQ(d.code, SubmitResult::Code::kQueueFull);
+  EXPECT_GE(scheduler.RetryAfterSeconds(), 1);
+  EXPECT_EQ(Collect(*running.handle).size(), 1500u);
+  EXPECT_EQ(Collect(*b.handle).size(), 3u);
+  EXPECT_EQ(Collect(*c.handle).size(), 3u);
+}
+
+TEST_F(SchedulerTest, MemoryLimitAdmitsOneAtATimeAndRefusesTheImpossible) {
+  auto policy = Policy("full");
+  SchedulerOptions options;
+  options.fast_memory_limit = policy->EstimateMemory(300).fast_bytes;
+  options.max_held_states = 0;
+  Scheduler scheduler(*model_, options, nullptr);
+  auto a = scheduler.Submit(Request(*policy, RandomPrompt(100, 1), 150));
+  auto b = scheduler.Submit(Request(*policy, RandomPrompt(100, 2), 150));
+  ASSERT_EQ(a.code, SubmitResult::Code::kOk);
+  ASSERT_EQ(b.code, SubmitResult::Code::kOk);
+  std::vector<int32_t> b_tokens;
+  while (b_tokens.empty()) b.handle->Wait(1000ms, &b_tokens);
+  // Two sequences of 250 tokens do not fit a budget of 300: b started only after a ended.
+  EXPECT_EQ(a.handle->end_reason(), EndReason::kLength);
+  Collect(*b.handle);
+  auto too_big = scheduler.Submit(Request(*policy, RandomPrompt(100, 3), 250));
+  EXPECT_EQ(too_big.code, SubmitResult::Code::kTooLarge);
+  EXPECT_EQ(scheduler.Submit(Request(*policy, {}, 3)).code, SubmitResult::Code::kInvalid);
+  EXPECT_EQ(scheduler.Submit(Request(*policy, RandomPrompt(2000, 3), 100)).code,
+            SubmitResult::Code::kInvalid);
+}
+
+TEST_F(SchedulerTest, CancelTimeoutAndShutdownEndSequences) {
+  auto policy = Policy("full");
+  Scheduler scheduler(*model_, SchedulerOptions{}, nullptr);
+  auto cancelled = scheduler.Submit(Request(*policy, RandomPrompt(10, 1), 2000));
+  std::vector<int32_t> tokens;
+  while (tokens.empty()) cancelled.handle->Wait(1000ms, &tokens);
+  cancelled.handle->Cancel();
+  Collect(*cancelled.handle);
+  EXPECT_EQ(cancelled.handle->end_reason(), EndReason::kCancelled);
+
+  SequenceRequest slow = Request(*policy, RandomPrompt(10, 2), 2000);
+  slow.deadline = Clock::now() + 30ms;
+  auto timed = scheduler.Submit(slow);
+  Collect(*timed.handle);
+  EXPECT_EQ(timed.handle->end_reason(), EndReason::kTimeout);
+
+  auto pending = scheduler.Submit(Request(*policy, RandomPrompt(10, 3), 2000));
+  scheduler.Shutdown(0ms);
+  Collect(*pending.handle);
+  EXPECT_EQ(pending.handle->end_reason(), EndReason::kShutdown);
+  EXPECT_EQ(scheduler.Submit(Request(*policy, RandomPrompt(10, 4), 3)).code,
+            SubmitResult::Code::kShuttingDown);
+  EXPECT_EQ(scheduler.gauges().running_sequences, 0);
+}
+
+}  // namespace
+}  // namespace shadowkv::server
