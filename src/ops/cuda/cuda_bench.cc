@@ -4,8 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "ops/cuda/cuda_backend.h"
 
@@ -21,6 +26,24 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 int32_t ArgmaxOf(const std::vector<float>& logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+// MemAvailable of /proc/meminfo in bytes (0 where unreadable).
+int64_t HostAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+int64_t NextPowerOfTwo(int64_t value) {
+  int64_t power = 1;
+  while (power < value) power *= 2;
+  return power;
 }
 
 }  // namespace
@@ -117,6 +140,188 @@ Result<BenchResult> RunBenchCase(CudaModel& model, const BenchCase& c) {
   r.floor_step_ms = 1000.0 * r.floor_bytes / kFloorBytesPerSecond;
   r.floor_tokens_per_s = r.batch / (r.floor_step_ms / 1000.0);
   model.FreeKvCache();
+  return r;
+}
+
+Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowKvBenchCase& c) {
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig& config = model.config();
+  if (c.context < 1 || c.decode_steps < 1 || c.prefill_chunk < 1 || c.batch < 0) {
+    return Error(ErrorCode::kInvalidArgument, "bench case: context {}, batch {}, {} steps",
+                 c.context, c.batch, c.decode_steps);
+  }
+  // Room for two runs (all sequences, then the device-value ones alone).
+  const int64_t capacity = c.context + 2 * (c.warmup_steps + c.decode_steps + kProfiledSteps);
+  if (capacity > config.context_length) {
+    return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
+                 c.context, capacity - c.context, config.context_length);
+  }
+  kv::KvPolicyConfig kv_config;
+  kv_config.policy = "shadowkv";
+  kv_config.budget_tokens =
+      c.budget_tokens > 0 ? c.budget_tokens : NextPowerOfTwo(std::max<int64_t>(1, c.context / 64));
+  model.FreeShadowKv();
+  model.FreeKvCache();
+  ShadowKvBenchResult r;
+  r.context = c.context;
+  r.budget_tokens = kv_config.budget_tokens;
+
+  // The prompt, prefilled into a one-slot full cache that also keeps pre-RoPE keys.
+  SKV_RETURN_IF_ERROR(model.AllocateKvCache(1, c.context, true));
+  std::mt19937 rng(static_cast<uint32_t>(c.seed));
+  std::uniform_int_distribution<int32_t> token_dist(0, static_cast<int32_t>(config.vocab_size - 1));
+  std::vector<int32_t> prompt(c.context);
+  for (int32_t& t : prompt) t = token_dist(rng);
+  std::vector<float> logits(config.vocab_size);
+  auto prefill = [&](int64_t count) -> Status {
+    for (int64_t done = 0; done < count; done += c.prefill_chunk) {
+      const int64_t n = std::min<int64_t>(c.prefill_chunk, count - done);
+      CudaStepInput in;
+      in.slot = 0;
+      in.tokens = std::span<const int32_t>(prompt.data() + done, n);
+      in.logits_out = done + n == count ? logits.data() : nullptr;
+      SKV_RETURN_IF_ERROR(model.Forward(std::span<const CudaStepInput>(&in, 1)));
+    }
+    return Status::Ok();
+  };
+  SKV_RETURN_IF_ERROR(prefill(std::min<int64_t>(c.context, c.prefill_chunk)));
+  model.ResetSlot(0);
+  const auto prefill_start = Clock::now();
+  SKV_RETURN_IF_ERROR(prefill(c.context));
+  r.prefill_seconds = std::chrono::duration<double>(Clock::now() - prefill_start).count();
+
+  // How many sequences: values on the device while they fit (the staging cache goes away after
+  // compression), then in pinned host memory while the host has room.
+  SKV_ASSIGN_OR_RETURN(auto per_sequence, model.ShadowKvBytesPerSequence(kv_config, capacity));
+  const auto [meta_bytes, value_bytes] = per_sequence;
+  r.device_bytes_per_sequence = meta_bytes;
+  r.value_bytes_per_sequence = value_bytes;
+  SKV_ASSIGN_OR_RETURN(DeviceInfo device, QueryDevice());
+  const int64_t staging = 3 * model.KvBytesPerToken() / 2 * c.context;
+  const int64_t device_room = device.free_bytes + staging - 2 * kReserveBytes;
+  const int64_t host_room =
+      c.allow_host_values ? std::max<int64_t>(0, HostAvailableBytes() - c.host_reserve_bytes) : 0;
+  int64_t host_count = host_room / value_bytes;
+  int64_t device_count = (device_room - host_count * meta_bytes) / (meta_bytes + value_bytes);
+  if (device_count < 1) {
+    device_count = std::max<int64_t>(0, device_room / (meta_bytes + value_bytes));
+    host_count = std::max<int64_t>(0, (device_room - device_count * (meta_bytes + value_bytes)) /
+                                          meta_bytes);
+    host_count = std::min<int64_t>(host_count, host_room / value_bytes);
+  }
+  int64_t total = std::min<int64_t>(device_count + host_count, model.options().max_batch);
+  if (c.batch > 0) {
+    if (c.batch > total) {
+      return Error(ErrorCode::kResourceExhausted,
+                   "batch {} does not fit: device and host memory admit {} ShadowKV sequences "
+                   "of context {}", c.batch, total, c.context);
+    }
+    total = c.batch;
+  }
+  device_count = std::min(device_count, total);
+  if (total < 1 || device_count < 1) {
+    return Error(ErrorCode::kResourceExhausted, "no ShadowKV sequence of context {} fits",
+                 c.context);
+  }
+  SKV_RETURN_IF_ERROR(model.AllocateShadowKv(kv_config, static_cast<int>(total), capacity));
+  SKV_RETURN_IF_ERROR(model.AllocateShadowKvValues(0, false));
+  SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
+  r.compress_seconds = model.shadowkv_stats().compress_seconds;
+  model.FreeKvCache();
+  int admitted = 1, on_device = 1;
+  for (int seq = 1; seq < total; ++seq) {
+    bool on_host = seq >= device_count;
+    Status allocated = model.AllocateShadowKvValues(seq, on_host);
+    if (!allocated.ok() && !on_host && c.allow_host_values) {
+      on_host = true;  // the device estimate missed: try the host
+      allocated = model.AllocateShadowKvValues(seq, true);
+    }
+    if (!allocated.ok()) {
+      if (allocated.code() != ErrorCode::kResourceExhausted) return allocated;
+      r.note = fmt::format("{} of {} planned sequences admitted: {}", admitted, total,
+                           allocated.message());
+      break;
+    }
+    SKV_RETURN_IF_ERROR(model.CopyShadowKvSequence(0, seq));
+    ++admitted;
+    if (!on_host) ++on_device;
+  }
+  r.max_batch = admitted;
+  {
+    const CudaShadowKvStats stats = model.shadowkv_stats();
+    r.rank = stats.rank;
+    r.skv_device_bytes = stats.device_bytes;
+    r.host_bytes = stats.host_bytes;
+  }
+
+  // Decode: every admitted sequence, and the device-value sequences alone when some are on
+  // the host (host reads at PCIe speed can cost more than the extra sequences bring).
+  std::vector<int> batches = {admitted};
+  if (on_device < admitted && c.batch == 0) batches.push_back(on_device);
+  const int32_t first_token = ArgmaxOf(logits);
+  for (int batch : batches) {
+    ShadowKvBenchRun run;
+    run.batch = batch;
+    run.device_value_sequences = std::min(batch, on_device);
+    run.host_value_sequences = batch - run.device_value_sequences;
+    // A second run starts where sequence 0 stands after the first (a few hundred tokens on).
+    if (!r.runs.empty()) {
+      for (int seq = 1; seq < batch; ++seq) SKV_RETURN_IF_ERROR(model.CopyShadowKvSequence(0, seq));
+    }
+    std::vector<int> seqs(batch);
+    for (int i = 0; i < batch; ++i) seqs[i] = i;
+    std::vector<int32_t> tokens(batch, first_token);
+    for (int step = 0; step < c.warmup_steps; ++step) {
+      SKV_RETURN_IF_ERROR(model.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}));
+    }
+    model.ResetShadowKvCounters();
+    const auto decode_start = Clock::now();
+    for (int step = 0; step < c.decode_steps; ++step) {
+      SKV_RETURN_IF_ERROR(model.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}));
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
+    const CudaShadowKvStats stats = model.shadowkv_stats();
+    run.hit_rate = stats.chunks_selected > 0
+                       ? static_cast<double>(stats.chunk_hits) / stats.chunks_selected
+                       : 0.0;
+    run.step_ms = 1000.0 * seconds / c.decode_steps;
+    run.decode_tokens_per_s = static_cast<double>(batch) * c.decode_steps / seconds;
+    SKV_ASSIGN_OR_RETURN(DeviceInfo now, QueryDevice());
+    r.gpu_bytes_used = std::max(r.gpu_bytes_used, now.total_bytes - now.free_bytes);
+    for (int i = 0; i < kProfiledSteps; ++i) {
+      SKV_ASSIGN_OR_RETURN(run.breakdown, model.ProfileShadowKvDecodeStep(seqs, tokens));
+    }
+
+    // Floors (SPEC §3): bytes each part must move at least, per step.
+    const double layers = config.num_layers, heads = config.num_kv_heads, d = config.head_dim;
+    const double chunk = kv_config.chunk_size, rank = r.rank;
+    const double budget = static_cast<double>(r.budget_tokens) / chunk;
+    const double outliers = std::llround(static_cast<double>(r.budget_tokens) / 1024.0 * 24.0);
+    r.outlier_chunks = static_cast<int>(outliers);
+    const double mean_length = c.context + c.warmup_steps + 0.5 * c.decode_steps;
+    const double chunks = mean_length / chunk;
+    const double misses = (1.0 - run.hit_rate) * budget;
+    const double per_layer_rows = batch * layers * heads;
+    const double device_rate = kFloorBytesPerSecond / 1000.0;  // bytes per ms
+    run.floors.dense_ms = model.decode_weight_bytes() / device_rate;
+    run.floors.scoring_ms = per_layer_rows * chunks * d * 2 / device_rate;
+    run.floors.rebuild_ms = per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
+    const double fetch_bytes_per_row = misses * chunk * d * 2;
+    run.floors.fetch_ms =
+        layers * heads * fetch_bytes_per_row *
+        (run.device_value_sequences * 2 / device_rate +
+         run.host_value_sequences / (kHostReadBytesPerSecond / 1000.0));
+    run.floors.attention_ms =
+        per_layer_rows * ((outliers + budget) * chunk + kv_config.local_window + chunk / 2) * d *
+        4 / device_rate;
+    run.floors.total_ms = run.floors.dense_ms + run.floors.scoring_ms + run.floors.rebuild_ms +
+                          run.floors.fetch_ms + run.floors.attention_ms;
+    r.runs.push_back(run);
+  }
+  for (size_t i = 1; i < r.runs.size(); ++i) {
+    if (r.runs[i].decode_tokens_per_s > r.runs[r.best].decode_tokens_per_s) r.best = static_cast<int>(i);
+  }
+  model.FreeShadowKv();
   return r;
 }
 

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "ops/cuda/cuda_model.h"
@@ -45,6 +47,59 @@ struct BenchResult {
 // How many sequences of `capacity` tokens fit in the device's free memory now, keeping
 // `reserve_bytes` free (cuBLAS, graphs, fragmentation). At most model.options().max_batch.
 Result<int> LargestBatch(const CudaModel& model, int64_t capacity, int64_t reserve_bytes);
+
+// ShadowKV (SPEC §3) on the GPU: one prompt prefilled into a temporary full-cache slot (with
+// pre-RoPE keys), compressed, copied to every admitted sequence, then decoded.
+struct ShadowKvBenchCase {
+  int64_t context = 0;
+  int batch = 0;             // 0 = as many as device and host memory admit
+  int decode_steps = 128;
+  int warmup_steps = 3;
+  int prefill_chunk = 4096;
+  uint64_t seed = 1;
+  int64_t budget_tokens = 0;  // 0: the next power of two of context / 64 (1024 at 60K, 2048 at 122K)
+  int64_t host_reserve_bytes = 16ll << 30;  // host memory left to everything else
+  bool allow_host_values = true;
+};
+
+// Per-step byte floors of SPEC §3's equivalent-bandwidth model with the measured hit rate:
+// device bytes at kFloorBytesPerSecond, host (pinned) reads at kHostReadBytesPerSecond.
+struct ShadowKvFloors {
+  double dense_ms = 0, scoring_ms = 0, rebuild_ms = 0, fetch_ms = 0, attention_ms = 0;
+  double total_ms = 0;
+};
+constexpr double kHostReadBytesPerSecond = 50.7e9;  // SPEC §6: random 2 KiB runs, pinned host
+
+struct ShadowKvBenchRun {
+  int batch = 0;
+  int device_value_sequences = 0;
+  int host_value_sequences = 0;
+  double decode_tokens_per_s = 0;
+  double step_ms = 0;
+  double hit_rate = 0;
+  StepBreakdown breakdown;
+  ShadowKvFloors floors;
+};
+
+struct ShadowKvBenchResult {
+  int64_t context = 0;
+  int64_t budget_tokens = 0;
+  int rank = 0;
+  int outlier_chunks = 0;
+  int max_batch = 0;  // sequences admitted (device + host values)
+  double prefill_seconds = 0;   // full-attention prefill of one prompt (pre-RoPE keys kept)
+  double compress_seconds = 0;  // factorisation + landmarks + outliers + value offload
+  std::vector<ShadowKvBenchRun> runs;  // all admitted; device-value sequences only (if both)
+  int best = 0;                        // index into runs
+  int64_t gpu_bytes_used = 0;
+  int64_t skv_device_bytes = 0;
+  int64_t host_bytes = 0;              // pinned values
+  int64_t device_bytes_per_sequence = 0;
+  int64_t value_bytes_per_sequence = 0;
+  std::string note;  // e.g. why fewer sequences were admitted
+};
+
+Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowKvBenchCase& c);
 
 // Frees the model's KV cache, sizes a new one for the case, prefills, decodes and measures.
 // A batch that does not fit is kResourceExhausted (never a crash).

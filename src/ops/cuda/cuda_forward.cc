@@ -86,10 +86,22 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     rope.head_dim = c.head_dim;
     rope.rotary_dim = c.rope.rotary_dim;
     rope.halves = c.rope.style == RopeConfig::Style::kHalves;
+    if (plan.shadowkv) {
+      rope.cache = skv->layout.attn;
+      rope.cache_rows = skv->attn_rows;
+      rope.keys_pre = skv->layout.keys_pre;
+      rope.keys_pre_capacity = skv->geometry.recent_capacity;
+      rope.keys_pre_rows = skv->pre_rows;
+    } else if (kv_keys_pre.size() > 0) {
+      rope.keys_pre = kv_keys_pre.get();
+      rope.keys_pre_capacity = cache.capacity;
+    }
     SKV_CUDA_RETURN_IF_ERROR(LaunchQkvRope(rope, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
 
-    if (plan.decode_rows > 0) {
+    if (plan.shadowkv) {
+      SKV_RETURN_IF_ERROR(RunShadowKvAttention(plan, layer, profiler));
+    } else if (plan.decode_rows > 0) {
       DecodeAttentionParams d;
       d.queries = q.get();
       d.cache = cache;
@@ -107,7 +119,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       d.scale = scale;
       SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));
     }
-    if (plan.num_prefill > 0) {
+    if (plan.num_prefill > 0 && !plan.shadowkv) {
       PrefillAttentionParams pa;
       pa.queries = q.get();
       pa.cache = cache;

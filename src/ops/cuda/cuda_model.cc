@@ -144,6 +144,10 @@ Result<StepBreakdown> StepProfiler::Collect() {
       case OpKind::kGemm: b.gemm_ms += ms; break;
       case OpKind::kAttention: b.attention_ms += ms; break;
       case OpKind::kOther: b.other_ms += ms; break;
+      case OpKind::kSkvScoring: b.scoring_ms += ms; break;
+      case OpKind::kSkvRebuild: b.rebuild_ms += ms; break;
+      case OpKind::kSkvFetch: b.fetch_ms += ms; break;
+      case OpKind::kSkvGraduate: b.graduate_ms += ms; break;
     }
   }
   return b;
@@ -151,6 +155,7 @@ Result<StepBreakdown> StepProfiler::Collect() {
 
 CudaModel::Impl::~Impl() {
   DropGraphs();
+  skv.reset();
   if (cublas) (void)cublasDestroy(cublas);
   if (stream) (void)cudaStreamDestroy(stream);
   if (host_meta_block) (void)cudaFreeHost(host_meta_block);
@@ -404,7 +409,7 @@ int64_t CudaModel::KvBytesPerToken() const {
   return 2ll * c.num_layers * c.num_kv_heads * c.head_dim * static_cast<int64_t>(sizeof(Bf16));
 }
 
-Status CudaModel::AllocateKvCache(int num_slots, int64_t capacity) {
+Status CudaModel::AllocateKvCache(int num_slots, int64_t capacity, bool keep_pre_rope_keys) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   if (num_slots < 1 || capacity < 1) {
@@ -420,10 +425,12 @@ Status CudaModel::AllocateKvCache(int num_slots, int64_t capacity) {
       static_cast<int64_t>(num_slots) * c.num_layers * c.num_kv_heads * capacity * c.head_dim;
   Status status = m.kv_keys.Allocate(count);
   if (status.ok()) status = m.kv_values.Allocate(count);
+  if (status.ok() && keep_pre_rope_keys) status = m.kv_keys_pre.Allocate(count);
   if (!status.ok()) {
     FreeKvCache();
     return Error(status.code(), "KV cache of {} slots x {} tokens ({:.2f} GiB): {}", num_slots,
-                 capacity, 2.0 * count * sizeof(Bf16) / (1 << 30), status.message());
+                 capacity, (keep_pre_rope_keys ? 3.0 : 2.0) * count * sizeof(Bf16) / (1 << 30),
+                 status.message());
   }
   m.cache.keys = m.kv_keys.get();
   m.cache.values = m.kv_values.get();
@@ -441,6 +448,7 @@ void CudaModel::FreeKvCache() {
   m.DropGraphs();  // they hold the old cache's addresses
   m.kv_keys.Reset();
   m.kv_values.Reset();
+  m.kv_keys_pre.Reset();
   m.cache = KvCacheView{};
   m.lengths.clear();
 }

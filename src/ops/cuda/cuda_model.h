@@ -7,8 +7,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
+#include "kv/kv_config.h"
 #include "model/config.h"
 
 namespace shadowkv::cuda {
@@ -39,6 +42,26 @@ struct StepBreakdown {
   double gemm_ms = 0;
   double attention_ms = 0;
   double other_ms = 0;
+  // ShadowKV steps only: landmark scoring and top-k, key rebuild, value fetch, graduation of
+  // generated chunks (attention_ms is then the sparse attention alone).
+  double scoring_ms = 0;
+  double rebuild_ms = 0;
+  double fetch_ms = 0;
+  double graduate_ms = 0;
+};
+
+// The ShadowKV sequences' state and counters.
+struct CudaShadowKvStats {
+  int num_sequences = 0;          // allocated
+  int rank = 0;
+  int max_budget_chunks = 0;
+  int64_t device_bytes = 0;       // device memory of the sequences (values included where held)
+  int64_t host_bytes = 0;         // pinned host memory of the values kept there
+  int device_value_sequences = 0;
+  int host_value_sequences = 0;
+  int64_t chunks_selected = 0;    // summed over steps, layers, KV heads
+  int64_t chunk_hits = 0;         // of which already in the gather buffer
+  double compress_seconds = 0;    // the last CompressToShadowKv
 };
 
 class CudaModel {
@@ -65,7 +88,8 @@ class CudaModel {
   // The KV cache: `num_slots` sequences of up to `capacity` tokens. Replaces any previous cache
   // (every slot starts empty). Short of memory: kResourceExhausted, and no cache is held.
   int64_t KvBytesPerToken() const;  // keys and values of one token, all layers
-  Status AllocateKvCache(int num_slots, int64_t capacity);
+  // keep_pre_rope_keys: also keep every token's keys before RoPE (ShadowKV compresses those).
+  Status AllocateKvCache(int num_slots, int64_t capacity, bool keep_pre_rope_keys = false);
   void FreeKvCache();
   int num_slots() const;
   int64_t slot_capacity() const;
@@ -87,6 +111,34 @@ class CudaModel {
 
   // DecodeStep without the graph, timing its parts (greedy). Advances the sequences the same way.
   Result<StepBreakdown> ProfileDecodeStep(std::span<const int> slots, std::span<int32_t> tokens);
+
+  // ShadowKV (SPEC §3) sequences, separate from the full cache's slots: a prompt is prefilled
+  // into a full-cache slot (with pre-RoPE keys), compressed into a ShadowKV sequence, then
+  // decoded with sparse attention over outliers + selected chunks + the exact recent window.
+  // Allocates `num_sequences` sequences of up to `capacity` tokens (no values yet). Budget,
+  // rank, chunk size, outliers and window come from `config` as on the CPU.
+  Status AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences, int64_t capacity);
+  void FreeShadowKv();
+  // Device bytes of one sequence without its values, and of its values (after AllocateShadowKv,
+  // or for a planned allocation).
+  Result<std::pair<int64_t, int64_t>> ShadowKvBytesPerSequence(const kv::KvPolicyConfig& config,
+                                                               int64_t capacity) const;
+  // Gives sequence `seq` its value store: device memory, or mapped pinned host memory that the
+  // fetch kernel reads directly. kResourceExhausted when it does not fit.
+  Status AllocateShadowKvValues(int seq, bool on_host);
+  // Compresses the prompt held by full-cache slot `full_slot` into ShadowKV sequence `seq`.
+  Status CompressToShadowKv(int full_slot, int seq);
+  Status CopyShadowKvSequence(int from, int to);
+  int64_t shadowkv_length(int seq) const;
+  // As DecodeStep, over ShadowKV sequences.
+  Status ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
+                            const CudaSampling& sampling, float* logits_out = nullptr);
+  Result<StepBreakdown> ProfileShadowKvDecodeStep(std::span<const int> seqs,
+                                                  std::span<int32_t> tokens);
+  CudaShadowKvStats shadowkv_stats() const;
+  void ResetShadowKvCounters();
+  // The chunks held by the gather slots of (seq, layer, KV head) (-1: empty), for tests.
+  Result<std::vector<int32_t>> ShadowKvGatheredChunks(int seq, int layer, int kv_head) const;
 
   struct Impl;
 

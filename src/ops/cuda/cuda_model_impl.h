@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "ops/cuda/cuda_model.h"
@@ -14,6 +16,8 @@
 #include "ops/cuda/kv_cache_view.cuh"
 #include "ops/cuda/prefill_attention.cuh"
 #include "ops/cuda/sampling.cuh"
+#include "ops/cuda/shadowkv_kernels.cuh"
+#include "ops/cuda/shadowkv_plan.h"
 
 namespace shadowkv::cuda {
 
@@ -49,9 +53,47 @@ struct StepPlan {
   int max_prefill_queries = 0;
   int logit_rows = 0;
   bool sample = false;
+  bool shadowkv = false;  // decode rows over ShadowKV sequences (slots are sequence indices)
 };
 
-enum class OpKind { kGemm, kAttention, kOther };
+enum class OpKind { kGemm, kAttention, kOther, kSkvScoring, kSkvRebuild, kSkvFetch, kSkvGraduate };
+
+// ShadowKV sequences on the device (see shadowkv_kernels.cuh for the layout).
+struct ShadowKvState {
+  kv::KvPolicyConfig config;
+  SkvGeometry geometry;
+  SkvLayout layout;  // device pointers into the buffers below
+  int num_sequences = 0;
+  DeviceBuffer<Bf16> attn_keys, attn_values, keys_pre, coefficients, basis, landmarks;
+  DeviceBuffer<uint8_t> outlier;
+  DeviceBuffer<int32_t> slot_chunk;
+  DeviceBuffer<SkvSequenceInfo> info;
+  DeviceBuffer<Bf16*> value_table;
+  DeviceBuffer<unsigned long long> counters;
+  std::vector<DeviceBuffer<Bf16>> device_values;  // [seq], empty where on the host
+  std::vector<Bf16*> host_values;                 // [seq] pinned, or null
+  std::vector<Bf16*> value_pointers;              // [seq] what value_table holds
+  std::vector<SkvSequenceInfo> host_info;         // [seq]
+  std::vector<int64_t> lengths;                   // [seq] tokens held, 0 = not compressed
+  std::vector<int64_t> exact_first0;              // [seq] first exact position after compression
+  double compress_seconds = 0;
+  // Step scratch and per-row plans (pinned mirror uploaded before each step).
+  DeviceBuffer<float> logits;       // [max_batch, query heads, capacity_chunks]
+  DeviceBuffer<int32_t> miss_chunk;  // [max_batch, kv heads, max_budget]
+  DeviceBuffer<uint8_t> meta_block;
+  uint8_t* host_meta_block = nullptr;
+  int64_t meta_bytes = 0;
+  SkvRowMeta* row_meta = nullptr;  // device [max_batch]
+  int32_t* attn_rows = nullptr;    // device [max_batch]
+  int32_t* pre_rows = nullptr;     // device [max_batch]
+  int32_t* attn_last = nullptr;    // device [max_batch]
+  cudaStream_t side_stream = nullptr;  // value fetch, beside the key rebuild
+  cudaEvent_t fork = nullptr, join = nullptr;
+  std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
+
+  ~ShadowKvState();
+  void DropGraphs();
+};
 
 // Events between ops of an un-graphed step.
 class StepProfiler {
@@ -101,6 +143,7 @@ struct CudaModel::Impl {
 
   // KV cache.
   DeviceBuffer<Bf16> kv_keys, kv_values;
+  DeviceBuffer<Bf16> kv_keys_pre;  // [slots, layers, capacity, kv_width] or empty
   KvCacheView cache;
   std::vector<int64_t> lengths;  // [num_slots]
 
@@ -109,6 +152,7 @@ struct CudaModel::Impl {
   DeviceBuffer<uint8_t> cublas_workspace;
   std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
   uint64_t sample_step = 0;               // random stream of the next sampled step
+  std::unique_ptr<ShadowKvState> skv;      // ShadowKV sequences, when allocated
 
   Status Init();  // stream, cuBLAS, step buffers (after config/options are set)
   Status AllocateWeights();
@@ -120,6 +164,11 @@ struct CudaModel::Impl {
   Status RunStep(const StepPlan& plan, StepProfiler* profiler);
   Status Upload();  // host_meta_block -> meta_block
   Status CheckSlots(std::span<const int> slots) const;
+  // The ShadowKV part of one decode layer, after the QKV/RoPE kernel.
+  Status RunShadowKvAttention(const StepPlan& plan, int layer, StepProfiler* profiler);
+  Status ShadowKvDecodeStepImpl(std::span<const int> seqs, std::span<int32_t> tokens,
+                                const CudaSampling& sampling, float* logits_out,
+                                StepProfiler* profiler);
   Status DecodeStepImpl(std::span<const int> slots, std::span<int32_t> tokens,
                         const CudaSampling& sampling, float* logits_out, StepProfiler* profiler);
 };

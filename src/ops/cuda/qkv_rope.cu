@@ -16,6 +16,7 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
   const float* in = p.qkv + static_cast<int64_t>(row) * width;
   const int position = p.positions[row];
   const int slot = p.slots[row];
+  const int cache_row = p.cache_rows ? p.cache_rows[row] : position;
 
   for (int index = threadIdx.x; index < num_heads * half_dim; index += kThreads) {
     const int head = index / half_dim;
@@ -40,6 +41,17 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
       x0 += p.bias[column + a];
       x1 += p.bias[column + b];
     }
+    if (p.keys_pre && head >= p.num_query_heads && head < p.num_query_heads + p.num_kv_heads) {
+      const int pre_row = p.keys_pre_rows ? p.keys_pre_rows[row] : position;
+      const int kv_width = p.num_kv_heads * d;
+      __nv_bfloat16* pre =
+          p.keys_pre +
+          ((static_cast<int64_t>(slot) * p.cache.num_layers + p.layer) * p.keys_pre_capacity +
+           pre_row) * kv_width +
+          (head - p.num_query_heads) * d;
+      pre[a] = __float2bfloat16(x0);
+      pre[b] = __float2bfloat16(x1);
+    }
     if (rotates) {
       // The angle is formed in fp32 exactly as the CPU Rope does; sincosf is the accurate one
       // (the build never uses fast math), so large positions keep their precision.
@@ -60,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
       const int kv_head = head - p.num_query_heads - (is_key ? 0 : p.num_kv_heads);
       __nv_bfloat16* dest = (is_key ? p.cache.keys : p.cache.values) +
                             p.cache.HeadOffset(slot, p.layer, kv_head) +
-                            static_cast<int64_t>(position) * d;
+                            static_cast<int64_t>(cache_row) * d;
       dest[a] = __float2bfloat16(x0);
       dest[b] = __float2bfloat16(x1);
     }

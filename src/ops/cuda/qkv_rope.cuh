@@ -27,6 +27,13 @@ struct QkvRopeParams {
   int head_dim = 0;    // even
   int rotary_dim = 0;  // even, at most head_dim; later dims pass through
   bool halves = false;  // rotate (x[i], x[i + rotary_dim/2]) instead of (x[2i], x[2i+1])
+  // Optional, for ShadowKV: the cache row of each token (null: its position), and a copy of the
+  // keys before RoPE (after the bias), token-major [slots, layers, keys_pre_capacity,
+  // num_kv_heads * head_dim] at row keys_pre_rows[i] (null: the position).
+  const int32_t* cache_rows = nullptr;
+  __nv_bfloat16* keys_pre = nullptr;
+  int64_t keys_pre_capacity = 0;
+  const int32_t* keys_pre_rows = nullptr;
 };
 
 cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream);

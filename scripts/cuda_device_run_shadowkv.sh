@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs a ShadowKV CUDA bundle (scripts/cuda_bundle.sh build-cuda-skv .devrun/skv/shadowkv_cuda.tar.xz)
+# on a GPU machine: the GPU tests, the ShadowKV kernels under compute-sanitizer, and the
+# full-vs-ShadowKV bench (synthetic Llama-3-8B at 60K and 122K). Logs and JSON go to $OUT
+# (default /tmp/shadowkv_out); a short summary is printed last.
+# Usage: scripts/cuda_device_run_shadowkv.sh [tests] [sanitize] [bench] [smoke]   (default: tests bench)
+#   smoke: the bench at 16K with 16 steps (a quick check before the long run)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/shadowkv_out}
+mkdir -p "$out"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench)
+stage=/tmp/shadowkv_skv
+rm -rf "$stage" && mkdir -p "$stage" && tar -xJf .devrun/skv/shadowkv_cuda.tar.xz -C "$stage" || exit 1
+
+lib_path="$stage/lib"
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+  found=$(ldconfig -p | awk -v name="$lib" '$1 == name {print $NF; exit}')
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -z "$found" ] && [ -e "$dir/$lib" ] && found="$dir/$lib"
+  done
+  [ -z "$found" ] && found=$(find /usr /opt -name "$lib" 2>/dev/null | head -1)
+  [ -n "$found" ] && lib_path="$lib_path:$(dirname "$found")"
+done
+export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! "$stage/bin/shadowkv" --help > /dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$stage/lib/compat"
+fi
+{
+  echo "bundle commit: $(cat "$stage/COMMIT" 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
+  grep -E "MemTotal|MemAvailable" /proc/meminfo
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+declare -A status
+for step in "${steps[@]}"; do
+  start=$(date +%s)
+  case "$step" in
+    tests)
+      timeout 240 "$stage/bin/shadowkv_gpu_tests" --gtest_output="json:$out/gpu_tests.json" \
+        > "$out/gpu_tests.log" 2>&1
+      ;;
+    sanitize)
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaShadowKv*' > "$out/sanitizer.log" 2>&1
+      ;;
+    smoke)
+      timeout 200 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+        --kv full,shadowkv --context 16384 --batch auto --gen 16 --prefill-chunk 4096 \
+        --json "$out/bench_smoke.json" > "$out/bench_smoke.log" 2>&1
+      ;;
+    bench)
+      timeout 480 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+        --kv full,shadowkv --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
+        --json "$out/bench_shadowkv.json" > "$out/bench_shadowkv.log" 2>&1
+      ;;
+    *) echo "unknown step $step"; continue ;;
+  esac
+  status[$step]="exit $? in $(( $(date +%s) - start )) s"
+done
+
+echo "==== summary"
+for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
+[ -f "$out/gpu_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|tests from .* ran|^\[  FAILED" "$out/gpu_tests.log" | head -40
+[ -f "$out/gpu_tests.log" ] && grep -B2 -A8 "Failure" "$out/gpu_tests.log" | head -60
+[ -f "$out/sanitizer.log" ] && grep -E "ERROR SUMMARY|Invalid|error" "$out/sanitizer.log" | head -20
+[ -f "$out/bench_smoke.log" ] && cat "$out/bench_smoke.log"
+[ -f "$out/bench_shadowkv.log" ] && cat "$out/bench_shadowkv.log"
+exit 0

@@ -1,0 +1,106 @@
+// ShadowKV decode and compression kernels (SPEC §3): landmark scoring, top-k with gather-slot
+// reuse, value fetch, low-rank key rebuild with RoPE, graduation of generated chunks, and the
+// per-chunk landmarks / outliers of a freshly prefilled sequence.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kv_cache_view.cuh"
+#include "ops/cuda/shadowkv_meta.h"
+
+namespace shadowkv::cuda {
+
+constexpr int kSkvMaxBudgetChunks = 1024;  // K per KV head at most (one select block's threads)
+
+// Where every ShadowKV sequence keeps its state ([seqs, layers, ...] buffers, one per kind).
+struct SkvLayout {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int group = 0;          // query heads per KV head
+  int chunk_size = 0;     // C
+  int rank = 0;           // r (multiple of 8)
+  int capacity_chunks = 0;  // chunks one sequence can hold
+  int max_budget = 0;       // K slots reserved per (sequence, layer, KV head)
+  int recent_capacity = 0;  // W + C rows of exact keys
+  // Attention buffer, K and V: [seqs, layers, kv_heads, attn capacity, head_dim]: rows
+  // [0, O·C) outlier chunks, [O·C, (O+K)·C) gather slots, then the exact recent tokens.
+  KvCacheView attn;
+  __nv_bfloat16* keys_pre = nullptr;      // [seqs, layers, recent_capacity, kv_width]
+  __nv_bfloat16* coefficients = nullptr;  // A: [seqs, layers, capacity_chunks * C, rank]
+  __nv_bfloat16* basis = nullptr;         // B: [seqs, layers, rank, kv_width]
+  __nv_bfloat16* landmarks = nullptr;     // [seqs, layers, kv_heads, capacity_chunks, head_dim]
+  uint8_t* outlier = nullptr;             // [seqs, layers, kv_heads, capacity_chunks] 1 = outlier
+  int32_t* slot_chunk = nullptr;          // [seqs, layers, kv_heads, max_budget] -1 = empty
+  // values[seq] → [layers, kv_heads, capacity_chunks * C, head_dim]: device or mapped pinned
+  // host memory; one chunk of one head is one contiguous run.
+  __nv_bfloat16* const* values = nullptr;
+  const SkvSequenceInfo* info = nullptr;      // [seqs]
+  unsigned long long* counters = nullptr;     // [2]: chunks selected, of which hits
+
+  SKV_HOST_DEVICE int kv_width() const { return num_kv_heads * head_dim; }
+};
+
+struct SkvDecodeParams {
+  SkvLayout layout;
+  const SkvRowMeta* meta = nullptr;  // [rows]
+  int rows = 0;
+  int layer = 0;
+  const __nv_bfloat16* queries = nullptr;  // [rows, kv_heads * group * head_dim] post-RoPE
+  float* logits = nullptr;                 // [rows, kv_heads * group, capacity_chunks] scratch
+  int32_t* miss_chunk = nullptr;           // [rows, kv_heads, max_budget] chunk to fill, or -1
+  const float* inv_freq = nullptr;         // [rotary_dim / 2]
+  int rotary_dim = 0;
+  bool halves = false;
+  float scale = 0.0f;  // 1/sqrt(head_dim)
+};
+
+// Graduation (rows whose graduate_chunk >= 0): A rows = K_pre·Bᵀ, landmark, values to the store,
+// then the exact window moves down by one chunk.
+cudaError_t LaunchSkvGraduate(const SkvDecodeParams& params, cudaStream_t stream);
+// logits[row, q head, chunk] = scale·q·L (−inf for outliers); chunks [0, num_chunks).
+cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);
+// Softmax per query head, max over the group, top-K (ties: lower chunk first), hits against the
+// gather slots, misses written to miss_chunk and slot_chunk; counters updated.
+cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
+// Values of the missed chunks: store → attention buffer gather rows.
+cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& params, cudaStream_t stream);
+// Keys of the missed chunks: A rows · B_h on tensor cores, RoPE at the chunk's positions.
+cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& params, cudaStream_t stream);
+
+// Compression of one freshly prefilled sequence, one layer: landmarks (mean post-RoPE key of
+// each chunk) and each chunk's smallest cosine between its landmark and its keys.
+struct SkvLandmarkParams {
+  SkvLayout layout;
+  int seq = 0;
+  int layer = 0;
+  KvCacheView cache;  // the full cache holding the prompt's post-RoPE keys and values
+  int cache_slot = 0;
+  int num_chunks = 0;
+  float* min_cosine = nullptr;  // [kv_heads, num_chunks]
+};
+cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& params, cudaStream_t stream);
+
+// Marks the chosen outlier chunks and copies their exact K/V into the attention buffer.
+struct SkvOutlierParams {
+  SkvLayout layout;
+  int seq = 0;
+  int layer = 0;
+  KvCacheView cache;
+  int cache_slot = 0;
+  const int32_t* outliers = nullptr;  // [kv_heads, num_outliers] chunk indices, increasing
+  int num_outliers = 0;
+};
+cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t stream);
+
+// Dynamic shared memory of the select kernel.
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);
+
+// Checks the layout against the kernels' limits and raises their shared-memory limits (call
+// before the first launch, outside any graph capture). cudaErrorInvalidValue: not supported.
+cudaError_t SkvConfigureKernels(const SkvLayout& layout);
+
+}  // namespace shadowkv::cuda

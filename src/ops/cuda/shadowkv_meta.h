@@ -1,0 +1,29 @@
+// ShadowKV-on-GPU records shared by the host planner and the kernels (plain structs, no
+// dependencies, so both the C++20 host code and the C++17 kernels include them).
+#pragma once
+
+#include <cstdint>
+
+namespace shadowkv::cuda {
+
+// Per-sequence constants, fixed when the sequence is compressed (mirrored on the device).
+struct SkvSequenceInfo {
+  int32_t outlier_chunks = 0;  // O of this sequence
+  int32_t budget_chunks = 0;   // K: gather slots per KV head
+  int32_t gather_base = 0;     // O * C: first gather row of the attention buffer
+  int32_t recent_base = 0;     // (O + K) * C: first exact (recent) row
+};
+
+// One decode row's plan for this step (mirrored on the device).
+struct SkvRowMeta {
+  int32_t seq = 0;
+  int32_t recent_rows = 0;      // exact rows once the new token is appended (before graduation)
+  int32_t graduate_chunk = -1;  // the chunk that leaves the exact window at this step, or -1
+  int32_t num_chunks = 0;       // chunks formed after graduation (landmark index range)
+  int32_t attn_last = 0;        // attention covers buffer rows [0, attn_last]
+  int32_t attn_row = 0;         // attention-buffer row of the new token
+  int32_t pre_row = 0;          // row of the new token's pre-RoPE key among the exact rows
+  int32_t pad = 0;
+};
+
+}  // namespace shadowkv::cuda

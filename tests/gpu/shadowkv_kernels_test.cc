@@ -1,0 +1,131 @@
+// ShadowKV kernels against the CPU policy's own functions on identical bf16 inputs: landmark
+// scoring + top-k (ScoreLandmarks, SelectTopK) and the gather-slot reuse (GatherSlots) over two
+// steps, for two sequences with different chunk counts and outliers in one launch.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "gpu_test_util.h"
+#include "kv/chunk_selection.h"
+#include "ops/cuda/shadowkv_kernels.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+using namespace testing;
+
+TEST(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
+  SKV_SKIP_WITHOUT_GPU();
+  constexpr int kHeads = 2, kGroup = 4, kDim = 128, kCapacity = 2000, kBudget = 64, kSeqs = 2;
+  const int num_chunks[kSeqs] = {1900, 1234};
+  std::mt19937 rng(5);
+  const std::vector<float> landmarks = RandomBf16Values(int64_t{kSeqs} * kHeads * kCapacity * kDim, rng);
+  std::vector<uint8_t> outlier(kSeqs * kHeads * kCapacity, 0);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int h = 0; h < kHeads; ++h) {
+      for (int i = 0; i < 12; ++i) outlier[(s * kHeads + h) * kCapacity + (i * 97 + h * 13) % num_chunks[s]] = 1;
+    }
+  }
+  auto d_landmarks = ToDevice(ToBf16(landmarks));
+  auto d_outlier = ToDevice(outlier);
+  auto d_slots = ToDevice(std::vector<int32_t>(kSeqs * kHeads * kBudget, -1));
+  std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{12, kBudget, 0, 0});
+  auto d_info = ToDevice(info);
+  auto d_counters = ToDevice(std::vector<unsigned long long>(2, 0));
+  auto d_logits = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCapacity);
+  auto d_miss = Poisoned<int32_t>(kSeqs * kHeads * kBudget);
+  std::vector<SkvRowMeta> meta(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    meta[s].seq = kSeqs - 1 - s;  // rows in the other order than sequences
+    meta[s].num_chunks = num_chunks[kSeqs - 1 - s];
+  }
+  auto d_meta = ToDevice(meta);
+
+  SkvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = kHeads;
+  l.head_dim = kDim;
+  l.group = kGroup;
+  l.chunk_size = 8;
+  l.rank = 16;
+  l.capacity_chunks = kCapacity;
+  l.max_budget = kBudget;
+  l.recent_capacity = 40;
+  l.landmarks = reinterpret_cast<__nv_bfloat16*>(d_landmarks.get());
+  l.outlier = d_outlier.get();
+  l.slot_chunk = d_slots.get();
+  l.info = d_info.get();
+  l.counters = d_counters.get();
+  SKV_ASSERT_CUDA(SkvConfigureKernels(l));
+
+  // The CPU side of each (sequence, head): landmark list without outliers, its slots.
+  std::vector<kv::GatherSlots> cpu_slots(kSeqs * kHeads);
+  std::vector<float> queries = RandomBf16Values(int64_t{kSeqs} * kHeads * kGroup * kDim, rng);
+  int64_t expected_hits = 0;
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) {  // a nearby query: most chunks stay selected
+      std::normal_distribution<float> noise(0.0f, 0.3f);
+      for (float& q : queries) q = Bf16ToFp32(Fp32ToBf16(q + noise(rng)));
+    }
+    auto d_queries = ToDevice(ToBf16(queries));
+    SkvDecodeParams p;
+    p.layout = l;
+    p.meta = d_meta.get();
+    p.rows = kSeqs;
+    p.queries = reinterpret_cast<const __nv_bfloat16*>(d_queries.get());
+    p.logits = d_logits.get();
+    p.miss_chunk = d_miss.get();
+    p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
+    SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
+    SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<int32_t> slots(kSeqs * kHeads * kBudget), miss(kSeqs * kHeads * kBudget);
+    SKV_ASSERT_CUDA(cudaMemcpy(slots.data(), d_slots.get(), slots.size() * 4, cudaMemcpyDeviceToHost));
+    SKV_ASSERT_CUDA(cudaMemcpy(miss.data(), d_miss.get(), miss.size() * 4, cudaMemcpyDeviceToHost));
+
+    for (int row = 0; row < kSeqs; ++row) {
+      const int s = meta[row].seq, n = num_chunks[s];
+      for (int h = 0; h < kHeads; ++h) {
+        std::vector<int32_t> chunk_of;
+        std::vector<float> list;
+        for (int c = 0; c < n; ++c) {
+          if (outlier[(s * kHeads + h) * kCapacity + c]) continue;
+          chunk_of.push_back(c);
+          const float* lm = landmarks.data() + ((int64_t{s} * kHeads + h) * kCapacity + c) * kDim;
+          list.insert(list.end(), lm, lm + kDim);
+        }
+        const int64_t count = static_cast<int64_t>(chunk_of.size());
+        std::vector<float> scores(count);
+        kv::ScoreScratch scratch;
+        kv::ScoreLandmarks(queries.data() + (int64_t{row} * kHeads + h) * kGroup * kDim, 1,
+                           kHeads * kGroup * kDim, kGroup, list.data(), count, kDim, &scratch,
+                           scores.data());
+        std::vector<float> top_values;
+        std::vector<int32_t> selected;
+        kv::SelectTopK(scores, kBudget, &top_values, &selected);
+        kv::GatherSlots& gather = cpu_slots[s * kHeads + h];
+        if (step == 0) gather.Resize(kBudget, count);
+        std::vector<kv::GatherSlots::Fill> fills;
+        expected_hits += gather.Assign(selected, &fills);
+        const int32_t* got = slots.data() + (s * kHeads + h) * kBudget;
+        const int32_t* got_miss = miss.data() + (row * kHeads + h) * kBudget;
+        std::vector<int32_t> want_miss(kBudget, -1);
+        for (const auto& fill : fills) want_miss[fill.slot] = chunk_of[fill.item];
+        for (int slot = 0; slot < kBudget; ++slot) {
+          const int32_t item = gather.item_in_slot(slot);
+          EXPECT_EQ(got[slot], item < 0 ? -1 : chunk_of[item])
+              << "step " << step << " seq " << s << " head " << h << " slot " << slot;
+          EXPECT_EQ(got_miss[slot], want_miss[slot]) << "step " << step << " slot " << slot;
+        }
+      }
+    }
+  }
+  std::vector<unsigned long long> counters(2);
+  SKV_ASSERT_CUDA(cudaMemcpy(counters.data(), d_counters.get(), 16, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(counters[0], 2ull * kSeqs * kHeads * kBudget);
+  EXPECT_EQ(static_cast<int64_t>(counters[1]), expected_hits);
+  EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
+}
+
+}  // namespace
+}  // namespace shadowkv::cuda
