@@ -16,7 +16,7 @@ constexpr std::string_view kPage = R"PAGE(<!doctype html>
            align-items: center; flex-wrap: wrap; font-size: 14px; }
   header b { font-size: 16px; }
   header label { display: flex; gap: 4px; align-items: center; }
-  header input, header select { width: 70px; }
+  header input { width: 70px; }
   #log { max-width: 820px; margin: 0 auto; padding: 16px; display: flex; flex-direction: column;
          gap: 10px; min-height: calc(100vh - 150px); }
   .msg { padding: 10px 14px; border-radius: 10px; white-space: pre-wrap; max-width: 85%; }

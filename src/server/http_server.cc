@@ -2,6 +2,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <ctime>
 #include <random>
@@ -18,6 +19,14 @@ using Json = nlohmann::json;
 namespace {
 
 constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
+constexpr int kListenBacklog = 1024;
+
+// httplib listens with a backlog of 5: a burst of clients overflows it and some connections
+// are reset. This subclass reaches the listening socket to raise it.
+class Listener : public httplib::Server {
+ public:
+  bool RaiseBacklog() { return ::listen(svr_sock_, kListenBacklog) == 0; }
+};
 
 std::string Dump(const Json& body) {
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -179,7 +188,7 @@ HttpServer::HttpServer(CpuModel& model, ServerConfig config)
     : model_(model),
       config_(std::move(config)),
       chat_template_(DetectChatTemplate(model.file())),
-      http_(std::make_unique<httplib::Server>()),
+      http_(std::make_unique<Listener>()),
       started_(static_cast<int64_t>(std::time(nullptr))) {
   scheduler_ = std::make_unique<Scheduler>(model_, config_.scheduler, &metrics_);
   Route();
@@ -217,12 +226,15 @@ Status HttpServer::Bind() {
   if (config_.port == 0) {
     port_ = http_->bind_to_any_port(config_.host);
     if (port_ <= 0) return Error(ErrorCode::kIo, "cannot bind to {}", config_.host);
-    return Status::Ok();
+  } else {
+    if (!http_->bind_to_port(config_.host, config_.port)) {
+      return Error(ErrorCode::kIo, "cannot bind to {}:{}", config_.host, config_.port);
+    }
+    port_ = config_.port;
   }
-  if (!http_->bind_to_port(config_.host, config_.port)) {
-    return Error(ErrorCode::kIo, "cannot bind to {}:{}", config_.host, config_.port);
+  if (!static_cast<Listener&>(*http_).RaiseBacklog()) {
+    return Error(ErrorCode::kIo, "cannot set the listen backlog to {}", kListenBacklog);
   }
-  port_ = config_.port;
   return Status::Ok();
 }
 
