@@ -136,10 +136,9 @@ int RunEvalCommand(const EvalOptions& o) {
         o.grid_depths == 1 ? 50.0 : std::round(1000.0 * i / (o.grid_depths - 1)) / 10.0);
   }
   for (const std::string& name : SplitList(o.kv.policy)) {
-    kv::KvPolicyConfig config = o.kv;
-    config.policy = name;
-    if (Status s = config.Validate(); !s.ok()) return Fail(s.ToString());
-    settings.policies.push_back(config);
+    auto config = kv::ParseKvVariant(name, o.kv);
+    if (!config.ok()) return Fail(config.status().ToString());
+    settings.policies.push_back(*config);
   }
 
   const std::string model_path = ResolveModelPath(o.model);
@@ -170,7 +169,7 @@ int RunEvalCommand(const EvalOptions& o) {
                model.config().Summary().c_str(), NumericsName(model.numerics()),
                format.name().c_str());
   for (const auto& config : settings.policies) {
-    std::fprintf(stderr, " %s", config.policy.c_str());
+    std::fprintf(stderr, " %s", config.display_name().c_str());
     if (config.policy == "full") continue;
     std::string budgets;
     for (int64_t length : settings.lengths) {
@@ -248,7 +247,8 @@ Command AddEvalCommand(CLI::App& app) {
   AddModelOptions(*cmd, options->model);
   AddKvOptions(*cmd, options->kv);
   cmd->get_option("--kv")->description(
-      "KV policies to compare, comma-separated: full, shadowkv, snapkv, quest, streaming");
+      "KV policies to compare, comma-separated: full, shadowkv, snapkv, quest, streaming; a "
+      "variant takes its own settings, e.g. shadowkv:rank=64:budget=512");
   cmd->add_option("--tasks", options->tasks,
                   "comma-separated tasks or 'all': niah_single_1..3, niah_multikey_1..3, "
                   "niah_multivalue, niah_multiquery, vt, cwe, fwe, passkey")

@@ -31,6 +31,7 @@ double RowValue(EvalMode mode, const QuestionOutcome& q) {
 
 nlohmann::ordered_json KvConfigJson(const kv::KvPolicyConfig& c) {
   return {{"policy", c.policy},
+          {"label", c.display_name()},
           {"budget_tokens", c.budget_tokens},
           {"budget_fraction", c.budget_fraction},
           {"budget_min_tokens", c.budget_min_tokens},
@@ -67,7 +68,7 @@ nlohmann::ordered_json Number(double value) {
 ScoreSummary Summarize(const EvalReport& report) {
   const EvalMode mode = report.settings.mode;
   ScoreSummary s;
-  for (const auto& config : report.settings.policies) s.policies.push_back(config.policy);
+  for (const auto& config : report.settings.policies) s.policies.push_back(config.display_name());
   std::map<int64_t, size_t> length_index;
   std::map<std::string, size_t> row_index;
   for (const QuestionOutcome& q : report.questions) {
@@ -171,7 +172,7 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
         break;
       }
     }
-    policies.push_back({{"name", config.policy},
+    policies.push_back({{"name", config.display_name()},
                         {"config", KvConfigJson(config)},
                         {"budget_tokens_at_length", budgets},
                         {"resolved_on_first_question", resolved}});
@@ -291,7 +292,7 @@ std::string ReportToCsv(const EvalReport& report) {
       auto line = [&](const std::string& row, double score, int count) {
         out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", EvalModeName(st.mode),
                            quote(report.model_path), report.numerics, st.seed, st.samples,
-                           s.lengths[l], quote(row), config.policy, budget,
+                           s.lengths[l], quote(row), config.display_name(), budget,
                            std::isnan(score) ? "" : fmt::format("{:.2f}", score), count,
                            quote(KvConfigText(config)));
       };

@@ -186,7 +186,7 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
     const GreedyStream& stream = conversation.streams[p];
     const kv::SequenceKv& sequence = *conversation.sequences[p];
     PolicyOutput out;
-    out.policy = settings_.policies[p].policy;
+    out.policy = settings_.policies[p].display_name();
     const size_t begin = std::min(conversation.turn_start[p], stream.generated.size());
     const std::span<const int32_t> answer =
         std::span<const int32_t>(stream.generated).subspan(begin);
@@ -195,7 +195,7 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
     out.score = Score(metric, out.text, outcome->answers);
     out.generated_tokens = static_cast<int>(answer.size());
     out.truncated = stream.truncated;
-    if (out.policy != "full") {
+    if (settings_.policies[p].policy != "full") {
       out.budget_tokens = settings_.policies[p].BudgetTokens(conversation.prefill_tokens);
     }
     if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {

@@ -2,7 +2,12 @@
 #include "kv/kv_config.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <functional>
+#include <map>
+#include <string_view>
+#include <type_traits>
 
 namespace shadowkv::kv {
 
@@ -67,6 +72,93 @@ int64_t KvPolicyConfig::BudgetTokens(int64_t context_tokens) const {
   if (budget_tokens > 0) return budget_tokens;
   const auto scaled = static_cast<int64_t>(std::llround(budget_fraction * context_tokens));
   return std::max(budget_min_tokens, scaled);
+}
+
+namespace {
+
+// Parses all of `text` as a number of type T.
+template <typename T>
+Result<T> ParseNumber(std::string_view key, std::string_view text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    return Error(ErrorCode::kInvalidArgument, "'{}' is not a valid value for '{}'", text, key);
+  }
+  return value;
+}
+
+using Setter = std::function<Status(KvPolicyConfig&, std::string_view)>;
+
+template <typename T>
+Setter Assign(T KvPolicyConfig::*field) {
+  return [field](KvPolicyConfig& config, std::string_view value) -> Status {
+    if constexpr (std::is_same_v<T, std::string>) {
+      config.*field = std::string(value);
+    } else {
+      SKV_ASSIGN_OR_RETURN(config.*field, ParseNumber<T>("setting", value));
+    }
+    return Status::Ok();
+  };
+}
+
+const std::map<std::string, Setter, std::less<>>& VariantKeys() {
+  static const std::map<std::string, Setter, std::less<>> keys = {
+      {"budget", Assign(&KvPolicyConfig::budget_tokens)},
+      {"budget_fraction", Assign(&KvPolicyConfig::budget_fraction)},
+      {"budget_min", Assign(&KvPolicyConfig::budget_min_tokens)},
+      {"chunk", Assign(&KvPolicyConfig::chunk_size)},
+      {"rank", Assign(&KvPolicyConfig::rank)},
+      {"rank_ratio", Assign(&KvPolicyConfig::rank_ratio)},
+      {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
+      {"window", Assign(&KvPolicyConfig::local_window)},
+      {"snap_window", Assign(&KvPolicyConfig::snap_window)},
+      {"snap_kernel", Assign(&KvPolicyConfig::snap_kernel)},
+      {"snap_pooling", Assign(&KvPolicyConfig::snap_pooling)},
+      {"page", Assign(&KvPolicyConfig::quest_page_size)},
+      {"dense_layers", Assign(&KvPolicyConfig::quest_dense_layers)},
+      {"sinks", Assign(&KvPolicyConfig::sink_tokens)},
+  };
+  return keys;
+}
+
+}  // namespace
+
+Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base) {
+  KvPolicyConfig config = base;
+  config.label.clear();
+  std::string_view rest = text;
+  const size_t name_end = rest.find(':');
+  config.policy = std::string(rest.substr(0, name_end));
+  if (name_end != std::string_view::npos) {
+    config.label = text;
+    rest.remove_prefix(name_end + 1);
+    while (true) {
+      const size_t item_end = rest.find(':');
+      const std::string_view item = rest.substr(0, item_end);
+      const size_t equals = item.find('=');
+      if (equals == std::string_view::npos || equals == 0) {
+        return Error(ErrorCode::kInvalidArgument,
+                     "KV policy variant '{}': '{}' is not KEY=VALUE", text, item);
+      }
+      const std::string_view key = item.substr(0, equals);
+      const auto setter = VariantKeys().find(key);
+      if (setter == VariantKeys().end()) {
+        std::vector<std::string> known;
+        for (const auto& [name, unused] : VariantKeys()) known.push_back(name);
+        return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': unknown setting '{}' (known: {})",
+                     text, key, fmt::join(known, ", "));
+      }
+      if (Status s = setter->second(config, item.substr(equals + 1)); !s.ok()) {
+        return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': {} '{}' for '{}'", text,
+                     "bad value", item.substr(equals + 1), key);
+      }
+      if (item_end == std::string_view::npos) break;
+      rest.remove_prefix(item_end + 1);
+    }
+  }
+  SKV_RETURN_IF_ERROR(config.Validate());
+  return config;
 }
 
 }  // namespace shadowkv::kv

@@ -11,6 +11,9 @@ namespace shadowkv::kv {
 
 struct KvPolicyConfig {
   std::string policy = "full";  // full | shadowkv | snapkv | quest | streaming
+  // Name shown in reports: empty for the policy's own name, else a variant such as
+  // "shadowkv:rank=64" (see ParseKvVariant).
+  std::string label;
 
   // Token budget T shared by the sparse policies: budget_tokens if > 0, else
   // max(budget_min_tokens, budget_fraction * context) rounded to the policy's granularity.
@@ -42,7 +45,15 @@ struct KvPolicyConfig {
   Status Validate() const;
   // Budget T in tokens for a context of `context_tokens`.
   int64_t BudgetTokens(int64_t context_tokens) const;
+  const std::string& display_name() const { return label.empty() ? policy : label; }
 };
+
+// A policy with settings of its own, for comparing variants in one run:
+// "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
+// budget_min, chunk, rank, rank_ratio, outliers, window, snap_window, snap_kernel,
+// snap_pooling, page, dense_layers, sinks. Settings not named come from `base`. Unknown keys,
+// malformed values and invalid results are kInvalidArgument.
+Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 
 // The policy names MakeKvPolicy knows.
 const std::vector<std::string>& KnownKvPolicies();

@@ -1,0 +1,62 @@
+// Tests of KvPolicyConfig: budget arithmetic and policy variants parsed from text.
+#include "kv/kv_config.h"
+
+#include <gtest/gtest.h>
+
+namespace shadowkv::kv {
+namespace {
+
+TEST(KvConfigTest, BudgetIsAbsoluteOrFractionWithFloor) {
+  KvPolicyConfig config;
+  EXPECT_EQ(config.BudgetTokens(131072), 2048);  // 1/64 of the context
+  EXPECT_EQ(config.BudgetTokens(4096), 256);     // the floor
+  config.budget_tokens = 300;
+  EXPECT_EQ(config.BudgetTokens(131072), 300);
+}
+
+TEST(KvConfigTest, PlainNameKeepsBaseSettingsAndHasNoLabel) {
+  KvPolicyConfig base;
+  base.rank = 48;
+  auto config = ParseKvVariant("snapkv", base);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->policy, "snapkv");
+  EXPECT_EQ(config->rank, 48);
+  EXPECT_EQ(config->display_name(), "snapkv");
+}
+
+TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
+  KvPolicyConfig base;
+  base.local_window = 40;
+  auto config = ParseKvVariant("shadowkv:rank=64:budget=512:rank_ratio=0.5:snap_pooling=avg", base);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->policy, "shadowkv");
+  EXPECT_EQ(config->rank, 64);
+  EXPECT_EQ(config->budget_tokens, 512);
+  EXPECT_DOUBLE_EQ(config->rank_ratio, 0.5);
+  EXPECT_EQ(config->snap_pooling, "avg");
+  EXPECT_EQ(config->local_window, 40);
+  EXPECT_EQ(config->display_name(), "shadowkv:rank=64:budget=512:rank_ratio=0.5:snap_pooling=avg");
+}
+
+TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
+  const KvPolicyConfig base;
+  struct Case {
+    const char* text;
+    const char* mentions;
+  };
+  for (const Case& c : {Case{"shadowkv:colour=red", "unknown setting 'colour'"},
+                        Case{"shadowkv:rank", "not KEY=VALUE"},
+                        Case{"shadowkv:rank=12x", "12x"},
+                        Case{"shadowkv:budget=", "budget"},
+                        Case{"shadowkv:chunk=0", "chunk size 0"},
+                        Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
+    auto config = ParseKvVariant(c.text, base);
+    ASSERT_FALSE(config.ok()) << c.text;
+    EXPECT_EQ(config.status().code(), ErrorCode::kInvalidArgument) << c.text;
+    EXPECT_NE(config.status().message().find(c.mentions), std::string::npos)
+        << c.text << ": " << config.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace shadowkv::kv
