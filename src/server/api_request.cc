@@ -47,9 +47,12 @@ std::optional<ApiError> ReadInteger(const Json& object, const char* name, int64_
     value = v->get<int64_t>();
   } else if (v->is_number_float()) {
     const double d = v->get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e15) {
+    if (!std::isfinite(d) || std::fabs(d) > 9.0e15) {
       return Invalid(name, fmt::format("'{}' must be an integer in [{}, {}]", name, min, max),
-                     "invalid_type");
+                     "integer_out_of_range");
+    }
+    if (d != std::floor(d)) {
+      return Invalid(name, fmt::format("'{}' must be an integer, not {}", name, d), "invalid_type");
     }
     value = static_cast<int64_t>(d);
   } else {

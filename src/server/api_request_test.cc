@@ -155,6 +155,16 @@ TEST(ApiRequestTest, NumbersOutOfRange) {
   }
 }
 
+TEST(ApiRequestTest, ErrorCodesTellRangeFromType) {
+  EXPECT_EQ(Fails(R"({"prompt": "a", "max_tokens": 1e300})").code, "integer_out_of_range");
+  EXPECT_EQ(Fails(R"({"prompt": "a", "max_tokens": 99999999999999999999})").code,
+            "integer_out_of_range");
+  EXPECT_EQ(Fails(R"({"prompt": "a", "max_tokens": -1})").code, "integer_out_of_range");
+  EXPECT_EQ(Fails(R"({"prompt": "a", "max_tokens": 2.5})").code, "invalid_type");
+  EXPECT_EQ(Fails(R"({"prompt": "a", "max_tokens": true})").code, "invalid_type");
+  EXPECT_EQ(Fails(R"({"prompt": "a", "temperature": 3})").code, "number_out_of_range");
+}
+
 TEST(ApiRequestTest, ErrorBodyHasOpenAiShape) {
   const nlohmann::json body =
       ErrorBody(ApiError{429, "full", "rate_limit_error", "", "queue_full"});

@@ -381,8 +381,7 @@ void HttpServer::Route() {
       p.meta = ResponseMeta{
           endpoint,
           fmt::format("{}-{}", endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl", id),
-          static_cast<int64_t>(std::time(nullptr)),
-          api.model.empty() ? config_.model_id : api.model};
+          static_cast<int64_t>(std::time(nullptr)), config_.model_id};
 
       SubmitResult submitted = scheduler_->Submit(p.sequence);
       switch (submitted.code) {
