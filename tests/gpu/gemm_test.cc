@@ -1,5 +1,13 @@
-// cuBLAS bf16 GEMMs against the CPU op (DequantGemm of a BF16 weight), fp32 and bf16 outputs.
+// bf16 GEMMs (cuBLAS and the skinny decode kernel) against the CPU op (DequantGemm of a BF16
+// weight), fp32 and bf16 outputs. With SKV_GPU_BENCH=1 a micro-benchmark times a Llama-3-8B decode
+// step's GEMMs (32 layers and the head, 16 rows) per variant.
 #include "ops/cuda/gemm.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "ops/cuda/fill_random.cuh"
 
 #include "core/thread_pool.h"
 #include "gpu_test_util.h"
@@ -10,8 +18,9 @@ namespace {
 
 using namespace testing;
 
-void CheckGemm(int64_t rows, int64_t in, int64_t out, GemmOutput output, float beta) {
-  std::mt19937 rng(static_cast<uint32_t>(rows * 131 + in + out));
+void CheckGemmVariant(int64_t rows, int64_t in, int64_t out, GemmOutput output, float beta,
+                      int variant) {
+  std::mt19937 rng(static_cast<uint32_t>(rows * 131 + in + out + 7919 * variant));
   const std::vector<float> x = RandomBf16Values(rows * in, rng);
   const std::vector<float> w = RandomBf16Values(out * in, rng, 1.0f / std::sqrt(float(in)));
   const std::vector<float> initial = RandomFloats(rows * out, rng);
@@ -32,6 +41,7 @@ void CheckGemm(int64_t rows, int64_t in, int64_t out, GemmOutput output, float b
   p.in = in;
   p.out = out;
   p.beta = beta;
+  p.variant = variant;
   const Status status = RunGemm(handle, p);
   ASSERT_TRUE(status.ok()) << status.ToString();
   const std::vector<float> got = output == GemmOutput::kFloat32 ? ToHost(y32) : ToHostBf16(y16);
@@ -48,14 +58,36 @@ void CheckGemm(int64_t rows, int64_t in, int64_t out, GemmOutput output, float b
   const double error = RelativeError(got, want);
   // Same bf16 operands on both sides: an fp32 output differs only by summation order (and the
   // tensor cores' accumulation), far below bf16 rounding.
-  EXPECT_LT(error, output == GemmOutput::kFloat32 ? 1e-4 : kBf16OutputTolerance);
-  ::testing::Test::RecordProperty("relative_error", std::to_string(error));
+  EXPECT_LT(error, output == GemmOutput::kFloat32 ? 1e-4 : kBf16OutputTolerance)
+      << rows << " x " << in << " -> " << out << ", variant " << variant;
+  ::testing::Test::RecordProperty("relative_error_" + std::to_string(rows) + "x" +
+                                      std::to_string(in) + "x" + std::to_string(out) + "_v" +
+                                      std::to_string(variant),
+                                  std::to_string(error));
+}
+
+void CheckGemm(int64_t rows, int64_t in, int64_t out, GemmOutput output, float beta) {
+  for (int variant = 0; variant < kGemmNumVariants; ++variant) {
+    CheckGemmVariant(rows, in, out, output, beta, variant);
+  }
 }
 
 TEST(CudaGemmTest, DecodeShapeFloatOutput) {
   SKV_SKIP_WITHOUT_GPU();
   CheckGemm(1, 4096, 384, GemmOutput::kFloat32, 0.0f);
   CheckGemm(7, 576, 1536, GemmOutput::kFloat32, 0.0f);
+}
+
+TEST(CudaGemmTest, SkinnyShapesEveryRowCount) {
+  SKV_SKIP_WITHOUT_GPU();
+  // Row counts on both sides of 8 (one or two x fragments), feature counts that do not fill the
+  // last 32-feature block, inputs with and without whole groups of chunks.
+  for (int64_t rows : {1, 2, 8, 9, 15, 16}) {
+    CheckGemm(rows, 1056, 1000, GemmOutput::kFloat32, 0.0f);
+  }
+  CheckGemm(16, 4096, 96, GemmOutput::kBfloat16, 0.0f);
+  CheckGemm(5, 96, 77, GemmOutput::kBfloat16, 0.0f);
+  CheckGemm(12, 2048, 300, GemmOutput::kFloat32, 1.0f);
 }
 
 TEST(CudaGemmTest, PrefillShapeBf16Output) {
@@ -66,6 +98,94 @@ TEST(CudaGemmTest, PrefillShapeBf16Output) {
 TEST(CudaGemmTest, BetaAccumulatesIntoTheOutput) {
   SKV_SKIP_WITHOUT_GPU();
   CheckGemm(16, 512, 256, GemmOutput::kFloat32, 1.0f);
+}
+
+// One Llama-3-8B decode step's GEMMs at 16 rows: per layer QKV (4096 -> 6144), O (4096 -> 4096),
+// gate|up (4096 -> 28672, bf16 out), down (14336 -> 4096), each layer its own weights (so
+// nothing stays in L2), then the head (4096 -> 128256). Weight bytes over time against the
+// device's read rate. Timing only; SKV_GPU_BENCH=1 enables it.
+TEST(CudaGemmBench, DecodeStepGemms) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
+  constexpr int kLayers = 32, kRows = 16;
+  struct Shape {
+    int64_t in, out;
+    GemmOutput output;
+  };
+  const Shape layer_shapes[] = {{4096, 6144, GemmOutput::kFloat32},
+                                {4096, 4096, GemmOutput::kFloat32},
+                                {4096, 28672, GemmOutput::kBfloat16},
+                                {14336, 4096, GemmOutput::kFloat32}};
+  const Shape head{4096, 128256, GemmOutput::kFloat32};
+  int64_t layer_elements = 0;
+  for (const Shape& s : layer_shapes) layer_elements += s.in * s.out;
+  DeviceBuffer<__nv_bfloat16> weights, head_weight, x;
+  DeviceBuffer<float> y;
+  ASSERT_TRUE(weights.Allocate(layer_elements * kLayers).ok());
+  ASSERT_TRUE(head_weight.Allocate(head.in * head.out).ok());
+  ASSERT_TRUE(x.Allocate(kRows * 14336).ok());
+  ASSERT_TRUE(y.Allocate(kRows * 128256).ok());
+  SKV_ASSERT_CUDA(LaunchFillRandom({weights.get(), weights.size(), 0.02f, 21}, nullptr));
+  SKV_ASSERT_CUDA(LaunchFillRandom({head_weight.get(), head_weight.size(), 0.02f, 22}, nullptr));
+  SKV_ASSERT_CUDA(LaunchFillRandom({x.get(), x.size(), 1.0f, 23}, nullptr));
+  cublasHandle_t handle = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  const double bytes = 2.0 * (layer_elements * kLayers + head.in * head.out);
+  for (int variant = 0; variant < kGemmNumVariants; ++variant) {
+    double shape_ms[5] = {};
+    auto run = [&](bool per_shape) {
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      cudaEventRecord(start);
+      float total = 0;
+      for (int s = 0; s < 5; ++s) {
+        if (per_shape) cudaEventRecord(start);
+        const Shape& shape = s < 4 ? layer_shapes[s] : head;
+        int64_t offset = 0;
+        for (int i = 0; i < s && s < 4; ++i) offset += layer_shapes[i].in * layer_shapes[i].out;
+        for (int layer = 0; layer < (s < 4 ? kLayers : 1); ++layer) {
+          GemmParams p;
+          p.x = x.get();
+          p.weight = s < 4 ? weights.get() + layer * layer_elements + offset : head_weight.get();
+          p.y = y.get();
+          p.output = shape.output;
+          p.rows = kRows;
+          p.in = shape.in;
+          p.out = shape.out;
+          p.variant = variant;
+          EXPECT_TRUE(RunGemm(handle, p).ok());
+        }
+        if (per_shape) {
+          cudaEventRecord(stop);
+          cudaEventSynchronize(stop);
+          float ms = 0;
+          cudaEventElapsedTime(&ms, start, stop);
+          shape_ms[s] = ms;
+          total += ms;
+        }
+      }
+      if (!per_shape) {
+        cudaEventRecord(stop);
+        cudaEventSynchronize(stop);
+        cudaEventElapsedTime(&total, start, stop);
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      return static_cast<double>(total);
+    };
+    run(false);  // warm-up (cuBLAS heuristics)
+    std::vector<double> totals;
+    for (int i = 0; i < 5; ++i) totals.push_back(run(false));
+    std::sort(totals.begin(), totals.end());
+    run(true);
+    std::printf("[bench] gemm variant %d: %.3f ms = %.0f GB/s for a decode step's GEMMs (qkv %.3f, "
+                "o %.3f, gate_up %.3f, down %.3f, head %.3f ms)\n",
+                variant, totals[2], bytes / totals[2] / 1e6, shape_ms[0], shape_ms[1], shape_ms[2],
+                shape_ms[3], shape_ms[4]);
+  }
+  cublasDestroy(handle);
+  SKV_ASSERT_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace

@@ -1,10 +1,16 @@
-// GPU causal flash prefill attention against the CPU attention op: fresh prompts and later chunks
-// (a cached prefix), several sequences in one launch, GQA groups that do and do not divide the
-// 64-row tile, head dims 64 and 128.
+// GPU causal flash prefill attention against the CPU attention op, every kernel variant: fresh
+// prompts and later chunks (a cached prefix), several sequences in one launch, GQA groups that do
+// and do not divide the row tile, head dims 64 and 128. With SKV_GPU_BENCH=1 a micro-benchmark
+// also times the variants on the last 4096-query chunk of a 32K and of a 122K prompt.
 #include "ops/cuda/prefill_attention.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "attention_test_util.h"
 #include "ops/cpu/attention.h"
+#include "ops/cuda/fill_random.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -17,8 +23,8 @@ struct Chunk {
   int num_queries;
 };
 
-void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
-  std::mt19937 rng(head_dim * 100 + group + static_cast<int>(chunks.size()));
+void CheckPrefillVariant(int head_dim, int group, const std::vector<Chunk>& chunks, int variant) {
+  std::mt19937 rng(head_dim * 100 + group + static_cast<int>(chunks.size()) + 7919 * variant);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim, layer = 0;
   std::vector<int64_t> slot_lengths(4, 0);
@@ -46,6 +52,7 @@ void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.variant = variant;
   SKV_ASSERT_CUDA(LaunchPrefillAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
@@ -64,8 +71,18 @@ void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
   ThreadPool pool(2);
   RunAttention(shape, jobs, pool);
   const double error = RelativeError(got, want);
-  EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group;
-  ::testing::Test::RecordProperty("relative_error", std::to_string(error));
+  EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
+                                        << " variant " << variant;
+  ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
+                                      std::to_string(group) + "_v" + std::to_string(variant) +
+                                      "_" + std::to_string(chunks.size()),
+                                  std::to_string(error));
+}
+
+void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
+  for (int variant = 0; variant < kPrefillNumVariants; ++variant) {
+    CheckPrefillVariant(head_dim, group, chunks, variant);
+  }
 }
 
 TEST(CudaPrefillAttentionTest, FreshPromptLlama3Shape) {
@@ -90,6 +107,75 @@ TEST(CudaPrefillAttentionTest, EveryGroupSize) {
     CheckPrefill(128, group, {{0, 0, 77}, {1, 100, 31}});
     CheckPrefill(64, group, {{0, 10, 90}});
   }
+}
+
+// Llama-3-8B prefill attention of one layer (8 KV heads, 32 query heads, head dim 128): the last
+// 4096-query chunk of a 32K and of a 122K prompt, and a fresh 4096-token prompt, per variant.
+// Causal FLOP: 4 * head_dim * query heads * visible keys, summed over the queries. Timing only;
+// SKV_GPU_BENCH=1 enables it.
+TEST(CudaPrefillAttentionBench, ChunkThroughput) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
+  const int num_kv_heads = 8, num_query_heads = 32, head_dim = 128, chunk = 4096;
+  const int64_t capacity = 124928;
+  KvCacheView view;
+  view.num_slots = 1;
+  view.num_layers = 1;
+  view.num_kv_heads = num_kv_heads;
+  view.head_dim = head_dim;
+  view.capacity = capacity;
+  const int64_t count = view.HeadOffset(1, 0, 0);
+  DeviceBuffer<__nv_bfloat16> keys, values, queries, out;
+  ASSERT_TRUE(keys.Allocate(count).ok());
+  ASSERT_TRUE(values.Allocate(count).ok());
+  ASSERT_TRUE(queries.Allocate(int64_t{chunk} * num_query_heads * head_dim).ok());
+  ASSERT_TRUE(out.Allocate(int64_t{chunk} * num_query_heads * head_dim).ok());
+  SKV_ASSERT_CUDA(LaunchFillRandom({keys.get(), count, 1.0f, 11}, nullptr));
+  SKV_ASSERT_CUDA(LaunchFillRandom({values.get(), count, 1.0f, 12}, nullptr));
+  SKV_ASSERT_CUDA(LaunchFillRandom({queries.get(), queries.size(), 1.0f, 13}, nullptr));
+  view.keys = keys.get();
+  view.values = values.get();
+  for (const int first_position : {0, 32768 - chunk, static_cast<int>(capacity) - chunk}) {
+    auto sequences = ToDevice(std::vector<PrefillSequence>{{0, chunk, first_position, 0}});
+    double flop = 0;
+    for (int i = 0; i < chunk; ++i) flop += 4.0 * head_dim * num_query_heads * (first_position + i + 1);
+    for (int variant = 0; variant < kPrefillNumVariants; ++variant) {
+      PrefillAttentionParams p;
+      p.queries = queries.get();
+      p.cache = view;
+      p.sequences = sequences.get();
+      p.num_sequences = 1;
+      p.max_queries = chunk;
+      p.out = out.get();
+      p.num_query_heads = num_query_heads;
+      p.num_kv_heads = num_kv_heads;
+      p.head_dim = head_dim;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      p.variant = variant;
+      SKV_ASSERT_CUDA(LaunchPrefillAttention(p, nullptr));
+      SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      std::vector<float> times;
+      for (int i = 0; i < 5; ++i) {
+        cudaEventRecord(start);
+        LaunchPrefillAttention(p, nullptr);
+        cudaEventRecord(stop);
+        cudaEventSynchronize(stop);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start, stop);
+        times.push_back(ms);
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      std::sort(times.begin(), times.end());
+      const double ms = times[times.size() / 2];
+      std::printf("[bench] prefill chunk of %d at position %d variant %d: %.3f ms = %.0f TFLOP/s\n",
+                  chunk, first_position, variant, ms, flop / ms / 1e9);
+    }
+  }
+  SKV_ASSERT_CUDA(cudaDeviceSynchronize());
 }
 
 }  // namespace

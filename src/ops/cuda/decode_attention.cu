@@ -208,14 +208,12 @@ __device__ __forceinline__ uint32_t Word(const uint4& v, int w) {
 // results of rows g + 8 are dropped.
 __device__ __forceinline__ void MmaLowRows(float& d0, float& d1, uint32_t a0, uint32_t a2,
                                            uint32_t b0, uint32_t b1) {
-  float unused2, unused3;  // rows g + 8: zero inputs, results dropped
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%10, %11, %12, %13};\n"
-      : "=f"(d0), "=f"(d1), "=f"(unused2), "=f"(unused3)
+  asm("{\n.reg .f32 unused2, unused3;\n"  // rows g + 8: zero inputs, results dropped
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, unused2, unused3}, "
+      "{%2, %3, %4, %5}, {%6, %7}, {%8, %9, %10, %11};\n}\n"
+      : "=f"(d0), "=f"(d1)
       : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(d0), "f"(d1), "f"(0.0f),
         "f"(0.0f));
-  (void)unused2;
-  (void)unused3;
 }
 
 template <int kHeadDim>

@@ -1,4 +1,5 @@
-// bf16 GEMMs through cuBLAS: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ beta·y), fp32 compute.
+// bf16 GEMMs: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ beta·y), fp32 compute; cuBLAS, or our
+// skinny tensor-core kernel (gemm.cuh) for decode-sized row counts.
 #pragma once
 
 #include <cublas_v2.h>
@@ -21,9 +22,17 @@ struct GemmParams {
   int64_t in = 0;
   int64_t out = 0;
   float beta = 0.0f;  // 1 accumulates into y (e.g. a residual)
+  // kGemmVariantAuto reads SKV_GEMM_VARIANT from the environment once, else the default.
+  int variant = -1;
 };
 
-// Runs on the stream and workspace set on `handle`. Sizes must fit cuBLAS's int dimensions.
+constexpr int kGemmVariantAuto = -1;
+constexpr int kGemmVariantCublas = 0;  // cublasGemmEx for every shape (the default)
+constexpr int kGemmVariantSkinny = 1;  // our kernel wherever it applies (<= 16 rows)
+constexpr int kGemmVariantSkinnySmall = 2;  // our kernel for weights of at most 32 MiB only
+constexpr int kGemmNumVariants = 3;
+
+// Runs on the stream (and workspace) set on `handle`. Sizes must fit cuBLAS's int dimensions.
 Status RunGemm(cublasHandle_t handle, const GemmParams& params);
 
 // "CUBLAS_STATUS_..." with cuBLAS's description.
