@@ -165,9 +165,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
             const cuda::StepBreakdown& b = run.breakdown;
             std::printf("%-8s %7lld %5d %5d %11.1f %11.1f %8.2f %8.2f %8.2f %8.2f %8.1f %8.2f "
                         "%11.1f %5.0f%%%s\n",
-                        policy.c_str(), static_cast<long long>(context), run.batch, r.max_batch,
+                        policy.c_str(), static_cast<long long>(context), run.batch, run.batch,
                         context / r.prefill_seconds, run.decode_tokens_per_s, run.step_ms,
-                        b.gemm_ms, b.attention_ms, b.other_ms, r.gpu_bytes_used / kGiB,
+                        b.gemm_ms, b.attention_ms, b.other_ms, run.gpu_bytes_used / kGiB,
                         run.floors.total_ms, run.batch / (run.floors.total_ms / 1000.0),
                         100.0 * run.floors.total_ms / run.step_ms,
                         static_cast<int>(i) == r.best ? "  (best)" : "");
@@ -186,6 +186,8 @@ int RunCudaBench(const CudaBenchOptions& o) {
                             {"decode_tokens_per_s", run.decode_tokens_per_s},
                             {"step_ms", run.step_ms},
                             {"hit_rate", run.hit_rate},
+                            {"gpu_bytes_used", run.gpu_bytes_used},
+                            {"host_value_bytes", run.host_bytes},
                             {"profiled_step_ms", b.total_ms},
                             {"scoring_ms", b.scoring_ms},
                             {"rebuild_ms", b.rebuild_ms},

@@ -1,12 +1,15 @@
-// ShadowKV kernels against the CPU policy's own functions on identical bf16 inputs: landmark
-// scoring + top-k (ScoreLandmarks, SelectTopK) and the gather-slot reuse (GatherSlots) over two
-// steps, for two sequences with different chunk counts and outliers in one launch.
+// ShadowKV kernels (both variants) against the CPU policy's own functions on identical bf16
+// inputs: landmark scoring + top-k (ScoreLandmarks, SelectTopK) and the gather-slot reuse
+// (GatherSlots) over two steps, for two sequences with different chunk counts and outliers in
+// one launch; the key rebuild against RebuildColumns + Rope::Apply at positions past 1e5.
 #include <algorithm>
 #include <cmath>
 #include <set>
 
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
+#include "kv/low_rank.h"
+#include "ops/cpu/rope.h"
 #include "ops/cuda/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
@@ -14,7 +17,9 @@ namespace {
 
 using namespace testing;
 
-TEST(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
+class CudaShadowKvKernelsTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   SKV_SKIP_WITHOUT_GPU();
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kCapacity = 2000, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {1900, 1234};
@@ -76,6 +81,7 @@ TEST(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
     p.logits = d_logits.get();
     p.miss_chunk = d_miss.get();
     p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    p.kernel_variant = GetParam();
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -126,6 +132,127 @@ TEST(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   EXPECT_EQ(static_cast<int64_t>(counters[1]), expected_hits);
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
 }
+
+
+// Keys of the missed chunks = rows of A times B_h, rotated at the chunk's own positions; slots
+// without a miss keep whatever they held. Rank 40 (not a multiple of 16) pads the mma's k.
+void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank) {
+  constexpr int kHeads = 2, kChunk = 8, kCapacity = 15800, kBudget = 96, kSeqs = 2;
+  const int width = kHeads * head_dim;
+  std::mt19937 rng(11 + head_dim + rank);
+  const std::vector<float> coefficients =
+      RandomBf16Values(int64_t{kSeqs} * kCapacity * kChunk * rank, rng, 0.5f);
+  const std::vector<float> basis = RandomBf16Values(int64_t{kSeqs} * rank * width, rng, 0.2f);
+  RopeConfig config;
+  config.rotary_dim = head_dim;
+  config.theta_base = 500000.0f;
+  config.style = style;
+  const Rope rope(config);
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(500000.0, -2.0 * i / head_dim));
+  }
+  // Row r (sequence 1 - r) misses about half of its slots, chunks anywhere up to 126K tokens.
+  std::vector<int32_t> miss(kSeqs * kHeads * kBudget, -1);
+  std::uniform_int_distribution<int> chunk_dist(0, kCapacity - 1);
+  for (int32_t& m : miss) m = rng() % 2 ? chunk_dist(rng) : -1;
+  miss[0] = kCapacity - 1;
+  const int gather_base = 3 * kChunk, attn_capacity = gather_base + kBudget * kChunk + 40;
+  std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{3, kBudget, gather_base, 0});
+  std::vector<SkvRowMeta> meta(kSeqs);
+  for (int r = 0; r < kSeqs; ++r) meta[r].seq = kSeqs - 1 - r;
+
+  auto d_coefficients = ToDevice(ToBf16(coefficients));
+  auto d_basis = ToDevice(ToBf16(basis));
+  auto d_freq = ToDevice(inv_freq);
+  auto d_miss = ToDevice(miss);
+  auto d_info = ToDevice(info);
+  auto d_meta = ToDevice(meta);
+  auto d_keys = Poisoned<uint16_t>(int64_t{kSeqs} * kHeads * attn_capacity * head_dim);
+  SkvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = kHeads;
+  l.head_dim = head_dim;
+  l.group = 4;
+  l.chunk_size = kChunk;
+  l.rank = rank;
+  l.capacity_chunks = kCapacity;
+  l.max_budget = kBudget;
+  l.recent_capacity = 40;
+  l.attn.keys = reinterpret_cast<__nv_bfloat16*>(d_keys.get());
+  l.attn.num_slots = kSeqs;
+  l.attn.num_layers = 1;
+  l.attn.num_kv_heads = kHeads;
+  l.attn.head_dim = head_dim;
+  l.attn.capacity = attn_capacity;
+  l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
+  l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
+  l.info = d_info.get();
+  SKV_ASSERT_CUDA(SkvConfigureKernels(l));
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = kSeqs;
+  p.miss_chunk = d_miss.get();
+  p.inv_freq = d_freq.get();
+  p.rotary_dim = head_dim;
+  p.halves = style == RopeConfig::Style::kHalves;
+  p.kernel_variant = variant;
+  SKV_ASSERT_CUDA(LaunchSkvRebuildKeys(p, nullptr));
+  const std::vector<float> keys = ToHostBf16(d_keys);
+
+  int64_t checked = 0;
+  for (int r = 0; r < kSeqs; ++r) {
+    const int s = meta[r].seq;
+    kv::LowRankBasis cpu_basis;
+    cpu_basis.width = width;
+    cpu_basis.rank = rank;
+    cpu_basis.basis.assign(basis.begin() + int64_t{s} * rank * width,
+                           basis.begin() + int64_t{s + 1} * rank * width);
+    for (int h = 0; h < kHeads; ++h) {
+      for (int slot = 0; slot < kBudget; ++slot) {
+        const int chunk = miss[(r * kHeads + h) * kBudget + slot];
+        const float* got_chunk = keys.data() + ((int64_t{s} * kHeads + h) * attn_capacity +
+                                                gather_base + int64_t{slot} * kChunk) * head_dim;
+        if (chunk < 0) {  // untouched: still the poison
+          EXPECT_TRUE(std::isnan(got_chunk[0])) << "slot " << slot << " was written";
+          continue;
+        }
+        std::vector<float> want(int64_t{kChunk} * head_dim);
+        kv::RebuildColumns(cpu_basis,
+                           coefficients.data() + (int64_t{s} * kCapacity + chunk) * kChunk * rank,
+                           kChunk, h * head_dim, head_dim, want.data(), head_dim);
+        for (int t = 0; t < kChunk; ++t) {
+          rope.Apply(want.data() + t * head_dim, 1, head_dim, int64_t{chunk} * kChunk + t);
+        }
+        const std::vector<float> got(got_chunk, got_chunk + kChunk * head_dim);
+        ASSERT_LT(RelativeError(got, want), 6e-3)
+            << "seq " << s << " head " << h << " slot " << slot << " chunk " << chunk;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, kSeqs * kHeads * kBudget / 3);
+}
+
+TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopeHalves) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160);
+  CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40);
+}
+
+TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopePairs) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160);
+  CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, CudaShadowKvKernelsTest,
+                         ::testing::Values(kSkvKernelsFirst, kSkvKernelsFast),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == kSkvKernelsFirst ? std::string("First")
+                                                                 : std::string("Fast");
+                         });
 
 }  // namespace
 }  // namespace shadowkv::cuda

@@ -1,7 +1,8 @@
 // GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts: logits of
 // every decode step within bf16 tolerance, the same chunks in the gather buffers (up to ties and
 // rounding), two sequences of different lengths in one batch (one with values in pinned host
-// memory), graduation of generated chunks; and the row planner against the CPU's rule.
+// memory), graduation of generated chunks; the row planner against the CPU's rule; and a
+// sequence saved to host memory and restored into another allocation decoding the same.
 #include <algorithm>
 #include <cstdio>
 #include <set>
@@ -204,6 +205,69 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   EXPECT_GE(static_cast<double>(matched) / gathered, 0.97);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
   EXPECT_EQ(gpu.shadowkv_length(1), 261);
+}
+
+// The bench re-allocates between its two runs and carries the compressed prompt across in host
+// memory: the restored sequence (another index, values moved to pinned host memory, another
+// allocation size) must decode exactly as the original, graduation included.
+TEST(CudaShadowKvSnapshotTest, RestoredSequenceDecodesAsTheOriginal) {
+  SKV_SKIP_WITHOUT_GPU();
+  TinyModelSpec spec;
+  spec.architecture = "llama";
+  spec.hidden = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.ffn = 512;
+  spec.layers = 2;
+  spec.context = 1024;
+  spec.weight_type = gguf::GgmlType::kF32;
+  spec.seed = 9;
+  const std::string path = WriteTinyModel(spec, "gpu_shadowkv_snapshot");
+  CudaModelOptions options;
+  options.max_batch = 4;
+  options.max_step_tokens = 512;
+  auto gpu_or = CudaModel::Load(path, options);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+  CudaModel& gpu = **gpu_or;
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 64;
+  const std::vector<int32_t> prompt = SomeTokens(300, 21);
+  ASSERT_TRUE(gpu.AllocateKvCache(1, 512, true).ok());
+  ASSERT_TRUE(gpu.AllocateShadowKv(config, 2, 512).ok());
+  ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
+  CudaStepInput in;
+  in.slot = 0;
+  in.tokens = prompt;
+  ASSERT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
+  ASSERT_TRUE(gpu.CompressToShadowKv(0, 0).ok());
+  gpu.FreeKvCache();
+  auto snapshot = gpu.SaveShadowKvSequence(0);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status().ToString();
+
+  const int vocab = static_cast<int>(gpu.config().vocab_size);
+  auto decode = [&](int seq, std::vector<float>* logits) {
+    std::vector<int32_t> token = {prompt.back()};
+    const std::vector<int> seqs = {seq};
+    for (int step = 0; step < 8; ++step) {  // a graduation at +4
+      std::vector<float> row(vocab);
+      const Status status = gpu.ShadowKvDecodeStep(seqs, token, CudaSampling{}, row.data());
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      logits->insert(logits->end(), row.begin(), row.end());
+    }
+  };
+  std::vector<float> original, restored;
+  decode(0, &original);
+  gpu.FreeShadowKv();
+  ASSERT_TRUE(gpu.AllocateShadowKv(config, 3, 512).ok());
+  ASSERT_TRUE(gpu.AllocateShadowKvValues(2, true).ok());
+  ASSERT_TRUE(gpu.RestoreShadowKvSequence(*snapshot, 2).ok());
+  EXPECT_EQ(gpu.shadowkv_length(2), 300);
+  decode(2, &restored);
+  ASSERT_EQ(original.size(), restored.size());
+  EXPECT_EQ(original, restored);
+  EXPECT_EQ(gpu.shadowkv_length(2), 308);
+  EXPECT_FALSE(gpu.RestoreShadowKvSequence(*snapshot, 0).ok());  // sequence 0 has no values
 }
 
 }  // namespace

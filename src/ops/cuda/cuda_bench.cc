@@ -150,8 +150,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
     return Error(ErrorCode::kInvalidArgument, "bench case: context {}, batch {}, {} steps",
                  c.context, c.batch, c.decode_steps);
   }
-  // Room for two runs (all sequences, then the device-value ones alone).
-  const int64_t capacity = c.context + 2 * (c.warmup_steps + c.decode_steps + kProfiledSteps);
+  // Each run starts from the freshly compressed prompt.
+  const int64_t capacity = c.context + c.warmup_steps + c.decode_steps + kProfiledSteps;
   if (capacity > config.context_length) {
     return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
                  c.context, capacity - c.context, config.context_length);
@@ -190,8 +190,10 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
   SKV_RETURN_IF_ERROR(prefill(c.context));
   r.prefill_seconds = std::chrono::duration<double>(Clock::now() - prefill_start).count();
 
-  // How many sequences: values on the device while they fit (the staging cache goes away after
-  // compression), then in pinned host memory while the host has room.
+  // How many sequences. Two allocations, each measured at its own best: values in device
+  // memory only (as many as fit alone), and device values plus pinned host values (the host
+  // sequences' metadata takes device room, so fewer device-value sequences). Sequence 0 is
+  // saved to host memory after compression and restored into the second allocation.
   SKV_ASSIGN_OR_RETURN(auto per_sequence, model.ShadowKvBytesPerSequence(kv_config, capacity));
   const auto [meta_bytes, value_bytes] = per_sequence;
   r.device_bytes_per_sequence = meta_bytes;
@@ -201,6 +203,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
   const int64_t device_room = device.free_bytes + staging - 2 * kReserveBytes;
   const int64_t host_room =
       c.allow_host_values ? std::max<int64_t>(0, HostAvailableBytes() - c.host_reserve_bytes) : 0;
+  const int64_t max_batch = model.options().max_batch;
+  const int64_t device_alone = std::min<int64_t>(device_room / (meta_bytes + value_bytes), max_batch);
   int64_t host_count = host_room / value_bytes;
   int64_t device_count = (device_room - host_count * meta_bytes) / (meta_bytes + value_bytes);
   if (device_count < 1) {
@@ -209,65 +213,78 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
                                           meta_bytes);
     host_count = std::min<int64_t>(host_count, host_room / value_bytes);
   }
-  int64_t total = std::min<int64_t>(device_count + host_count, model.options().max_batch);
+  int64_t mixed_total = std::min<int64_t>(device_count + host_count, max_batch);
+  struct Plan {
+    int64_t total = 0, on_device = 0;
+  };
+  std::vector<Plan> plans;
   if (c.batch > 0) {
-    if (c.batch > total) {
+    const int64_t admits = std::max(device_alone, mixed_total);
+    if (c.batch > admits) {
       return Error(ErrorCode::kResourceExhausted,
                    "batch {} does not fit: device and host memory admit {} ShadowKV sequences "
-                   "of context {}", c.batch, total, c.context);
+                   "of context {}", c.batch, admits, c.context);
     }
-    total = c.batch;
+    plans.push_back(c.batch <= device_alone ? Plan{c.batch, c.batch}
+                                            : Plan{c.batch, std::min<int64_t>(device_count, c.batch)});
+  } else {
+    if (device_alone >= 1) plans.push_back({device_alone, device_alone});
+    if (host_count > 0 && device_count >= 1 && mixed_total > device_alone) {
+      plans.push_back({mixed_total, std::min(device_count, mixed_total)});
+    }
   }
-  device_count = std::min(device_count, total);
-  if (total < 1 || device_count < 1) {
+  if (plans.empty() || plans[0].on_device < 1) {
     return Error(ErrorCode::kResourceExhausted, "no ShadowKV sequence of context {} fits",
                  c.context);
   }
-  SKV_RETURN_IF_ERROR(model.AllocateShadowKv(kv_config, static_cast<int>(total), capacity));
-  SKV_RETURN_IF_ERROR(model.AllocateShadowKvValues(0, false));
-  SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
-  r.compress_seconds = model.shadowkv_stats().compress_seconds;
-  model.FreeKvCache();
-  int admitted = 1, on_device = 1;
-  for (int seq = 1; seq < total; ++seq) {
-    bool on_host = seq >= device_count;
-    Status allocated = model.AllocateShadowKvValues(seq, on_host);
-    if (!allocated.ok() && !on_host && c.allow_host_values) {
-      on_host = true;  // the device estimate missed: try the host
-      allocated = model.AllocateShadowKvValues(seq, true);
+  const int32_t first_token = ArgmaxOf(logits);
+  CudaShadowKvSnapshot snapshot;
+  // One allocation's run; a failure of the second (mixed) one leaves the first's result.
+  auto measure = [&](size_t plan_index) -> Status {
+    const Plan plan = plans[plan_index];
+    SKV_RETURN_IF_ERROR(model.AllocateShadowKv(kv_config, static_cast<int>(plan.total), capacity));
+    SKV_RETURN_IF_ERROR(model.AllocateShadowKvValues(0, false));
+    if (plan_index == 0) {
+      SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
+      r.compress_seconds = model.shadowkv_stats().compress_seconds;
+      model.FreeKvCache();
+      if (plans.size() > 1) {
+        SKV_ASSIGN_OR_RETURN(snapshot, model.SaveShadowKvSequence(0));
+      }
+    } else {
+      SKV_RETURN_IF_ERROR(model.RestoreShadowKvSequence(snapshot, 0));
+      snapshot = CudaShadowKvSnapshot{};  // its host memory goes to the pinned values
     }
-    if (!allocated.ok()) {
-      if (allocated.code() != ErrorCode::kResourceExhausted) return allocated;
-      r.note = fmt::format("{} of {} planned sequences admitted: {}", admitted, total,
-                           allocated.message());
-      break;
+    int admitted = 1, on_device = 1;
+    for (int seq = 1; seq < plan.total; ++seq) {
+      bool on_host = seq >= plan.on_device;
+      Status allocated = model.AllocateShadowKvValues(seq, on_host);
+      if (!allocated.ok() && !on_host && c.allow_host_values && plan.on_device < plan.total) {
+        on_host = true;  // the device estimate missed: try the host
+        allocated = model.AllocateShadowKvValues(seq, true);
+      }
+      if (!allocated.ok()) {
+        if (allocated.code() != ErrorCode::kResourceExhausted) return allocated;
+        r.note = fmt::format("{} of {} planned sequences admitted: {}", admitted, plan.total,
+                             allocated.message());
+        break;
+      }
+      SKV_RETURN_IF_ERROR(model.CopyShadowKvSequence(0, seq));
+      ++admitted;
+      if (!on_host) ++on_device;
     }
-    SKV_RETURN_IF_ERROR(model.CopyShadowKvSequence(0, seq));
-    ++admitted;
-    if (!on_host) ++on_device;
-  }
-  r.max_batch = admitted;
-  {
+    r.max_batch = std::max(r.max_batch, admitted);
     const CudaShadowKvStats stats = model.shadowkv_stats();
     r.rank = stats.rank;
-    r.skv_device_bytes = stats.device_bytes;
-    r.host_bytes = stats.host_bytes;
-  }
+    r.skv_device_bytes = std::max(r.skv_device_bytes, stats.device_bytes);
+    r.host_bytes = std::max(r.host_bytes, stats.host_bytes);
 
-  // Decode: every admitted sequence, and the device-value sequences alone when some are on
-  // the host (host reads at PCIe speed can cost more than the extra sequences bring).
-  std::vector<int> batches = {admitted};
-  if (on_device < admitted && c.batch == 0) batches.push_back(on_device);
-  const int32_t first_token = ArgmaxOf(logits);
-  for (int batch : batches) {
+    const int batch = admitted;
     ShadowKvBenchRun run;
     run.batch = batch;
-    run.device_value_sequences = std::min(batch, on_device);
-    run.host_value_sequences = batch - run.device_value_sequences;
-    // A second run starts where sequence 0 stands after the first (a few hundred tokens on).
-    if (!r.runs.empty()) {
-      for (int seq = 1; seq < batch; ++seq) SKV_RETURN_IF_ERROR(model.CopyShadowKvSequence(0, seq));
-    }
+    run.device_value_sequences = on_device;
+    run.host_value_sequences = batch - on_device;
+    run.host_bytes = stats.host_bytes;
     std::vector<int> seqs(batch);
     for (int i = 0; i < batch; ++i) seqs[i] = i;
     std::vector<int32_t> tokens(batch, first_token);
@@ -280,14 +297,15 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
       SKV_RETURN_IF_ERROR(model.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}));
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
-    const CudaShadowKvStats stats = model.shadowkv_stats();
-    run.hit_rate = stats.chunks_selected > 0
-                       ? static_cast<double>(stats.chunk_hits) / stats.chunks_selected
+    const CudaShadowKvStats counted = model.shadowkv_stats();
+    run.hit_rate = counted.chunks_selected > 0
+                       ? static_cast<double>(counted.chunk_hits) / counted.chunks_selected
                        : 0.0;
     run.step_ms = 1000.0 * seconds / c.decode_steps;
     run.decode_tokens_per_s = static_cast<double>(batch) * c.decode_steps / seconds;
     SKV_ASSIGN_OR_RETURN(DeviceInfo now, QueryDevice());
-    r.gpu_bytes_used = std::max(r.gpu_bytes_used, now.total_bytes - now.free_bytes);
+    run.gpu_bytes_used = now.total_bytes - now.free_bytes;
+    r.gpu_bytes_used = std::max(r.gpu_bytes_used, run.gpu_bytes_used);
     for (int i = 0; i < kProfiledSteps; ++i) {
       SKV_ASSIGN_OR_RETURN(run.breakdown, model.ProfileShadowKvDecodeStep(seqs, tokens));
     }
@@ -317,11 +335,21 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
     run.floors.total_ms = run.floors.dense_ms + run.floors.scoring_ms + run.floors.rebuild_ms +
                           run.floors.fetch_ms + run.floors.attention_ms;
     r.runs.push_back(run);
+    return Status::Ok();
+  };
+  for (size_t plan_index = 0; plan_index < plans.size(); ++plan_index) {
+    const Status measured = measure(plan_index);
+    model.FreeShadowKv();
+    if (!measured.ok()) {
+      if (plan_index == 0) return measured;
+      r.note = fmt::format("the device + host allocation ({} sequences) was not measured: {}",
+                           plans[plan_index].total, measured.ToString());
+      break;
+    }
   }
   for (size_t i = 1; i < r.runs.size(); ++i) {
     if (r.runs[i].decode_tokens_per_s > r.runs[r.best].decode_tokens_per_s) r.best = static_cast<int>(i);
   }
-  model.FreeShadowKv();
   return r;
 }
 

@@ -74,6 +74,8 @@ struct ShadowKvBenchRun {
   int batch = 0;
   int device_value_sequences = 0;
   int host_value_sequences = 0;
+  int64_t gpu_bytes_used = 0;  // during this run's allocation
+  int64_t host_bytes = 0;      // pinned values of this run's allocation
   double decode_tokens_per_s = 0;
   double step_ms = 0;
   double hit_rate = 0;
@@ -86,10 +88,10 @@ struct ShadowKvBenchResult {
   int64_t budget_tokens = 0;
   int rank = 0;
   int outlier_chunks = 0;
-  int max_batch = 0;  // sequences admitted (device + host values)
+  int max_batch = 0;  // the most sequences one allocation admitted
   double prefill_seconds = 0;   // full-attention prefill of one prompt (pre-RoPE keys kept)
   double compress_seconds = 0;  // factorisation + landmarks + outliers + value offload
-  std::vector<ShadowKvBenchRun> runs;  // all admitted; device-value sequences only (if both)
+  std::vector<ShadowKvBenchRun> runs;  // device values only; device + host values (if any)
   int best = 0;                        // index into runs
   int64_t gpu_bytes_used = 0;
   int64_t skv_device_bytes = 0;

@@ -64,6 +64,14 @@ struct CudaShadowKvStats {
   double compress_seconds = 0;    // the last CompressToShadowKv
 };
 
+// One ShadowKV sequence's whole state in (pageable) host memory: restored into an allocation
+// of the same settings and capacity, it continues exactly where it was saved.
+struct CudaShadowKvSnapshot {
+  std::vector<std::vector<uint8_t>> device_parts;  // per device buffer, one sequence's share
+  std::vector<uint8_t> values;
+  std::vector<uint8_t> bookkeeping;                // host-side records
+};
+
 class CudaModel {
  public:
   // Reads a GGUF model and uploads it once, every weight dequantised to bf16. Unsupported shapes
@@ -129,6 +137,9 @@ class CudaModel {
   // Compresses the prompt held by full-cache slot `full_slot` into ShadowKV sequence `seq`.
   Status CompressToShadowKv(int full_slot, int seq);
   Status CopyShadowKvSequence(int from, int to);
+  // Sequence `seq` (with values) to host memory and back, e.g. across a re-allocation.
+  Result<CudaShadowKvSnapshot> SaveShadowKvSequence(int seq);
+  Status RestoreShadowKvSequence(const CudaShadowKvSnapshot& snapshot, int seq);
   int64_t shadowkv_length(int seq) const;
   // As DecodeStep, over ShadowKV sequences.
   Status ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,

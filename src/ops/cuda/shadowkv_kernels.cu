@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/cuda/device_utils.cuh"
+#include "ops/cuda/shadowkv_fast_kernels.cuh"
 #include "ops/cuda/mma_utils.cuh"
 
 namespace shadowkv::cuda {
@@ -609,7 +610,9 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateKernel), graduate_bytes)) != cudaSuccess) return e;
   const void* rebuild = l.head_dim == 128 ? reinterpret_cast<const void*>(SkvRebuildKernel<128>)
                                           : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
-  return raise(rebuild, rebuild_bytes);
+  if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
+  if (SkvRebuildFastSharedBytes(l.rank, l.head_dim) > limit) return cudaErrorInvalidValue;
+  return SkvConfigureFastKernels(l, dynamic_select);
 }
 
 cudaError_t LaunchSkvGraduate(const SkvDecodeParams& p, cudaStream_t stream) {
@@ -626,6 +629,7 @@ cudaError_t LaunchSkvGraduate(const SkvDecodeParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchSkvScore(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
+  if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvScoreFast(p, stream);
   const SkvLayout& l = p.layout;
   const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
                   l.num_kv_heads, p.rows);
@@ -647,6 +651,7 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
   if (l.max_budget > kSkvMaxBudgetChunks) return cudaErrorInvalidValue;
   const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
   SkvSelectKernel<<<dim3(l.num_kv_heads, p.rows), kSelectThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }
@@ -663,6 +668,9 @@ cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) 
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
   if (l.rank % 8 != 0) return cudaErrorInvalidValue;
+  if (p.kernel_variant == kSkvKernelsFast && SkvRebuildFastApplies(p)) {
+    return LaunchSkvRebuildFast(p, stream);
+  }
   const int64_t bytes = RebuildSharedBytes(l.rank, l.head_dim);
   const dim3 grid((l.max_budget + kRebuildSlots - 1) / kRebuildSlots, l.num_kv_heads, p.rows);
   if (l.head_dim == 128) {

@@ -56,7 +56,14 @@ struct SkvDecodeParams {
   int rotary_dim = 0;
   bool halves = false;
   float scale = 0.0f;  // 1/sqrt(head_dim)
+  // kSkvKernelsFirst: the first kernels (kept to compare); kSkvKernelsFast: unrolled scoring,
+  // three-pass select with warp-aggregated radix histograms, and the register-RoPE rebuild
+  // (64 slots per block, cp.async double buffering; full-width rotary only, else the first).
+  int kernel_variant = 1;
 };
+
+constexpr int kSkvKernelsFirst = 0;
+constexpr int kSkvKernelsFast = 1;
 
 // Graduation (rows whose graduate_chunk >= 0): A rows = K_pre·Bᵀ, landmark, values to the store,
 // then the exact window moves down by one chunk.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -39,6 +40,16 @@ namespace {
 Status NeedShadowKv(const CudaModel::Impl& m) {
   if (!m.skv) return Error(ErrorCode::kInvalidArgument, "no ShadowKV sequences: AllocateShadowKv");
   return Status::Ok();
+}
+
+// SKV_SHADOWKV_KERNELS=0 runs the first decode kernels (to compare); anything else the fast ones.
+int ShadowKvKernelVariant() {
+  static const int variant = [] {
+    const char* text = std::getenv("SKV_SHADOWKV_KERNELS");
+    return text != nullptr && std::atoi(text) == kSkvKernelsFirst ? kSkvKernelsFirst
+                                                                  : kSkvKernelsFast;
+  }();
+  return variant;
 }
 
 Status CheckSeq(const ShadowKvState& s, int seq) {
@@ -424,6 +435,86 @@ Status CudaModel::CopyShadowKvSequence(int from, int to) {
   return Status::Ok();
 }
 
+namespace {
+
+// Every per-sequence device buffer of the state, in one fixed order.
+template <typename Visit>
+Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
+  auto part = [&](auto& buffer) {
+    const int64_t per = buffer.size() / s.num_sequences * sizeof(*buffer.get());
+    return visit(reinterpret_cast<uint8_t*>(buffer.get()), per);
+  };
+  SKV_RETURN_IF_ERROR(part(s.attn_keys));
+  SKV_RETURN_IF_ERROR(part(s.attn_values));
+  SKV_RETURN_IF_ERROR(part(s.keys_pre));
+  SKV_RETURN_IF_ERROR(part(s.coefficients));
+  SKV_RETURN_IF_ERROR(part(s.basis));
+  SKV_RETURN_IF_ERROR(part(s.landmarks));
+  SKV_RETURN_IF_ERROR(part(s.outlier));
+  SKV_RETURN_IF_ERROR(part(s.slot_chunk));
+  return part(s.info);
+}
+
+struct SnapshotBookkeeping {
+  SkvSequenceInfo info;
+  int64_t length = 0;
+  int64_t exact_first0 = 0;
+};
+
+}  // namespace
+
+Result<CudaShadowKvSnapshot> CudaModel::SaveShadowKvSequence(int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (!s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", seq);
+  CudaShadowKvSnapshot snapshot;
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+  SKV_RETURN_IF_ERROR(ForEachSequenceBuffer(s, [&](uint8_t* base, int64_t per) -> Status {
+    std::vector<uint8_t>& part = snapshot.device_parts.emplace_back(per);
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(part.data(), base + seq * per, per, cudaMemcpyDeviceToHost));
+    return Status::Ok();
+  }));
+  snapshot.values.resize(s.geometry.ValueBytesPerSequence());
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(snapshot.values.data(), s.value_pointers[seq],
+                                      snapshot.values.size(), cudaMemcpyDefault));
+  const SnapshotBookkeeping book{s.host_info[seq], s.lengths[seq], s.exact_first0[seq]};
+  snapshot.bookkeeping.resize(sizeof(book));
+  std::memcpy(snapshot.bookkeeping.data(), &book, sizeof(book));
+  return snapshot;
+}
+
+Status CudaModel::RestoreShadowKvSequence(const CudaShadowKvSnapshot& snapshot, int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (!s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", seq);
+  if (snapshot.bookkeeping.size() != sizeof(SnapshotBookkeeping) ||
+      static_cast<int64_t>(snapshot.values.size()) != s.geometry.ValueBytesPerSequence()) {
+    return Error(ErrorCode::kInvalidArgument, "the snapshot is of other ShadowKV settings");
+  }
+  size_t index = 0;
+  SKV_RETURN_IF_ERROR(ForEachSequenceBuffer(s, [&](uint8_t* base, int64_t per) -> Status {
+    if (index >= snapshot.device_parts.size() ||
+        static_cast<int64_t>(snapshot.device_parts[index].size()) != per) {
+      return Error(ErrorCode::kInvalidArgument, "the snapshot is of other ShadowKV settings");
+    }
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(base + seq * per, snapshot.device_parts[index++].data(),
+                                        per, cudaMemcpyHostToDevice));
+    return Status::Ok();
+  }));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(s.value_pointers[seq], snapshot.values.data(),
+                                      snapshot.values.size(), cudaMemcpyDefault));
+  SnapshotBookkeeping book;
+  std::memcpy(&book, snapshot.bookkeeping.data(), sizeof(book));
+  s.host_info[seq] = book.info;
+  s.lengths[seq] = book.length;
+  s.exact_first0[seq] = book.exact_first0;
+  return Status::Ok();
+}
+
 int64_t CudaModel::shadowkv_length(int seq) const {
   const Impl& m = *impl_;
   return m.skv && seq >= 0 && seq < m.skv->num_sequences ? m.skv->lengths[seq] : 0;
@@ -497,6 +588,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.rotary_dim = c.rope.rotary_dim;
   p.halves = c.rope.style == RopeConfig::Style::kHalves;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.kernel_variant = ShadowKvKernelVariant();
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));

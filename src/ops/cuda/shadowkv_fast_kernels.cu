@@ -1,0 +1,583 @@
+// ShadowKV decode kernels, second version (kSkvKernelsFast): landmark scoring with several
+// landmark loads in flight per thread, a select kernel that reads the logits three times (not
+// 3·group + 1) and builds its radix histograms with warp-aggregated atomics, and a key rebuild
+// that keeps B_h in shared memory for 64 slots, pipelines the A rows with cp.async and applies
+// RoPE to the mma accumulators in registers before one coalesced store per key row.
+#include "ops/cuda/shadowkv_fast_kernels.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#include <cmath>
+
+#include "ops/cuda/device_utils.cuh"
+#include "ops/cuda/mma_utils.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ int64_t HeadIndex(const SkvLayout& l, int seq, int layer, int head) {
+  return (static_cast<int64_t>(seq) * l.num_layers + layer) * l.num_kv_heads + head;
+}
+
+// ---- scoring ----------------------------------------------------------------------------------
+
+constexpr int kScoreThreads = 256;
+constexpr int kScoreChunksPerBlock = 256;
+constexpr int kScoreUnroll = 4;
+
+// As the first scoring kernel, but each thread issues kScoreUnroll landmark loads before using
+// any, and loads them whether or not the chunk is an outlier (the flag only masks the result),
+// so no load waits on another.
+template <int kHeadDim, int kGroup>
+__global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodeParams p) {
+  constexpr int kLanes = kHeadDim / 8;
+  constexpr int kChunksPerPass = kScoreThreads / kLanes;
+  const int row = blockIdx.z, h = blockIdx.y;
+  const SkvRowMeta m = p.meta[row];
+  const SkvLayout& l = p.layout;
+  const int first = blockIdx.x * kScoreChunksPerBlock;
+  if (first >= m.num_chunks) return;
+  const int lane = threadIdx.x % kLanes, sub = threadIdx.x / kLanes;
+  float q[kGroup][8];
+  const Bf16* q_row =
+      p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * kHeadDim;
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    Bf16x8ToFloat(*reinterpret_cast<const uint4*>(q_row + g * kHeadDim + lane * 8), q[g]);
+  }
+  const int64_t head_index = HeadIndex(l, m.seq, p.layer, h);
+  const Bf16* landmarks = l.landmarks + head_index * l.capacity_chunks * kHeadDim;
+  const uint8_t* outlier = l.outlier + head_index * l.capacity_chunks;
+  float* logits =
+      p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * l.capacity_chunks;
+  const int last = min(first + kScoreChunksPerBlock, m.num_chunks);
+  for (int base = first; base < last; base += kChunksPerPass * kScoreUnroll) {
+    uint4 packed[kScoreUnroll];
+    uint8_t flags[kScoreUnroll];
+#pragma unroll
+    for (int u = 0; u < kScoreUnroll; ++u) {
+      const int c = base + u * kChunksPerPass + sub;
+      packed[u] = make_uint4(0, 0, 0, 0);
+      flags[u] = 1;
+      if (c < last) {
+        packed[u] = *reinterpret_cast<const uint4*>(landmarks + static_cast<int64_t>(c) * kHeadDim +
+                                                    lane * 8);
+        flags[u] = outlier[c];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kScoreUnroll; ++u) {
+      const int c = base + u * kChunksPerPass + sub;
+      float k[8];
+      Bf16x8ToFloat(packed[u], k);
+      float mine = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(q[g][i], k[i], dot);
+#pragma unroll
+        for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+          dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        }
+        if (lane == g) mine = dot;
+      }
+      if (c < last && lane < kGroup) {
+        logits[static_cast<int64_t>(lane) * l.capacity_chunks + c] =
+            flags[u] ? -INFINITY : mine * p.scale;
+      }
+    }
+  }
+}
+
+// ---- selection --------------------------------------------------------------------------------
+
+constexpr int kSelectThreads = 1024;
+using SelectScan = cub::BlockScan<int, kSelectThreads>;
+
+// Max (or sum) over the block of kGroup values at once; every thread gets the results.
+// `scratch` holds 32·kGroup floats; the call contains barriers.
+template <int kGroup, bool kMax>
+__device__ __forceinline__ void BlockReduceGroup(float (&value)[kGroup], float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, value[g], offset);
+      value[g] = kMax ? fmaxf(value[g], other) : value[g] + other;
+    }
+  }
+  __syncthreads();
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) scratch[g * 32 + warp] = value[g];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    value[g] = scratch[g * 32 + lane];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, value[g], offset);
+      value[g] = kMax ? fmaxf(value[g], other) : value[g] + other;
+    }
+  }
+}
+
+// One block per (KV head, row), the same contract and shared layout as the first select kernel.
+template <int kGroup>
+__global__ void __launch_bounds__(kSelectThreads) SkvSelectFastKernel(SkvDecodeParams p) {
+  extern __shared__ uint32_t shared_words[];
+  __shared__ typename SelectScan::TempStorage scan_storage;
+  __shared__ float reduce[32 * kGroup];
+  __shared__ int histogram[256];
+  __shared__ uint32_t prefix_shared;
+  __shared__ int remaining_shared;
+
+  const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+  const SkvRowMeta m = p.meta[row];
+  const SkvLayout& l = p.layout;
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int n = m.num_chunks;
+  const int words = (l.capacity_chunks + 31) / 32;
+  uint32_t* keys = shared_words;
+  uint32_t* wanted = keys + l.capacity_chunks;
+  int* selected = reinterpret_cast<int*>(wanted + words);
+  int* free_slots = selected + l.max_budget;
+  const float* logits =
+      p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * l.capacity_chunks;
+  int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
+  int32_t* slot_chunk = l.slot_chunk + HeadIndex(l, m.seq, p.layer, h) * l.max_budget;
+  for (int w = tid; w < words; w += kSelectThreads) wanted[w] = 0;
+  for (int s = tid; s < l.max_budget; s += kSelectThreads) miss[s] = -1;
+
+  // Softmax of every query head (max pass, sum pass), then the group max as a radix key:
+  // 0 = not selectable, else the score's bits + 1 (ordered like the score).
+  float top[kGroup], sum[kGroup];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) top[g] = -INFINITY, sum[g] = 0.0f;
+  for (int c = tid; c < n; c += kSelectThreads) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) top[g] = fmaxf(top[g], logits[g * l.capacity_chunks + c]);
+  }
+  BlockReduceGroup<kGroup, true>(top, reduce);
+  for (int c = tid; c < n; c += kSelectThreads) {
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const float x = logits[g * l.capacity_chunks + c];
+      sum[g] += x == -INFINITY ? 0.0f : expf(x - top[g]);
+    }
+  }
+  BlockReduceGroup<kGroup, false>(sum, reduce);
+  float inv[kGroup];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) inv[g] = 1.0f / sum[g];
+  int selectable_local = 0;
+  for (int c = tid; c < n; c += kSelectThreads) {
+    float score = 0.0f;
+    bool live = false;
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const float x = logits[g * l.capacity_chunks + c];
+      if (x != -INFINITY) score = fmaxf(score, expf(x - top[g]) * inv[g]);
+      if (g == 0) live = x != -INFINITY;  // query head 0's logit marks outliers
+    }
+    keys[c] = live ? __float_as_uint(score) + 1u : 0u;
+    selectable_local += live;
+  }
+  const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
+  const int k = min(info.budget_chunks, selectable);
+
+  // Radix select of the k-th largest key, 8 bits at a time. Scores share few exponents, so most
+  // keys fall in a handful of bins: lanes with the same bin add once per warp.
+  if (tid == 0) {
+    prefix_shared = 0;
+    remaining_shared = k;
+  }
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
+    for (int b = tid; b < 256; b += kSelectThreads) histogram[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = prefix_shared;
+    for (int base = 0; base < n; base += kSelectThreads) {
+      const int c = base + tid;
+      const uint32_t key = c < n ? keys[c] : 0u;
+      const bool counted = c < n && (key & mask) == prefix;
+      const uint32_t bin = counted ? (key >> shift) & 255u : 256u;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+    }
+    __syncthreads();
+    if (tid < 32) {
+      // Lane L owns bins [8L, 8L + 8); `above` = keys in higher lanes' bins. The chosen bin is
+      // the highest whose count from the top reaches `remaining`.
+      const int remaining = remaining_shared;
+      int own = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) own += histogram[lane * 8 + b];
+      int from_here = own;  // keys in bins >= 8L
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int other = __shfl_down_sync(0xffffffffu, from_here, offset);
+        if (lane + offset < 32) from_here += other;
+      }
+      const unsigned reach = __ballot_sync(0xffffffffu, from_here >= remaining);
+      const int chosen = reach ? 31 - __clz(reach) : 0;
+      if (lane == chosen) {
+        int above = from_here - own, bin = lane * 8 + 7;
+        for (; bin > lane * 8; --bin) {
+          if (above + histogram[bin] >= remaining) break;
+          above += histogram[bin];
+        }
+        remaining_shared = remaining - above;
+        prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
+      }
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  const uint32_t threshold = prefix_shared;
+  const int ties_allowed = remaining_shared;
+
+  // The selected chunks in index order: every key above the threshold and the first
+  // ties_allowed keys equal to it. Each thread owns a contiguous range, so one scan places all.
+  const int per_thread = (n + kSelectThreads - 1) / kSelectThreads;
+  const int begin = min(n, tid * per_thread), end = min(n, begin + per_thread);
+  int above_count = 0, tie_count = 0;
+  if (k > 0) {
+    for (int c = begin; c < end; ++c) {
+      const uint32_t key = keys[c];
+      above_count += key != 0u && key > threshold;
+      tie_count += key != 0u && key == threshold;
+    }
+  }
+  int packed_before = 0, packed_total = 0;  // above | ties << 16 (capacity < 32768 chunks)
+  SelectScan(scan_storage).ExclusiveSum(above_count | (tie_count << 16), packed_before, packed_total);
+  if (k > 0) {
+    int ties_seen = packed_before >> 16;
+    int at = (packed_before & 0xffff) + min(ties_seen, ties_allowed);
+    for (int c = begin; c < end; ++c) {
+      const uint32_t key = keys[c];
+      bool take = key != 0u && key > threshold;
+      if (key != 0u && key == threshold) take = ties_seen++ < ties_allowed;
+      if (take) {
+        selected[at++] = c;
+        atomicOr(&wanted[c >> 5], 1u << (c & 31));
+      }
+    }
+  }
+  __syncthreads();
+
+  // Hits keep their slot; the other slots are free; misses go to free slots in slot order.
+  const int slots = info.budget_chunks;
+  int is_free = 0;
+  if (tid < slots) {
+    const int held = slot_chunk[tid];
+    const bool hit = held >= 0 && held < n && (wanted[held >> 5] >> (held & 31) & 1u);
+    is_free = !hit;
+  }
+  __syncthreads();  // every slot has read `wanted` before hits clear their bits
+  if (tid < slots && !is_free) {
+    const int held = slot_chunk[tid];
+    atomicAnd(&wanted[held >> 5], ~(1u << (held & 31)));
+  }
+  int free_before = 0, free_total = 0;
+  SelectScan(scan_storage).ExclusiveSum(is_free, free_before, free_total);
+  if (is_free) {
+    free_slots[free_before] = tid;
+    slot_chunk[tid] = -1;
+  }
+  __syncthreads();
+  const int chunk = tid < k ? selected[tid] : -1;
+  const int is_miss = chunk >= 0 && (wanted[chunk >> 5] >> (chunk & 31) & 1u);
+  int miss_before = 0, miss_total = 0;
+  SelectScan(scan_storage).ExclusiveSum(is_miss, miss_before, miss_total);
+  if (is_miss) {
+    const int slot = free_slots[miss_before];
+    slot_chunk[slot] = chunk;
+    miss[slot] = chunk;
+  }
+  if (tid == 0 && l.counters) {
+    atomicAdd(&l.counters[0], static_cast<unsigned long long>(k));
+    atomicAdd(&l.counters[1], static_cast<unsigned long long>(k - miss_total));
+  }
+}
+
+// ---- key rebuild ------------------------------------------------------------------------------
+
+constexpr int kRebuildWarps = 4;
+constexpr int kRebuildSlots = 64;  // gather slots per block: B_h is staged once for these
+
+__host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
+
+// sin and cos of an fp32 angle formed as the CPU forms it (position · inv_freq in fp32): the
+// reduction to [−π, π] in fp64 is exact enough that the fast hardware sincos (absolute error
+// ~4e-7 there) stands in for the accurate one, whose slow path large angles (> 1e5) take.
+__device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosine) {
+  const double turns = rint(static_cast<double>(angle) * 0.15915494309189535);
+  const float reduced = static_cast<float>(fma(-turns, 6.283185307179586, static_cast<double>(angle)));
+  __sincosf(reduced, sine, cosine);
+}
+
+// One block per (64 slots, KV head, row). Shared: B_h [rank_padded, D + 8], per warp two A
+// tiles [16, rank_padded + 8] (cp.async ring) and one output tile [16, D + 8] bf16.
+// Accumulator layout (m16n8k16): lane holds rows g, g + 8 and columns 8j + 2c, 8j + 2c + 1.
+// Both RoPE styles pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j +
+// D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
+template <int kHeadDim, bool kHalves>
+__global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char rebuild_shared[];
+  __shared__ int miss_slots[kRebuildSlots], miss_chunks[kRebuildSlots], warp_counts[2];
+  __shared__ float inv_freq[kHeadDim / 2];
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* miss =
+      p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
+  int chunk = -1, slot = 0;
+  unsigned ballot = 0;
+  if (warp < 2) {
+    slot = blockIdx.x * kRebuildSlots + threadIdx.x;
+    chunk = slot < l.max_budget ? miss[slot] : -1;
+    ballot = __ballot_sync(0xffffffffu, chunk >= 0);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+  }
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+  __syncthreads();
+  const int count = warp_counts[0] + warp_counts[1];
+  if (count == 0) return;
+  if (chunk >= 0) {
+    const int at = (warp == 1 ? warp_counts[0] : 0) + __popc(ballot & ((1u << lane) - 1u));
+    miss_slots[at] = slot;
+    miss_chunks[at] = chunk;
+  }
+
+  const SkvRowMeta m = p.meta[row];
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.rank;
+  const int rank_padded = RankPadded(rank);
+  const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 8;
+  const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
+  Bf16* b_tile = reinterpret_cast<Bf16*>(rebuild_shared);
+  Bf16* a_ring = b_tile + rank_padded * b_pitch + warp * 2 * 16 * a_pitch;
+  Bf16* out_tile = b_tile + rank_padded * b_pitch + kRebuildWarps * 2 * 16 * a_pitch +
+                   warp * 16 * out_pitch;
+  const Bf16* basis = l.basis + layer_index * rank * width + h * kHeadDim;
+  for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
+    const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+    const bool inside = k < rank;
+    CpAsync16(b_tile + k * b_pitch + v * 8,
+              inside ? basis + static_cast<int64_t>(k) * width + v * 8 : basis, inside ? 16 : 0);
+  }
+  CpAsyncCommit();
+  __syncthreads();  // miss lists visible
+
+  const Bf16* coefficients =
+      l.coefficients + layer_index * l.capacity_chunks * chunk_size * static_cast<int64_t>(rank);
+  const int total_rows = count * chunk_size;
+  const int num_tiles = (total_rows + 15) / 16;
+  const int vectors = rank_padded / 8;
+  auto load_tile = [&](int tile, Bf16* target) {
+    for (int i = lane; i < 16 * vectors; i += 32) {
+      const int r = i / vectors, v = i % vectors;
+      const int token_row = tile * 16 + r;
+      const bool inside = token_row < total_rows && v * 8 < rank;
+      const Bf16* source = coefficients;
+      if (inside) {
+        const int which = token_row / chunk_size, t = token_row % chunk_size;
+        source += (static_cast<int64_t>(miss_chunks[which]) * chunk_size + t) * rank + v * 8;
+      }
+      CpAsync16(target + r * a_pitch + v * 8, source, inside ? 16 : 0);
+    }
+  };
+  if (warp < num_tiles) load_tile(warp, a_ring);
+  CpAsyncCommit();
+  CpAsyncWait<1>();  // this thread's share of B_h has landed (groups complete in order)
+  __syncthreads();
+
+  Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
+               static_cast<int64_t>(info.gather_base) * kHeadDim;
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+  int buffer = 0;
+  for (int tile = warp; tile < num_tiles; tile += kRebuildWarps, buffer ^= 1) {
+    if (tile + kRebuildWarps < num_tiles) {
+      load_tile(tile + kRebuildWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncwarp();  // this warp's tile has landed
+    const Bf16* a_tile = a_ring + buffer * 16 * a_pitch;
+    float acc[kHeadDim / 8][4];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int k0 = 0; k0 < rank_padded; k0 += 16) {
+      uint32_t a[4];
+      LdMatrixX4(a, a_tile + (lane & 15) * a_pitch + k0 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n0 = 0; n0 < kHeadDim; n0 += 16) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, b_tile + (k0 + (lane & 15)) * b_pitch + n0 + (lane >> 4) * 8);
+        MmaBf16(acc[n0 / 8], a, b[0], b[1]);
+        MmaBf16(acc[n0 / 8 + 1], a, b[2], b[3]);
+      }
+    }
+    // RoPE at each row's own position, then bf16 into the output tile.
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+      const int r = g + 8 * half_row;
+      const int token_row = tile * 16 + r;
+      const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
+      const float position = static_cast<float>(miss_chunks[which] * chunk_size + t);
+      if constexpr (kHalves) {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float sine, cosine;
+            RopeSinCos(position * inv_freq[j * 8 + c2 + e], &sine, &cosine);
+            const float x0 = acc[j][2 * half_row + e], x1 = acc[j + kHeadDim / 16][2 * half_row + e];
+            acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
+            acc[j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          float sine, cosine;
+          RopeSinCos(position * inv_freq[j * 4 + c2 / 2], &sine, &cosine);
+          const float x0 = acc[j][2 * half_row], x1 = acc[j][2 * half_row + 1];
+          acc[j][2 * half_row] = x0 * cosine - x1 * sine;
+          acc[j][2 * half_row + 1] = x0 * sine + x1 * cosine;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(out_tile + r * out_pitch + j * 8 + c2) =
+            PackBf16(acc[j][2 * half_row], acc[j][2 * half_row + 1]);
+      }
+    }
+    __syncwarp();
+    // One 16-byte store per lane and step: whole key rows of the chunk's gather slot.
+    for (int i = lane; i < 16 * (kHeadDim / 8); i += 32) {
+      const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+      const int token_row = tile * 16 + r;
+      if (token_row >= total_rows) continue;
+      const int which = token_row / chunk_size, t = token_row % chunk_size;
+      *reinterpret_cast<uint4*>(keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + t) *
+                                           kHeadDim + v * 8) =
+          *reinterpret_cast<const uint4*>(out_tile + r * out_pitch + v * 8);
+    }
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+}
+
+int64_t RebuildFastSharedBytes(int rank, int head_dim) {
+  const int rank_padded = RankPadded(rank);
+  return 2ll * (static_cast<int64_t>(rank_padded) * (head_dim + 8) +
+                kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
+}
+
+const void* RebuildFastKernel(int head_dim, bool halves) {
+  if (head_dim == 128) {
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<128, true>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<128, false>);
+  }
+  if (head_dim == 64) {
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<64, true>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<64, false>);
+  }
+  return nullptr;
+}
+
+const void* SelectFastKernel(int group) {
+  switch (group) {
+    case 1: return reinterpret_cast<const void*>(SkvSelectFastKernel<1>);
+    case 2: return reinterpret_cast<const void*>(SkvSelectFastKernel<2>);
+    case 3: return reinterpret_cast<const void*>(SkvSelectFastKernel<3>);
+    case 4: return reinterpret_cast<const void*>(SkvSelectFastKernel<4>);
+    case 5: return reinterpret_cast<const void*>(SkvSelectFastKernel<5>);
+    case 6: return reinterpret_cast<const void*>(SkvSelectFastKernel<6>);
+    case 7: return reinterpret_cast<const void*>(SkvSelectFastKernel<7>);
+    case 8: return reinterpret_cast<const void*>(SkvSelectFastKernel<8>);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
+  return p.rotary_dim == p.layout.head_dim && RebuildFastKernel(p.layout.head_dim, p.halves);
+}
+
+cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_bytes) {
+  if (l.capacity_chunks >= 32768) return cudaErrorInvalidValue;  // packed scan counts
+  auto raise = [&](const void* kernel, int64_t bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(bytes));
+  };
+  cudaError_t e = cudaSuccess;
+  if (const void* select = SelectFastKernel(l.group)) {
+    if ((e = raise(select, select_dynamic_bytes)) != cudaSuccess) return e;
+  }
+  const int64_t rebuild_bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
+  for (bool halves : {false, true}) {
+    if (const void* rebuild = RebuildFastKernel(l.head_dim, halves)) {
+      if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) { return RebuildFastSharedBytes(rank, head_dim); }
+
+cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& p, cudaStream_t stream) {
+  const SkvLayout& l = p.layout;
+  const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
+                  l.num_kv_heads, p.rows);
+#define SKV_SCORE_CASE(D, G)                                                 \
+  if (l.head_dim == D && l.group == G) {                                     \
+    SkvScoreFastKernel<D, G><<<grid, kScoreThreads, 0, stream>>>(p);         \
+    return cudaGetLastError();                                               \
+  }
+  SKV_SCORE_CASE(128, 1) SKV_SCORE_CASE(128, 2) SKV_SCORE_CASE(128, 3) SKV_SCORE_CASE(128, 4)
+  SKV_SCORE_CASE(128, 5) SKV_SCORE_CASE(128, 6) SKV_SCORE_CASE(128, 7) SKV_SCORE_CASE(128, 8)
+  SKV_SCORE_CASE(64, 1) SKV_SCORE_CASE(64, 2) SKV_SCORE_CASE(64, 3) SKV_SCORE_CASE(64, 4)
+  SKV_SCORE_CASE(64, 5) SKV_SCORE_CASE(64, 6) SKV_SCORE_CASE(64, 7) SKV_SCORE_CASE(64, 8)
+#undef SKV_SCORE_CASE
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& p, int64_t dynamic_bytes, cudaStream_t stream) {
+  const SkvLayout& l = p.layout;
+  const dim3 grid(l.num_kv_heads, p.rows);
+#define SKV_SELECT_CASE(G)                                                               \
+  case G:                                                                                \
+    SkvSelectFastKernel<G><<<grid, kSelectThreads, dynamic_bytes, stream>>>(p);          \
+    return cudaGetLastError();
+  switch (l.group) {
+    SKV_SELECT_CASE(1) SKV_SELECT_CASE(2) SKV_SELECT_CASE(3) SKV_SELECT_CASE(4)
+    SKV_SELECT_CASE(5) SKV_SELECT_CASE(6) SKV_SELECT_CASE(7) SKV_SELECT_CASE(8)
+    default: return cudaErrorInvalidValue;
+  }
+#undef SKV_SELECT_CASE
+}
+
+cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
+  const SkvLayout& l = p.layout;
+  const int64_t bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
+  const dim3 grid((l.max_budget + kRebuildSlots - 1) / kRebuildSlots, l.num_kv_heads, p.rows);
+#define SKV_REBUILD_CASE(D, HALVES)                                                      \
+  if (l.head_dim == D && p.halves == HALVES) {                                           \
+    SkvRebuildFastKernel<D, HALVES><<<grid, kRebuildWarps * 32, bytes, stream>>>(p);     \
+    return cudaGetLastError();                                                           \
+  }
+  SKV_REBUILD_CASE(128, true) SKV_REBUILD_CASE(128, false)
+  SKV_REBUILD_CASE(64, true) SKV_REBUILD_CASE(64, false)
+#undef SKV_REBUILD_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace shadowkv::cuda
