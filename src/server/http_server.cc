@@ -205,7 +205,10 @@ Result<std::pair<const kv::KvPolicy*, std::string>> HttpServer::ResolvePolicy(
   kv::KvPolicyConfig config = config_.kv;
   if (request.kv_policy) config.policy = *request.kv_policy;
   if (request.kv_budget) config.budget_tokens = *request.kv_budget;
-  const std::string key = fmt::format("{}/{}", config.policy, config.budget_tokens);
+  // Overrides that restate the server's settings share its policy (and its held states).
+  const bool same =
+      config.policy == config_.kv.policy && config.budget_tokens == config_.kv.budget_tokens;
+  const std::string key = same ? "" : fmt::format("{}/{}", config.policy, config.budget_tokens);
   std::lock_guard lock(policies_mutex_);
   if (auto it = policies_.find(key); it != policies_.end()) {
     return std::make_pair(static_cast<const kv::KvPolicy*>(it->second.get()), key);
