@@ -3,14 +3,12 @@
 // 3·group + 1) and builds its radix histograms with warp-aggregated atomics, and a key rebuild
 // that keeps B_h in shared memory for 64 slots, pipelines the A rows with cp.async and applies
 // RoPE to the mma accumulators in registers before one coalesced store per key row.
-#include "ops/cuda/shadowkv_fast_kernels.cuh"
-
-#include <cub/block/block_scan.cuh>
-
 #include <cmath>
+#include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/device_utils.cuh"
 #include "ops/cuda/mma_utils.cuh"
+#include "ops/cuda/shadowkv_fast_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -255,7 +253,8 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectFastKernel(SkvDecodeP
     }
   }
   int packed_before = 0, packed_total = 0;  // above | ties << 16 (capacity < 32768 chunks)
-  SelectScan(scan_storage).ExclusiveSum(above_count | (tie_count << 16), packed_before, packed_total);
+  SelectScan(scan_storage)
+      .ExclusiveSum(above_count | (tie_count << 16), packed_before, packed_total);
   if (k > 0) {
     int ties_seen = packed_before >> 16;
     int at = (packed_before & 0xffff) + min(ties_seen, ties_allowed);
@@ -318,7 +317,8 @@ __host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16
 // ~4e-7 there) stands in for the accurate one, whose slow path large angles (> 1e5) take.
 __device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosine) {
   const double turns = rint(static_cast<double>(angle) * 0.15915494309189535);
-  const float reduced = static_cast<float>(fma(-turns, 6.283185307179586, static_cast<double>(angle)));
+  const float reduced =
+      static_cast<float>(fma(-turns, 6.283185307179586, static_cast<double>(angle)));
   __sincosf(reduced, sine, cosine);
 }
 
@@ -362,8 +362,8 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   Bf16* b_tile = reinterpret_cast<Bf16*>(rebuild_shared);
   Bf16* a_ring = b_tile + rank_padded * b_pitch + warp * 2 * 16 * a_pitch;
-  Bf16* out_tile = b_tile + rank_padded * b_pitch + kRebuildWarps * 2 * 16 * a_pitch +
-                   warp * 16 * out_pitch;
+  Bf16* out_tile =
+      b_tile + rank_padded * b_pitch + kRebuildWarps * 2 * 16 * a_pitch + warp * 16 * out_pitch;
   const Bf16* basis = l.basis + layer_index * rank * width + h * kHeadDim;
   for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
     const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
@@ -437,7 +437,8 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
           for (int e = 0; e < 2; ++e) {
             float sine, cosine;
             RopeSinCos(position * inv_freq[j * 8 + c2 + e], &sine, &cosine);
-            const float x0 = acc[j][2 * half_row + e], x1 = acc[j + kHeadDim / 16][2 * half_row + e];
+            const float x0 = acc[j][2 * half_row + e],
+                        x1 = acc[j + kHeadDim / 16][2 * half_row + e];
             acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
             acc[j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
           }
@@ -465,8 +466,8 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
       const int token_row = tile * 16 + r;
       if (token_row >= total_rows) continue;
       const int which = token_row / chunk_size, t = token_row % chunk_size;
-      *reinterpret_cast<uint4*>(keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + t) *
-                                           kHeadDim + v * 8) =
+      *reinterpret_cast<uint4*>(
+          keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + t) * kHeadDim + v * 8) =
           *reinterpret_cast<const uint4*>(out_tile + r * out_pitch + v * 8);
     }
     __syncwarp();
@@ -476,8 +477,9 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
 
 int64_t RebuildFastSharedBytes(int rank, int head_dim) {
   const int rank_padded = RankPadded(rank);
-  return 2ll * (static_cast<int64_t>(rank_padded) * (head_dim + 8) +
-                kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
+  return 2ll *
+         (static_cast<int64_t>(rank_padded) * (head_dim + 8) +
+          kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
 }
 
 const void* RebuildFastKernel(int head_dim, bool halves) {
@@ -494,15 +496,24 @@ const void* RebuildFastKernel(int head_dim, bool halves) {
 
 const void* SelectFastKernel(int group) {
   switch (group) {
-    case 1: return reinterpret_cast<const void*>(SkvSelectFastKernel<1>);
-    case 2: return reinterpret_cast<const void*>(SkvSelectFastKernel<2>);
-    case 3: return reinterpret_cast<const void*>(SkvSelectFastKernel<3>);
-    case 4: return reinterpret_cast<const void*>(SkvSelectFastKernel<4>);
-    case 5: return reinterpret_cast<const void*>(SkvSelectFastKernel<5>);
-    case 6: return reinterpret_cast<const void*>(SkvSelectFastKernel<6>);
-    case 7: return reinterpret_cast<const void*>(SkvSelectFastKernel<7>);
-    case 8: return reinterpret_cast<const void*>(SkvSelectFastKernel<8>);
-    default: return nullptr;
+    case 1:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<1>);
+    case 2:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<2>);
+    case 3:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<3>);
+    case 4:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<4>);
+    case 5:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<5>);
+    case 6:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<6>);
+    case 7:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<7>);
+    case 8:
+      return reinterpret_cast<const void*>(SkvSelectFastKernel<8>);
+    default:
+      return nullptr;
   }
 }
 
@@ -531,36 +542,43 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
   return cudaSuccess;
 }
 
-int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) { return RebuildFastSharedBytes(rank, head_dim); }
+int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
+  return RebuildFastSharedBytes(rank, head_dim);
+}
 
 cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
   const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
                   l.num_kv_heads, p.rows);
-#define SKV_SCORE_CASE(D, G)                                                 \
-  if (l.head_dim == D && l.group == G) {                                     \
-    SkvScoreFastKernel<D, G><<<grid, kScoreThreads, 0, stream>>>(p);         \
-    return cudaGetLastError();                                               \
+#define SKV_SCORE_CASE(D, G)                                         \
+  if (l.head_dim == D && l.group == G) {                             \
+    SkvScoreFastKernel<D, G><<<grid, kScoreThreads, 0, stream>>>(p); \
+    return cudaGetLastError();                                       \
   }
+  // clang-format off
   SKV_SCORE_CASE(128, 1) SKV_SCORE_CASE(128, 2) SKV_SCORE_CASE(128, 3) SKV_SCORE_CASE(128, 4)
   SKV_SCORE_CASE(128, 5) SKV_SCORE_CASE(128, 6) SKV_SCORE_CASE(128, 7) SKV_SCORE_CASE(128, 8)
   SKV_SCORE_CASE(64, 1) SKV_SCORE_CASE(64, 2) SKV_SCORE_CASE(64, 3) SKV_SCORE_CASE(64, 4)
   SKV_SCORE_CASE(64, 5) SKV_SCORE_CASE(64, 6) SKV_SCORE_CASE(64, 7) SKV_SCORE_CASE(64, 8)
 #undef SKV_SCORE_CASE
   return cudaErrorInvalidValue;
+  // clang-format on
 }
 
-cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& p, int64_t dynamic_bytes, cudaStream_t stream) {
+cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& p, int64_t dynamic_bytes,
+                                cudaStream_t stream) {
   const SkvLayout& l = p.layout;
   const dim3 grid(l.num_kv_heads, p.rows);
-#define SKV_SELECT_CASE(G)                                                               \
-  case G:                                                                                \
-    SkvSelectFastKernel<G><<<grid, kSelectThreads, dynamic_bytes, stream>>>(p);          \
+#define SKV_SELECT_CASE(G)                                                      \
+  case G:                                                                       \
+    SkvSelectFastKernel<G><<<grid, kSelectThreads, dynamic_bytes, stream>>>(p); \
     return cudaGetLastError();
   switch (l.group) {
+    // clang-format off
     SKV_SELECT_CASE(1) SKV_SELECT_CASE(2) SKV_SELECT_CASE(3) SKV_SELECT_CASE(4)
     SKV_SELECT_CASE(5) SKV_SELECT_CASE(6) SKV_SELECT_CASE(7) SKV_SELECT_CASE(8)
     default: return cudaErrorInvalidValue;
+    // clang-format on
   }
 #undef SKV_SELECT_CASE
 }
@@ -569,15 +587,17 @@ cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) 
   const SkvLayout& l = p.layout;
   const int64_t bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
   const dim3 grid((l.max_budget + kRebuildSlots - 1) / kRebuildSlots, l.num_kv_heads, p.rows);
-#define SKV_REBUILD_CASE(D, HALVES)                                                      \
-  if (l.head_dim == D && p.halves == HALVES) {                                           \
-    SkvRebuildFastKernel<D, HALVES><<<grid, kRebuildWarps * 32, bytes, stream>>>(p);     \
-    return cudaGetLastError();                                                           \
+#define SKV_REBUILD_CASE(D, HALVES)                                                  \
+  if (l.head_dim == D && p.halves == HALVES) {                                       \
+    SkvRebuildFastKernel<D, HALVES><<<grid, kRebuildWarps * 32, bytes, stream>>>(p); \
+    return cudaGetLastError();                                                       \
   }
+  // clang-format off
   SKV_REBUILD_CASE(128, true) SKV_REBUILD_CASE(128, false)
   SKV_REBUILD_CASE(64, true) SKV_REBUILD_CASE(64, false)
 #undef SKV_REBUILD_CASE
   return cudaErrorInvalidValue;
+  // clang-format on
 }
 
 }  // namespace shadowkv::cuda
