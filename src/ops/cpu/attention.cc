@@ -21,6 +21,21 @@ struct Task {
   int row_end;
 };
 
+// a · b over d floats, summed in kLanes independent partial sums so the compiler can keep them
+// in one SIMD register (a single running sum is a serial chain it may not reorder).
+inline float Dot(const float* a, const float* b, int d) {
+  constexpr int kLanes = 8;
+  float lanes[kLanes] = {};
+  int c = 0;
+  for (; c + kLanes <= d; c += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += a[c + j] * b[c + j];
+  }
+  float dot = 0.0f;
+  for (; c < d; ++c) dot += a[c] * b[c];
+  for (int j = 0; j < kLanes; ++j) dot += lanes[j];
+  return dot;
+}
+
 // scores[r * ld + t] = scale * q_r · k_t for t < columns. Few rows (decode): direct loops that
 // stream the keys once; many rows (prefill): BLAS.
 void ScoreRows(const float* q, int q_stride, int rows, const kv::KvSegment& s, int64_t columns,
@@ -32,12 +47,7 @@ void ScoreRows(const float* q, int q_stride, int rows, const kv::KvSegment& s, i
   }
   for (int64_t t = 0; t < columns; ++t) {
     const float* k = s.keys + t * s.row_stride;
-    for (int r = 0; r < rows; ++r) {
-      const float* qr = q + r * q_stride;
-      float dot = 0.0f;
-      for (int c = 0; c < d; ++c) dot += qr[c] * k[c];
-      scores[r * ld + t] = dot * scale;
-    }
+    for (int r = 0; r < rows; ++r) scores[r * ld + t] = Dot(q + r * q_stride, k, d) * scale;
   }
 }
 
