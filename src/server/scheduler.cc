@@ -317,7 +317,7 @@ bool Scheduler::Step() {
     return true;
   }
   const Clock::time_point now = Clock::now();
-  int64_t generated = 0;
+  std::vector<Running*> sampled;
   for (size_t i = 0; i < inputs.size(); ++i) {
     Running& r = *owners[i];
     if (r.prefilling()) {
@@ -329,18 +329,21 @@ bool Scheduler::Step() {
     } else if (metrics_) {
       metrics_->ObserveInterTokenLatency(std::chrono::duration<double>(now - r.last_token).count());
     }
-    const int32_t token = r.sampler.Sample(std::span<const float>(inputs[i].logits_out, vocab));
-    r.generated.push_back(token);
+    r.generated.push_back(r.sampler.Sample(std::span<const float>(inputs[i].logits_out, vocab)));
     r.last_token = now;
-    r.handle->Push(token);
-    ++generated;
-    if (r.request.stop_at_end_of_generation && model_.tokenizer().IsEndOfGeneration(token)) {
-      Finish(r, EndReason::kEndOfGeneration, Status::Ok());
-    } else if (static_cast<int>(r.generated.size()) >= r.request.max_new_tokens) {
-      Finish(r, EndReason::kLength, Status::Ok());
+    sampled.push_back(&r);
+  }
+  // Counted before any client sees the tokens, so /metrics is never behind a finished reply.
+  if (metrics_ && !sampled.empty()) metrics_->AddGeneratedTokens(std::ssize(sampled));
+  for (Running* r : sampled) {
+    const int32_t token = r->generated.back();
+    r->handle->Push(token);
+    if (r->request.stop_at_end_of_generation && model_.tokenizer().IsEndOfGeneration(token)) {
+      Finish(*r, EndReason::kEndOfGeneration, Status::Ok());
+    } else if (static_cast<int>(r->generated.size()) >= r->request.max_new_tokens) {
+      Finish(*r, EndReason::kLength, Status::Ok());
     }
   }
-  if (metrics_ && generated > 0) metrics_->AddGeneratedTokens(generated);
   std::erase_if(running_, [](const auto& r) { return r->kv == nullptr; });
   return true;
 }

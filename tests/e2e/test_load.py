@@ -82,6 +82,9 @@ def test_concurrent_equals_alone(server):
         if counted >= 2 * REQUESTS or time.time() > deadline:
             break
         time.sleep(0.2)
+    print(f"  /metrics: {counted:.0f} requests, "
+          f"{after['shadowkv_generated_tokens_total'] - before.get('shadowkv_generated_tokens_total', 0):.0f} "
+          f"generated tokens (clients counted {generated})")
     check(counted == 2 * REQUESTS, f"{key} grew by {counted}, expected {2 * REQUESTS}")
     grown = lambda name: after[name] - before.get(name, 0)
     check(grown("shadowkv_generated_tokens_total") == generated,
