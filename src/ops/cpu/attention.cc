@@ -186,8 +186,8 @@ void RunAttention(const AttentionShape& shape, std::span<const AttentionJob> job
       }
     }
   }
-  static thread_local std::vector<float> scores;
   pool.ParallelFor(static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end, int) {
+    thread_local std::vector<float> scores;  // each worker's own scratch
     for (int64_t i = begin; i < end; ++i) RunTask(shape, jobs[tasks[i].job], tasks[i], scores);
   });
 }
