@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up, builds, fetches the default model, and runs the whole test suite (ctest).
-# Labels: unit, model, cli, fuzz; where the CUDA toolkit is installed the CUDA backend is built
+# Labels: unit, model, cli, fuzz, e2e; where the CUDA toolkit is installed the CUDA backend is built
 # too (preset "cuda") and its gpu tests run (they skip, saying why, on a machine without a GPU).
 # Exits non-zero on any failure.
 set -euo pipefail
