@@ -15,21 +15,8 @@ mkdir -p "$out"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 stage=/tmp/shadowkv_skv
-rm -rf "$stage" && mkdir -p "$stage" && tar -xJf .devrun/skv/shadowkv_cuda.tar.xz -C "$stage" || exit 1
-
-lib_path="$stage/lib"
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
-  found=$(ldconfig -p | awk -v name="$lib" '$1 == name {print $NF; exit}')
-  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -z "$found" ] && [ -e "$dir/$lib" ] && found="$dir/$lib"
-  done
-  [ -z "$found" ] && found=$(find /usr /opt -name "$lib" 2>/dev/null | head -1)
-  [ -n "$found" ] && lib_path="$lib_path:$(dirname "$found")"
-done
-export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! "$stage/bin/shadowkv" --help > /dev/null 2>&1; then
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$stage/lib/compat"
-fi
+. scripts/cuda_bundle_env.sh
+unpack_cuda_bundle .devrun/skv/shadowkv_cuda.tar.xz "$stage" || exit 1
 {
   echo "bundle commit: $(cat "$stage/COMMIT" 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
