@@ -46,6 +46,34 @@ int64_t NextPowerOfTwo(int64_t value) {
   return power;
 }
 
+// Prefills slot 0 with `context` random tokens (from `seed`) in chunks of `chunk`, after a
+// warm-up on a short prefix (module loading, cuBLAS heuristics); returns the timed seconds.
+// The last token's logits go to `logits`.
+Result<double> TimedPrefill(CudaModel& model, uint64_t seed, int64_t context, int64_t chunk,
+                            std::vector<float>* logits) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_int_distribution<int32_t> token_dist(
+      0, static_cast<int32_t>(model.config().vocab_size - 1));
+  std::vector<int32_t> prompt(context);
+  for (int32_t& t : prompt) t = token_dist(rng);
+  auto prefill = [&](int64_t count) -> Status {
+    for (int64_t done = 0; done < count; done += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, count - done);
+      CudaStepInput in;
+      in.slot = 0;
+      in.tokens = std::span<const int32_t>(prompt.data() + done, n);
+      in.logits_out = done + n == count ? logits->data() : nullptr;
+      SKV_RETURN_IF_ERROR(model.Forward(std::span<const CudaStepInput>(&in, 1)));
+    }
+    return Status::Ok();
+  };
+  SKV_RETURN_IF_ERROR(prefill(std::min(context, chunk)));
+  model.ResetSlot(0);
+  const auto start = std::chrono::steady_clock::now();
+  SKV_RETURN_IF_ERROR(prefill(context));
+  return Seconds(std::chrono::steady_clock::now() - start);
+}
+
 }  // namespace
 
 Result<int> LargestBatch(const CudaModel& model, int64_t capacity, int64_t reserve_bytes) {
@@ -90,28 +118,9 @@ Result<BenchResult> RunBenchCase(CudaModel& model, const BenchCase& c) {
   SKV_RETURN_IF_ERROR(allocated);
   r.kv_bytes = model.KvBytesPerToken() * capacity * r.batch;
 
-  std::mt19937 rng(static_cast<uint32_t>(c.seed));
-  std::uniform_int_distribution<int32_t> token_dist(0, static_cast<int32_t>(config.vocab_size - 1));
-  std::vector<int32_t> prompt(c.context);
-  for (int32_t& t : prompt) t = token_dist(rng);
   std::vector<float> logits(config.vocab_size);
-  auto prefill = [&](int64_t count) -> Status {
-    for (int64_t done = 0; done < count; done += c.prefill_chunk) {
-      const int64_t n = std::min<int64_t>(c.prefill_chunk, count - done);
-      CudaStepInput in;
-      in.slot = 0;
-      in.tokens = std::span<const int32_t>(prompt.data() + done, n);
-      in.logits_out = done + n == count ? logits.data() : nullptr;
-      SKV_RETURN_IF_ERROR(model.Forward(std::span<const CudaStepInput>(&in, 1)));
-    }
-    return Status::Ok();
-  };
-  // Warm-up (module loading, cuBLAS heuristics) on a short prefix, then the timed prompt.
-  SKV_RETURN_IF_ERROR(prefill(std::min<int64_t>(c.context, c.prefill_chunk)));
-  model.ResetSlot(0);
-  const auto prefill_start = Clock::now();
-  SKV_RETURN_IF_ERROR(prefill(c.context));
-  r.prefill_seconds = Seconds(Clock::now() - prefill_start);
+  SKV_ASSIGN_OR_RETURN(r.prefill_seconds,
+                       TimedPrefill(model, c.seed, c.context, c.prefill_chunk, &logits));
   r.prefill_tokens_per_s = c.context / r.prefill_seconds;
   for (int slot = 1; slot < r.batch; ++slot) SKV_RETURN_IF_ERROR(model.CopySlot(0, slot));
 
@@ -168,27 +177,9 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
 
   // The prompt, prefilled into a one-slot full cache that also keeps pre-RoPE keys.
   SKV_RETURN_IF_ERROR(model.AllocateKvCache(1, c.context, true));
-  std::mt19937 rng(static_cast<uint32_t>(c.seed));
-  std::uniform_int_distribution<int32_t> token_dist(0, static_cast<int32_t>(config.vocab_size - 1));
-  std::vector<int32_t> prompt(c.context);
-  for (int32_t& t : prompt) t = token_dist(rng);
   std::vector<float> logits(config.vocab_size);
-  auto prefill = [&](int64_t count) -> Status {
-    for (int64_t done = 0; done < count; done += c.prefill_chunk) {
-      const int64_t n = std::min<int64_t>(c.prefill_chunk, count - done);
-      CudaStepInput in;
-      in.slot = 0;
-      in.tokens = std::span<const int32_t>(prompt.data() + done, n);
-      in.logits_out = done + n == count ? logits.data() : nullptr;
-      SKV_RETURN_IF_ERROR(model.Forward(std::span<const CudaStepInput>(&in, 1)));
-    }
-    return Status::Ok();
-  };
-  SKV_RETURN_IF_ERROR(prefill(std::min<int64_t>(c.context, c.prefill_chunk)));
-  model.ResetSlot(0);
-  const auto prefill_start = Clock::now();
-  SKV_RETURN_IF_ERROR(prefill(c.context));
-  r.prefill_seconds = std::chrono::duration<double>(Clock::now() - prefill_start).count();
+  SKV_ASSIGN_OR_RETURN(r.prefill_seconds,
+                       TimedPrefill(model, c.seed, c.context, c.prefill_chunk, &logits));
 
   // How many sequences. Two allocations, each measured at its own best: values in device
   // memory only (as many as fit alone), and device values plus pinned host values (the host
