@@ -272,6 +272,46 @@ Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
   return Status::Ok();
 }
 
+Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* profiler,
+                                          std::map<int, cudaGraphExec_t>* graphs,
+                                          std::span<int32_t> tokens, float* logits_out) {
+  const int n = static_cast<int>(tokens.size());
+  StepMeta& h = host_meta;
+  if (profiler == nullptr && options.use_graphs) {
+    auto found = graphs->find(n);
+    if (found == graphs->end()) {
+      SKV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      const Status captured = RunStep(plan, nullptr);
+      cudaGraph_t graph = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+      if (!captured.ok()) {
+        if (graph) (void)cudaGraphDestroy(graph);
+        return captured;
+      }
+      SKV_CUDA_RETURN_IF_ERROR(ended);
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+      (void)cudaGraphDestroy(graph);
+      SKV_CUDA_RETURN_IF_ERROR(instantiated);
+      found = graphs->emplace(n, exec).first;
+    }
+    SKV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->second, stream));
+  } else {
+    SKV_RETURN_IF_ERROR(RunStep(plan, profiler));
+  }
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h.next_tokens, meta.next_tokens, n * sizeof(int32_t),
+                                           cudaMemcpyDeviceToHost, stream));
+  if (logits_out) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits, logits.get(),
+                                             n * config.vocab_size * sizeof(float),
+                                             cudaMemcpyDeviceToHost, stream));
+  }
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (logits_out) std::copy_n(host_logits, n * config.vocab_size, logits_out);
+  for (int i = 0; i < n; ++i) tokens[i] = h.next_tokens[i];
+  return Status::Ok();
+}
+
 Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span<int32_t> tokens,
                                        const CudaSampling& sampling, float* logits_out,
                                        StepProfiler* profiler) {
@@ -308,39 +348,8 @@ Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span
   plan.sample = true;
   SKV_RETURN_IF_ERROR(Upload());
 
-  if (profiler == nullptr && options.use_graphs) {
-    auto found = graphs.find(n);
-    if (found == graphs.end()) {
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const Status captured = RunStep(plan, nullptr);
-      cudaGraph_t graph = nullptr;
-      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-      if (!captured.ok()) {
-        if (graph) (void)cudaGraphDestroy(graph);
-        return captured;
-      }
-      SKV_CUDA_RETURN_IF_ERROR(ended);
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-      (void)cudaGraphDestroy(graph);
-      SKV_CUDA_RETURN_IF_ERROR(instantiated);
-      found = graphs.emplace(n, exec).first;
-    }
-    SKV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->second, stream));
-  } else {
-    SKV_RETURN_IF_ERROR(RunStep(plan, profiler));
-  }
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h.next_tokens, meta.next_tokens, n * sizeof(int32_t),
-                                           cudaMemcpyDeviceToHost, stream));
-  if (logits_out) {
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits, logits.get(),
-                                             n * config.vocab_size * sizeof(float),
-                                             cudaMemcpyDeviceToHost, stream));
-  }
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (logits_out) std::copy_n(host_logits, n * config.vocab_size, logits_out);
+  SKV_RETURN_IF_ERROR(ExecuteDecodeStep(plan, profiler, &graphs, tokens, logits_out));
   for (int i = 0; i < n; ++i) {
-    tokens[i] = h.next_tokens[i];
     ++lengths[slot_list[i]];
   }
   return Status::Ok();

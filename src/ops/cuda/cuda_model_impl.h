@@ -163,6 +163,12 @@ struct CudaModel::Impl {
   // The whole step on `stream`, from the uploaded metadata; profiler may be null.
   Status RunStep(const StepPlan& plan, StepProfiler* profiler);
   Status Upload();  // host_meta_block -> meta_block
+  // Runs an uploaded decode step of tokens.size() rows: replays (capturing on first use) the
+  // graph for that batch size in `graphs`, or runs it op by op when profiling or graphs are
+  // off; the sampled tokens come back in `tokens`, the logits in `logits_out` when not null.
+  Status ExecuteDecodeStep(const StepPlan& plan, StepProfiler* profiler,
+                           std::map<int, cudaGraphExec_t>* graphs, std::span<int32_t> tokens,
+                           float* logits_out);
   Status CheckSlots(std::span<const int> slots) const;
   // The ShadowKV part of one decode layer, after the QKV/RoPE kernel.
   Status RunShadowKvAttention(const StepPlan& plan, int layer, StepProfiler* profiler);

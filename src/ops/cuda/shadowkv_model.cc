@@ -691,39 +691,8 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
   SKV_RETURN_IF_ERROR(Upload());
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.meta_block.get(), s.host_meta_block, s.meta_bytes,
                                            cudaMemcpyHostToDevice, stream));
-  if (profiler == nullptr && options.use_graphs) {
-    auto found = s.graphs.find(n);
-    if (found == s.graphs.end()) {
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      const Status captured = RunStep(plan, nullptr);
-      cudaGraph_t graph = nullptr;
-      const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-      if (!captured.ok()) {
-        if (graph) (void)cudaGraphDestroy(graph);
-        return captured;
-      }
-      SKV_CUDA_RETURN_IF_ERROR(ended);
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-      (void)cudaGraphDestroy(graph);
-      SKV_CUDA_RETURN_IF_ERROR(instantiated);
-      found = s.graphs.emplace(n, exec).first;
-    }
-    SKV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->second, stream));
-  } else {
-    SKV_RETURN_IF_ERROR(RunStep(plan, profiler));
-  }
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h.next_tokens, meta.next_tokens, n * sizeof(int32_t),
-                                           cudaMemcpyDeviceToHost, stream));
-  if (logits_out) {
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits, logits.get(),
-                                             n * config.vocab_size * sizeof(float),
-                                             cudaMemcpyDeviceToHost, stream));
-  }
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (logits_out) std::copy_n(host_logits, n * config.vocab_size, logits_out);
+  SKV_RETURN_IF_ERROR(ExecuteDecodeStep(plan, profiler, &s.graphs, tokens, logits_out));
   for (int i = 0; i < n; ++i) {
-    tokens[i] = h.next_tokens[i];
     ++s.lengths[seq_list[i]];
   }
   return Status::Ok();
