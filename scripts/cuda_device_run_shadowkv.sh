@@ -8,6 +8,8 @@
 #   (default: tests bench)
 #   smoke: the bench at 16K with 16 steps (a quick check before the long run)
 #   gemm: a full-attention step at 4K, batch 8, with cuBLAS and with the skinny GEMM kernel
+#   kernels: each decode kernel of one layer timed alone (tests/gpu/shadowkv_kernels_bench_test.cc),
+#     with the fast rebuild at 32 and at 64 gather slots per block (SKV_REBUILD_SLOTS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/shadowkv_out}
@@ -58,6 +60,12 @@ for step in "${steps[@]}"; do
           > "$out/bench_gemm$variant.log" 2>&1
       done
       ;;
+    kernels)
+      for slots in 32 64; do
+        SKV_GPU_BENCH=1 SKV_REBUILD_SLOTS=$slots timeout 120 "$stage/bin/shadowkv_gpu_tests" \
+          --gtest_filter='CudaShadowKvKernelsBench.*' > "$out/kernels_slots$slots.log" 2>&1
+      done
+      ;;
     *) echo "unknown step $step"; continue ;;
   esac
   status[$step]="exit $? in $(( $(date +%s) - start )) s"
@@ -70,6 +78,10 @@ for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
 [ -f "$out/sanitizer.log" ] && grep -E "ERROR SUMMARY|Invalid|error" "$out/sanitizer.log" | head -20
 [ -f "$out/bench_smoke.log" ] && cat "$out/bench_smoke.log"
 [ -f "$out/bench_shadowkv.log" ] && cat "$out/bench_shadowkv.log"
+for slots in 32 64; do
+  [ -f "$out/kernels_slots$slots.log" ] && echo "SKV_REBUILD_SLOTS=$slots:" &&
+    grep -E "\[ kernels \]|FAILED|rror" "$out/kernels_slots$slots.log"
+done
 for variant in 0 1; do
   [ -f "$out/bench_gemm$variant.log" ] && echo "SKV_GEMM_VARIANT=$variant:" &&
     grep -E "^full|error|Error" "$out/bench_gemm$variant.log"

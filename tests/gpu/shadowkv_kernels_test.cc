@@ -19,9 +19,10 @@ using namespace testing;
 
 class CudaShadowKvKernelsTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
-  SKV_SKIP_WITHOUT_GPU();
-  constexpr int kHeads = 2, kGroup = 4, kDim = 128, kCapacity = 2000, kBudget = 64, kSeqs = 2;
+// Capacity 2000 chunks (a multiple of 16) takes the fast tensor-core scoring and the 512-thread
+// select; 9000 the other fast scoring kernel and the 1024-thread select.
+void CheckSelection(int kernel_variant, const int kCapacity) {
+  constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {1900, 1234};
   std::mt19937 rng(5);
   const std::vector<float> landmarks = RandomBf16Values(int64_t{kSeqs} * kHeads * kCapacity * kDim, rng);
@@ -38,6 +39,7 @@ TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   auto d_info = ToDevice(info);
   auto d_counters = ToDevice(std::vector<unsigned long long>(2, 0));
   auto d_logits = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCapacity);
+  auto d_partials = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * SkvScoreBlocks(kCapacity) * 2);
   auto d_miss = Poisoned<int32_t>(kSeqs * kHeads * kBudget);
   std::vector<SkvRowMeta> meta(kSeqs);
   for (int s = 0; s < kSeqs; ++s) {
@@ -79,9 +81,10 @@ TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
     p.rows = kSeqs;
     p.queries = reinterpret_cast<const __nv_bfloat16*>(d_queries.get());
     p.logits = d_logits.get();
+    p.softmax_partials = d_partials.get();
     p.miss_chunk = d_miss.get();
     p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-    p.kernel_variant = GetParam();
+    p.kernel_variant = kernel_variant;
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -131,6 +134,14 @@ TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   EXPECT_EQ(counters[0], 2ull * kSeqs * kHeads * kBudget);
   EXPECT_EQ(static_cast<int64_t>(counters[1]), expected_hits);
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
+}
+
+TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const int capacity : {2000, 9000}) {
+    SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks");
+    CheckSelection(GetParam(), capacity);
+  }
 }
 
 

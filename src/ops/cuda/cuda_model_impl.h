@@ -79,6 +79,7 @@ struct ShadowKvState {
   double compress_seconds = 0;
   // Step scratch and per-row plans (pinned mirror uploaded before each step).
   DeviceBuffer<float> logits;       // [max_batch, query heads, capacity_chunks]
+  DeviceBuffer<float> softmax_partials;  // [max_batch, query heads, SkvScoreBlocks(capacity), 2]
   DeviceBuffer<int32_t> miss_chunk;  // [max_batch, kv heads, max_budget]
   DeviceBuffer<uint8_t> meta_block;
   uint8_t* host_meta_block = nullptr;

@@ -1,9 +1,11 @@
 // ShadowKV decode kernels, second version (kSkvKernelsFast): landmark scoring with several
-// landmark loads in flight per thread, a select kernel that reads the logits three times (not
-// 3·group + 1) and builds its radix histograms with warp-aggregated atomics, and a key rebuild
+// landmark loads in flight per thread that also leaves each block's softmax statistics, a select
+// kernel that combines those, reads the logits once and builds its radix histograms with
+// warp-aggregated atomics (512 or 1024 threads, so a batch's blocks fit one wave), and a key rebuild
 // that keeps B_h in shared memory for 64 slots, pipelines the A rows with cp.async and applies
 // RoPE to the mma accumulators in registers before one coalesced store per key row.
 #include <cmath>
+#include <cstdlib>
 #include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/device_utils.cuh"
@@ -22,16 +24,30 @@ __device__ __forceinline__ int64_t HeadIndex(const SkvLayout& l, int seq, int la
 // ---- scoring ----------------------------------------------------------------------------------
 
 constexpr int kScoreThreads = 256;
-constexpr int kScoreChunksPerBlock = 256;
+constexpr int kScoreChunksPerBlock = kSkvScoreChunksPerBlock;
 constexpr int kScoreUnroll = 4;
+
+// Online softmax statistics: (max, sum of exp(x - max)) after adding logit x (−inf: nothing).
+__device__ __forceinline__ void SoftmaxAdd(float x, float* top, float* sum) {
+  if (x == -INFINITY) return;
+  if (x > *top) {
+    *sum = *sum * expf(*top - x) + 1.0f;
+    *top = x;
+  } else {
+    *sum += expf(x - *top);
+  }
+}
 
 // As the first scoring kernel, but each thread issues kScoreUnroll landmark loads before using
 // any, and loads them whether or not the chunk is an outlier (the flag only masks the result),
-// so no load waits on another.
+// so no load waits on another. Each block also writes its chunks' softmax statistics per query
+// head, so the select kernel needs one read of the logits, not three.
 template <int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodeParams p) {
   constexpr int kLanes = kHeadDim / 8;
   constexpr int kChunksPerPass = kScoreThreads / kLanes;
+  static_assert(kGroup <= kLanes, "one lane per query head holds its logit");
+  __shared__ float part_top[kChunksPerPass][kGroup], part_sum[kChunksPerPass][kGroup];
   const int row = blockIdx.z, h = blockIdx.y;
   const SkvRowMeta m = p.meta[row];
   const SkvLayout& l = p.layout;
@@ -51,6 +67,7 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodePar
   float* logits =
       p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * l.capacity_chunks;
   const int last = min(first + kScoreChunksPerBlock, m.num_chunks);
+  float run_top = -INFINITY, run_sum = 0.0f;  // lane g < kGroup: query head g's statistics
   for (int base = first; base < last; base += kChunksPerPass * kScoreUnroll) {
     uint4 packed[kScoreUnroll];
     uint8_t flags[kScoreUnroll];
@@ -83,8 +100,175 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodePar
         if (lane == g) mine = dot;
       }
       if (c < last && lane < kGroup) {
-        logits[static_cast<int64_t>(lane) * l.capacity_chunks + c] =
-            flags[u] ? -INFINITY : mine * p.scale;
+        const float x = flags[u] ? -INFINITY : mine * p.scale;
+        logits[static_cast<int64_t>(lane) * l.capacity_chunks + c] = x;
+        SoftmaxAdd(x, &run_top, &run_sum);
+      }
+    }
+  }
+  if (lane < kGroup) {
+    part_top[sub][lane] = run_top;
+    part_sum[sub][lane] = run_sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < kGroup) {
+    const int g = threadIdx.x;
+    float top = -INFINITY, sum = 0.0f;
+    for (int i = 0; i < kChunksPerPass; ++i) top = fmaxf(top, part_top[i][g]);
+    if (top != -INFINITY) {
+      for (int i = 0; i < kChunksPerPass; ++i) {
+        if (part_top[i][g] != -INFINITY) sum += part_sum[i][g] * expf(part_top[i][g] - top);
+      }
+    }
+    float* partial =
+        p.softmax_partials +
+        ((static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup + g) *
+            SkvScoreBlocks(l.capacity_chunks) * 2 +
+        blockIdx.x * 2;
+    partial[0] = top;
+    partial[1] = sum;
+  }
+}
+
+// Merges softmax statistics (top_b, sum_b) into (top, sum).
+__device__ __forceinline__ void SoftmaxMerge(float top_b, float sum_b, float* top, float* sum) {
+  if (top_b == -INFINITY) return;
+  if (*top == -INFINITY) {
+    *top = top_b;
+    *sum = sum_b;
+    return;
+  }
+  const float t = fmaxf(*top, top_b);
+  *sum = *sum * expf(*top - t) + sum_b * expf(top_b - t);
+  *top = t;
+}
+
+constexpr int kScoreTcWarps = 4;
+constexpr int kScoreTcStages = 4;  // tiles in flight per warp (cp.async ring depth)
+constexpr int kScoreTcTile = 16;   // chunks per tensor-core tile (the mma's M)
+
+// Dynamic shared memory of the tensor-core scoring: per warp a ring of landmark tiles (rows
+// padded by 8 bf16 so ldmatrix rows avoid bank conflicts) and of their outlier flags.
+constexpr int64_t ScoreTcSharedBytes(int head_dim) {
+  return int64_t{kScoreTcWarps} * kScoreTcStages * kScoreTcTile * ((head_dim + 8) * 2 + 1);
+}
+
+// Scoring on the tensor cores: each warp owns kSkvScoreChunksPerBlock chunks of one (row, KV
+// head) and streams them in 16-chunk tiles through a cp.async ring; one m16n8k16 product per
+// 16 dimensions gives the tile's logits for all query heads of the group at once (the mma's N =
+// 8 columns hold the group's heads, the rest zero). No cross-lane reduction per chunk, and the
+// warp's softmax statistics come out of the same pass. Needs capacity_chunks % 16 == 0 (the
+// outlier flags of a tile are one aligned 16-byte copy).
+template <int kHeadDim, int kGroup>
+__global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecodeParams p) {
+  static_assert(kGroup <= 8, "the mma's 8 columns hold the group's query heads");
+  constexpr int kPitch = kHeadDim + 8;  // bf16 per shared row: ldmatrix rows avoid bank conflicts
+  constexpr int kSteps = kHeadDim / 16;
+  constexpr int kVectors = kHeadDim / 8;  // 16-byte pieces per landmark
+  extern __shared__ __align__(16) unsigned char score_shared[];
+  using Tile = Bf16[kScoreTcTile * kPitch];
+  using Flags = uint8_t[kScoreTcTile];
+  auto* ring = reinterpret_cast<Tile(*)[kScoreTcStages]>(score_shared);
+  auto* flag_ring = reinterpret_cast<Flags(*)[kScoreTcStages]>(
+      score_shared + sizeof(Tile) * kScoreTcWarps * kScoreTcStages);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y, row = blockIdx.z;
+  const SkvRowMeta m = p.meta[row];
+  const SkvLayout& l = p.layout;
+  const int part = blockIdx.x * kScoreTcWarps + warp;
+  const int first = part * kSkvScoreChunksPerBlock;
+  if (first >= m.num_chunks) return;  // whole warps only; the kernel has no block barrier
+  const int last = min(first + kSkvScoreChunksPerBlock, m.num_chunks);
+  const int tiles = (last - first + kScoreTcTile - 1) / kScoreTcTile;
+  const int gq = lane / 4, cq = lane % 4;
+
+  // B fragments (16 dims x 8 heads per step): column gq is query head gq.
+  uint32_t qb[kSteps][2];
+  const Bf16* q_row =
+      p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * kHeadDim;
+#pragma unroll
+  for (int st = 0; st < kSteps; ++st) {
+    qb[st][0] = qb[st][1] = 0u;
+    if (gq < kGroup) {
+      const Bf16* q = q_row + gq * kHeadDim + st * 16 + 2 * cq;
+      qb[st][0] = *reinterpret_cast<const uint32_t*>(q);
+      qb[st][1] = *reinterpret_cast<const uint32_t*>(q + 8);
+    }
+  }
+  const int64_t head_index = HeadIndex(l, m.seq, p.layer, h);
+  const Bf16* landmarks = l.landmarks + head_index * l.capacity_chunks * kHeadDim;
+  const uint8_t* outlier = l.outlier + head_index * l.capacity_chunks;
+  float* logits =
+      p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * l.capacity_chunks;
+
+  auto issue = [&](int tile) {
+    if (tile < tiles) {
+      const int stage = tile % kScoreTcStages, c0 = first + tile * kScoreTcTile;
+      Bf16* target = ring[warp][stage];
+#pragma unroll
+      for (int i = lane; i < kScoreTcTile * kVectors; i += 32) {
+        const int r = i / kVectors, v = i % kVectors;
+        const bool inside = c0 + r < last;
+        CpAsync16(target + r * kPitch + v * 8,
+                  inside ? landmarks + static_cast<int64_t>(c0 + r) * kHeadDim + v * 8 : landmarks,
+                  inside ? 16 : 0);
+      }
+      if (lane == 0) CpAsync16(flag_ring[warp][stage], outlier + c0, 16);
+    }
+    CpAsyncCommit();  // empty groups too: every iteration waits on the same count
+  };
+#pragma unroll
+  for (int t = 0; t < kScoreTcStages - 1; ++t) issue(t);
+
+  float run_top[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads 2cq, 2cq + 1
+  for (int tile = 0; tile < tiles; ++tile) {
+    issue(tile + kScoreTcStages - 1);
+    CpAsyncWait<kScoreTcStages - 1>();
+    __syncwarp();
+    const int stage = tile % kScoreTcStages;
+    const Bf16* tile_rows = ring[warp][stage];
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      uint32_t a[4];
+      LdMatrixX4(a, tile_rows + (lane & 15) * kPitch + st * 16 + (lane >> 4) * 8);
+      MmaBf16(acc, a, qb[st][0], qb[st][1]);
+    }
+    // acc: (chunk gq, head 2cq), (gq, 2cq + 1), (gq + 8, 2cq), (gq + 8, 2cq + 1).
+    const int c0 = first + tile * kScoreTcTile;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int head = 2 * cq + (e & 1), r = gq + (e >> 1) * 8;
+      if (head < kGroup && c0 + r < last) {
+        const float x = flag_ring[warp][stage][r] ? -INFINITY : acc[e] * p.scale;
+        logits[static_cast<int64_t>(head) * l.capacity_chunks + c0 + r] = x;
+        SoftmaxAdd(x, &run_top[e & 1], &run_sum[e & 1]);
+      }
+    }
+    __syncwarp();  // this stage is refilled by the next iteration's issue
+  }
+  CpAsyncWait<0>();
+  // The 8 lanes of one cq hold parts of the same two heads' statistics.
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) {
+      const float top_b = __shfl_xor_sync(0xffffffffu, run_top[j], offset);
+      const float sum_b = __shfl_xor_sync(0xffffffffu, run_sum[j], offset);
+      SoftmaxMerge(top_b, sum_b, &run_top[j], &run_sum[j]);
+    }
+  }
+  if (gq == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int head = 2 * cq + j;
+      if (head < kGroup) {
+        float* partial = p.softmax_partials +
+                         ((static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup + head) *
+                             SkvScoreBlocks(l.capacity_chunks) * 2 +
+                         part * 2;
+        partial[0] = run_top[j];
+        partial[1] = run_sum[j];
       }
     }
   }
@@ -92,11 +276,11 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodePar
 
 // ---- selection --------------------------------------------------------------------------------
 
-constexpr int kSelectThreads = 1024;
-using SelectScan = cub::BlockScan<int, kSelectThreads>;
+constexpr int kSelectUnroll = 4;
 
 // Max (or sum) over the block of kGroup values at once; every thread gets the results.
-// `scratch` holds 32·kGroup floats; the call contains barriers.
+// `scratch` holds 32·kGroup floats; the call contains barriers. Blocks of fewer than 32 warps
+// leave part of `scratch` unwritten: those entries count as the identity.
 template <int kGroup, bool kMax>
 __device__ __forceinline__ void BlockReduceGroup(float (&value)[kGroup], float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -114,9 +298,10 @@ __device__ __forceinline__ void BlockReduceGroup(float (&value)[kGroup], float* 
     for (int g = 0; g < kGroup; ++g) scratch[g * 32 + warp] = value[g];
   }
   __syncthreads();
+  const bool written = lane < static_cast<int>(blockDim.x >> 5);
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    value[g] = scratch[g * 32 + lane];
+    value[g] = written ? scratch[g * 32 + lane] : (kMax ? -INFINITY : 0.0f);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
       const float other = __shfl_xor_sync(0xffffffffu, value[g], offset);
@@ -125,9 +310,12 @@ __device__ __forceinline__ void BlockReduceGroup(float (&value)[kGroup], float* 
   }
 }
 
-// One block per (KV head, row), the same contract and shared layout as the first select kernel.
-template <int kGroup>
-__global__ void __launch_bounds__(kSelectThreads) SkvSelectFastKernel(SkvDecodeParams p) {
+// One block per (KV head, row), the same contract and shared layout as the first select kernel;
+// kThreads >= max_budget (one thread per gather slot).
+template <int kGroup, int kThreads>
+__global__ void __launch_bounds__(kThreads, 2048 / kThreads) SkvSelectFastKernel(SkvDecodeParams p) {
+  using SelectScan = cub::BlockScan<int, kThreads>;
+  constexpr int kSelectThreads = kThreads;
   extern __shared__ uint32_t shared_words[];
   __shared__ typename SelectScan::TempStorage scan_storage;
   __shared__ float reduce[32 * kGroup];
@@ -152,39 +340,51 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectFastKernel(SkvDecodeP
   for (int w = tid; w < words; w += kSelectThreads) wanted[w] = 0;
   for (int s = tid; s < l.max_budget; s += kSelectThreads) miss[s] = -1;
 
-  // Softmax of every query head (max pass, sum pass), then the group max as a radix key:
-  // 0 = not selectable, else the score's bits + 1 (ordered like the score).
-  float top[kGroup], sum[kGroup];
+  // Softmax of every query head from the scoring blocks' statistics, then the group max as a
+  // radix key: 0 = not selectable, else the score's bits + 1 (ordered like the score).
+  const int parts = SkvScoreBlocks(n), part_stride = SkvScoreBlocks(l.capacity_chunks);
+  const float* partials = p.softmax_partials +
+                          (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * part_stride * 2;
+  float top[kGroup], sum[kGroup], part_top[kGroup];
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g) top[g] = -INFINITY, sum[g] = 0.0f;
-  for (int c = tid; c < n; c += kSelectThreads) {
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) top[g] = fmaxf(top[g], logits[g * l.capacity_chunks + c]);
+  for (int g = 0; g < kGroup; ++g) {
+    part_top[g] = tid < parts ? partials[(g * part_stride + tid) * 2] : -INFINITY;
+    top[g] = part_top[g];
   }
   BlockReduceGroup<kGroup, true>(top, reduce);
-  for (int c = tid; c < n; c += kSelectThreads) {
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const float x = logits[g * l.capacity_chunks + c];
-      sum[g] += x == -INFINITY ? 0.0f : expf(x - top[g]);
-    }
+  for (int g = 0; g < kGroup; ++g) {
+    sum[g] = part_top[g] == -INFINITY
+                 ? 0.0f
+                 : partials[(g * part_stride + tid) * 2 + 1] * expf(part_top[g] - top[g]);
   }
   BlockReduceGroup<kGroup, false>(sum, reduce);
   float inv[kGroup];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) inv[g] = 1.0f / sum[g];
   int selectable_local = 0;
-  for (int c = tid; c < n; c += kSelectThreads) {
-    float score = 0.0f;
-    bool live = false;
+  for (int base = 0; base < n; base += kSelectThreads * kSelectUnroll) {
+    float x[kSelectUnroll][kGroup];
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      const float x = logits[g * l.capacity_chunks + c];
-      if (x != -INFINITY) score = fmaxf(score, expf(x - top[g]) * inv[g]);
-      if (g == 0) live = x != -INFINITY;  // query head 0's logit marks outliers
+    for (int u = 0; u < kSelectUnroll; ++u) {
+      const int c = base + u * kSelectThreads + tid;
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) x[u][g] = c < n ? logits[g * l.capacity_chunks + c] : -INFINITY;
     }
-    keys[c] = live ? __float_as_uint(score) + 1u : 0u;
-    selectable_local += live;
+#pragma unroll
+    for (int u = 0; u < kSelectUnroll; ++u) {
+      const int c = base + u * kSelectThreads + tid;
+      float score = 0.0f;
+      const bool live = x[u][0] != -INFINITY;  // query head 0's logit marks outliers
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        if (x[u][g] != -INFINITY) score = fmaxf(score, expf(x[u][g] - top[g]) * inv[g]);
+      }
+      if (c < n) {
+        keys[c] = live ? __float_as_uint(score) + 1u : 0u;
+        selectable_local += live;
+      }
+    }
   }
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
   const int k = min(info.budget_chunks, selectable);
@@ -308,7 +508,10 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectFastKernel(SkvDecodeP
 // ---- key rebuild ------------------------------------------------------------------------------
 
 constexpr int kRebuildWarps = 4;
-constexpr int kRebuildSlots = 64;  // gather slots per block: B_h is staged once for these
+// Gather slots per block (B_h is staged once for these): 32 by default, which the kernel bench
+// measured fastest on the H200 (more, shorter blocks: no half-empty last wave);
+// SKV_REBUILD_SLOTS=64 or 128 picks another size.
+constexpr int kRebuildSlotsDefault = 32;
 
 __host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
 
@@ -327,10 +530,12 @@ __device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosi
 // Accumulator layout (m16n8k16): lane holds rows g, g + 8 and columns 8j + 2c, 8j + 2c + 1.
 // Both RoPE styles pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j +
 // D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
-template <int kHeadDim, bool kHalves>
+template <int kHeadDim, bool kHalves, int kSlots>
 __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
+  static_assert(kSlots % 32 == 0 && kSlots <= kRebuildWarps * 32, "one thread per slot");
+  constexpr int kSlotWarps = kSlots / 32;
   extern __shared__ __align__(16) unsigned char rebuild_shared[];
-  __shared__ int miss_slots[kRebuildSlots], miss_chunks[kRebuildSlots], warp_counts[2];
+  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlotWarps];
   __shared__ float inv_freq[kHeadDim / 2];
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -338,18 +543,23 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
       p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
   int chunk = -1, slot = 0;
   unsigned ballot = 0;
-  if (warp < 2) {
-    slot = blockIdx.x * kRebuildSlots + threadIdx.x;
+  if (warp < kSlotWarps) {
+    slot = blockIdx.x * kSlots + threadIdx.x;
     chunk = slot < l.max_budget ? miss[slot] : -1;
     ballot = __ballot_sync(0xffffffffu, chunk >= 0);
     if (lane == 0) warp_counts[warp] = __popc(ballot);
   }
   for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
   __syncthreads();
-  const int count = warp_counts[0] + warp_counts[1];
+  int count = 0, before = 0;
+#pragma unroll
+  for (int w = 0; w < kSlotWarps; ++w) {
+    before += w < warp ? warp_counts[w] : 0;
+    count += warp_counts[w];
+  }
   if (count == 0) return;
   if (chunk >= 0) {
-    const int at = (warp == 1 ? warp_counts[0] : 0) + __popc(ballot & ((1u << lane) - 1u));
+    const int at = before + __popc(ballot & ((1u << lane) - 1u));
     miss_slots[at] = slot;
     miss_chunks[at] = chunk;
   }
@@ -482,39 +692,81 @@ int64_t RebuildFastSharedBytes(int rank, int head_dim) {
           kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
 }
 
-const void* RebuildFastKernel(int head_dim, bool halves) {
+int RebuildSlots() {
+  static const int slots = [] {
+    const char* value = std::getenv("SKV_REBUILD_SLOTS");
+    const int asked = value ? std::atoi(value) : kRebuildSlotsDefault;
+    return asked == 64 || asked == 128 ? asked : kRebuildSlotsDefault;
+  }();
+  return slots;
+}
+
+template <int kSlots>
+const void* RebuildFastKernelOf(int head_dim, bool halves) {
   if (head_dim == 128) {
-    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<128, true>)
-                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<128, false>);
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<128, true, kSlots>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<128, false, kSlots>);
   }
   if (head_dim == 64) {
-    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<64, true>)
-                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<64, false>);
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<64, true, kSlots>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<64, false, kSlots>);
   }
   return nullptr;
 }
 
-const void* SelectFastKernel(int group) {
-  switch (group) {
-    case 1:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<1>);
-    case 2:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<2>);
-    case 3:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<3>);
-    case 4:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<4>);
-    case 5:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<5>);
-    case 6:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<6>);
-    case 7:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<7>);
-    case 8:
-      return reinterpret_cast<const void*>(SkvSelectFastKernel<8>);
-    default:
-      return nullptr;
+const void* RebuildFastKernel(int head_dim, bool halves) {
+  switch (RebuildSlots()) {
+    case 64: return RebuildFastKernelOf<64>(head_dim, halves);
+    case 128: return RebuildFastKernelOf<128>(head_dim, halves);
+    default: return RebuildFastKernelOf<kRebuildSlotsDefault>(head_dim, halves);
   }
+}
+
+template <int kHeadDim>
+const void* ScoreTcKernelOf(int group) {
+  switch (group) {
+    case 1: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 1>);
+    case 2: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 2>);
+    case 3: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 3>);
+    case 4: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 4>);
+    case 5: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 5>);
+    case 6: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 6>);
+    case 7: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 7>);
+    case 8: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 8>);
+    default: return nullptr;
+  }
+}
+
+const void* ScoreTcKernel(int head_dim, int group) {
+  if (head_dim == 128) return ScoreTcKernelOf<128>(group);
+  if (head_dim == 64) return ScoreTcKernelOf<64>(group);
+  return nullptr;
+}
+
+// 512 threads while the budget allows (two or more blocks per SM, so a batch's (row, KV head)
+// blocks run in one wave), 1024 for long contexts (more chunks per block) or large budgets.
+int SelectThreads(const SkvLayout& l) {
+  return l.max_budget <= 512 && l.capacity_chunks <= 8192 ? 512 : 1024;
+}
+
+template <int kThreads>
+const void* SelectFastKernelOf(int group) {
+  switch (group) {
+    case 1: return reinterpret_cast<const void*>(SkvSelectFastKernel<1, kThreads>);
+    case 2: return reinterpret_cast<const void*>(SkvSelectFastKernel<2, kThreads>);
+    case 3: return reinterpret_cast<const void*>(SkvSelectFastKernel<3, kThreads>);
+    case 4: return reinterpret_cast<const void*>(SkvSelectFastKernel<4, kThreads>);
+    case 5: return reinterpret_cast<const void*>(SkvSelectFastKernel<5, kThreads>);
+    case 6: return reinterpret_cast<const void*>(SkvSelectFastKernel<6, kThreads>);
+    case 7: return reinterpret_cast<const void*>(SkvSelectFastKernel<7, kThreads>);
+    case 8: return reinterpret_cast<const void*>(SkvSelectFastKernel<8, kThreads>);
+    default: return nullptr;
+  }
+}
+
+const void* SelectFastKernel(const SkvLayout& l) {
+  return SelectThreads(l) == 512 ? SelectFastKernelOf<512>(l.group)
+                                 : SelectFastKernelOf<1024>(l.group);
 }
 
 }  // namespace
@@ -530,8 +782,11 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
                                 static_cast<int>(bytes));
   };
   cudaError_t e = cudaSuccess;
-  if (const void* select = SelectFastKernel(l.group)) {
+  if (const void* select = SelectFastKernel(l)) {
     if ((e = raise(select, select_dynamic_bytes)) != cudaSuccess) return e;
+  }
+  if (const void* score = ScoreTcKernel(l.head_dim, l.group)) {
+    if ((e = raise(score, ScoreTcSharedBytes(l.head_dim))) != cudaSuccess) return e;
   }
   const int64_t rebuild_bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
   for (bool halves : {false, true}) {
@@ -548,6 +803,17 @@ int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
 
 cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
+  if (p.softmax_partials == nullptr) return cudaErrorInvalidValue;
+  if (l.capacity_chunks % kScoreTcTile == 0) {
+    const void* kernel = ScoreTcKernel(l.head_dim, l.group);
+    if (kernel == nullptr) return cudaErrorInvalidValue;
+    const dim3 grid((SkvScoreBlocks(l.capacity_chunks) + kScoreTcWarps - 1) / kScoreTcWarps,
+                    l.num_kv_heads, p.rows);
+    SkvDecodeParams params = p;
+    void* args[] = {&params};
+    return cudaLaunchKernel(kernel, grid, dim3(kScoreTcWarps * 32), args,
+                            static_cast<size_t>(ScoreTcSharedBytes(l.head_dim)), stream);
+  }
   const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
                   l.num_kv_heads, p.rows);
 #define SKV_SCORE_CASE(D, G)                                         \
@@ -568,36 +834,25 @@ cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& p, cudaStream_t stream) {
 cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& p, int64_t dynamic_bytes,
                                 cudaStream_t stream) {
   const SkvLayout& l = p.layout;
-  const dim3 grid(l.num_kv_heads, p.rows);
-#define SKV_SELECT_CASE(G)                                                      \
-  case G:                                                                       \
-    SkvSelectFastKernel<G><<<grid, kSelectThreads, dynamic_bytes, stream>>>(p); \
-    return cudaGetLastError();
-  switch (l.group) {
-    // clang-format off
-    SKV_SELECT_CASE(1) SKV_SELECT_CASE(2) SKV_SELECT_CASE(3) SKV_SELECT_CASE(4)
-    SKV_SELECT_CASE(5) SKV_SELECT_CASE(6) SKV_SELECT_CASE(7) SKV_SELECT_CASE(8)
-    default: return cudaErrorInvalidValue;
-    // clang-format on
-  }
-#undef SKV_SELECT_CASE
+  if (p.softmax_partials == nullptr) return cudaErrorInvalidValue;
+  const void* kernel = SelectFastKernel(l);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  SkvDecodeParams params = p;
+  void* args[] = {&params};
+  return cudaLaunchKernel(kernel, dim3(l.num_kv_heads, p.rows), dim3(SelectThreads(l)), args,
+                          static_cast<size_t>(dynamic_bytes), stream);
 }
 
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
-  const int64_t bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
-  const dim3 grid((l.max_budget + kRebuildSlots - 1) / kRebuildSlots, l.num_kv_heads, p.rows);
-#define SKV_REBUILD_CASE(D, HALVES)                                                  \
-  if (l.head_dim == D && p.halves == HALVES) {                                       \
-    SkvRebuildFastKernel<D, HALVES><<<grid, kRebuildWarps * 32, bytes, stream>>>(p); \
-    return cudaGetLastError();                                                       \
-  }
-  // clang-format off
-  SKV_REBUILD_CASE(128, true) SKV_REBUILD_CASE(128, false)
-  SKV_REBUILD_CASE(64, true) SKV_REBUILD_CASE(64, false)
-#undef SKV_REBUILD_CASE
-  return cudaErrorInvalidValue;
-  // clang-format on
+  const void* kernel = RebuildFastKernel(l.head_dim, p.halves);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  const int slots = RebuildSlots();
+  const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
+  SkvDecodeParams params = p;
+  void* args[] = {&params};
+  return cudaLaunchKernel(kernel, grid, dim3(kRebuildWarps * 32), args,
+                          static_cast<size_t>(RebuildFastSharedBytes(l.rank, l.head_dim)), stream);
 }
 
 }  // namespace shadowkv::cuda

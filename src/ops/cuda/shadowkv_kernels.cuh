@@ -14,6 +14,10 @@
 namespace shadowkv::cuda {
 
 constexpr int kSkvMaxBudgetChunks = 1024;  // K per KV head at most (one select block's threads)
+constexpr int kSkvScoreChunksPerBlock = 256;  // chunks scored by one block of the fast kernel
+SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
+  return (capacity_chunks + kSkvScoreChunksPerBlock - 1) / kSkvScoreChunksPerBlock;
+}
 
 // Where every ShadowKV sequence keeps its state ([seqs, layers, ...] buffers, one per kind).
 struct SkvLayout {
@@ -51,6 +55,9 @@ struct SkvDecodeParams {
   int layer = 0;
   const __nv_bfloat16* queries = nullptr;  // [rows, kv_heads * group * head_dim] post-RoPE
   float* logits = nullptr;                 // [rows, kv_heads * group, capacity_chunks] scratch
+  // Fast kernels: each scoring block's softmax statistics (max, sum of exp(logit - max)) over
+  // its kSkvScoreChunksPerBlock chunks, [rows, kv_heads * group, SkvScoreBlocks(capacity), 2].
+  float* softmax_partials = nullptr;
   int32_t* miss_chunk = nullptr;           // [rows, kv_heads, max_budget] chunk to fill, or -1
   const float* inv_freq = nullptr;         // [rotary_dim / 2]
   int rotary_dim = 0;

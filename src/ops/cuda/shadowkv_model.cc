@@ -117,6 +117,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2)));
   const int64_t batch = m.options.max_batch;
   SKV_RETURN_IF_ERROR(sized(s->logits.Allocate(batch * c.num_query_heads * g.capacity_chunks)));
+  SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
+      batch * c.num_query_heads * SkvScoreBlocks(static_cast<int>(g.capacity_chunks)) * 2)));
   SKV_RETURN_IF_ERROR(sized(s->miss_chunk.Allocate(batch * heads * g.max_budget)));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
@@ -528,7 +530,7 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
   stats.num_sequences = s.num_sequences;
   stats.rank = s.geometry.rank;
   stats.max_budget_chunks = s.geometry.max_budget;
-  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() +
+  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() + s.softmax_partials.bytes() +
                        s.miss_chunk.bytes();
   for (int i = 0; i < s.num_sequences; ++i) {
     if (s.host_values[i]) {
@@ -583,6 +585,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.layer = layer;
   p.queries = q.get();
   p.logits = s.logits.get();
+  p.softmax_partials = s.softmax_partials.get();
   p.miss_chunk = s.miss_chunk.get();
   p.inv_freq = inv_freq.get();
   p.rotary_dim = c.rope.rotary_dim;

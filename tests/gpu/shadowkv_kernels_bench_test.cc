@@ -1,0 +1,167 @@
+// Times each ShadowKV decode kernel of one layer alone (Llama-3-8B shapes: 8 KV heads, group
+// 4, head dim 128, rank 160; the bench's batches at 60K and 122K, every selected chunk a miss
+// as with random weights), for each kernel variant, with the bytes each must move and the
+// rate that gives. Timing only; SKV_GPU_BENCH=1 enables it.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "ops/cuda/fill_random.cuh"
+#include "ops/cuda/shadowkv_kernels.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+using namespace testing;
+
+// Median milliseconds of `repeats` launches (after two warm-ups), timed with events.
+template <typename Launch>
+double MedianKernelMs(int repeats, Launch launch) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<float> times;
+  for (int i = 0; i < repeats + 2; ++i) {
+    cudaEventRecord(start);
+    launch();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 2) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
+  constexpr int kHeads = 8, kGroup = 4, kDim = 128, kRank = 160, kChunk = 8;
+  struct Shape {
+    int rows;
+    int context;
+    int budget_chunks;
+    int outlier_chunks;
+  };
+  for (const Shape shape : {Shape{24, 61440, 128, 24}, Shape{12, 124928, 256, 48}}) {
+    const int rows = shape.rows, capacity = shape.context / kChunk + 16;
+    const int num_chunks = shape.context / kChunk - 4;
+    const int budget = shape.budget_chunks;
+    const int gather_base = shape.outlier_chunks * kChunk;
+    const int attn_capacity = gather_base + budget * kChunk + 48;
+    const int64_t lm_count = int64_t{rows} * kHeads * capacity * kDim;
+    const int64_t coef_count = int64_t{rows} * capacity * kChunk * kRank;
+    const int64_t value_count = int64_t{kHeads} * capacity * kChunk * kDim;  // per sequence
+    DeviceBuffer<__nv_bfloat16> landmarks, coefficients, basis, queries, values, attn_k, attn_v;
+    DeviceBuffer<uint8_t> outlier;
+    DeviceBuffer<int32_t> slot_chunk, miss;
+    DeviceBuffer<float> logits, partials, inv_freq;
+    DeviceBuffer<unsigned long long> counters;
+    ASSERT_TRUE(landmarks.Allocate(lm_count).ok());
+    ASSERT_TRUE(coefficients.Allocate(coef_count).ok());
+    ASSERT_TRUE(basis.Allocate(int64_t{rows} * kRank * kHeads * kDim).ok());
+    ASSERT_TRUE(queries.Allocate(int64_t{rows} * kHeads * kGroup * kDim).ok());
+    ASSERT_TRUE(values.Allocate(value_count * rows).ok());
+    ASSERT_TRUE(attn_k.Allocate(int64_t{rows} * kHeads * attn_capacity * kDim).ok());
+    ASSERT_TRUE(attn_v.Allocate(int64_t{rows} * kHeads * attn_capacity * kDim).ok());
+    ASSERT_TRUE(outlier.Allocate(int64_t{rows} * kHeads * capacity).ok());
+    ASSERT_TRUE(slot_chunk.Allocate(int64_t{rows} * kHeads * budget).ok());
+    ASSERT_TRUE(miss.Allocate(int64_t{rows} * kHeads * budget).ok());
+    ASSERT_TRUE(logits.Allocate(int64_t{rows} * kHeads * kGroup * capacity).ok());
+    ASSERT_TRUE(partials.Allocate(int64_t{rows} * kHeads * kGroup * SkvScoreBlocks(capacity) * 2).ok());
+    ASSERT_TRUE(counters.Allocate(2).ok());
+    SKV_ASSERT_CUDA(LaunchFillRandom({landmarks.get(), lm_count, 1.0f, 1}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({coefficients.get(), coef_count, 1.0f, 2}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({basis.get(), basis.size(), 0.1f, 3}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({queries.get(), queries.size(), 1.0f, 4}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({values.get(), values.size(), 1.0f, 5}, nullptr));
+    SKV_ASSERT_CUDA(cudaMemset(outlier.get(), 0, outlier.bytes()));
+    SKV_ASSERT_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+    std::vector<float> freq(kDim / 2);
+    for (int i = 0; i < kDim / 2; ++i) freq[i] = std::pow(500000.0f, -2.0f * i / kDim);
+    inv_freq = ToDevice(freq);
+    std::vector<SkvSequenceInfo> info(rows, SkvSequenceInfo{shape.outlier_chunks, budget,
+                                                            gather_base, gather_base + budget * kChunk});
+    std::vector<SkvRowMeta> meta(rows);
+    std::vector<__nv_bfloat16*> value_table(rows);
+    for (int r = 0; r < rows; ++r) {
+      meta[r].seq = r;
+      meta[r].num_chunks = num_chunks;
+      value_table[r] = values.get() + r * value_count;
+    }
+    auto d_info = ToDevice(info);
+    auto d_meta = ToDevice(meta);
+    auto d_values = ToDevice(value_table);
+
+    SkvLayout l;
+    l.num_layers = 1;
+    l.num_kv_heads = kHeads;
+    l.head_dim = kDim;
+    l.group = kGroup;
+    l.chunk_size = kChunk;
+    l.rank = kRank;
+    l.capacity_chunks = capacity;
+    l.max_budget = budget;
+    l.recent_capacity = 40;
+    l.attn = KvCacheView{attn_k.get(), attn_v.get(), rows, 1, kHeads, kDim, attn_capacity};
+    l.coefficients = coefficients.get();
+    l.basis = basis.get();
+    l.landmarks = landmarks.get();
+    l.outlier = outlier.get();
+    l.slot_chunk = slot_chunk.get();
+    l.values = d_values.get();
+    l.info = d_info.get();
+    l.counters = counters.get();
+    SKV_ASSERT_CUDA(SkvConfigureKernels(l));
+    SkvDecodeParams p;
+    p.layout = l;
+    p.meta = d_meta.get();
+    p.rows = rows;
+    p.queries = queries.get();
+    p.logits = logits.get();
+    p.softmax_partials = partials.get();
+    p.miss_chunk = miss.get();
+    p.inv_freq = inv_freq.get();
+    p.rotary_dim = kDim;
+    p.halves = true;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+
+    const double gb = 1e9;
+    const double score_bytes = 2.0 * rows * kHeads * num_chunks * kDim;
+    const double miss_rows = double{1} * rows * kHeads * budget * kChunk;
+    const double rebuild_bytes = miss_rows * 2.0 * (kRank + kDim);
+    const double fetch_bytes = miss_rows * 2.0 * 2.0 * kDim;
+    for (int variant : {kSkvKernelsFirst, kSkvKernelsFast}) {
+      p.kernel_variant = variant;
+      auto reset = [&] { cudaMemsetAsync(slot_chunk.get(), 0xFF, slot_chunk.bytes()); };
+      const double reset_ms = MedianKernelMs(20, reset);
+      const double score_ms = MedianKernelMs(20, [&] { LaunchSkvScore(p, nullptr); });
+      const double select_ms = MedianKernelMs(20, [&] {
+        reset();
+        LaunchSkvSelect(p, nullptr);
+      }) - reset_ms;
+      // Every slot missed (the slots were reset before the last select).
+      const double rebuild_ms = MedianKernelMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
+      const double fetch_ms = MedianKernelMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
+      SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+      std::printf(
+          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s), select %.1f us, "
+          "rebuild %.1f us (%.0f GB/s), fetch %.1f us (%.0f GB/s); per step of 32 layers: "
+          "score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
+          variant == kSkvKernelsFast ? "fast " : "first", shape.context, rows, budget,
+          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, select_ms * 1e3,
+          rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, fetch_ms * 1e3,
+          fetch_bytes / (fetch_ms * 1e-3) / gb, 32 * (score_ms + select_ms), 32 * rebuild_ms,
+          32 * fetch_ms);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shadowkv::cuda
