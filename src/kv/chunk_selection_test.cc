@@ -160,6 +160,27 @@ TEST(ChunkSelectionTest, TopKBreaksTiesByLowerIndex) {
   EXPECT_TRUE(selected.empty());
 }
 
+TEST(ChunkSelectionTest, SuccessorsFollowTheirLeadersWithinTheBudget) {
+  // Hand case: leaders by score 4 (0.9), 1 (0.8), 2 (0.7), 7 (0.6), ...
+  const std::vector<float> scores = {0.1f, 0.8f, 0.7f, 0.2f, 0.9f, 0.3f, 0.0f, 0.6f};
+  std::vector<int32_t> order, selected;
+  SelectTopKWithSuccessors(scores, 2, &order, &selected);
+  EXPECT_EQ(selected, std::vector<int32_t>({4, 5}));  // the top chunk and the one after it
+  SelectTopKWithSuccessors(scores, 4, &order, &selected);
+  EXPECT_EQ(selected, std::vector<int32_t>({1, 2, 4, 5}));
+  SelectTopKWithSuccessors(scores, 5, &order, &selected);  // 2's successor 3 comes before 7
+  EXPECT_EQ(selected, std::vector<int32_t>({1, 2, 3, 4, 5}));
+  SelectTopKWithSuccessors(scores, 3, &order, &selected);  // budget cuts 1's successor
+  EXPECT_EQ(selected, std::vector<int32_t>({1, 4, 5}));
+  const std::vector<float> last_wins = {0.1f, 0.2f, 0.9f};
+  SelectTopKWithSuccessors(last_wins, 2, &order, &selected);  // no successor past the end
+  EXPECT_EQ(selected, std::vector<int32_t>({1, 2}));
+  SelectTopKWithSuccessors(scores, 0, &order, &selected);
+  EXPECT_TRUE(selected.empty());
+  SelectTopKWithSuccessors(scores, 20, &order, &selected);
+  EXPECT_EQ(selected.size(), scores.size());
+}
+
 TEST(ChunkSelectionTest, GatherSlotsCountHitsAndReuseSlots) {
   GatherSlots slots;
   slots.Resize(3, 10);

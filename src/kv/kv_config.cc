@@ -23,6 +23,10 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "unknown KV policy '{}' (known: {})", policy,
                  fmt::join(names, ", "));
   }
+  if (select_successors != 0 && select_successors != 1) {
+    return Error(ErrorCode::kInvalidArgument, "successors must be 0 or 1, not {}",
+                 select_successors);
+  }
   if (budget_tokens < 0) {
     return Error(ErrorCode::kInvalidArgument, "budget of {} tokens is negative", budget_tokens);
   }
@@ -112,6 +116,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"rank_ratio", Assign(&KvPolicyConfig::rank_ratio)},
       {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
       {"window", Assign(&KvPolicyConfig::local_window)},
+      {"successors", Assign(&KvPolicyConfig::select_successors)},
       {"snap_window", Assign(&KvPolicyConfig::snap_window)},
       {"snap_kernel", Assign(&KvPolicyConfig::snap_kernel)},
       {"snap_pooling", Assign(&KvPolicyConfig::snap_pooling)},

@@ -128,6 +128,7 @@ struct Scratch {
   ScoreScratch score;
   std::vector<float> scores;
   std::vector<float> top_values;
+  std::vector<int32_t> order;
   std::vector<int32_t> selected;
   std::vector<GatherSlots::Fill> misses;
   std::vector<float> miss_coefficients;  // [misses * chunk_size, rank]
@@ -371,7 +372,12 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         ScoreLandmarks(queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim, num_queries,
                        g.q_width(), g.group_size(), head.landmarks.data(), head.num_landmarks(),
                        g.head_dim, &scratch_.score, scratch_.scores.data());
-        SelectTopK(scratch_.scores, selected_count, &scratch_.top_values, &scratch_.selected);
+        if (settings_.config.select_successors != 0) {
+          SelectTopKWithSuccessors(scratch_.scores, selected_count, &scratch_.order,
+                                   &scratch_.selected);
+        } else {
+          SelectTopK(scratch_.scores, selected_count, &scratch_.top_values, &scratch_.selected);
+        }
         const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
         SKV_RETURN_IF_ERROR(Rebuild(layer, head, h, &step));
         step.chunk_selections += selected_count;
