@@ -2,12 +2,15 @@
 // several KV policies at once (one shared prefill per sample), with tables, JSON, CSV and plots.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
+#include "cmd_eval_cuda.h"
 #include "commands.h"
 #include "eval/haystack.h"
 #include "eval/report.h"
@@ -31,6 +34,7 @@ struct EvalOptions {
   int grid_depths = 10;
   int multi_turn = 0;
   int prefill_chunk = 512;
+  std::string device = "cpu";  // cpu | cuda (full and shadowkv answered on the GPU)
   bool plain = false;
   bool quiet = false;
   std::string json_path;
@@ -164,9 +168,23 @@ int RunEvalCommand(const EvalOptions& o) {
   const eval::TaskContext tasks =
       eval::MakeTaskContext(model, format, corpus.words.empty() ? nullptr : &corpus, &vocabulary);
 
+  std::unique_ptr<eval::AnswerBackend> backend;
+  if (o.device == "cuda") {
+    int64_t longest = 0;
+    for (int64_t length : settings.lengths) longest = std::max(longest, length);
+    auto made = MakeCudaEvalBackend(model_path, model.tokenizer(),
+                                    std::min(longest, model.config().context_length),
+                                    o.prefill_chunk);
+    if (!made.ok()) return Fail(made.status().ToString());
+    backend = std::move(made).value();
+  } else if (o.device != "cpu") {
+    return Fail(fmt::format("--device must be cpu or cuda, not '{}'", o.device));
+  }
+
   std::fprintf(stderr, "eval: %s; model %s (%s; %s numerics); prompts: %s; policies:",
                eval::EvalModeName(settings.mode), model_path.c_str(),
-               model.config().Summary().c_str(), NumericsName(model.numerics()),
+               model.config().Summary().c_str(),
+               backend ? backend->numerics().c_str() : NumericsName(model.numerics()),
                format.name().c_str());
   for (const auto& config : settings.policies) {
     std::fprintf(stderr, " %s", config.display_name().c_str());
@@ -202,7 +220,7 @@ int RunEvalCommand(const EvalOptions& o) {
       last_line = Clock::now();
     }
   };
-  auto report_or = eval::RunEval(model, format, tasks, settings, progress);
+  auto report_or = eval::RunEval(model, format, tasks, settings, progress, backend.get());
   if (terminal) std::fprintf(stderr, "\n");
   if (!report_or.ok()) return Fail(report_or.status().ToString());
   eval::EvalReport& report = *report_or;
@@ -279,6 +297,10 @@ Command AddEvalCommand(CLI::App& app) {
   cmd->add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens per forward step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--device", options->device,
+                  "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16; "
+                  "tasks and NIAH grid; the other policies and multi-turn run on the CPU)")
+      ->capture_default_str();
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");
   cmd->add_option("--json", options->json_path, "write the full report as JSON");

@@ -30,8 +30,13 @@ struct Conversation {
 class Runner {
  public:
   Runner(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,
-         const EvalSettings& settings, const ProgressFn& progress)
-      : model_(model), format_(format), tasks_(tasks), settings_(settings), progress_(progress) {}
+         const EvalSettings& settings, const ProgressFn& progress, AnswerBackend* backend)
+      : model_(model),
+        format_(format),
+        tasks_(tasks),
+        settings_(settings),
+        progress_(progress),
+        backend_(backend) {}
 
   Result<EvalReport> Run();
 
@@ -48,6 +53,12 @@ class Runner {
   Status Continue(const std::string& followup, int max_new_tokens, Conversation* conversation,
                   QuestionOutcome* outcome);
   void Collect(Conversation& conversation, Metric metric, QuestionOutcome* outcome);
+  // The backend's answers to one prompt, scored into `outcome`.
+  Status AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens, Metric metric,
+                    QuestionOutcome* outcome);
+  // Text, score and budget of policy `p`'s answer.
+  PolicyOutput Output(size_t p, std::span<const int32_t> answer, Metric metric,
+                      const QuestionOutcome& outcome, int64_t prefill_tokens) const;
   Result<std::vector<int32_t>> Encode(const std::string& prompt, int max_new_tokens) const;
   void Report(const std::string& current);
   Status Annotate(const Status& status, const std::string& what) const {
@@ -59,6 +70,7 @@ class Runner {
   const TaskContext& tasks_;
   const EvalSettings& settings_;
   const ProgressFn& progress_;
+  AnswerBackend* backend_;
   std::vector<std::unique_ptr<kv::KvPolicy>> policies_;
   EvalReport report_;
   EvalProgress state_;
@@ -76,12 +88,19 @@ Result<EvalReport> Runner::Run() {
   }
   for (const kv::KvPolicyConfig& config : settings_.policies) {
     SKV_RETURN_IF_ERROR(config.Validate());
+    if (backend_) continue;
     SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model_.kv_geometry()));
     policies_.push_back(std::move(policy));
   }
+  if (backend_) {
+    if (settings_.mode == EvalMode::kMultiTurn) {
+      return Error(ErrorCode::kUnsupported, "multi-turn NIAH runs on the CPU only");
+    }
+    SKV_RETURN_IF_ERROR(backend_->Check(settings_.policies));
+  }
   report_.settings = settings_;
   report_.model_summary = model_.config().Summary();
-  report_.numerics = NumericsName(model_.numerics());
+  report_.numerics = backend_ ? backend_->numerics() : NumericsName(model_.numerics());
   report_.prompt_format = format_.name();
   report_.haystack_source = tasks_.corpus ? tasks_.corpus->source : "";
   const auto start = Clock::now();
@@ -180,24 +199,52 @@ Status Runner::Continue(const std::string& followup, int max_new_tokens, Convers
   return Status::Ok();
 }
 
+PolicyOutput Runner::Output(size_t p, std::span<const int32_t> answer, Metric metric,
+                            const QuestionOutcome& outcome, int64_t prefill_tokens) const {
+  PolicyOutput out;
+  out.policy = settings_.policies[p].display_name();
+  out.text = model_.tokenizer().Decode(answer, /*skip_special=*/true);
+  out.tokens.assign(answer.begin(), answer.end());
+  out.score = Score(metric, out.text, outcome.answers);
+  out.generated_tokens = static_cast<int>(answer.size());
+  if (settings_.policies[p].policy != "full") {
+    out.budget_tokens = settings_.policies[p].BudgetTokens(prefill_tokens);
+  }
+  return out;
+}
+
+Status Runner::AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens, Metric metric,
+                          QuestionOutcome* outcome) {
+  std::vector<BackendAnswer> answers;
+  const auto start = Clock::now();
+  SKV_RETURN_IF_ERROR(backend_->Answer(prompt, max_new_tokens, settings_.policies, &answers,
+                                       &outcome->prefill_seconds));
+  outcome->decode_seconds = Since(start) - outcome->prefill_seconds;
+  outcome->prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (answers.size() != settings_.policies.size()) {
+    return Error(ErrorCode::kInternal, "the backend answered {} of {} policies", answers.size(),
+                 settings_.policies.size());
+  }
+  for (size_t p = 0; p < answers.size(); ++p) {
+    PolicyOutput out = Output(p, answers[p].tokens, metric, *outcome, outcome->prompt_tokens);
+    out.truncated = answers[p].truncated;
+    out.stats = answers[p].stats;
+    out.rank = answers[p].rank;
+    out.outlier_chunks = answers[p].outlier_chunks;
+    outcome->outputs.push_back(std::move(out));
+  }
+  return Status::Ok();
+}
+
 void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome* outcome) {
-  const Tokenizer& tokenizer = model_.tokenizer();
   for (size_t p = 0; p < policies_.size(); ++p) {
     const GreedyStream& stream = conversation.streams[p];
     const kv::SequenceKv& sequence = *conversation.sequences[p];
-    PolicyOutput out;
-    out.policy = settings_.policies[p].display_name();
     const size_t begin = std::min(conversation.turn_start[p], stream.generated.size());
-    const std::span<const int32_t> answer =
-        std::span<const int32_t>(stream.generated).subspan(begin);
-    out.text = tokenizer.Decode(answer, /*skip_special=*/true);
-    out.tokens.assign(answer.begin(), answer.end());
-    out.score = Score(metric, out.text, outcome->answers);
-    out.generated_tokens = static_cast<int>(answer.size());
+    PolicyOutput out =
+        Output(p, std::span<const int32_t>(stream.generated).subspan(begin), metric, *outcome,
+               conversation.prefill_tokens);
     out.truncated = stream.truncated;
-    if (settings_.policies[p].policy != "full") {
-      out.budget_tokens = settings_.policies[p].BudgetTokens(conversation.prefill_tokens);
-    }
     if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {
       const kv::ShadowKvLayerInfo info = shadow->Inspect(0);
       out.rank = info.rank;
@@ -251,10 +298,15 @@ Status Runner::AskQuestion(const TaskInfo& task, const SampleRequest& request,
   outcome.depth = grid_depth >= 0 ? grid_depth
                                   : (sample.depths.size() == 1 ? sample.depths[0] : -1.0);
   outcome.answers = sample.answers;
-  Conversation conversation;
-  SKV_RETURN_IF_ERROR(
-      Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
-  Collect(conversation, task.metric, &outcome);
+  if (backend_) {
+    SKV_RETURN_IF_ERROR(
+        Annotate(AskBackend(*prompt, task.max_new_tokens, task.metric, &outcome), what));
+  } else {
+    Conversation conversation;
+    SKV_RETURN_IF_ERROR(
+        Annotate(Start(*prompt, task.max_new_tokens, &conversation, &outcome), what));
+    Collect(conversation, task.metric, &outcome);
+  }
   report_.questions.push_back(std::move(outcome));
   state_.done++;
   state_.done_weight += static_cast<double>(request.target_tokens);
@@ -347,8 +399,9 @@ const char* EvalModeName(EvalMode mode) {
 }
 
 Result<EvalReport> RunEval(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,
-                           const EvalSettings& settings, const ProgressFn& progress) {
-  Runner runner(model, format, tasks, settings, progress);
+                           const EvalSettings& settings, const ProgressFn& progress,
+                           AnswerBackend* backend) {
+  Runner runner(model, format, tasks, settings, progress, backend);
   return runner.Run();
 }
 

@@ -84,10 +84,35 @@ struct EvalProgress {
 };
 using ProgressFn = std::function<void(const EvalProgress&)>;
 
+// One policy's greedy answer from an AnswerBackend.
+struct BackendAnswer {
+  std::vector<int32_t> tokens;  // generated, end-of-generation token included when reached
+  bool truncated = false;
+  kv::PolicyStats stats;        // chunk selections and hits where the policy selects chunks
+  int rank = 0;                 // shadowkv
+  int64_t outlier_chunks = 0;   // shadowkv, per KV head
+};
+
+// Answers single questions somewhere other than the CPU model (the CUDA backend): every
+// policy's greedy answer to one prompt. The CPU model still synthesises, tokenises and scores.
+// Multi-turn NIAH needs the CPU runner.
+class AnswerBackend {
+ public:
+  virtual ~AnswerBackend() = default;
+  virtual std::string numerics() const = 0;  // shown in the report, e.g. "cuda-bf16"
+  // Rejects policies the backend cannot run, before any sample is made.
+  virtual Status Check(const std::vector<kv::KvPolicyConfig>& policies) const = 0;
+  // `answers` receives one entry per policy, in order; `prefill_seconds` the shared prefill.
+  virtual Status Answer(const std::vector<int32_t>& prompt, int max_new_tokens,
+                        const std::vector<kv::KvPolicyConfig>& policies,
+                        std::vector<BackendAnswer>* answers, double* prefill_seconds) = 0;
+};
+
 // Runs settings.mode over `model`. `tasks` renders with `format` and counts with the model's
-// tokenizer (see MakeTaskContext).
+// tokenizer (see MakeTaskContext). With `backend`, the answers come from it (tasks and grid).
 Result<EvalReport> RunEval(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,
-                           const EvalSettings& settings, const ProgressFn& progress = nullptr);
+                           const EvalSettings& settings, const ProgressFn& progress = nullptr,
+                           AnswerBackend* backend = nullptr);
 
 // A task context for `model`: prompts rendered by `format`, lengths counted by its tokenizer.
 TaskContext MakeTaskContext(const CpuModel& model, const PromptFormat& format,

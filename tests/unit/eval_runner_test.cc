@@ -148,5 +148,81 @@ TEST_F(EvalRunnerTest, MultiTurnContinuesTheConversationOnTheSameKvState) {
   }
 }
 
+// A backend that answers the passkey by reading it from the prompt (policy 0) or says nothing
+// useful (policy 1): the runner scores its answers, copies its statistics, and refuses what the
+// backend refuses and multi-turn.
+class PromptReadingBackend : public eval::AnswerBackend {
+ public:
+  explicit PromptReadingBackend(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string numerics() const override { return "test-backend"; }
+  Status Check(const std::vector<kv::KvPolicyConfig>& policies) const override {
+    for (const auto& config : policies) {
+      if (config.policy == "quest") return Error(ErrorCode::kUnsupported, "no quest here");
+    }
+    return Status::Ok();
+  }
+  Status Answer(const std::vector<int32_t>& prompt, int max_new_tokens,
+                const std::vector<kv::KvPolicyConfig>& policies,
+                std::vector<eval::BackendAnswer>* answers, double* prefill_seconds) override {
+    const std::string text = tokenizer_.Decode(prompt, true);
+    const std::string marker = "The pass key is ";
+    const size_t at = text.find(marker);
+    if (at == std::string::npos) return Error(ErrorCode::kInternal, "no pass key in the prompt");
+    const std::string key = text.substr(at + marker.size(), 5);
+    prompts_seen.push_back(static_cast<int64_t>(prompt.size()));
+    answers->assign(policies.size(), {});
+    (*answers)[0].tokens = tokenizer_.Encode(" " + key + ".", false, false);
+    (*answers)[1].tokens = tokenizer_.Encode(" none", false, false);
+    (*answers)[1].stats.chunk_selections = 10;
+    (*answers)[1].stats.chunk_hits = 4;
+    (*answers)[1].rank = 8;
+    *prefill_seconds = 0.25;
+    EXPECT_EQ(max_new_tokens, 16);
+    return Status::Ok();
+  }
+  std::vector<int64_t> prompts_seen;
+
+ private:
+  const Tokenizer& tokenizer_;
+};
+
+TEST_F(EvalRunnerTest, BackendAnswersAreScoredAndItsLimitsReported) {
+  const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
+  PromptReadingBackend backend(model_->tokenizer());
+  eval::EvalSettings settings;
+  settings.tasks = {"passkey"};
+  settings.lengths = {900};
+  settings.samples = 2;
+  settings.policies = AllPolicies();
+  settings.policies.resize(2);  // full, shadowkv
+  auto report = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->numerics, "test-backend");
+  ASSERT_EQ(report->questions.size(), 2u);
+  ASSERT_EQ(backend.prompts_seen.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const eval::QuestionOutcome& q = report->questions[i];
+    EXPECT_EQ(q.prompt_tokens, backend.prompts_seen[i]);
+    EXPECT_DOUBLE_EQ(q.prefill_seconds, 0.25);
+    ASSERT_EQ(q.outputs.size(), 2u);
+    EXPECT_EQ(q.outputs[0].text, " " + q.answers[0] + ".");
+    EXPECT_DOUBLE_EQ(q.outputs[0].score, 1.0);
+    EXPECT_DOUBLE_EQ(q.outputs[1].score, 0.0);
+    EXPECT_EQ(q.outputs[1].stats.chunk_hits, 4);
+    EXPECT_EQ(q.outputs[1].rank, 8);
+    EXPECT_EQ(q.outputs[1].budget_tokens, settings.policies[1].BudgetTokens(q.prompt_tokens));
+  }
+  settings.policies = AllPolicies();  // quest is refused before any sample
+  auto refused = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(backend.prompts_seen.size(), 2u);
+  settings.policies.resize(2);
+  settings.mode = eval::EvalMode::kMultiTurn;
+  settings.turns = 2;
+  auto multi_turn = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
+  EXPECT_EQ(multi_turn.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(multi_turn.status().message().find("CPU only"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shadowkv
