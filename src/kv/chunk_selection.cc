@@ -280,33 +280,15 @@ void SelectTopK(std::span<const float> scores, int64_t k, std::vector<float>* va
   }
 }
 
-void SelectTopKWithSuccessors(std::span<const float> scores, int64_t k,
-                              std::vector<int32_t>* order, std::vector<int32_t>* selected) {
-  const auto count = static_cast<int64_t>(scores.size());
-  k = std::clamp<int64_t>(k, 0, count);
-  selected->clear();
-  if (k == 0) return;
-  // At most k leaders are needed: each adds at least one index.
-  order->resize(count);
-  std::iota(order->begin(), order->end(), 0);
-  std::partial_sort(order->begin(), order->begin() + k, order->end(), [&](int32_t a, int32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  });
-  std::vector<uint8_t> chosen(count, 0);
-  int64_t taken = 0;
-  for (int64_t i = 0; i < k && taken < k; ++i) {
-    const int32_t leader = (*order)[i];
-    for (int32_t item : {leader, leader + 1}) {
-      if (taken < k && item < count && !chosen[item]) {
-        chosen[item] = 1;
-        ++taken;
-      }
-    }
+void SelectTopKWithSuccessors(std::span<const float> scores, std::span<const int32_t> chunk_ids,
+                              int64_t k, std::vector<float>* shifted, std::vector<float>* values,
+                              std::vector<int32_t>* selected) {
+  SKV_CHECK(chunk_ids.size() == scores.size());
+  shifted->assign(scores.begin(), scores.end());
+  for (size_t i = 1; i < scores.size(); ++i) {
+    if (chunk_ids[i - 1] == chunk_ids[i] - 1) (*shifted)[i] = std::max(scores[i], scores[i - 1]);
   }
-  selected->reserve(k);
-  for (int64_t i = 0; i < count; ++i) {
-    if (chosen[i]) selected->push_back(static_cast<int32_t>(i));
-  }
+  SelectTopK(*shifted, k, values, selected);
 }
 
 void GatherSlots::Resize(int32_t num_slots, int64_t num_items) {

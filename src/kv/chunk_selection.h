@@ -45,12 +45,15 @@ void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride,
 void SelectTopK(std::span<const float> scores, int64_t k, std::vector<float>* values,
                 std::vector<int32_t>* selected);
 
-// Like SelectTopK, but each chosen index brings its successor along: indices are taken in
-// decreasing score (ties: lower index first), each followed by index + 1 when that is not yet
-// chosen, until k are chosen. A needle or answer that crosses a chunk boundary then keeps its
-// continuation. Increasing index order; `order` is scratch.
-void SelectTopKWithSuccessors(std::span<const float> scores, int64_t k,
-                              std::vector<int32_t>* order, std::vector<int32_t>* selected);
+// Like SelectTopK, but each chosen chunk brings the chunk after it along: the top k of
+// shifted scores s'[i] = max(s[i], s[i-1]) where item i-1 holds the chunk just before item i's
+// (chunk_ids[i-1] == chunk_ids[i] - 1; an outlier in between breaks the pair, and is attended
+// anyway). Taking leaders in decreasing score, each followed by its successor, until k are
+// chosen gives the same set except at exactly equal scores. A needle or answer that crosses a
+// chunk boundary then keeps its continuation. `shifted` and `values` are scratch.
+void SelectTopKWithSuccessors(std::span<const float> scores, std::span<const int32_t> chunk_ids,
+                              int64_t k, std::vector<float>* shifted, std::vector<float>* values,
+                              std::vector<int32_t>* selected);
 
 // Which item (landmark index) each gather-buffer slot holds, so that a chunk selected at two
 // consecutive steps is reused in place instead of being rebuilt and fetched again.

@@ -161,24 +161,29 @@ TEST(ChunkSelectionTest, TopKBreaksTiesByLowerIndex) {
 }
 
 TEST(ChunkSelectionTest, SuccessorsFollowTheirLeadersWithinTheBudget) {
-  // Hand case: leaders by score 4 (0.9), 1 (0.8), 2 (0.7), 7 (0.6), ...
+  // Hand case, chunks 0..7 all selectable: leaders by score 4 (0.9), 1 (0.8), 2 (0.7), 7 (0.6).
   const std::vector<float> scores = {0.1f, 0.8f, 0.7f, 0.2f, 0.9f, 0.3f, 0.0f, 0.6f};
-  std::vector<int32_t> order, selected;
-  SelectTopKWithSuccessors(scores, 2, &order, &selected);
-  EXPECT_EQ(selected, std::vector<int32_t>({4, 5}));  // the top chunk and the one after it
-  SelectTopKWithSuccessors(scores, 4, &order, &selected);
-  EXPECT_EQ(selected, std::vector<int32_t>({1, 2, 4, 5}));
-  SelectTopKWithSuccessors(scores, 5, &order, &selected);  // 2's successor 3 comes before 7
-  EXPECT_EQ(selected, std::vector<int32_t>({1, 2, 3, 4, 5}));
-  SelectTopKWithSuccessors(scores, 3, &order, &selected);  // budget cuts 1's successor
-  EXPECT_EQ(selected, std::vector<int32_t>({1, 4, 5}));
-  const std::vector<float> last_wins = {0.1f, 0.2f, 0.9f};
-  SelectTopKWithSuccessors(last_wins, 2, &order, &selected);  // no successor past the end
-  EXPECT_EQ(selected, std::vector<int32_t>({1, 2}));
-  SelectTopKWithSuccessors(scores, 0, &order, &selected);
-  EXPECT_TRUE(selected.empty());
-  SelectTopKWithSuccessors(scores, 20, &order, &selected);
-  EXPECT_EQ(selected.size(), scores.size());
+  const std::vector<int32_t> chunks = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> shifted, values;
+  std::vector<int32_t> selected;
+  auto select = [&](const std::vector<float>& s, const std::vector<int32_t>& c, int64_t k) {
+    SelectTopKWithSuccessors(s, c, k, &shifted, &values, &selected);
+    return selected;
+  };
+  EXPECT_EQ(select(scores, chunks, 2), std::vector<int32_t>({4, 5}));  // top chunk, next one
+  EXPECT_EQ(select(scores, chunks, 4), std::vector<int32_t>({1, 2, 4, 5}));
+  EXPECT_EQ(select(scores, chunks, 5), std::vector<int32_t>({1, 2, 3, 4, 5}));  // 2's successor
+  EXPECT_EQ(select(scores, chunks, 3), std::vector<int32_t>({1, 4, 5}));  // 1's successor cut
+  EXPECT_EQ(select({0.1f, 0.2f, 0.9f}, {0, 1, 2}, 2), std::vector<int32_t>({1, 2}));  // no 3
+  // Chunk 5 is an outlier (not in the list): item 4 (chunk 6) is not chunk 4's successor.
+  EXPECT_EQ(select({0.1f, 0.2f, 0.3f, 0.4f, 0.9f, 0.5f}, {0, 1, 2, 3, 4, 6}, 2),
+            std::vector<int32_t>({4, 5}));  // items 4 and 5: chunk 4 and the next best, 6
+  EXPECT_EQ(select({0.1f, 0.2f, 0.3f, 0.4f, 0.9f, 0.5f}, {0, 1, 2, 3, 4, 5}, 2),
+            std::vector<int32_t>({4, 5}));
+  EXPECT_EQ(select({0.1f, 0.2f, 0.3f, 0.6f, 0.9f, 0.5f}, {0, 1, 2, 3, 4, 6}, 2),
+            std::vector<int32_t>({3, 4}));  // chunk 6 does not follow chunk 4: 3 is next best
+  EXPECT_TRUE(select(scores, chunks, 0).empty());
+  EXPECT_EQ(select(scores, chunks, 20).size(), scores.size());
 }
 
 TEST(ChunkSelectionTest, GatherSlotsCountHitsAndReuseSlots) {

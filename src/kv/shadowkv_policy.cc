@@ -128,7 +128,7 @@ struct Scratch {
   ScoreScratch score;
   std::vector<float> scores;
   std::vector<float> top_values;
-  std::vector<int32_t> order;
+  std::vector<float> shifted;
   std::vector<int32_t> selected;
   std::vector<GatherSlots::Fill> misses;
   std::vector<float> miss_coefficients;  // [misses * chunk_size, rank]
@@ -373,8 +373,8 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
                        g.q_width(), g.group_size(), head.landmarks.data(), head.num_landmarks(),
                        g.head_dim, &scratch_.score, scratch_.scores.data());
         if (settings_.config.select_successors != 0) {
-          SelectTopKWithSuccessors(scratch_.scores, selected_count, &scratch_.order,
-                                   &scratch_.selected);
+          SelectTopKWithSuccessors(scratch_.scores, head.landmark_chunks, selected_count,
+                                   &scratch_.shifted, &scratch_.top_values, &scratch_.selected);
         } else {
           SelectTopK(scratch_.scores, selected_count, &scratch_.top_values, &scratch_.selected);
         }

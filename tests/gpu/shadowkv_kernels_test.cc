@@ -21,7 +21,7 @@ class CudaShadowKvKernelsTest : public ::testing::TestWithParam<int> {};
 
 // Capacity 2000 chunks (a multiple of 16) takes the fast tensor-core scoring and the 512-thread
 // select; 9000 the other fast scoring kernel and the 1024-thread select.
-void CheckSelection(int kernel_variant, const int kCapacity) {
+void CheckSelection(int kernel_variant, const int kCapacity, bool successors) {
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {1900, 1234};
   std::mt19937 rng(5);
@@ -85,6 +85,7 @@ void CheckSelection(int kernel_variant, const int kCapacity) {
     p.miss_chunk = d_miss.get();
     p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
     p.kernel_variant = kernel_variant;
+    p.select_successors = successors ? 1 : 0;
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -111,7 +112,12 @@ void CheckSelection(int kernel_variant, const int kCapacity) {
                            scores.data());
         std::vector<float> top_values;
         std::vector<int32_t> selected;
-        kv::SelectTopK(scores, kBudget, &top_values, &selected);
+        if (successors) {
+          std::vector<float> shifted;
+          kv::SelectTopKWithSuccessors(scores, chunk_of, kBudget, &shifted, &top_values, &selected);
+        } else {
+          kv::SelectTopK(scores, kBudget, &top_values, &selected);
+        }
         kv::GatherSlots& gather = cpu_slots[s * kHeads + h];
         if (step == 0) gather.Resize(kBudget, count);
         std::vector<kv::GatherSlots::Fill> fills;
@@ -140,7 +146,16 @@ TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   SKV_SKIP_WITHOUT_GPU();
   for (const int capacity : {2000, 9000}) {
     SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks");
-    CheckSelection(GetParam(), capacity);
+    CheckSelection(GetParam(), capacity, /*successors=*/false);
+  }
+}
+
+TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "successor selection: fast kernels only";
+  for (const int capacity : {2000, 9000}) {
+    SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks");
+    CheckSelection(GetParam(), capacity, /*successors=*/true);
   }
 }
 

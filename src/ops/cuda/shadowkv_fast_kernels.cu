@@ -388,6 +388,21 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) SkvSelectFastKernel
   }
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
   const int k = min(info.budget_chunks, selectable);
+  if (p.select_successors) {
+    // key[c] = max(key[c], key[c - 1]) where both chunks are selectable, in place: each thread
+    // owns a contiguous range and reads the key before it first (BlockSum ended in a barrier
+    // after every key was written).
+    const int span = (n + kSelectThreads - 1) / kSelectThreads;
+    const int begin = min(n, tid * span), end = min(n, begin + span);
+    uint32_t before = begin > 0 && begin < end ? keys[begin - 1] : 0u;
+    __syncthreads();
+    for (int c = begin; c < end; ++c) {
+      const uint32_t own = keys[c];
+      if (own != 0u && before != 0u) keys[c] = max(own, before);
+      before = own;
+    }
+    __syncthreads();
+  }
 
   // Radix select of the k-th largest key, 8 bits at a time. Scores share few exponents, so most
   // keys fall in a handful of bins: lanes with the same bin add once per warp.

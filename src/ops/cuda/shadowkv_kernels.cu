@@ -652,6 +652,7 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   if (l.max_budget > kSkvMaxBudgetChunks) return cudaErrorInvalidValue;
   const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
   if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
+  if (p.select_successors) return cudaErrorInvalidValue;  // the fast kernels only
   SkvSelectKernel<<<dim3(l.num_kv_heads, p.rows), kSelectThreads, bytes, stream>>>(p);
   return cudaGetLastError();
 }

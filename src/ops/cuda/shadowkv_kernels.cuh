@@ -67,6 +67,9 @@ struct SkvDecodeParams {
   // three-pass select with warp-aggregated radix histograms, and the register-RoPE rebuild
   // (64 slots per block, cp.async double buffering; full-width rotary only, else the first).
   int kernel_variant = 1;
+  // Select each top chunk's successor with it (kv::SelectTopKWithSuccessors): the top K of
+  // max(key[c], key[c - 1]) over selectable neighbours. Fast kernels only.
+  int select_successors = 0;
 };
 
 constexpr int kSkvKernelsFirst = 0;

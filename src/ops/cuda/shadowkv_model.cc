@@ -91,6 +91,10 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
                                                       c.head_dim, capacity));
   auto s = std::make_unique<ShadowKvState>();
+  if (config.select_successors != 0 && ShadowKvKernelVariant() != kSkvKernelsFast) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
+                 "the fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
+  }
   s->config = config;
   s->geometry = g;
   s->num_sequences = num_sequences;
@@ -592,6 +596,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.halves = c.rope.style == RopeConfig::Style::kHalves;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.kernel_variant = ShadowKvKernelVariant();
+  p.select_successors = s.config.select_successors;
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));

@@ -29,10 +29,6 @@ int64_t SkvGeometry::ValueBytesPerSequence() const {
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
                                     int num_kv_heads, int head_dim, int64_t capacity_tokens) {
   SKV_RETURN_IF_ERROR(config.Validate());
-  if (config.select_successors != 0) {
-    return Error(ErrorCode::kUnsupported,
-                 "ShadowKV successor selection (successors=1) runs on the CPU only");
-  }
   SkvGeometry g;
   g.num_layers = num_layers;
   g.num_kv_heads = num_kv_heads;
