@@ -109,27 +109,6 @@ TEST(CudaDecodeAttentionTest, SplitCountDoesNotDependOnLengths) {
   EXPECT_EQ(DecodeNumSplits(200, 8, 1056), 1);
 }
 
-// Median milliseconds of `repeats` runs of `launch` (after two warm-ups), timed with events.
-template <typename Launch>
-double MedianMs(int repeats, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> times;
-  for (int i = 0; i < repeats + 2; ++i) {
-    cudaEventRecord(start);
-    launch();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (i >= 2) times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 // Llama-3-8B decode attention of one layer (8 KV heads, 32 query heads, head dim 128) at the
 // bench's batch and context: K/V bytes read per launch over time, against a plain read of the

@@ -1,10 +1,12 @@
 // Shared pieces of the GPU tests: the no-GPU skip, device copies of host vectors, bf16 inputs
-// that CPU and GPU see identically, and the relative error ‖got − want‖ / ‖want‖.
+// that CPU and GPU see identically, the relative error ‖got − want‖ / ‖want‖, and a median
+// event timer for the GPU benchmarks.
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -117,5 +119,27 @@ inline double RelativeError(const std::vector<float>& got, const std::vector<flo
 // result computed in fp32 has a relative RMS error near 2^-9/√3 ≈ 1.1e-3.
 constexpr double kBf16OutputTolerance = 5e-3;  // fp32 math, one bf16 rounding at the end
 constexpr double kAttentionTolerance = 1e-2;   // probabilities rounded to bf16 as well
+
+// Median milliseconds of `repeats` runs of `launch` (after two warm-ups), timed with events.
+template <typename Launch>
+double MedianMs(int repeats, Launch launch) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<float> times;
+  for (int i = 0; i < repeats + 2; ++i) {
+    cudaEventRecord(start);
+    launch();
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 2) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
 
 }  // namespace shadowkv::cuda::testing

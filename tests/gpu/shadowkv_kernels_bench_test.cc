@@ -17,27 +17,6 @@ namespace {
 
 using namespace testing;
 
-// Median milliseconds of `repeats` launches (after two warm-ups), timed with events.
-template <typename Launch>
-double MedianKernelMs(int repeats, Launch launch) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> times;
-  for (int i = 0; i < repeats + 2; ++i) {
-    cudaEventRecord(start);
-    launch();
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    if (i >= 2) times.push_back(ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
   SKV_SKIP_WITHOUT_GPU();
@@ -140,15 +119,15 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
     for (int variant : {kSkvKernelsFirst, kSkvKernelsFast}) {
       p.kernel_variant = variant;
       auto reset = [&] { cudaMemsetAsync(slot_chunk.get(), 0xFF, slot_chunk.bytes()); };
-      const double reset_ms = MedianKernelMs(20, reset);
-      const double score_ms = MedianKernelMs(20, [&] { LaunchSkvScore(p, nullptr); });
-      const double select_ms = MedianKernelMs(20, [&] {
+      const double reset_ms = MedianMs(20, reset);
+      const double score_ms = MedianMs(20, [&] { LaunchSkvScore(p, nullptr); });
+      const double select_ms = MedianMs(20, [&] {
         reset();
         LaunchSkvSelect(p, nullptr);
       }) - reset_ms;
       // Every slot missed (the slots were reset before the last select).
-      const double rebuild_ms = MedianKernelMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
-      const double fetch_ms = MedianKernelMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
+      const double rebuild_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
+      const double fetch_ms = MedianMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
       SKV_ASSERT_CUDA(cudaDeviceSynchronize());
       std::printf(
           "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s), select %.1f us, "
