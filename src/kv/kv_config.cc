@@ -44,6 +44,9 @@ Status KvPolicyConfig::Validate() const {
   if (rank == 0 && !(rank_ratio > 0.0 && rank_ratio <= 1.0)) {
     return Error(ErrorCode::kInvalidArgument, "rank ratio {} is not in (0, 1]", rank_ratio);
   }
+  if (exact_layers < 0) {
+    return Error(ErrorCode::kInvalidArgument, "exact layers {} is negative", exact_layers);
+  }
   if (local_window < 0) {
     return Error(ErrorCode::kInvalidArgument, "local window {} is negative", local_window);
   }
@@ -117,6 +120,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
       {"window", Assign(&KvPolicyConfig::local_window)},
       {"successors", Assign(&KvPolicyConfig::select_successors)},
+      {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
       {"snap_window", Assign(&KvPolicyConfig::snap_window)},
       {"snap_kernel", Assign(&KvPolicyConfig::snap_kernel)},
       {"snap_pooling", Assign(&KvPolicyConfig::snap_pooling)},

@@ -30,6 +30,9 @@ struct KvPolicyConfig {
   // Select each top chunk's successor with it (SelectTopKWithSuccessors), within the same budget;
   // off by default (SPEC §3 selects the top K alone).
   int select_successors = 0;
+  // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
+  // layers a task needs exact; 0 by default. CPU only.
+  int exact_layers = 0;
   std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)
 
   // SnapKV (SPEC §4).
@@ -53,8 +56,8 @@ struct KvPolicyConfig {
 
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
-// budget_min, chunk, rank, rank_ratio, outliers, window, successors (0 or 1), snap_window,
-// snap_kernel, snap_pooling, page, dense_layers, sinks. Settings not named come from `base`. Unknown keys,
+// budget_min, chunk, rank, rank_ratio, outliers, window, successors (0 or 1), exact_layers,
+// snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. Settings not named come from `base`. Unknown keys,
 // malformed values and invalid results are kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 

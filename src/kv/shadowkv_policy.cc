@@ -148,6 +148,8 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   }
 
   Status Append(int layer_index, const TokenBlock& block) override;
+  // Layers the settings keep exact (exact_layers): never compressed.
+  bool KeptExact(int layer_index) const { return layer_index < settings_.config.exact_layers; }
   Status Prepare(int layer_index, const float* queries, int num_queries,
                  AttentionInput* out) override;
   Status FinishPrefill(int layer_index) override;
@@ -198,7 +200,8 @@ Status ShadowKvSequenceImpl::Append(int layer_index, const TokenBlock& block) {
   // A prompt too short to chunk at FinishPrefill is compressed once enough tokens precede
   // this block (all of them come before its queries, so chunking them hides nothing).
   const int64_t exact_rows = layer.num_tokens - layer.exact_first;
-  if (layer.prefill_done && !layer.compressed && ChunksToForm(settings_, exact_rows) > 0) {
+  if (layer.prefill_done && !layer.compressed && !KeptExact(layer_index) &&
+      ChunksToForm(settings_, exact_rows) > 0) {
     SKV_RETURN_IF_ERROR(Compress(layer));
   }
   const size_t added = static_cast<size_t>(block.num_tokens) * g.kv_width();
@@ -218,7 +221,9 @@ Status ShadowKvSequenceImpl::FinishPrefill(int layer_index) {
     SKV_ASSIGN_OR_RETURN(budget_chunks_, BudgetChunks(settings_, layer.num_tokens));
   }
   layer.prefill_done = true;
-  if (ChunksToForm(settings_, layer.num_tokens) > 0) SKV_RETURN_IF_ERROR(Compress(layer));
+  if (!KeptExact(layer_index) && ChunksToForm(settings_, layer.num_tokens) > 0) {
+    SKV_RETURN_IF_ERROR(Compress(layer));
+  }
   return Status::Ok();
 }
 

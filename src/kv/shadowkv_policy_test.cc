@@ -197,6 +197,30 @@ void CheckEquivalence(const EquivalenceCase& c) {
   EXPECT_EQ(actual.sequence().num_tokens(), expected.sequence().num_tokens());
 }
 
+TEST(ShadowKvTest, ExactLayersAttendLikeFullAttentionAndOthersAreCompressed) {
+  // A small budget and rank: compressed layers differ from full attention, exact ones do not.
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 23);
+  auto full = MakePolicy(KvPolicyConfig{}, g);
+  KvPolicyConfig config = ShadowConfig(8, 16, 1, 16);
+  config.budget_tokens = 32;
+  config.exact_layers = 1;
+  auto shadow = MakePolicy(config, g);
+  ASSERT_TRUE(full && shadow);
+  Runner expected(*full, stream), actual(*shadow, stream);
+  for (Runner* r : {&expected, &actual}) r->Step(300, true);
+  EXPECT_FALSE(actual.shadow().Inspect(0).compressed);
+  EXPECT_TRUE(actual.shadow().Inspect(1).compressed);
+  for (int step = 0; step < 20; ++step) {
+    for (Runner* r : {&expected, &actual}) r->Step(1);
+    EXPECT_LT(RelativeError({actual.outputs()[0]}, {expected.outputs()[0]}), 1e-6);
+    EXPECT_GT(RelativeError({actual.outputs()[1]}, {expected.outputs()[1]}), 1e-3);
+  }
+  EXPECT_FALSE(actual.shadow().Inspect(0).compressed);  // still exact after 20 more tokens
+  config.exact_layers = -1;
+  EXPECT_FALSE(MakeKvPolicy(config, g).ok());
+}
+
 TEST(ShadowKvTest, FullRankFullBudgetEqualsFullAttention) {
   CheckEquivalence({8, 32, 300, 0, 0, 0});
 }

@@ -29,6 +29,9 @@ int64_t SkvGeometry::ValueBytesPerSequence() const {
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
                                     int num_kv_heads, int head_dim, int64_t capacity_tokens) {
   SKV_RETURN_IF_ERROR(config.Validate());
+  if (config.exact_layers != 0) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
+  }
   SkvGeometry g;
   g.num_layers = num_layers;
   g.num_kv_heads = num_kv_heads;
