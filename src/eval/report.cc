@@ -128,13 +128,21 @@ std::string FormatTables(const EvalReport& report) {
   for (size_t l = 0; l < s.lengths.size(); ++l) {
     out += fmt::format("context {} tokens (prompt + answer), {} sample(s) per row, score %:\n",
                        s.lengths[l], report.settings.samples);
+    // Each column as wide as its policy's name (variants such as shadowkv:budget=1024 are
+    // long), at least 11, with two spaces before it.
+    std::vector<size_t> columns;
     out += fmt::format("{:<{}}", row_title, width);
-    for (const auto& policy : s.policies) out += fmt::format("{:>11}", policy);
+    for (const auto& policy : s.policies) {
+      columns.push_back(std::max<size_t>(11, policy.size() + 2));
+      out += fmt::format("{:>{}}", policy, columns.back());
+    }
     out += "\n";
     auto add_row = [&](const std::string& label, const std::vector<double>& values) {
       out += fmt::format("{:<{}}", label, width);
-      for (double v : values) {
-        out += std::isnan(v) ? fmt::format("{:>11}", "-") : fmt::format("{:>11.1f}", v);
+      for (size_t p = 0; p < values.size(); ++p) {
+        const double v = values[p];
+        out += std::isnan(v) ? fmt::format("{:>{}}", "-", columns[p])
+                             : fmt::format("{:>{}.1f}", v, columns[p]);
       }
       out += "\n";
     };

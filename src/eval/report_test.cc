@@ -66,6 +66,14 @@ TEST(ReportTest, MeansPerTaskAndAverageOverTasks) {
   EXPECT_NE(table.find("context 2048 tokens"), std::string::npos);
   EXPECT_NE(table.find("average               75.0       30.0"), std::string::npos) << table;
   EXPECT_NE(table.find("qa_1, qa_2: not available"), std::string::npos);
+  // A long variant name gets a column of its own width, two spaces from the previous one.
+  EvalReport variant = report;
+  for (QuestionOutcome& q : variant.questions) q.outputs[1].policy = "streaming:budget=1024";
+  variant.settings.policies[1].label = "streaming:budget=1024";
+  const std::string wide = FormatTables(variant);
+  EXPECT_NE(wide.find("full  streaming:budget=1024"), std::string::npos) << wide;
+  EXPECT_NE(wide.find("average               75.0                   30.0"), std::string::npos)
+      << wide;
 
   const auto json = ReportToJson(report);
   EXPECT_EQ(json["scores"]["2048"]["vt"]["streaming"], 10.0);
