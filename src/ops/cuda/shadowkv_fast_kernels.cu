@@ -11,6 +11,7 @@
 #include "ops/cuda/device_utils.cuh"
 #include "ops/cuda/mma_utils.cuh"
 #include "ops/cuda/shadowkv_fast_kernels.cuh"
+#include "ops/cuda/shadowkv_select.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -485,39 +486,8 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) SkvSelectFastKernel
   }
   __syncthreads();
 
-  // Hits keep their slot; the other slots are free; misses go to free slots in slot order.
-  const int slots = info.budget_chunks;
-  int is_free = 0;
-  if (tid < slots) {
-    const int held = slot_chunk[tid];
-    const bool hit = held >= 0 && held < n && (wanted[held >> 5] >> (held & 31) & 1u);
-    is_free = !hit;
-  }
-  __syncthreads();  // every slot has read `wanted` before hits clear their bits
-  if (tid < slots && !is_free) {
-    const int held = slot_chunk[tid];
-    atomicAnd(&wanted[held >> 5], ~(1u << (held & 31)));
-  }
-  int free_before = 0, free_total = 0;
-  SelectScan(scan_storage).ExclusiveSum(is_free, free_before, free_total);
-  if (is_free) {
-    free_slots[free_before] = tid;
-    slot_chunk[tid] = -1;
-  }
-  __syncthreads();
-  const int chunk = tid < k ? selected[tid] : -1;
-  const int is_miss = chunk >= 0 && (wanted[chunk >> 5] >> (chunk & 31) & 1u);
-  int miss_before = 0, miss_total = 0;
-  SelectScan(scan_storage).ExclusiveSum(is_miss, miss_before, miss_total);
-  if (is_miss) {
-    const int slot = free_slots[miss_before];
-    slot_chunk[slot] = chunk;
-    miss[slot] = chunk;
-  }
-  if (tid == 0 && l.counters) {
-    atomicAdd(&l.counters[0], static_cast<unsigned long long>(k));
-    atomicAdd(&l.counters[1], static_cast<unsigned long long>(k - miss_total));
-  }
+  AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
+                               slot_chunk, miss, l.counters);
 }
 
 // ---- key rebuild ------------------------------------------------------------------------------
