@@ -407,40 +407,6 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   return Status::Ok();
 }
 
-Status CudaModel::CopyShadowKvSequence(int from, int to) {
-  Impl& m = *impl_;
-  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
-  ShadowKvState& s = *m.skv;
-  SKV_RETURN_IF_ERROR(CheckSeq(s, from));
-  SKV_RETURN_IF_ERROR(CheckSeq(s, to));
-  if (from == to) return Status::Ok();
-  if (!s.value_pointers[to]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", to);
-  auto copy = [&](auto& buffer) -> Status {
-    const int64_t per = buffer.size() / s.num_sequences;
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.get() + to * per, buffer.get() + from * per,
-                                             per * sizeof(*buffer.get()),
-                                             cudaMemcpyDeviceToDevice, m.stream));
-    return Status::Ok();
-  };
-  SKV_RETURN_IF_ERROR(copy(s.attn_keys));
-  SKV_RETURN_IF_ERROR(copy(s.attn_values));
-  SKV_RETURN_IF_ERROR(copy(s.keys_pre));
-  SKV_RETURN_IF_ERROR(copy(s.coefficients));
-  SKV_RETURN_IF_ERROR(copy(s.basis));
-  SKV_RETURN_IF_ERROR(copy(s.landmarks));
-  SKV_RETURN_IF_ERROR(copy(s.outlier));
-  SKV_RETURN_IF_ERROR(copy(s.slot_chunk));
-  SKV_RETURN_IF_ERROR(copy(s.info));
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.value_pointers[to], s.value_pointers[from],
-                                           s.geometry.ValueBytesPerSequence(), cudaMemcpyDefault,
-                                           m.stream));
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
-  s.host_info[to] = s.host_info[from];
-  s.lengths[to] = s.lengths[from];
-  s.exact_first0[to] = s.exact_first0[from];
-  return Status::Ok();
-}
-
 namespace {
 
 // Every per-sequence device buffer of the state, in one fixed order.
@@ -468,6 +434,29 @@ struct SnapshotBookkeeping {
 };
 
 }  // namespace
+
+Status CudaModel::CopyShadowKvSequence(int from, int to) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, from));
+  SKV_RETURN_IF_ERROR(CheckSeq(s, to));
+  if (from == to) return Status::Ok();
+  if (!s.value_pointers[to]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", to);
+  SKV_RETURN_IF_ERROR(ForEachSequenceBuffer(s, [&](uint8_t* base, int64_t per) -> Status {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + to * per, base + from * per, per,
+                                             cudaMemcpyDeviceToDevice, m.stream));
+    return Status::Ok();
+  }));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.value_pointers[to], s.value_pointers[from],
+                                           s.geometry.ValueBytesPerSequence(), cudaMemcpyDefault,
+                                           m.stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+  s.host_info[to] = s.host_info[from];
+  s.lengths[to] = s.lengths[from];
+  s.exact_first0[to] = s.exact_first0[from];
+  return Status::Ok();
+}
 
 Result<CudaShadowKvSnapshot> CudaModel::SaveShadowKvSequence(int seq) {
   Impl& m = *impl_;
