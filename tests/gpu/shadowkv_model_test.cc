@@ -73,12 +73,8 @@ std::vector<int32_t> SomeTokens(int count, uint32_t seed) {
   return tokens;
 }
 
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
-  SKV_SKIP_WITHOUT_GPU();
+// The tiny Llama both tests use: 2 layers, 4 query heads on 2 KV heads, fp32 weights.
+TinyModelSpec SmallLlamaSpec(uint32_t seed) {
   TinyModelSpec spec;
   spec.architecture = "llama";
   spec.hidden = 256;
@@ -88,7 +84,17 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   spec.layers = 2;
   spec.context = 1024;
   spec.weight_type = gguf::GgmlType::kF32;
-  spec.seed = 7;
+  spec.seed = seed;
+  return spec;
+}
+
+int32_t Argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
+  SKV_SKIP_WITHOUT_GPU();
+  TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
@@ -212,16 +218,7 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
 // allocation size) must decode exactly as the original, graduation included.
 TEST(CudaShadowKvSnapshotTest, RestoredSequenceDecodesAsTheOriginal) {
   SKV_SKIP_WITHOUT_GPU();
-  TinyModelSpec spec;
-  spec.architecture = "llama";
-  spec.hidden = 256;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.ffn = 512;
-  spec.layers = 2;
-  spec.context = 1024;
-  spec.weight_type = gguf::GgmlType::kF32;
-  spec.seed = 9;
+  TinyModelSpec spec = SmallLlamaSpec(9);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_snapshot");
   CudaModelOptions options;
   options.max_batch = 4;
