@@ -172,7 +172,7 @@ int RunEvalCommand(const EvalOptions& o) {
   if (o.device == "cuda") {
     int64_t longest = 0;
     for (int64_t length : settings.lengths) longest = std::max(longest, length);
-    auto made = MakeCudaEvalBackend(model_path, model.tokenizer(),
+    auto made = MakeCudaEvalBackend(model_path, model,
                                     std::min(longest, model.config().context_length),
                                     o.prefill_chunk);
     if (!made.ok()) return Fail(made.status().ToString());
@@ -298,8 +298,9 @@ Command AddEvalCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--device", options->device,
-                  "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16; "
-                  "tasks and NIAH grid; the other policies and multi-turn run on the CPU)")
+                  "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16), the "
+                  "other policies decode on the CPU from the GPU's prefill (tasks and NIAH grid; "
+                  "multi-turn runs on the CPU)")
       ->capture_default_str();
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");

@@ -1,6 +1,9 @@
 // `shadowkv eval --device cuda`: one prefill per sample on the GPU, then every policy's greedy
 // answer: ShadowKV variants compress a copy of the prefilled prompt and decode over it, full
-// attention decodes in the prefilled slot itself (last, so nothing needs copying).
+// attention decodes in the prefilled slot itself (last, so nothing needs copying). The other
+// policies (SnapKV, Quest, StreamingLLM) have no GPU kernels: they take the GPU's keys and
+// values of the prompt, the CPU model runs the prompt's last tokens again to give SnapKV its
+// observation-window queries, and they decode on the CPU.
 #include "cmd_eval_cuda.h"
 
 #include <chrono>
@@ -9,6 +12,7 @@
 #ifdef SHADOWKV_HAVE_CUDA
 #include "engine/sampler.h"
 #include "eval/greedy.h"
+#include "eval/prefill_record.h"
 #include "ops/cuda/cuda_model.h"
 #endif
 
@@ -16,8 +20,8 @@ namespace shadowkv::app {
 
 #ifndef SHADOWKV_HAVE_CUDA
 
-Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string&,
-                                                                 const Tokenizer&, int64_t, int) {
+Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string&, CpuModel&,
+                                                                 int64_t, int) {
   return Error(ErrorCode::kUnsupported,
                "this shadowkv was built without CUDA (configure with -DSHADOWKV_CUDA=ON)");
 }
@@ -28,29 +32,37 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+bool OnGpu(const kv::KvPolicyConfig& config) {
+  return config.policy == "full" || config.policy == "shadowkv";
+}
+
 class CudaEvalBackend final : public eval::AnswerBackend {
  public:
-  CudaEvalBackend(std::unique_ptr<cuda::CudaModel> model, const Tokenizer& tokenizer,
-                  int64_t capacity, int prefill_chunk)
+  CudaEvalBackend(std::unique_ptr<cuda::CudaModel> model, CpuModel& cpu_model, int64_t capacity,
+                  int prefill_chunk)
       : model_(std::move(model)),
-        tokenizer_(tokenizer),
+        cpu_model_(cpu_model),
+        tokenizer_(cpu_model.tokenizer()),
         capacity_(capacity),
         prefill_chunk_(prefill_chunk) {}
 
-  std::string numerics() const override { return "cuda-bf16"; }
+  std::string numerics() const override {
+    return cpu_policies_ ? fmt::format("cuda-bf16; snapkv/quest/streaming decode on the CPU ({})",
+                                       NumericsName(cpu_model_.numerics()))
+                         : "cuda-bf16";
+  }
 
   Status Check(const std::vector<kv::KvPolicyConfig>& policies) const override {
     int full = 0;
+    cpu_policies_ = 0;
     for (const kv::KvPolicyConfig& config : policies) {
       if (config.policy == "full") {
         ++full;
       } else if (config.policy == "shadowkv") {
         SKV_RETURN_IF_ERROR(model_->ShadowKvBytesPerSequence(config, capacity_).status());
       } else {
-        return Error(ErrorCode::kUnsupported,
-                     "on the GPU the eval runs full and shadowkv; {} runs on the CPU (--device "
-                     "cpu)",
-                     config.policy);
+        SKV_RETURN_IF_ERROR(kv::MakeKvPolicy(config, cpu_model_.kv_geometry()).status());
+        ++cpu_policies_;
       }
     }
     if (full > 1) return Error(ErrorCode::kInvalidArgument, "full attention is listed twice");
@@ -78,8 +90,10 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     *prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
     answers->assign(policies.size(), {});
+    SKV_RETURN_IF_ERROR(AnswerOnCpu(prompt, max_new_tokens, policies, answers));
     int full_index = -1;
     for (size_t p = 0; p < policies.size(); ++p) {
+      if (!OnGpu(policies[p])) continue;
       if (policies[p].policy == "full") {
         full_index = static_cast<int>(p);
         continue;
@@ -102,6 +116,45 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   }
 
  private:
+  // The policies without GPU kernels: the GPU's prompt keys and values, all but the last
+  // tokens (as many as the widest SnapKV window, at least one), go to the CPU model, which runs
+  // those last tokens to record their queries and the next-token logits; then the policies
+  // replay that record and decode on the CPU.
+  Status AnswerOnCpu(const std::vector<int32_t>& prompt, int max_new_tokens,
+                     const std::vector<kv::KvPolicyConfig>& policies,
+                     std::vector<eval::BackendAnswer>* answers) {
+    std::vector<kv::KvPolicyConfig> cpu;
+    int64_t tail = 1;
+    for (const kv::KvPolicyConfig& config : policies) {
+      if (OnGpu(config)) continue;
+      cpu.push_back(config);
+      if (config.policy == "snapkv") tail = std::max<int64_t>(tail, config.snap_window);
+    }
+    if (cpu.empty()) return Status::Ok();
+    tail = std::min<int64_t>(tail, static_cast<int64_t>(prompt.size()));
+    const int64_t handed = static_cast<int64_t>(prompt.size()) - tail;
+    eval::PrefillRecord record;
+    {
+      SKV_ASSIGN_OR_RETURN(cuda::CudaSlotExport part, model_->ExportSlot(0, handed));
+      const kv::KvGeometry geometry = cpu_model_.kv_geometry();
+      record.num_tokens = handed;
+      record.kv_width = geometry.kv_width();
+      record.q_width = geometry.q_width();
+      record.keys = std::move(part.keys);
+      record.values = std::move(part.values);
+      record.keys_pre_rope = std::move(part.keys_pre_rope);
+      record.queries.resize(geometry.num_layers);
+    }
+    SKV_RETURN_IF_ERROR(eval::ExtendPrefill(cpu_model_, prompt, &record, prefill_chunk_));
+    std::vector<eval::BackendAnswer> cpu_answers;
+    SKV_RETURN_IF_ERROR(
+        eval::AnswerFromRecord(cpu_model_, record, cpu, max_new_tokens, &cpu_answers));
+    for (size_t p = 0, next = 0; p < policies.size(); ++p) {
+      if (!OnGpu(policies[p])) (*answers)[p] = std::move(cpu_answers[next++]);
+    }
+    return Status::Ok();
+  }
+
   // Greedy decoding from `first` (the prefill's next token) in the prefilled slot or in
   // ShadowKV sequence 0.
   Status Decode(int32_t first, int max_new_tokens, bool shadowkv, eval::BackendAnswer* answer) {
@@ -129,7 +182,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   }
 
   std::unique_ptr<cuda::CudaModel> model_;
+  CpuModel& cpu_model_;
   const Tokenizer& tokenizer_;
+  mutable int cpu_policies_ = 0;  // counted by Check
   int64_t capacity_;
   int prefill_chunk_;
 };
@@ -137,7 +192,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
 }  // namespace
 
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string& model_path,
-                                                                 const Tokenizer& tokenizer,
+                                                                 CpuModel& cpu_model,
                                                                  int64_t max_tokens,
                                                                  int prefill_chunk) {
   cuda::CudaModelOptions options;
@@ -146,7 +201,7 @@ Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::stri
   SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaModel::Load(model_path, options));
   SKV_RETURN_IF_ERROR(model->AllocateKvCache(1, max_tokens, /*keep_pre_rope_keys=*/true));
   return std::unique_ptr<eval::AnswerBackend>(
-      new CudaEvalBackend(std::move(model), tokenizer, max_tokens, prefill_chunk));
+      new CudaEvalBackend(std::move(model), cpu_model, max_tokens, prefill_chunk));
 }
 
 #endif  // SHADOWKV_HAVE_CUDA

@@ -6,6 +6,8 @@
 # Usage: scripts/cuda_device_run_eval.sh MODEL.gguf HAYSTACK STEP...
 #   tasks:LENGTH    every task at LENGTH (e.g. tasks:16k), $SAMPLES samples (default 5)
 #   grid:LENGTHS    the NIAH grid (niah_single_2) at LENGTHS (e.g. grid:4k,8k,16k,32k), 6 depths
+# $KV: the policies (default full,shadowkv; snapkv, quest and streaming decode on the CPU from
+# the GPU's prefill); $LIMIT: seconds per step (default 240).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 model=$1 haystack=$2
@@ -23,14 +25,14 @@ run() {  # label, timeout, eval arguments...
   shift 2
   local start=$(date +%s)
   timeout "$limit" "$stage/bin/shadowkv" eval -m "$model" --haystack "$haystack" --device cuda \
-    --kv full,shadowkv "$@" --json "$out/$label.json" > "$out/$label.log" 2>&1
+    --kv "${KV:-full,shadowkv}" "$@" --json "$out/$label.json" > "$out/$label.log" 2>&1
   echo "$label: exit $? in $(( $(date +%s) - start )) s"
   grep -vE "^\[eval\]" "$out/$label.log" | tail -25
 }
 for step in "$@"; do
   case "$step" in
-    tasks:*) run "${name}_${step#tasks:}_tasks" 240 --lengths "${step#tasks:}" --samples "$samples" ;;
-    grid:*) run "${name}_grid" 200 --niah-grid --lengths "${step#grid:}" --grid-depths 6 --samples 1 ;;
+    tasks:*) run "${name}_${step#tasks:}_tasks" "${LIMIT:-240}" --lengths "${step#tasks:}" --samples "$samples" ;;
+    grid:*) run "${name}_grid" "${LIMIT:-200}" --niah-grid --lengths "${step#grid:}" --grid-depths 6 --samples 1 ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -51,38 +51,79 @@ int64_t PrefillRecord::bytes() const {
 
 Result<PrefillRecord> RecordPrefill(CpuModel& model, std::span<const int32_t> prompt,
                                     int chunk_tokens) {
-  if (prompt.empty()) return Error(ErrorCode::kInvalidArgument, "empty prompt");
-  if (chunk_tokens <= 0) {
-    return Error(ErrorCode::kInvalidArgument, "prefill chunk of {} tokens", chunk_tokens);
-  }
   const kv::KvGeometry geometry = model.kv_geometry();
   PrefillRecord record;
-  record.num_tokens = static_cast<int64_t>(prompt.size());
   record.kv_width = geometry.kv_width();
   record.q_width = geometry.q_width();
   for (auto* layers : {&record.keys_pre_rope, &record.keys, &record.values, &record.queries}) {
     layers->resize(geometry.num_layers);
     const int width = layers == &record.queries ? record.q_width : record.kv_width;
-    for (auto& layer : *layers) layer.reserve(static_cast<size_t>(record.num_tokens) * width);
+    for (auto& layer : *layers) layer.reserve(prompt.size() * width);
   }
-  record.last_logits.resize(model.config().vocab_size);
+  SKV_RETURN_IF_ERROR(ExtendPrefill(model, prompt, &record, chunk_tokens));
+  return record;
+}
+
+Status ExtendPrefill(CpuModel& model, std::span<const int32_t> prompt, PrefillRecord* record,
+                     int chunk_tokens) {
+  if (chunk_tokens <= 0) {
+    return Error(ErrorCode::kInvalidArgument, "prefill chunk of {} tokens", chunk_tokens);
+  }
+  const kv::KvGeometry geometry = model.kv_geometry();
+  const int64_t held = record->num_tokens, total = static_cast<int64_t>(prompt.size());
+  if (held >= total) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "a prompt of {} tokens leaves nothing to run after the {} recorded", total, held);
+  }
+  if (record->kv_width != geometry.kv_width() || record->q_width != geometry.q_width()) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "the record's widths (kv {}, q {}) are not the model's (kv {}, q {})",
+                 record->kv_width, record->q_width, geometry.kv_width(), geometry.q_width());
+  }
+  const size_t held_elems = static_cast<size_t>(held) * record->kv_width;
+  for (auto* layers : {&record->keys_pre_rope, &record->keys, &record->values, &record->queries}) {
+    if (static_cast<int>(layers->size()) != geometry.num_layers) {
+      return Error(ErrorCode::kInvalidArgument, "the record has {} layers, the model {}",
+                   layers->size(), geometry.num_layers);
+    }
+    for (const auto& layer : *layers) {
+      const size_t expected = layers == &record->queries ? 0 : held_elems;
+      if (layer.size() != expected) {
+        return Error(ErrorCode::kInvalidArgument,
+                     "a record layer holds {} values where {} tokens make {}", layer.size(),
+                     held, expected);
+      }
+    }
+  }
 
   kv::KvPolicyConfig full_config;
   full_config.policy = "full";
   SKV_ASSIGN_OR_RETURN(auto full, kv::MakeKvPolicy(full_config, geometry));
   SKV_ASSIGN_OR_RETURN(auto inner, full->NewSequence());
-  RecordingSequence sequence(std::move(inner), &record);
-  for (int64_t done = 0; done < record.num_tokens; done += chunk_tokens) {
-    const int64_t count = std::min<int64_t>(chunk_tokens, record.num_tokens - done);
+  if (held > 0) {
+    for (int layer = 0; layer < geometry.num_layers; ++layer) {
+      kv::TokenBlock block;
+      block.num_tokens = static_cast<int>(held);
+      block.keys_pre_rope = record->keys_pre_rope[layer].data();
+      block.keys = record->keys[layer].data();
+      block.values = record->values[layer].data();
+      SKV_RETURN_IF_ERROR(inner->Append(layer, block));
+    }
+  }
+  record->last_logits.resize(model.config().vocab_size);
+  RecordingSequence sequence(std::move(inner), record);
+  for (int64_t done = held; done < total; done += chunk_tokens) {
+    const int64_t count = std::min<int64_t>(chunk_tokens, total - done);
     StepInput in;
     in.kv = &sequence;
     in.tokens = prompt.subspan(done, count);
-    in.finish_prefill = done + count == record.num_tokens;
+    in.finish_prefill = done + count == total;
     in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;
-    in.logits_out = record.last_logits.data();
+    in.logits_out = record->last_logits.data();
     SKV_RETURN_IF_ERROR(model.Forward(std::span<const StepInput>(&in, 1)));
   }
-  return record;
+  record->num_tokens = total;
+  return Status::Ok();
 }
 
 Status ReplayPrefill(const PrefillRecord& record, kv::SequenceKv& sequence) {
@@ -92,14 +133,25 @@ Status ReplayPrefill(const PrefillRecord& record, kv::SequenceKv& sequence) {
   }
   const int num_layers = static_cast<int>(record.keys.size());
   for (int layer = 0; layer < num_layers; ++layer) {
-    kv::TokenBlock block;
-    block.num_tokens = static_cast<int>(record.num_tokens);
-    block.first_position = 0;
-    block.keys_pre_rope = record.keys_pre_rope[layer].data();
-    block.keys = record.keys[layer].data();
-    block.values = record.values[layer].data();
-    block.queries = record.queries[layer].data();
-    SKV_RETURN_IF_ERROR(sequence.Append(layer, block));
+    const int64_t query_rows =
+        static_cast<int64_t>(record.queries[layer].size()) / std::max(record.q_width, 1);
+    const int64_t first_query = record.num_tokens - query_rows;
+    auto block = [&](int64_t begin, int64_t end, const float* queries) {
+      kv::TokenBlock b;
+      b.num_tokens = static_cast<int>(end - begin);
+      b.first_position = begin;
+      const size_t at = static_cast<size_t>(begin) * record.kv_width;
+      b.keys_pre_rope = record.keys_pre_rope[layer].data() + at;
+      b.keys = record.keys[layer].data() + at;
+      b.values = record.values[layer].data() + at;
+      b.queries = queries;
+      return b;
+    };
+    if (first_query > 0) {
+      SKV_RETURN_IF_ERROR(sequence.Append(layer, block(0, first_query, nullptr)));
+    }
+    SKV_RETURN_IF_ERROR(sequence.Append(
+        layer, block(first_query, record.num_tokens, record.queries[layer].data())));
     SKV_RETURN_IF_ERROR(sequence.FinishPrefill(layer));
   }
   return Status::Ok();

@@ -23,7 +23,9 @@ struct PrefillRecord {
   std::vector<std::vector<float>> keys_pre_rope;  // [layer][num_tokens * kv_width]
   std::vector<std::vector<float>> keys;           // [layer][num_tokens * kv_width] post-RoPE
   std::vector<std::vector<float>> values;         // [layer][num_tokens * kv_width]
-  std::vector<std::vector<float>> queries;        // [layer][num_tokens * q_width] post-RoPE
+  // [layer][rows * q_width] post-RoPE, for the last `rows` prompt tokens: every token when
+  // recorded here, fewer when the record was started elsewhere (see ExtendPrefill).
+  std::vector<std::vector<float>> queries;
   std::vector<float> last_logits;                 // [vocab] after the last prompt token
 
   int64_t bytes() const;
@@ -33,8 +35,16 @@ struct PrefillRecord {
 Result<PrefillRecord> RecordPrefill(CpuModel& model, std::span<const int32_t> prompt,
                                     int chunk_tokens = 512);
 
+// Completes a record that holds the keys and values of the prompt's first record->num_tokens
+// tokens (made elsewhere, e.g. by the GPU; no queries) by running the rest of `prompt` through
+// `model` under full attention, recording those tokens with their queries, and the last logits.
+// At least one token must remain.
+Status ExtendPrefill(CpuModel& model, std::span<const int32_t> prompt, PrefillRecord* record,
+                     int chunk_tokens = 512);
+
 // Puts the recorded prompt into `sequence` (new, empty): per layer one Append of the whole
-// prompt, then FinishPrefill. The next token to feed is Argmax(record.last_logits).
+// prompt (two when the queries cover only the last tokens: the earlier rows come without
+// queries), then FinishPrefill. The next token to feed is Argmax(record.last_logits).
 Status ReplayPrefill(const PrefillRecord& record, kv::SequenceKv& sequence);
 
 }  // namespace shadowkv::eval

@@ -19,6 +19,16 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// A ShadowKV sequence's rank and outlier chunks (layer 0, KV head 0); other policies: unchanged.
+void ShadowKvShape(const kv::SequenceKv& sequence, int* rank, int64_t* outlier_chunks) {
+  if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {
+    const kv::ShadowKvLayerInfo info = shadow->Inspect(0);
+    *rank = info.rank;
+    *outlier_chunks =
+        info.outlier_chunks.empty() ? 0 : static_cast<int64_t>(info.outlier_chunks[0].size());
+  }
+}
+
 // One sample's sequences, one per policy, kept across the turns of a conversation.
 struct Conversation {
   std::vector<std::unique_ptr<kv::SequenceKv>> sequences;  // [policy]
@@ -245,12 +255,7 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
         Output(p, std::span<const int32_t>(stream.generated).subspan(begin), metric, *outcome,
                conversation.prefill_tokens);
     out.truncated = stream.truncated;
-    if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {
-      const kv::ShadowKvLayerInfo info = shadow->Inspect(0);
-      out.rank = info.rank;
-      out.outlier_chunks =
-          info.outlier_chunks.empty() ? 0 : static_cast<int64_t>(info.outlier_chunks[0].size());
-    }
+    ShadowKvShape(sequence, &out.rank, &out.outlier_chunks);
     out.stats = sequence.stats();
     out.memory = sequence.memory();
     outcome->outputs.push_back(std::move(out));
@@ -396,6 +401,37 @@ const char* EvalModeName(EvalMode mode) {
       return "multi_turn";
   }
   return "?";
+}
+
+Status AnswerFromRecord(CpuModel& model, const PrefillRecord& record,
+                        const std::vector<kv::KvPolicyConfig>& policies, int max_new_tokens,
+                        std::vector<BackendAnswer>* answers) {
+  std::vector<std::unique_ptr<kv::SequenceKv>> sequences;
+  for (const kv::KvPolicyConfig& config : policies) {
+    SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model.kv_geometry()));
+    SKV_ASSIGN_OR_RETURN(auto sequence, policy->NewSequence());
+    SKV_RETURN_IF_ERROR(ReplayPrefill(record, *sequence));
+    sequences.push_back(std::move(sequence));
+  }
+  const int32_t first = Argmax(record.last_logits);
+  std::vector<GreedyStream> streams(policies.size());
+  std::vector<GreedyStream*> pointers;
+  for (size_t p = 0; p < policies.size(); ++p) {
+    streams[p].kv = sequences[p].get();
+    streams[p].remaining = max_new_tokens;
+    PushToken(streams[p], first, model.tokenizer());
+    pointers.push_back(&streams[p]);
+  }
+  SKV_RETURN_IF_ERROR(RunGreedy(model, pointers));
+  answers->assign(policies.size(), {});
+  for (size_t p = 0; p < policies.size(); ++p) {
+    BackendAnswer& answer = (*answers)[p];
+    answer.tokens = std::move(streams[p].generated);
+    answer.truncated = streams[p].truncated;
+    answer.stats = sequences[p]->stats();
+    ShadowKvShape(*sequences[p], &answer.rank, &answer.outlier_chunks);
+  }
+  return Status::Ok();
 }
 
 Result<EvalReport> RunEval(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,

@@ -108,6 +108,15 @@ class AnswerBackend {
                         std::vector<BackendAnswer>* answers, double* prefill_seconds) = 0;
 };
 
+struct PrefillRecord;
+
+// Every CPU policy's greedy answer to a recorded prompt (for a backend that prefilled elsewhere
+// and hands the rest to the CPU): each policy replays `record` into a sequence of its own, then
+// all decode side by side on `model`. `answers` receives one entry per policy, in order.
+Status AnswerFromRecord(CpuModel& model, const PrefillRecord& record,
+                        const std::vector<kv::KvPolicyConfig>& policies, int max_new_tokens,
+                        std::vector<BackendAnswer>* answers);
+
 // Runs settings.mode over `model`. `tasks` renders with `format` and counts with the model's
 // tokenizer (see MakeTaskContext). With `backend`, the answers come from it (tasks and grid).
 Result<EvalReport> RunEval(CpuModel& model, const PromptFormat& format, const TaskContext& tasks,

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "engine/sampler.h"
+#include "eval/prefill_record.h"
 #include "gpu_test_util.h"
 #include "kv/kv_policy.h"
 #include "model/cpu_model.h"
@@ -173,6 +174,42 @@ TEST(CudaModelParityTest, LlamaQ8WeightsHeadDim128GroupOf3) {
   SKV_SKIP_WITHOUT_GPU();
   // Both sides use the dequantised Q8_0 values (the GPU rounds them to bf16).
   CheckModelParity(Spec("llama", 768, 6, 2, gguf::GgmlType::kQ8_0, true, 3), "gpu_llama_q8", 3e-2);
+}
+
+// ExportSlot hands a GPU prefill to the CPU policies (eval --device cuda): the exported keys
+// (both sides of RoPE) and values of every layer match the CPU's own prefill record.
+TEST(CudaModelTest, ExportedSlotMatchesTheCpuPrefill) {
+  SKV_SKIP_WITHOUT_GPU();
+  const std::string path =
+      WriteTinyModel(Spec("qwen2", 256, 4, 2, gguf::GgmlType::kF32, false, 11), "gpu_export");
+  auto cpu = CpuModel::Load(path, 2, Numerics::kExact).value();
+  auto gpu = CudaModel::Load(path, CudaModelOptions{2, 128, true}).value();
+  ASSERT_TRUE(gpu->AllocateKvCache(2, 512, /*keep_pre_rope_keys=*/true).ok());
+  const std::vector<int32_t> prompt = SomeTokens(300, 12);
+  for (size_t done = 0; done < prompt.size(); done += 128) {
+    const size_t count = std::min<size_t>(128, prompt.size() - done);
+    const std::vector<int32_t> chunk(prompt.begin() + done, prompt.begin() + done + count);
+    ASSERT_TRUE(gpu->Forward(std::vector<CudaStepInput>{{1, chunk, nullptr}}).ok());
+  }
+  const eval::PrefillRecord want = eval::RecordPrefill(*cpu, prompt, 128).value();
+  auto got = gpu->ExportSlot(1, 280);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->num_tokens, 280);
+  ParityChecker parity("exported slot", 2e-2);
+  const size_t count = 280 * static_cast<size_t>(want.kv_width);
+  auto head = [&](const std::vector<float>& all) {
+    return std::vector<float>(all.begin(), all.begin() + count);
+  };
+  for (int layer = 0; layer < cpu->config().num_layers; ++layer) {
+    const std::string at = "layer " + std::to_string(layer);
+    ASSERT_EQ(got->keys[layer].size(), count);
+    parity.Check(got->keys[layer], head(want.keys[layer]), at + " keys");
+    parity.Check(got->values[layer], head(want.values[layer]), at + " values");
+    parity.Check(got->keys_pre_rope[layer], head(want.keys_pre_rope[layer]), at + " pre-RoPE keys");
+  }
+  EXPECT_EQ(gpu->ExportSlot(1, 301).status().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(gpu->ExportSlot(2, 1).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(gpu->ExportSlot(0, 0).value().keys.size(), static_cast<size_t>(cpu->config().num_layers));
 }
 
 TEST(CudaModelTest, ErrorsAreStatuses) {

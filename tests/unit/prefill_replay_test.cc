@@ -5,6 +5,7 @@
 #include "engine/sampler.h"
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
+#include "eval/runner.h"
 #include "model/cpu_model.h"
 #include "tiny_model.h"
 
@@ -129,6 +130,100 @@ TEST_F(PrefillReplayTest, SparsePoliciesReplayDecodeLikeTheirOwnPrefill) {
     const std::vector<int32_t> replayed = DecodeReplayed(*model_, **policy, record_);
     EXPECT_EQ(replayed, normal);
   }
+}
+
+// A record whose first tokens came from elsewhere (the GPU's cache in `eval --device cuda`):
+// the first `held` tokens' keys and values without queries, the rest run by ExtendPrefill.
+eval::PrefillRecord HandOver(const eval::PrefillRecord& full, int64_t held) {
+  eval::PrefillRecord part;
+  part.num_tokens = held;
+  part.kv_width = full.kv_width;
+  part.q_width = full.q_width;
+  auto head = [&](const std::vector<std::vector<float>>& from) {
+    std::vector<std::vector<float>> to;
+    for (const auto& layer : from) to.emplace_back(layer.begin(), layer.begin() + held * full.kv_width);
+    return to;
+  };
+  part.keys_pre_rope = head(full.keys_pre_rope);
+  part.keys = head(full.keys);
+  part.values = head(full.values);
+  part.queries.resize(full.queries.size());
+  return part;
+}
+
+TEST_F(PrefillReplayTest, ExtendedRecordMatchesTheWholeRecord) {
+  constexpr int64_t kHeld = 370;  // 30 tokens run again, across a chunk boundary of neither
+  eval::PrefillRecord part = HandOver(record_, kHeld);
+  ASSERT_TRUE(eval::ExtendPrefill(*model_, prompt_, &part, kChunk).ok());
+  ASSERT_EQ(part.num_tokens, record_.num_tokens);
+  const int q_width = record_.q_width;
+  for (size_t l = 0; l < record_.keys.size(); ++l) {
+    ASSERT_EQ(part.keys[l].size(), record_.keys[l].size());
+    ASSERT_EQ(part.queries[l].size(), static_cast<size_t>(400 - kHeld) * q_width);
+    double worst = 0;
+    for (size_t i = kHeld * record_.kv_width; i < part.keys[l].size(); ++i) {
+      worst = std::max<double>(worst, std::abs(part.keys[l][i] - record_.keys[l][i]));
+      worst = std::max<double>(worst, std::abs(part.values[l][i] - record_.values[l][i]));
+      worst = std::max<double>(worst,
+                               std::abs(part.keys_pre_rope[l][i] - record_.keys_pre_rope[l][i]));
+    }
+    for (size_t i = 0; i < part.queries[l].size(); ++i) {
+      worst = std::max<double>(
+          worst, std::abs(part.queries[l][i] - record_.queries[l][kHeld * q_width + i]));
+    }
+    EXPECT_LT(worst, 1e-4) << "layer " << l;
+  }
+  double worst_logit = 0;
+  for (size_t i = 0; i < part.last_logits.size(); ++i) {
+    worst_logit = std::max<double>(worst_logit, std::abs(part.last_logits[i] - record_.last_logits[i]));
+  }
+  EXPECT_LT(worst_logit, 1e-3);
+}
+
+// Every policy answers the same from the handed-over record (SnapKV's window queries are the
+// re-run tail's) as from the whole one.
+TEST_F(PrefillReplayTest, AnswersFromAHandedOverRecordMatchTheWholeRecord) {
+  std::vector<kv::KvPolicyConfig> policies;
+  for (const std::string name : {"full", "snapkv", "quest", "streaming", "shadowkv"}) {
+    kv::KvPolicyConfig config;
+    config.policy = name;
+    config.budget_tokens = 64;
+    config.outlier_chunks = 2;
+    config.local_window = 16;
+    config.snap_window = 16;
+    config.quest_dense_layers = 1;
+    policies.push_back(config);
+  }
+  eval::PrefillRecord part = HandOver(record_, 400 - 16);
+  ASSERT_TRUE(eval::ExtendPrefill(*model_, prompt_, &part, kChunk).ok());
+  std::vector<eval::BackendAnswer> whole, handed;
+  ASSERT_TRUE(eval::AnswerFromRecord(*model_, record_, policies, kDecodeTokens, &whole).ok());
+  ASSERT_TRUE(eval::AnswerFromRecord(*model_, part, policies, kDecodeTokens, &handed).ok());
+  ASSERT_EQ(whole.size(), policies.size());
+  ASSERT_EQ(handed.size(), policies.size());
+  for (size_t p = 0; p < policies.size(); ++p) {
+    SCOPED_TRACE(policies[p].policy);
+    EXPECT_GE(whole[p].tokens.size(), 8u);
+    EXPECT_EQ(handed[p].tokens, whole[p].tokens);
+  }
+  EXPECT_GT(whole[4].rank, 0);  // shadowkv reports its rank
+
+  // SnapKV needs its whole observation window among the re-run tokens.
+  eval::PrefillRecord short_tail = HandOver(record_, 400 - 8);
+  ASSERT_TRUE(eval::ExtendPrefill(*model_, prompt_, &short_tail, kChunk).ok());
+  const Status status = eval::AnswerFromRecord(*model_, short_tail, {policies[1]}, 4, &handed);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("queries"), std::string::npos) << status.ToString();
+}
+
+TEST_F(PrefillReplayTest, ExtendPrefillRejectsMismatchedRecords) {
+  eval::PrefillRecord whole = record_;
+  EXPECT_FALSE(eval::ExtendPrefill(*model_, prompt_, &whole, kChunk).ok());  // nothing left
+  eval::PrefillRecord part = HandOver(record_, 100);
+  part.keys[1].pop_back();
+  const Status status = eval::ExtendPrefill(*model_, prompt_, &part, kChunk);
+  EXPECT_EQ(status.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("100 tokens"), std::string::npos) << status.ToString();
 }
 
 }  // namespace

@@ -486,4 +486,67 @@ Status CudaModel::CopySlot(int from, int to) {
   return Status::Ok();
 }
 
+Result<CudaSlotExport> CudaModel::ExportSlot(int slot, int64_t num_tokens) const {
+  const Impl& m = *impl_;
+  if (slot < 0 || slot >= num_slots()) {
+    return Error(ErrorCode::kInvalidArgument, "slot {} is outside [0, {})", slot, num_slots());
+  }
+  if (num_tokens < 0 || num_tokens > m.lengths[slot]) {
+    return Error(ErrorCode::kOutOfRange, "export of {} tokens from slot {}, which holds {}",
+                 num_tokens, slot, m.lengths[slot]);
+  }
+  const KvCacheView& v = m.cache;
+  const int layers = v.num_layers, heads = v.num_kv_heads, dim = v.head_dim;
+  const int64_t width = static_cast<int64_t>(heads) * dim;
+  const size_t layer_elems = static_cast<size_t>(num_tokens) * width;
+  CudaSlotExport out;
+  out.num_tokens = num_tokens;
+  out.keys.resize(layers);
+  out.values.resize(layers);
+  if (num_tokens == 0) return out;
+  std::vector<uint16_t> staging(layer_elems * layers);  // bf16 bits
+  // Head-major runs [layer, head][token, dim] -> token-major rows per layer.
+  auto head_major = [&](const Bf16* base, std::vector<std::vector<float>>* to) -> Status {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        staging.data(), static_cast<size_t>(num_tokens) * dim * sizeof(Bf16),
+        base + v.HeadOffset(slot, 0, 0), static_cast<size_t>(v.capacity) * dim * sizeof(Bf16),
+        static_cast<size_t>(num_tokens) * dim * sizeof(Bf16),
+        static_cast<size_t>(layers) * heads, cudaMemcpyDeviceToHost, m.stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+    for (int layer = 0; layer < layers; ++layer) {
+      std::vector<float>& rows = (*to)[layer];
+      rows.resize(layer_elems);
+      for (int h = 0; h < heads; ++h) {
+        const uint16_t* run = staging.data() + (static_cast<size_t>(layer) * heads + h) * num_tokens * dim;
+        for (int64_t t = 0; t < num_tokens; ++t) {
+          for (int d = 0; d < dim; ++d) {
+            rows[t * width + h * dim + d] = Bf16ToFp32(run[t * dim + d]);
+          }
+        }
+      }
+    }
+    return Status::Ok();
+  };
+  SKV_RETURN_IF_ERROR(head_major(v.keys, &out.keys));
+  SKV_RETURN_IF_ERROR(head_major(v.values, &out.values));
+  if (m.kv_keys_pre.get() != nullptr) {
+    // Pre-RoPE keys are token-major already: [slots, layers, capacity, kv_width].
+    const size_t pitch = static_cast<size_t>(v.capacity) * width * sizeof(Bf16);
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        staging.data(), layer_elems * sizeof(Bf16),
+        m.kv_keys_pre.get() + static_cast<size_t>(slot) * layers * v.capacity * width, pitch,
+        layer_elems * sizeof(Bf16), layers, cudaMemcpyDeviceToHost, m.stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+    out.keys_pre_rope.resize(layers);
+    for (int layer = 0; layer < layers; ++layer) {
+      const uint16_t* rows = staging.data() + static_cast<size_t>(layer) * layer_elems;
+      out.keys_pre_rope[layer].resize(layer_elems);
+      for (size_t i = 0; i < layer_elems; ++i) {
+        out.keys_pre_rope[layer][i] = Bf16ToFp32(rows[i]);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace shadowkv::cuda

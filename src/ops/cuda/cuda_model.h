@@ -66,6 +66,16 @@ struct CudaShadowKvStats {
 
 // One ShadowKV sequence's whole state in (pageable) host memory: restored into an allocation
 // of the same settings and capacity, it continues exactly where it was saved.
+// The first tokens of one full-cache slot in host memory as fp32, per layer
+// [num_tokens, num_kv_heads * head_dim] (token-major, heads side by side, as the CPU KV policies
+// take them).
+struct CudaSlotExport {
+  int64_t num_tokens = 0;
+  std::vector<std::vector<float>> keys;           // after RoPE
+  std::vector<std::vector<float>> values;
+  std::vector<std::vector<float>> keys_pre_rope;  // empty unless the cache keeps them
+};
+
 struct CudaShadowKvSnapshot {
   std::vector<std::vector<uint8_t>> device_parts;  // per device buffer, one sequence's share
   std::vector<uint8_t> values;
@@ -105,6 +115,9 @@ class CudaModel {
   void ResetSlot(int slot);             // the slot's sequence is forgotten
   // Makes `to` hold a copy of `from`'s sequence (forks; bench batches of one prompt).
   Status CopySlot(int from, int to);
+  // The slot's first `num_tokens` tokens (at most its length), e.g. to hand a prefill made here
+  // to the CPU policies.
+  Result<CudaSlotExport> ExportSlot(int slot, int64_t num_tokens) const;
 
   // Runs the new tokens of every input (distinct slots) through the model and appends them to
   // the cache. Single-token inputs take the decode attention kernel, longer ones the prefill
