@@ -7,7 +7,8 @@
 #   tasks:LENGTH    every task at LENGTH (e.g. tasks:16k), $SAMPLES samples (default 5)
 #   grid:LENGTHS    the NIAH grid (niah_single_2) at LENGTHS (e.g. grid:4k,8k,16k,32k), 6 depths
 # $KV: the policies (default full,shadowkv; snapkv, quest and streaming decode on the CPU from
-# the GPU's prefill); $LIMIT: seconds per step (default 240).
+# the GPU's prefill); $TASKS: a subset of the tasks (default all), named in the label with
+# $PART; $LIMIT: seconds per step (default 240).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 model=$1 haystack=$2
@@ -31,7 +32,8 @@ run() {  # label, timeout, eval arguments...
 }
 for step in "$@"; do
   case "$step" in
-    tasks:*) run "${name}_${step#tasks:}_tasks" "${LIMIT:-240}" --lengths "${step#tasks:}" --samples "$samples" ;;
+    tasks:*) run "${name}_${step#tasks:}_tasks${PART:+_$PART}" "${LIMIT:-240}" \
+               --lengths "${step#tasks:}" --samples "$samples" ${TASKS:+--tasks "$TASKS"} ;;
     grid:*) run "${name}_grid" "${LIMIT:-200}" --niah-grid --lengths "${step#grid:}" --grid-depths 6 --samples 1 ;;
     *) echo "unknown step $step" ;;
   esac
