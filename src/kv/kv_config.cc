@@ -41,6 +41,9 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "chunk size {} must be positive", chunk_size);
   }
   if (rank < 0) return Error(ErrorCode::kInvalidArgument, "rank {} is negative", rank);
+  if (basis_groups < 1) {
+    return Error(ErrorCode::kInvalidArgument, "basis groups {} must be at least 1", basis_groups);
+  }
   if (rank == 0 && !(rank_ratio > 0.0 && rank_ratio <= 1.0)) {
     return Error(ErrorCode::kInvalidArgument, "rank ratio {} is not in (0, 1]", rank_ratio);
   }
@@ -117,6 +120,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"chunk", Assign(&KvPolicyConfig::chunk_size)},
       {"rank", Assign(&KvPolicyConfig::rank)},
       {"rank_ratio", Assign(&KvPolicyConfig::rank_ratio)},
+      {"basis_groups", Assign(&KvPolicyConfig::basis_groups)},
       {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
       {"window", Assign(&KvPolicyConfig::local_window)},
       {"successors", Assign(&KvPolicyConfig::select_successors)},

@@ -27,6 +27,10 @@ struct KvPolicyConfig {
   double rank_ratio = 1 / 6.4;  // r = ceil8(ratio * num_kv_heads * head_dim)
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
   int local_window = 32;        // W: exact tokens at the end of the prompt
+  // Factorise the keys of this many equal groups of KV heads separately, each with its own
+  // basis (the rank rule applied to its own width; see RankPerGroup): what N tensor-parallel
+  // ranks do on the GPU, emulated on the CPU to compare with one basis for all heads (1).
+  int basis_groups = 1;
   // Select each top chunk's successor with it (SelectTopKWithSuccessors), within the same budget;
   // off by default (SPEC §3 selects the top K alone).
   int select_successors = 0;
@@ -56,9 +60,10 @@ struct KvPolicyConfig {
 
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
-// budget_min, chunk, rank, rank_ratio, outliers, window, successors (0 or 1), exact_layers,
-// snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. Settings not named come from `base`. Unknown keys,
-// malformed values and invalid results are kInvalidArgument.
+// budget_min, chunk, rank, rank_ratio, basis_groups, outliers, window, successors (0 or 1),
+// exact_layers, snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. Settings not
+// named come from `base`. Unknown keys, malformed values and invalid results are
+// kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 
 // The policy names MakeKvPolicy knows.

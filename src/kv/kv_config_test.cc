@@ -37,6 +37,10 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(config->local_window, 40);
   EXPECT_EQ(config->display_name(), "shadowkv:rank=64:budget=512:rank_ratio=0.5:snap_pooling=avg");
   EXPECT_EQ(config->select_successors, 0);
+  auto groups = ParseKvVariant("shadowkv:basis_groups=2", base);
+  ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+  EXPECT_EQ(groups->basis_groups, 2);
+  EXPECT_EQ(config->basis_groups, 1);
   auto successors = ParseKvVariant("shadowkv:successors=1", base);
   ASSERT_TRUE(successors.ok()) << successors.status().ToString();
   EXPECT_EQ(successors->select_successors, 1);

@@ -118,6 +118,48 @@ Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, in
   return fit;
 }
 
+int RankPerGroup(int rank, int groups) {
+  if (groups <= 1 || rank <= 0) return rank;
+  return ((rank + groups - 1) / groups + 7) / 8 * 8;
+}
+
+Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int width, int groups,
+                                           int rank_per_group) {
+  if (groups < 1 || width % groups != 0) {
+    return Error(ErrorCode::kInvalidArgument, "{} basis groups do not divide the key width {}",
+                 groups, width);
+  }
+  if (gram.size() != static_cast<size_t>(width) * width) {
+    return Error(ErrorCode::kInvalidArgument, "Gram matrix of {} entries is not {}x{}", gram.size(),
+                 width, width);
+  }
+  if (groups == 1) return FitLowRankBasis(gram, width, rank_per_group);
+  const int block = width / groups;
+  LowRankBasis fit;
+  fit.width = width;
+  fit.rank = groups * rank_per_group;
+  fit.basis.assign(static_cast<size_t>(fit.rank) * width, 0.0f);
+  for (int i = 0; i < width; ++i) fit.total_energy += gram[static_cast<size_t>(i) * width + i];
+  std::vector<double> sub(static_cast<size_t>(block) * block);
+  for (int g = 0; g < groups; ++g) {
+    const int first = g * block;
+    for (int i = 0; i < block; ++i) {
+      for (int j = 0; j < block; ++j) {
+        sub[static_cast<size_t>(i) * block + j] =
+            gram[static_cast<size_t>(first + i) * width + first + j];
+      }
+    }
+    SKV_ASSIGN_OR_RETURN(LowRankBasis part, FitLowRankBasis(sub, block, rank_per_group));
+    fit.eigenvalues.insert(fit.eigenvalues.end(), part.eigenvalues.begin(),
+                           part.eigenvalues.end());
+    for (int r = 0; r < rank_per_group; ++r) {
+      std::copy_n(part.basis.data() + static_cast<size_t>(r) * block, block,
+                  fit.basis.data() + static_cast<size_t>(g * rank_per_group + r) * width + first);
+    }
+  }
+  return fit;
+}
+
 void ProjectOntoBasis(const LowRankBasis& basis, const float* rows, int64_t num_rows,
                       int64_t row_stride, float* out) {
   if (num_rows == 0) return;

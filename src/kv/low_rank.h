@@ -40,6 +40,19 @@ struct LowRankBasis {
 // The top-`rank` eigenvectors of `gram` ([width, width], as GramMatrix gives it).
 Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, int rank);
 
+// Factorising `groups` groups of KV heads separately (what tensor-parallel ranks do, each with
+// its own heads): an explicit rank r becomes ceil8(r / groups) per group; 0 (rank from the
+// ratio, which then applies to each group's own width) and groups = 1 leave it as it is.
+int RankPerGroup(int rank, int groups);
+
+// A block-diagonal basis: the width split into `groups` equal column blocks (groups of whole KV
+// heads), each fitted on its own block of `gram` with `rank_per_group` rows; B is
+// [groups * rank_per_group, width] with group g's rows zero outside its columns, and
+// `eigenvalues` lists each group's, largest first within the group. Rows stay orthonormal, so
+// A = X·Bᵀ and X ≈ A·B work as for one basis.
+Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int width, int groups,
+                                           int rank_per_group);
+
 // Coefficients A = X·Bᵀ: rows [num_rows, width] (stride row_stride) → out [num_rows, rank].
 void ProjectOntoBasis(const LowRankBasis& basis, const float* rows, int64_t num_rows,
                       int64_t row_stride, float* out);

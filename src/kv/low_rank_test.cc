@@ -147,6 +147,60 @@ TEST(LowRankTest, BasisIsOrthonormalAndFullRankRebuildsExactly) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(rebuilt[i], x[i], 1e-4 * (1 + std::fabs(x[i])));
 }
 
+TEST(LowRankTest, RankPerGroupSplitsAnExplicitRank) {
+  EXPECT_EQ(RankPerGroup(160, 1), 160);
+  EXPECT_EQ(RankPerGroup(20, 1), 20);  // one group: as given
+  EXPECT_EQ(RankPerGroup(160, 2), 80);
+  EXPECT_EQ(RankPerGroup(160, 4), 40);
+  EXPECT_EQ(RankPerGroup(160, 8), 24);  // ceil8(20)
+  EXPECT_EQ(RankPerGroup(0, 4), 0);     // from the ratio, per group
+}
+
+// Three groups of 16 columns fitted separately: orthonormal rows, each group's rows zero outside
+// its columns, the discarded energy equal to the residual and to the groups' own fits', and
+// never below one basis of the same total rank (which is optimal).
+TEST(LowRankTest, BlockDiagonalBasisFitsEachGroupOnItsOwn) {
+  const int64_t rows = 300;
+  const int width = 48, groups = 3, block = 16, per_group = 4;
+  auto x = LowRankPlusNoise(rows, width, 10, 0.3f, 11);
+  const std::vector<double> gram = GramMatrix(x.data(), rows, width, width);
+  auto fit = FitBlockDiagonalBasis(gram, width, groups, per_group);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  ASSERT_EQ(fit->rank, groups * per_group);
+  for (int a = 0; a < fit->rank; ++a) {
+    for (int j = 0; j < width; ++j) {
+      if (j / block != a / per_group) {
+        EXPECT_EQ(fit->basis[a * width + j], 0.0f);
+      }
+    }
+    for (int b = 0; b < fit->rank; ++b) {
+      double dot = 0;
+      for (int j = 0; j < width; ++j) {
+        dot += double(fit->basis[a * width + j]) * fit->basis[b * width + j];
+      }
+      EXPECT_NEAR(dot, a == b ? 1.0 : 0.0, 1e-5);
+    }
+  }
+  const double residual = ResidualEnergy(x, rows, *fit);
+  EXPECT_NEAR(fit->discarded_energy(), residual, 1e-6 * fit->total_energy);
+  double groups_discarded = 0;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<float> part(rows * block);
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy_n(x.data() + i * width + g * block, block, part.data() + i * block);
+    }
+    auto own = FitLowRankBasis(GramMatrix(part.data(), rows, block, block), block, per_group);
+    ASSERT_TRUE(own.ok());
+    groups_discarded += own->discarded_energy();
+  }
+  EXPECT_NEAR(fit->discarded_energy(), groups_discarded, 1e-6 * fit->total_energy);
+  auto shared = FitLowRankBasis(gram, width, groups * per_group);
+  ASSERT_TRUE(shared.ok());
+  EXPECT_LE(shared->discarded_energy(), fit->discarded_energy() * (1 + 1e-9));
+  EXPECT_FALSE(FitBlockDiagonalBasis(gram, width, 5, 2).ok());  // 5 does not divide 48
+  EXPECT_FALSE(FitBlockDiagonalBasis(gram, width, 3, 17).ok());  // above a group's width
+}
+
 TEST(LowRankTest, RejectsBadRank) {
   std::vector<double> gram(16, 0.0);
   EXPECT_FALSE(FitLowRankBasis(gram, 4, 5).ok());

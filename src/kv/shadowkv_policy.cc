@@ -234,9 +234,12 @@ Status ShadowKvSequenceImpl::Compress(LayerState& layer) {
   const int64_t num_chunks = ChunksToForm(settings_, rows);
   const int64_t chunked = num_chunks * settings_.chunk_size;
 
-  // 1. One basis for all KV heads from every token held (chunked and window alike).
+  // 1. One basis for all KV heads (or one per group of heads) from every token held (chunked
+  //    and window alike).
   const std::vector<double> gram = GramMatrix(layer.exact_keys_pre.data(), rows, width, width);
-  SKV_ASSIGN_OR_RETURN(layer.basis, FitLowRankBasis(gram, width, settings_.rank));
+  const int groups = settings_.config.basis_groups;
+  SKV_ASSIGN_OR_RETURN(layer.basis,
+                       FitBlockDiagonalBasis(gram, width, groups, settings_.rank / groups));
   layer.coefficients.resize(static_cast<size_t>(chunked) * settings_.rank);
   ProjectOntoBasis(layer.basis, layer.exact_keys_pre.data(), chunked, width,
                    layer.coefficients.data());
@@ -542,11 +545,18 @@ Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& confi
                  geometry.rope.rotary_dim, geometry.head_dim);
   }
   Settings settings{config, geometry, config.chunk_size, config.local_window, 0};
-  auto rank = ResolveRank(config.rank, config.rank_ratio, geometry.kv_width());
+  const int groups = config.basis_groups;
+  if (groups < 1 || geometry.num_kv_heads % groups != 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "ShadowKV basis groups {} do not divide the model's {} KV heads", groups,
+                 geometry.num_kv_heads);
+  }
+  auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio,
+                          geometry.kv_width() / groups);
   if (!rank.ok()) {
     return Error(ErrorCode::kInvalidArgument, "ShadowKV: {}", rank.status().message());
   }
-  settings.rank = *rank;
+  settings.rank = *rank * groups;
   if (config.budget_tokens > 0 && config.budget_tokens < config.chunk_size) {
     return Error(ErrorCode::kInvalidArgument,
                  "ShadowKV budget of {} tokens is below one chunk of {} tokens",

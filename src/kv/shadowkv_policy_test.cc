@@ -165,6 +165,7 @@ struct EquivalenceCase {
   int chunk, window, prompt;
   int64_t outliers;
   int key_rank, rank;  // rank 0: full (kv_width)
+  int basis_groups = 1;
 };
 
 void CheckEquivalence(const EquivalenceCase& c) {
@@ -172,8 +173,10 @@ void CheckEquivalence(const EquivalenceCase& c) {
   TokenStream stream(g, c.key_rank, 17);
   KvPolicyConfig full_config;
   auto full = MakePolicy(full_config, g);
-  auto shadow =
-      MakePolicy(ShadowConfig(c.chunk, c.window, c.outliers, c.rank ? c.rank : g.kv_width()), g);
+  KvPolicyConfig shadow_config =
+      ShadowConfig(c.chunk, c.window, c.outliers, c.rank ? c.rank : g.kv_width());
+  shadow_config.basis_groups = c.basis_groups;
+  auto shadow = MakePolicy(shadow_config, g);
   ASSERT_TRUE(full && shadow);
   Runner expected(*full, stream), actual(*shadow, stream);
   // Prompt in two blocks, the second finishing prefill.
@@ -229,6 +232,22 @@ TEST(ShadowKvTest, EquivalentWithDefaultOutliersAndSmallChunks) {
   CheckEquivalence({4, 10, 297, -1, 0, 0});
 }
 TEST(ShadowKvTest, EquivalentWithoutLocalWindow) { CheckEquivalence({16, 0, 300, 2, 0, 0}); }
+TEST(ShadowKvTest, OneBasisPerKvHeadAtFullRankEqualsFullAttention) {
+  // Three basis groups (one per KV head, as three tensor-parallel ranks), each at full rank.
+  CheckEquivalence({8, 32, 300, 3, 0, 0, 3});
+}
+TEST(ShadowKvTest, BasisGroupsMustDivideTheKvHeads) {
+  const KvGeometry g = TestGeometry();  // 3 KV heads
+  KvPolicyConfig config = ShadowConfig(8, 32, 0);
+  config.basis_groups = 2;
+  const auto two = MakeKvPolicy(config, g);
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("3 KV heads"), std::string::npos) << two.status().message();
+  config.basis_groups = 0;
+  EXPECT_FALSE(MakeKvPolicy(config, g).ok());
+  config.basis_groups = 3;
+  EXPECT_TRUE(MakeKvPolicy(config, g).ok());
+}
 TEST(ShadowKvTest, LowRankKeysAreExactAtTheirRank) {
   // Keys of rank 24 are rebuilt exactly from a rank-24 factorisation.
   CheckEquivalence({8, 32, 300, 3, 24, 24});

@@ -17,9 +17,11 @@ struct NamedShape {
 };
 
 // Llama-3-8B: the SPEC §7 shapes (Llama-3.1-8B differs only in context and RoPE scaling).
+// Llama-3-70B: its published shapes (141 GB of bf16 weights: one H200 holds it only split).
 // SmolLM2-135M: as its GGUF metadata gives it (the project's default small model).
 constexpr NamedShape kShapes[] = {
     {"llama3-8b", "Llama-3-8B", 32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0f, false},
+    {"llama3-70b", "Llama-3-70B", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 500000.0f, false},
     {"smollm2-135m", "SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0f, true},
 };
 
