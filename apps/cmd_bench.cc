@@ -29,6 +29,7 @@ struct BenchOptions {
   std::string device = "cpu";  // cpu | cuda
   std::string synthetic;       // cuda only: random weights with a named model's shapes
   int max_batch = 64;          // cuda only: the largest batch "auto" may pick
+  TensorParallelFlags tensor_parallel;  // cuda only
 };
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -199,6 +200,7 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--max-batch", o.max_batch, "cuda: the largest batch --batch auto may pick")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  AddTensorParallelOptions(cmd, o.tensor_parallel);
 }
 
 int RunCudaBenchFrom(const BenchOptions& o) {
@@ -212,12 +214,17 @@ int RunCudaBenchFrom(const BenchOptions& o) {
   c.prefill_chunk = o.prefill_chunk;
   c.max_batch = o.max_batch;
   c.json_path = o.json_path;
+  c.tensor_parallel = o.tensor_parallel.size;
+  c.tp_local = o.tensor_parallel.local;
   return RunCudaBench(c);
 }
 
 int RunBenchOnDevice(const BenchOptions& o) {
   if (o.device == "cuda") return RunCudaBenchFrom(o);
   if (!o.synthetic.empty()) return Fail("--synthetic needs --device cuda");
+  if (o.tensor_parallel.size > 1 || o.tensor_parallel.local) {
+    return Fail("--tensor-parallel needs --device cuda (the CPU backend is not split)");
+  }
   return RunBench(o);
 }
 

@@ -20,6 +20,7 @@
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/cuda_bench.h"
 #include "ops/cuda/cuda_model.h"
+#include "ops/cuda/tp/cuda_model_group.h"
 #endif
 
 namespace shadowkv::app {
@@ -97,21 +98,30 @@ int RunCudaBench(const CudaBenchOptions& o) {
   cuda::CudaModelOptions options;
   options.max_batch = o.max_batch;
   options.max_step_tokens = std::max(o.prefill_chunk, o.max_batch);
-  Result<std::unique_ptr<cuda::CudaModel>> model_or = Status(ErrorCode::kInternal, "unset");
+  cuda::TensorParallelOptions tp;
+  tp.size = o.tensor_parallel;
+  tp.local = o.tp_local;
+  Result<std::unique_ptr<cuda::CudaModelGroup>> model_or = Status(ErrorCode::kInternal, "unset");
   const bool synthetic = !o.synthetic.empty();
   if (synthetic) {
     auto config = SyntheticModelConfig(o.synthetic);
     if (!config.ok()) return Fail(config.status().ToString());
-    model_or = cuda::CudaModel::CreateSynthetic(*config, 1, options);
+    model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, tp);
   } else {
-    model_or = cuda::CudaModel::Load(o.model_path, options);
+    model_or = cuda::CudaModelGroup::Load(o.model_path, options, tp);
   }
   if (!model_or.ok()) return Fail(model_or.status().ToString());
-  cuda::CudaModel& model = **model_or;
+  cuda::CudaModelGroup& model = **model_or;
 
   const std::string label = synthetic ? std::string(kSyntheticLabel) : std::string();
   if (synthetic) std::printf("*** %s ***\n", label.c_str());
   std::printf("model: %s\n", model.config().Summary().c_str());
+  if (model.size() > 1) {
+    std::printf("tensor parallel: %d ranks on %d GPU%s (%s communicator); sizes below are the "
+                "ranks' totals, floors per GPU\n",
+                model.size(), model.num_devices(), model.num_devices() == 1 ? "" : "s",
+                model.communicator().c_str());
+  }
   std::printf("device: %s (sm_%d%d, %d SMs), %.1f GiB total, %.1f GiB free before the model\n",
               device->name.c_str(), device->compute_major, device->compute_minor,
               device->multiprocessors, device->total_bytes / kGiB, device->free_bytes / kGiB);
@@ -171,6 +181,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
                         run.floors.total_ms, run.batch / (run.floors.total_ms / 1000.0),
                         100.0 * run.floors.total_ms / run.step_ms,
                         static_cast<int>(i) == r.best ? "  (best)" : "");
+            if (model.size() > 1) {
+              std::printf("         all-reduces: %.2f ms of the profiled step\n", b.allreduce_ms);
+            }
             shadowkv_lines.push_back(fmt::format(
                 "{:>7} {:>5} {:>4}/{:<4} {:>6.1f}% | {:>6.2f} {:>6.2f} | {:>6.2f} {:>6.2f} | "
                 "{:>6.2f} {:>6.2f} | {:>6.2f} {:>6.2f} | {:>6.2f} {:>6.2f} | {:>6.2f} | {:>7.2f} "
@@ -196,6 +209,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
                             {"graduate_ms", b.graduate_ms},
                             {"gemm_ms", b.gemm_ms},
                             {"other_ms", b.other_ms},
+                            {"allreduce_ms", b.allreduce_ms},
                             {"floor_scoring_ms", run.floors.scoring_ms},
                             {"floor_rebuild_ms", run.floors.rebuild_ms},
                             {"floor_fetch_ms", run.floors.fetch_ms},
@@ -261,6 +275,10 @@ int RunCudaBench(const CudaBenchOptions& o) {
                     r.breakdown.attention_ms, r.breakdown.other_ms, r.gpu_bytes_used / kGiB,
                     r.floor_step_ms, r.floor_tokens_per_s,
                     100.0 * r.decode_tokens_per_s / r.floor_tokens_per_s);
+        if (model.size() > 1) {
+          std::printf("         all-reduces: %.2f ms of the profiled step\n",
+                      r.breakdown.allreduce_ms);
+        }
         std::fflush(stdout);
         auto& entry = best[{policy, context}];
         entry = std::max(entry, r.decode_tokens_per_s);
@@ -274,6 +292,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
                     {"gemm_ms", r.breakdown.gemm_ms},
                     {"attention_ms", r.breakdown.attention_ms},
                     {"other_ms", r.breakdown.other_ms},
+                    {"allreduce_ms", r.breakdown.allreduce_ms},
                     {"kv_bytes", r.kv_bytes},
                     {"gpu_bytes_used", r.gpu_bytes_used},
                     {"floor_bytes_per_step", r.floor_bytes},
@@ -311,6 +330,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
         {"weights", synthetic ? "synthetic-random" : "gguf"},
         {"label", label},
         {"model", model.config().Summary()},
+        {"tensor_parallel", model.size()},
+        {"tensor_parallel_devices", model.num_devices()},
+        {"communicator", model.communicator()},
         {"weight_bytes", model.weight_bytes()},
         {"decode_steps", o.gen_tokens},
         {"prefill_chunk", o.prefill_chunk},

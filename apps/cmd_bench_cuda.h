@@ -16,6 +16,8 @@ struct CudaBenchOptions {
   int gen_tokens = 128;     // timed decode steps
   int prefill_chunk = 4096;
   int max_batch = 64;       // upper bound for "auto" (sizes the step buffers)
+  int tensor_parallel = 1;  // ranks (GPUs 0..N-1, NCCL)
+  bool tp_local = false;    // every rank on the current GPU (diagnostic)
   std::string json_path;
 };
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cmd_generate_cuda.h"
 #include "commands.h"
 #include "engine/engine.h"
 #include "format/chat_template.h"
@@ -33,6 +34,8 @@ struct GenerateOptions {
   int prefill_chunk = 512;
   bool ignore_eos = false;
   bool quiet = false;
+  std::string device = "cpu";  // cpu | cuda
+  TensorParallelFlags tensor_parallel;  // cuda only
 };
 
 std::string FormatBytes(int64_t bytes) {
@@ -50,6 +53,25 @@ int RunGenerate(const GenerateOptions& o) {
   auto prompt_text = ReadPromptText(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) return Fail(prompt_text.status().message());
   const std::string& text = *prompt_text;
+  if (o.device == "cuda") {
+    CudaGenerateOptions c;
+    c.model_path = ResolveModelPath(o.model);
+    c.kv = o.kv;
+    c.sampling = o.sampling;
+    c.text = text;
+    c.chat = o.chat;
+    c.system = o.system;
+    c.max_new_tokens = o.max_new_tokens;
+    c.prefill_chunk = o.prefill_chunk;
+    c.ignore_eos = o.ignore_eos;
+    c.quiet = o.quiet;
+    c.tensor_parallel = o.tensor_parallel.size;
+    c.tp_local = o.tensor_parallel.local;
+    return RunCudaGenerate(c);
+  }
+  if (o.tensor_parallel.size > 1 || o.tensor_parallel.local) {
+    return Fail("--tensor-parallel needs --device cuda (the CPU backend is not split)");
+  }
 
   auto model_or = LoadModel(o.model);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
@@ -151,6 +173,11 @@ Command AddGenerateCommand(CLI::App& app) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--ignore-eos", options->ignore_eos, "keep generating past end-of-text tokens");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress line or summary");
+  cmd->add_option("--device", options->device,
+                  "cpu, or cuda (full and shadowkv KV; --temp and --seed sampling)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  AddTensorParallelOptions(*cmd, options->tensor_parallel);
   return [options] { return RunGenerate(*options); };
 }
 

@@ -21,9 +21,13 @@ struct ServeOptions {
   double slow_limit_mib = 16384;
   double max_body_kib = 1024;
   double shutdown_grace_seconds = 10;
+  TensorParallelFlags tensor_parallel;
 };
 
 int RunServe(ServeOptions& o) {
+  if (Status tp = TensorParallelUnavailable("serve", o.tensor_parallel); !tp.ok()) {
+    return Fail(tp.ToString());
+  }
   // Every thread inherits this mask, so SIGTERM/SIGINT reach only the sigwait below; a client
   // closing its socket must not kill the process either.
   sigset_t signals;
@@ -123,6 +127,7 @@ Command AddServeCommand(CLI::App& app) {
                   "seconds running requests get to finish after SIGTERM")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  AddTensorParallelOptions(*cmd, o->tensor_parallel);
   return [o] { return RunServe(*o); };
 }
 

@@ -7,6 +7,27 @@
 
 namespace shadowkv::app {
 
+void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags) {
+  app.add_option("--tensor-parallel", flags.size,
+                 "split the model over N GPUs of this host (attention heads and FFN units, NCCL; "
+                 "CUDA only)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  // Hidden (empty group): all ranks on one GPU through the single-device communicator.
+  app.add_flag("--tp-local", flags.local,
+               "run the --tensor-parallel ranks on one GPU (diagnostic)")
+      ->group("");
+}
+
+Status TensorParallelUnavailable(const char* command, const TensorParallelFlags& flags) {
+  if (flags.size == 1 && !flags.local) return Status::Ok();
+  return Error(ErrorCode::kUnsupported,
+               "--tensor-parallel {} needs the CUDA backend, and `shadowkv {}` has no CUDA path "
+               "yet (it runs on the CPU); `shadowkv generate --device cuda` and `shadowkv bench "
+               "--device cuda` run split",
+               flags.size, command);
+}
+
 void AddModelOptions(CLI::App& app, ModelOptions& options) {
   app.add_option("-m,--model", options.model_path,
                  "GGUF model file (default: $SHADOWKV_MODEL, else the default model fetched by "

@@ -24,6 +24,16 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& config);
 // Registers --temp, --top-k, --top-p, --seed.
 void AddSamplingOptions(CLI::App& app, SamplingParams& params);
 
+// Tensor parallelism (docs/TENSOR_PARALLEL.md): the model split over `size` GPUs of this host.
+struct TensorParallelFlags {
+  int size = 1;
+  bool local = false;  // every rank on one GPU (diagnostic: measures the split on one device)
+};
+// Registers --tensor-parallel N and the hidden --tp-local.
+void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags);
+// For a command without a CUDA path: Ok for size 1, else an error saying what is missing.
+Status TensorParallelUnavailable(const char* command, const TensorParallelFlags& flags);
+
 // Loads the model the options name, reporting errors as a message for the user.
 Result<std::unique_ptr<CpuModel>> LoadModel(const ModelOptions& options);
 

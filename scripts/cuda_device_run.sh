@@ -4,7 +4,8 @@
 # Logs and JSON go to $OUT (default /tmp/shadowkv_out); a short summary is printed last.
 # micro: the kernel micro-benchmarks (decode attention variants and split counts, prefill
 # attention, GEMMs) from the GPU test binary with SKV_GPU_BENCH=1.
-# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [anchor]
+# tp: the tensor-parallel tests and a Llama-3-8B bench split in two (docs/TENSOR_PARALLEL.md).
+# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [anchor]
 #        (default: tests sanitize bench anchor)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +33,11 @@ for step in "${steps[@]}"; do
         > "$out/gpu_tests.log" 2>&1
       ;;
     sanitize)
-      # memcheck over every kernel test; racecheck over the shared-memory kernels.
+      # memcheck over every kernel test; racecheck over the shared-memory kernels. Not the
+      # tensor-parallel tests: their ranks' all-reduce kernels wait for each other across
+      # streams, which needs the kernels to run concurrently.
       { timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
-          "$stage/bin/shadowkv_gpu_tests" --gtest_filter="${SKV_MEMCHECK_FILTER:-Cuda*Test.*-CudaModelParityTest.*}" &&
+          "$stage/bin/shadowkv_gpu_tests" --gtest_filter="${SKV_MEMCHECK_FILTER:-Cuda*Test.*-CudaModelParityTest.*:CudaTensorParallelTest.*}" &&
         timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
           "$stage/bin/shadowkv_gpu_tests" \
           --gtest_filter="${SKV_RACECHECK_FILTER:-CudaPrefillAttentionTest.FreshPromptLlama3Shape:CudaDecodeAttentionTest.Llama3ShapeManySplits:CudaRmsNormTest.*:CudaSamplingTest.GreedyMatchesCpuArgmax}"; \
@@ -65,6 +68,30 @@ for step in "${steps[@]}"; do
         --context 32768,61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
         --json "$out/bench_cuda.json" > "$out/bench_cuda.log" 2>&1
       ;;
+    tp)
+      # Tensor parallelism: its tests, then Llama-3-8B split in two, on one GPU through the
+      # local communicator (ranks share the GPU: this shows the split runs, not how it scales)
+      # and, where there are two GPUs or more, over GPUs 0 and 1 through NCCL.
+      # Each test in a process of its own: a deadlocked all-reduce traps and poisons the CUDA
+      # context, which would fail every later test of the same process. Modules load eagerly
+      # and every stream gets its own hardware queue, so that no rank's kernel can wait behind
+      # another rank's spinning all-reduce (docs/TENSOR_PARALLEL.md, the first x2 run).
+      export CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE=0
+      : > "$out/tp_tests.log"
+      for test in $("$stage/bin/shadowkv_gpu_tests" --gtest_list_tests \
+                      --gtest_filter='CudaTensorParallelTest*.*' | awk '/^[^ ]/ {s=$1} /^  / {print s $1}'); do
+        timeout 120 "$stage/bin/shadowkv_gpu_tests" --gtest_filter="$test" >> "$out/tp_tests.log" 2>&1
+        echo "$test: exit $?" >> "$out/tp_tests.log"
+      done
+      tp_args=(bench --device cuda --synthetic llama3-8b --kv full,shadowkv --context 32768
+               --batch auto --max-batch 16 --gen 64 --prefill-chunk 4096 --tensor-parallel 2)
+      timeout 300 "$stage/bin/shadowkv" "${tp_args[@]}" --tp-local \
+        --json "$out/bench_tp_local.json" > "$out/bench_tp.log" 2>&1
+      if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+        timeout 300 "$stage/bin/shadowkv" "${tp_args[@]}" \
+          --json "$out/bench_tp_nccl.json" >> "$out/bench_tp.log" 2>&1
+      fi
+      ;;
     anchor)
       PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_sdpa_anchor.py \
         --contexts 61440,124928 --prefill 32768,124928 > "$out/anchor.log" 2>&1  # JSON last
@@ -88,5 +115,7 @@ if [ -f "$out/micro.log" ]; then
   grep -E "^\[bench\].* variant .* GB/s" "$out/micro.log" | sort -t= -k2 -n -r | head -8
 fi
 [ -f "$out/bench_cuda.log" ] && cat "$out/bench_cuda.log"
+[ -f "$out/tp_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|Failure|: exit " "$out/tp_tests.log"
+[ -f "$out/bench_tp.log" ] && cat "$out/bench_tp.log"
 [ -f "$out/anchor.log" ] && grep -E "^(anchor|SDPA|decode .*out of memory)" "$out/anchor.log"
 exit 0

@@ -49,7 +49,7 @@ int64_t NextPowerOfTwo(int64_t value) {
 // Prefills slot 0 with `context` random tokens (from `seed`) in chunks of `chunk`, after a
 // warm-up on a short prefix (module loading, cuBLAS heuristics); returns the timed seconds.
 // The last token's logits go to `logits`.
-Result<double> TimedPrefill(CudaModel& model, uint64_t seed, int64_t context, int64_t chunk,
+Result<double> TimedPrefill(CudaModelGroup& model, uint64_t seed, int64_t context, int64_t chunk,
                             std::vector<float>* logits) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::uniform_int_distribution<int32_t> token_dist(
@@ -76,15 +76,15 @@ Result<double> TimedPrefill(CudaModel& model, uint64_t seed, int64_t context, in
 
 }  // namespace
 
-Result<int> LargestBatch(const CudaModel& model, int64_t capacity, int64_t reserve_bytes) {
-  SKV_ASSIGN_OR_RETURN(DeviceInfo device, QueryDevice());
-  const int64_t per_sequence = model.KvBytesPerToken() * capacity;
-  const int64_t usable = device.free_bytes - reserve_bytes;
+Result<int> LargestBatch(CudaModelGroup& model, int64_t capacity, int64_t reserve_bytes) {
+  SKV_ASSIGN_OR_RETURN(const int64_t free_bytes, model.FreeDeviceBytes());
+  const int64_t per_sequence = model.KvBytesPerToken() * capacity / model.num_devices();
+  const int64_t usable = free_bytes - reserve_bytes;
   const int64_t fits = usable > 0 ? usable / per_sequence : 0;
   return static_cast<int>(std::min<int64_t>(fits, model.options().max_batch));
 }
 
-Result<BenchResult> RunBenchCase(CudaModel& model, const BenchCase& c) {
+Result<BenchResult> RunBenchCase(CudaModelGroup& model, const BenchCase& c) {
   using Clock = std::chrono::steady_clock;
   const ModelConfig& config = model.config();
   if (c.context < 1 || c.decode_steps < 1 || c.prefill_chunk < 1 || c.batch < 0) {
@@ -144,15 +144,18 @@ Result<BenchResult> RunBenchCase(CudaModel& model, const BenchCase& c) {
   }
 
   const double mean_length = c.context + c.warmup_steps + 0.5 * c.decode_steps;
-  r.floor_bytes = model.decode_weight_bytes() +
-                  static_cast<int64_t>(r.batch * mean_length * model.KvBytesPerToken());
+  // Per GPU: each reads its ranks' weights and KV (the replicated LM head once per rank).
+  r.floor_bytes = (model.decode_weight_bytes() +
+                   static_cast<int64_t>(r.batch * mean_length * model.KvBytesPerToken())) /
+                  model.num_devices();
   r.floor_step_ms = 1000.0 * r.floor_bytes / kFloorBytesPerSecond;
   r.floor_tokens_per_s = r.batch / (r.floor_step_ms / 1000.0);
   model.FreeKvCache();
   return r;
 }
 
-Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowKvBenchCase& c) {
+Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
+                                                 const ShadowKvBenchCase& c) {
   using Clock = std::chrono::steady_clock;
   const ModelConfig& config = model.config();
   if (c.context < 1 || c.decode_steps < 1 || c.prefill_chunk < 1 || c.batch < 0) {
@@ -189,19 +192,23 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
   const auto [meta_bytes, value_bytes] = per_sequence;
   r.device_bytes_per_sequence = meta_bytes;
   r.value_bytes_per_sequence = value_bytes;
-  SKV_ASSIGN_OR_RETURN(DeviceInfo device, QueryDevice());
-  const int64_t staging = 3 * model.KvBytesPerToken() / 2 * c.context;
-  const int64_t device_room = device.free_bytes + staging - 2 * kReserveBytes;
+  // Device room per GPU, and what one sequence takes of it (its ranks' share).
+  const int64_t devices = model.num_devices();
+  SKV_ASSIGN_OR_RETURN(const int64_t free_bytes, model.FreeDeviceBytes());
+  const int64_t staging = 3 * model.KvBytesPerToken() / 2 * c.context / devices;
+  const int64_t device_room = free_bytes + staging - 2 * kReserveBytes;
   const int64_t host_room =
       c.allow_host_values ? std::max<int64_t>(0, HostAvailableBytes() - c.host_reserve_bytes) : 0;
   const int64_t max_batch = model.options().max_batch;
-  const int64_t device_alone = std::min<int64_t>(device_room / (meta_bytes + value_bytes), max_batch);
-  int64_t host_count = host_room / value_bytes;
-  int64_t device_count = (device_room - host_count * meta_bytes) / (meta_bytes + value_bytes);
+  const int64_t meta_share = meta_bytes / devices, value_share = value_bytes / devices;
+  const int64_t device_alone =
+      std::min<int64_t>(device_room / (meta_share + value_share), max_batch);
+  int64_t host_count = host_room / value_bytes;  // host memory is shared by all ranks
+  int64_t device_count = (device_room - host_count * meta_share) / (meta_share + value_share);
   if (device_count < 1) {
-    device_count = std::max<int64_t>(0, device_room / (meta_bytes + value_bytes));
-    host_count = std::max<int64_t>(0, (device_room - device_count * (meta_bytes + value_bytes)) /
-                                          meta_bytes);
+    device_count = std::max<int64_t>(0, device_room / (meta_share + value_share));
+    host_count = std::max<int64_t>(0, (device_room - device_count * (meta_share + value_share)) /
+                                          meta_share);
     host_count = std::min<int64_t>(host_count, host_room / value_bytes);
   }
   int64_t mixed_total = std::min<int64_t>(device_count + host_count, max_batch);
@@ -229,7 +236,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
                  c.context);
   }
   const int32_t first_token = ArgmaxOf(logits);
-  CudaShadowKvSnapshot snapshot;
+  CudaShadowKvGroupSnapshot snapshot;
   // One allocation's run; a failure of the second (mixed) one leaves the first's result.
   auto measure = [&](size_t plan_index) -> Status {
     const Plan plan = plans[plan_index];
@@ -244,7 +251,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
       }
     } else {
       SKV_RETURN_IF_ERROR(model.RestoreShadowKvSequence(snapshot, 0));
-      snapshot = CudaShadowKvSnapshot{};  // its host memory goes to the pinned values
+      snapshot = CudaShadowKvGroupSnapshot{};  // its host memory goes to the pinned values
     }
     int admitted = 1, on_device = 1;
     for (int seq = 1; seq < plan.total; ++seq) {
@@ -301,9 +308,11 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
       SKV_ASSIGN_OR_RETURN(run.breakdown, model.ProfileShadowKvDecodeStep(seqs, tokens));
     }
 
-    // Floors (SPEC §3): bytes each part must move at least, per step.
-    const double layers = config.num_layers, heads = config.num_kv_heads, d = config.head_dim;
-    const double chunk = kv_config.chunk_size, rank = r.rank;
+    // Floors (SPEC §3): bytes each part must move at least, per step, per GPU (a rank's heads
+    // rebuild from its own rank-r/N factors).
+    const double layers = config.num_layers, d = config.head_dim;
+    const double heads = static_cast<double>(config.num_kv_heads) / devices;
+    const double chunk = kv_config.chunk_size, rank = static_cast<double>(r.rank) / model.size();
     const double budget = static_cast<double>(r.budget_tokens) / chunk;
     const double outliers = std::llround(static_cast<double>(r.budget_tokens) / 1024.0 * 24.0);
     r.outlier_chunks = static_cast<int>(outliers);
@@ -312,7 +321,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowK
     const double misses = (1.0 - run.hit_rate) * budget;
     const double per_layer_rows = batch * layers * heads;
     const double device_rate = kFloorBytesPerSecond / 1000.0;  // bytes per ms
-    run.floors.dense_ms = model.decode_weight_bytes() / device_rate;
+    run.floors.dense_ms = static_cast<double>(model.decode_weight_bytes()) / devices / device_rate;
     run.floors.scoring_ms = per_layer_rows * chunks * d * 2 / device_rate;
     run.floors.rebuild_ms = per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
     const double fetch_bytes_per_row = misses * chunk * d * 2;

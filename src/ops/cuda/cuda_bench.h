@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "ops/cuda/cuda_model.h"
+#include "ops/cuda/tp/cuda_model_group.h"
 
 namespace shadowkv::cuda {
 
@@ -46,7 +47,8 @@ struct BenchResult {
 
 // How many sequences of `capacity` tokens fit in the device's free memory now, keeping
 // `reserve_bytes` free (cuBLAS, graphs, fragmentation). At most model.options().max_batch.
-Result<int> LargestBatch(const CudaModel& model, int64_t capacity, int64_t reserve_bytes);
+// Under tensor parallelism: on every GPU, each holding its ranks' share of the cache.
+Result<int> LargestBatch(CudaModelGroup& model, int64_t capacity, int64_t reserve_bytes);
 
 // ShadowKV (SPEC §3) on the GPU: one prompt prefilled into a temporary full-cache slot (with
 // pre-RoPE keys), compressed, copied to every admitted sequence, then decoded.
@@ -101,10 +103,12 @@ struct ShadowKvBenchResult {
   std::string note;  // e.g. why fewer sequences were admitted
 };
 
-Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModel& model, const ShadowKvBenchCase& c);
+// Byte counts are the whole group's; floors are per GPU (the group's bytes over its GPUs).
+Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
+                                                 const ShadowKvBenchCase& c);
 
 // Frees the model's KV cache, sizes a new one for the case, prefills, decodes and measures.
 // A batch that does not fit is kResourceExhausted (never a crash).
-Result<BenchResult> RunBenchCase(CudaModel& model, const BenchCase& bench_case);
+Result<BenchResult> RunBenchCase(CudaModelGroup& model, const BenchCase& bench_case);
 
 }  // namespace shadowkv::cuda

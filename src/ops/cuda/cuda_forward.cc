@@ -10,6 +10,7 @@
 #include "ops/cuda/qkv_rope.cuh"
 #include "ops/cuda/rmsnorm.cuh"
 #include "ops/cuda/swiglu.cuh"
+#include "ops/cuda/tp/communicator.h"
 
 namespace shadowkv::cuda {
 
@@ -17,6 +18,11 @@ Status CudaModel::Impl::Upload() {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_block.get(), host_meta_block, meta_bytes,
                                            cudaMemcpyHostToDevice, stream));
   return Status::Ok();
+}
+
+Status CudaModel::Impl::ReduceAcrossRanks(float* buffer, int64_t count) {
+  if (!options.communicator) return Status::Ok();
+  return options.communicator->AllReduceSum(buffer, count, tp::ReduceType::kFloat32, stream);
 }
 
 Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
@@ -139,6 +145,12 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_RETURN_IF_ERROR(
         gemm(attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows, q_width, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
+    // Tensor parallelism: each rank's W_o holds its heads' columns, so proj is a partial sum
+    // (and likewise after W_down below); fp32, as the residual stream.
+    if (options.communicator) {
+      SKV_RETURN_IF_ERROR(ReduceAcrossRanks(proj.get(), int64_t{rows} * c.hidden_size));
+      SKV_RETURN_IF_ERROR(mark(OpKind::kAllReduce));
+    }
     SKV_CUDA_RETURN_IF_ERROR(norm(proj.get(), w.ffn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(gemm(xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16, rows,
@@ -154,6 +166,10 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_RETURN_IF_ERROR(
         gemm(act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows, c.ffn_size, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
+    if (options.communicator) {
+      SKV_RETURN_IF_ERROR(ReduceAcrossRanks(proj.get(), int64_t{rows} * c.hidden_size));
+      SKV_RETURN_IF_ERROR(mark(OpKind::kAllReduce));
+    }
   }
 
   if (plan.logit_rows > 0) {
@@ -294,6 +310,8 @@ Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* pr
       (void)cudaGraphDestroy(graph);
       SKV_CUDA_RETURN_IF_ERROR(instantiated);
       found = graphs->emplace(n, exec).first;
+      // Tensor parallelism: every rank has its graph before any starts (see HostBarrier).
+      if (options.communicator) SKV_RETURN_IF_ERROR(options.communicator->HostBarrier());
     }
     SKV_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(found->second, stream));
   } else {

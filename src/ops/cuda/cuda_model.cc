@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/half.h"
 #include "format/gguf.h"
@@ -12,6 +13,7 @@
 #include "ops/cuda/decode_attention.cuh"
 #include "ops/cuda/fill_random.cuh"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/tp/communicator.h"
 
 namespace shadowkv::cuda {
 namespace {
@@ -91,19 +93,69 @@ Result<std::vector<float>> LoadVector(const gguf::GgufFile& file, const std::str
   return gguf::DequantizeTensor(*t);
 }
 
-// Dequantises every row of `t` and writes it to `dest` as bf16, a few MiB at a time.
-Status UploadMatrix(const gguf::TensorInfo& t, Bf16* dest) {
-  const int64_t rows = t.rows(), cols = t.row_length();
-  const int64_t block_rows = std::max<int64_t>(1, (int64_t{1} << 22) / cols);
-  std::vector<float> values(static_cast<size_t>(std::min(rows, block_rows) * cols));
-  std::vector<uint16_t> halves(values.size());
-  for (int64_t row0 = 0; row0 < rows; row0 += block_rows) {
-    const int64_t count = std::min(block_rows, rows - row0);
-    SKV_RETURN_IF_ERROR(gguf::DequantizeRows(t, row0, count, values.data()));
-    for (int64_t i = 0; i < count * cols; ++i) halves[i] = Fp32ToBf16(values[i]);
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(dest + row0 * cols, halves.data(),
-                                        count * cols * sizeof(uint16_t), cudaMemcpyHostToDevice));
+// Dequantises rows [rows.begin, rows.end) of `t`, keeps columns [cols.begin, cols.end) of each
+// (a tensor-parallel shard's slice; everything for one GPU) and writes them to `dest` as a dense
+// bf16 [rows.count, cols.count] matrix, a few MiB at a time.
+Status UploadSlice(const gguf::TensorInfo& t, IndexRange rows, IndexRange cols, Bf16* dest) {
+  const int64_t row_length = t.row_length();
+  if (rows.begin < 0 || rows.end() > t.rows() || cols.begin < 0 || cols.end() > row_length) {
+    return Error(ErrorCode::kInternal, "slice [{}, {}) x [{}, {}) outside tensor '{}'",
+                 rows.begin, rows.end(), cols.begin, cols.end(), t.name);
   }
+  const int64_t block_rows = std::max<int64_t>(1, (int64_t{1} << 22) / row_length);
+  std::vector<float> values(static_cast<size_t>(std::min(rows.count, block_rows) * row_length));
+  std::vector<uint16_t> halves(static_cast<size_t>(std::min(rows.count, block_rows) * cols.count));
+  for (int64_t done = 0; done < rows.count; done += block_rows) {
+    const int64_t count = std::min(block_rows, rows.count - done);
+    SKV_RETURN_IF_ERROR(gguf::DequantizeRows(t, rows.begin + done, count, values.data()));
+    for (int64_t r = 0; r < count; ++r) {
+      const float* source = values.data() + r * row_length + cols.begin;
+      uint16_t* target = halves.data() + r * cols.count;
+      for (int64_t c = 0; c < cols.count; ++c) target[c] = Fp32ToBf16(source[c]);
+    }
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(dest + done * cols.count, halves.data(),
+                                        count * cols.count * sizeof(uint16_t),
+                                        cudaMemcpyHostToDevice));
+  }
+  return Status::Ok();
+}
+
+Status UploadMatrix(const gguf::TensorInfo& t, Bf16* dest) {
+  return UploadSlice(t, {0, t.rows()}, {0, t.row_length()}, dest);
+}
+
+// Under tensor parallelism: checks the communicator and makes `impl` the rank's shard of
+// `full` (its shapes in impl->config). Otherwise the whole model.
+Status SetUpShard(CudaModel::Impl& impl, const ModelConfig& full) {
+  const tp::Communicator* comm = impl.options.communicator;
+  const int size = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  SKV_ASSIGN_OR_RETURN(impl.shard, MakeShard(full, size, rank));
+  impl.config = ShardConfig(full, impl.shard);
+  if (comm) {
+    int device = -1;
+    SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    if (device != comm->device()) {
+      return Error(ErrorCode::kInternal, "tensor-parallel rank {} loads on GPU {}, but its "
+                   "communicator is on GPU {}", rank, device, comm->device());
+    }
+  }
+  return Status::Ok();
+}
+
+// Rows `rows` x columns `cols` of the random [*, full_cols] matrix of `seed` into `dest`
+// (dense): a shard's slice of a synthetic weight, the same values the whole model has there.
+Status FillRandomWindow(Bf16* dest, IndexRange rows, IndexRange cols, int64_t full_cols,
+                        float scale, uint64_t seed, cudaStream_t stream) {
+  FillRandomParams p;
+  p.out = dest;
+  p.count = rows.count * cols.count;
+  p.scale = scale;
+  p.seed = seed;
+  p.row_length = cols.count;
+  p.full_row_length = full_cols;
+  p.first_row = rows.begin;
+  p.first_col = cols.begin;
+  SKV_CUDA_RETURN_IF_ERROR(LaunchFillRandom(p, stream));
   return Status::Ok();
 }
 
@@ -148,6 +200,7 @@ Result<StepBreakdown> StepProfiler::Collect() {
       case OpKind::kSkvRebuild: b.rebuild_ms += ms; break;
       case OpKind::kSkvFetch: b.fetch_ms += ms; break;
       case OpKind::kSkvGraduate: b.graduate_ms += ms; break;
+      case OpKind::kAllReduce: b.allreduce_ms += ms; break;
     }
   }
   return b;
@@ -173,8 +226,10 @@ Status CudaModel::Impl::Init() {
   kv_width = c.num_kv_heads * c.head_dim;
   qkv_width = q_width + 2 * kv_width;
   max_rows = options.max_step_tokens;
-  int multiprocessors = 0;
-  SKV_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0));
+  int multiprocessors = 0, device = 0;
+  SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));  // a tensor-parallel rank's own GPU
+  SKV_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
   // About 8 decode-attention blocks per multiprocessor: a few waves, a small tail.
   target_blocks = 8 * multiprocessors;
 
@@ -199,6 +254,9 @@ Status CudaModel::Impl::Init() {
   SKV_RETURN_IF_ERROR(
       partial_out.Allocate(batch * c.num_query_heads * kDecodeMaxSplits * c.head_dim));
   SKV_RETURN_IF_ERROR(partial_lse.Allocate(batch * c.num_query_heads * kDecodeMaxSplits));
+  if (options.communicator) {
+    SKV_RETURN_IF_ERROR(options.communicator->Reserve(proj.bytes()));
+  }
 
   // Metadata block: fixed offsets, 16-byte aligned, identical on both sides.
   int64_t offset = 0;
@@ -290,15 +348,22 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
   if (!CudaAvailable(&why)) return Error(ErrorCode::kUnsupported, "no usable CUDA GPU: {}", why);
   SKV_ASSIGN_OR_RETURN(std::unique_ptr<gguf::GgufFile> file, gguf::GgufFile::Open(path));
   auto impl = std::make_unique<Impl>();
-  SKV_ASSIGN_OR_RETURN(impl->config, ModelConfig::FromGguf(*file));
+  SKV_ASSIGN_OR_RETURN(const ModelConfig full, ModelConfig::FromGguf(*file));
   impl->options = options;
-  SKV_RETURN_IF_ERROR(CheckSupported(impl->config, options));
+  SKV_RETURN_IF_ERROR(CheckSupported(full, options));
+  SKV_RETURN_IF_ERROR(SetUpShard(*impl, full));
   SKV_RETURN_IF_ERROR(impl->Init());
   SKV_RETURN_IF_ERROR(impl->AllocateWeights());
 
-  const ModelConfig& c = impl->config;
+  // Shapes of the file's tensors (the whole model); the shard takes its rows or columns.
+  const ModelConfig& c = full;
   const int64_t hidden = c.hidden_size, ffn = c.ffn_size;
-  const int64_t q_width = impl->q_width, kv_width = impl->kv_width;
+  const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const TensorParallelShard& shard = impl->shard;
+  const IndexRange q_rows = shard.QueryRows(c.head_dim), kv_rows = shard.KvRows(c.head_dim);
+  const IndexRange ffn_rows = shard.FfnRows(), all_hidden{0, hidden};
+  const int64_t local_q = q_rows.count, local_kv = kv_rows.count, local_ffn = ffn_rows.count;
   SKV_ASSIGN_OR_RETURN(const gguf::TensorInfo* embd,
                        FindMatrix(*file, "token_embd.weight", hidden, c.vocab_size));
   SKV_RETURN_IF_ERROR(UploadMatrix(*embd, impl->token_embd.get()));
@@ -314,18 +379,26 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
   for (int layer = 0; layer < c.num_layers; ++layer) {
     DeviceLayer& l = impl->layers[layer];
     const std::string p = fmt::format("blk.{}.", layer);
-    auto upload = [&](const std::string& name, int64_t in, int64_t out, Bf16* dest) -> Status {
+    // A matrix [out, in] of the file; the shard's rows (output units) and columns (inputs).
+    auto upload = [&](const std::string& name, int64_t in, int64_t out, IndexRange rows,
+                      IndexRange cols, Bf16* dest) -> Status {
       SKV_ASSIGN_OR_RETURN(const gguf::TensorInfo* t, FindMatrix(*file, p + name, in, out));
-      return UploadMatrix(*t, dest);
+      return UploadSlice(*t, rows, cols, dest);
     };
-    SKV_RETURN_IF_ERROR(upload("attn_q.weight", hidden, q_width, l.qkv.get()));
-    SKV_RETURN_IF_ERROR(upload("attn_k.weight", hidden, kv_width, l.qkv.get() + q_width * hidden));
+    Bf16* qkv = l.qkv.get();
+    SKV_RETURN_IF_ERROR(upload("attn_q.weight", hidden, q_width, q_rows, all_hidden, qkv));
+    SKV_RETURN_IF_ERROR(upload("attn_k.weight", hidden, kv_width, kv_rows, all_hidden,
+                               qkv + local_q * hidden));
+    SKV_RETURN_IF_ERROR(upload("attn_v.weight", hidden, kv_width, kv_rows, all_hidden,
+                               qkv + (local_q + local_kv) * hidden));
     SKV_RETURN_IF_ERROR(
-        upload("attn_v.weight", hidden, kv_width, l.qkv.get() + (q_width + kv_width) * hidden));
-    SKV_RETURN_IF_ERROR(upload("attn_output.weight", q_width, hidden, l.o.get()));
-    SKV_RETURN_IF_ERROR(upload("ffn_gate.weight", hidden, ffn, l.gate_up.get()));
-    SKV_RETURN_IF_ERROR(upload("ffn_up.weight", hidden, ffn, l.gate_up.get() + ffn * hidden));
-    SKV_RETURN_IF_ERROR(upload("ffn_down.weight", ffn, hidden, l.down.get()));
+        upload("attn_output.weight", q_width, hidden, all_hidden, q_rows, l.o.get()));
+    SKV_RETURN_IF_ERROR(
+        upload("ffn_gate.weight", hidden, ffn, ffn_rows, all_hidden, l.gate_up.get()));
+    SKV_RETURN_IF_ERROR(upload("ffn_up.weight", hidden, ffn, ffn_rows, all_hidden,
+                               l.gate_up.get() + local_ffn * hidden));
+    SKV_RETURN_IF_ERROR(
+        upload("ffn_down.weight", ffn, hidden, all_hidden, ffn_rows, l.down.get()));
     SKV_ASSIGN_OR_RETURN(std::vector<float> attn_norm,
                          LoadVector(*file, p + "attn_norm.weight", hidden));
     SKV_RETURN_IF_ERROR(UploadFloats(attn_norm, l.attn_norm.get()));
@@ -333,10 +406,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
     SKV_RETURN_IF_ERROR(UploadFloats(ffn_norm, l.ffn_norm.get()));
     if (c.qkv_bias) {
       std::vector<float> bias;
-      for (auto [name, size] : {std::pair{"attn_q.bias", q_width}, std::pair{"attn_k.bias", kv_width},
-                                std::pair{"attn_v.bias", kv_width}}) {
+      for (auto [name, size, range] : {std::tuple{"attn_q.bias", q_width, q_rows},
+                                       std::tuple{"attn_k.bias", kv_width, kv_rows},
+                                       std::tuple{"attn_v.bias", kv_width, kv_rows}}) {
         SKV_ASSIGN_OR_RETURN(std::vector<float> part, LoadVector(*file, p + name, size));
-        bias.insert(bias.end(), part.begin(), part.end());
+        bias.insert(bias.end(), part.begin() + range.begin, part.begin() + range.end());
       }
       SKV_RETURN_IF_ERROR(UploadFloats(bias, l.qkv_bias.get()));
     }
@@ -353,15 +427,15 @@ Result<std::unique_ptr<CudaModel>> CudaModel::CreateSynthetic(const ModelConfig&
   std::string why;
   if (!CudaAvailable(&why)) return Error(ErrorCode::kUnsupported, "no usable CUDA GPU: {}", why);
   auto impl = std::make_unique<Impl>();
-  impl->config = config;
   impl->options = options;
   impl->synthetic = true;
   SKV_RETURN_IF_ERROR(CheckSupported(config, options));
+  SKV_RETURN_IF_ERROR(SetUpShard(*impl, config));
   SKV_RETURN_IF_ERROR(impl->Init());
   SKV_RETURN_IF_ERROR(impl->AllocateWeights());
 
   // Uniform values with variance 1/fan_in keep activations of unit size through the layers.
-  const ModelConfig& c = config;
+  const ModelConfig& c = impl->config;
   auto scale_for = [](int64_t fan_in) { return std::sqrt(3.0f / static_cast<float>(fan_in)); };
   uint64_t stream_id = seed * 0x2545f4914f6cdd1dull;
   auto next_seed = [&] { return stream_id += 0x9e3779b97f4a7c15ull; };
@@ -372,11 +446,37 @@ Result<std::unique_ptr<CudaModel>> CudaModel::CreateSynthetic(const ModelConfig&
   }
   const std::vector<float> ones(c.hidden_size, 1.0f);
   SKV_RETURN_IF_ERROR(UploadFloats(ones, impl->output_norm.get()));
+  // Each matrix is drawn as the whole model's [out, in] matrix would be; a tensor-parallel rank
+  // takes its rows or columns of it (the same values: a split synthetic model is the same model).
+  const TensorParallelShard& shard = impl->shard;
+  const int64_t hidden = config.hidden_size, ffn = config.ffn_size;
+  const int64_t q_width = static_cast<int64_t>(config.num_query_heads) * config.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(config.num_kv_heads) * config.head_dim;
+  const IndexRange q_rows = shard.QueryRows(config.head_dim);
+  const IndexRange kv_rows = shard.KvRows(config.head_dim);
+  const IndexRange ffn_rows = shard.FfnRows(), all_hidden{0, hidden};
+  auto shifted = [](IndexRange r, int64_t by) { return IndexRange{r.begin + by, r.count}; };
   for (DeviceLayer& l : impl->layers) {
-    SKV_RETURN_IF_ERROR(FillRandom(l.qkv, scale_for(c.hidden_size), next_seed(), s));
-    SKV_RETURN_IF_ERROR(FillRandom(l.o, scale_for(impl->q_width), next_seed(), s));
-    SKV_RETURN_IF_ERROR(FillRandom(l.gate_up, scale_for(c.hidden_size), next_seed(), s));
-    SKV_RETURN_IF_ERROR(FillRandom(l.down, scale_for(c.ffn_size), next_seed(), s));
+    const uint64_t qkv_seed = next_seed(), o_seed = next_seed(), gate_up_seed = next_seed(),
+                   down_seed = next_seed();
+    const float in_hidden = scale_for(hidden);
+    Bf16* qkv = l.qkv.get();
+    SKV_RETURN_IF_ERROR(FillRandomWindow(qkv, q_rows, all_hidden, hidden, in_hidden, qkv_seed, s));
+    SKV_RETURN_IF_ERROR(FillRandomWindow(qkv + q_rows.count * hidden, shifted(kv_rows, q_width),
+                                         all_hidden, hidden, in_hidden, qkv_seed, s));
+    SKV_RETURN_IF_ERROR(FillRandomWindow(qkv + (q_rows.count + kv_rows.count) * hidden,
+                                         shifted(kv_rows, q_width + kv_width), all_hidden, hidden,
+                                         in_hidden, qkv_seed, s));
+    // Fan-ins of the whole model: the ranks' partial products add up to one product.
+    SKV_RETURN_IF_ERROR(FillRandomWindow(l.o.get(), all_hidden, q_rows, q_width,
+                                         scale_for(q_width), o_seed, s));
+    SKV_RETURN_IF_ERROR(FillRandomWindow(l.gate_up.get(), ffn_rows, all_hidden, hidden, in_hidden,
+                                         gate_up_seed, s));
+    SKV_RETURN_IF_ERROR(FillRandomWindow(l.gate_up.get() + ffn_rows.count * hidden,
+                                         shifted(ffn_rows, ffn), all_hidden, hidden, in_hidden,
+                                         gate_up_seed, s));
+    SKV_RETURN_IF_ERROR(FillRandomWindow(l.down.get(), all_hidden, ffn_rows, ffn,
+                                         scale_for(ffn), down_seed, s));
     SKV_RETURN_IF_ERROR(UploadFloats(ones, l.attn_norm.get()));
     SKV_RETURN_IF_ERROR(UploadFloats(ones, l.ffn_norm.get()));
     if (l.qkv_bias.size() > 0) {

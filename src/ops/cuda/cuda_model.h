@@ -16,10 +16,19 @@
 
 namespace shadowkv::cuda {
 
+namespace tp {
+class Communicator;
+}
+
 struct CudaModelOptions {
   int max_batch = 16;          // sequences in one Forward or DecodeStep
   int max_step_tokens = 2048;  // tokens in one Forward (prefill chunks plus decode rows)
   bool use_graphs = true;      // DecodeStep replays one captured CUDA graph per batch size
+  // Tensor parallelism (set by CudaModelGroup, see docs/TENSOR_PARALLEL.md): with a
+  // communicator of size N > 1 this model is its rank's shard (its query and KV heads and FFN
+  // units; config() then gives the shard's shapes) and sums its attention-output and FFN-down
+  // products with the other ranks'. Not owned; null = the whole model on one GPU.
+  tp::Communicator* communicator = nullptr;
 };
 
 // One sequence's share of a Forward call: new tokens at the positions that follow what its slot
@@ -48,6 +57,7 @@ struct StepBreakdown {
   double rebuild_ms = 0;
   double fetch_ms = 0;
   double graduate_ms = 0;
+  double allreduce_ms = 0;  // tensor parallelism: the two all-reduces of every layer
 };
 
 // The ShadowKV sequences' state and counters.
@@ -147,6 +157,8 @@ class CudaModel {
   // Gives sequence `seq` its value store: device memory, or mapped pinned host memory that the
   // fetch kernel reads directly. kResourceExhausted when it does not fit.
   Status AllocateShadowKvValues(int seq, bool on_host);
+  // Gives sequence `seq`'s value store back (the sequence is forgotten).
+  Status FreeShadowKvValues(int seq);
   // Compresses the prompt held by full-cache slot `full_slot` into ShadowKV sequence `seq`.
   Status CompressToShadowKv(int full_slot, int seq);
   Status CopyShadowKvSequence(int from, int to);

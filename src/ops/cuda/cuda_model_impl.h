@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "model/tensor_parallel.h"
 #include "ops/cuda/cuda_model.h"
 #include "ops/cuda/device_buffer.h"
 #include "ops/cuda/kv_cache_view.cuh"
@@ -56,7 +57,9 @@ struct StepPlan {
   bool shadowkv = false;  // decode rows over ShadowKV sequences (slots are sequence indices)
 };
 
-enum class OpKind { kGemm, kAttention, kOther, kSkvScoring, kSkvRebuild, kSkvFetch, kSkvGraduate };
+enum class OpKind {
+  kGemm, kAttention, kOther, kSkvScoring, kSkvRebuild, kSkvFetch, kSkvGraduate, kAllReduce
+};
 
 // ShadowKV sequences on the device (see shadowkv_kernels.cuh for the layout).
 struct ShadowKvState {
@@ -110,8 +113,9 @@ class StepProfiler {
 struct CudaModel::Impl {
   ~Impl();
 
-  ModelConfig config;
+  ModelConfig config;  // the shard's shapes under tensor parallelism
   CudaModelOptions options;
+  TensorParallelShard shard;  // the whole model (one rank) unless options.communicator
   bool synthetic = false;
   int q_width = 0, kv_width = 0, qkv_width = 0, max_rows = 0, target_blocks = 0;
 
@@ -156,6 +160,9 @@ struct CudaModel::Impl {
   std::unique_ptr<ShadowKvState> skv;      // ShadowKV sequences, when allocated
 
   Status Init();  // stream, cuBLAS, step buffers (after config/options are set)
+  // Under tensor parallelism: `count` floats of a partial product summed over the ranks, on
+  // `stream`; nothing otherwise.
+  Status ReduceAcrossRanks(float* buffer, int64_t count);
   Status AllocateWeights();
   void DropGraphs();
   int64_t DecodeWeightBytes() const;

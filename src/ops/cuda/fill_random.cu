@@ -11,7 +11,12 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads) FillRandomKernel(FillRandomParams p) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < p.count;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    uint64_t x = p.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    int64_t index = i;  // in the whole matrix
+    if (p.row_length > 0) {
+      index = (p.first_row + i / p.row_length) * p.full_row_length + p.first_col +
+              i % p.row_length;
+    }
+    uint64_t x = p.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index + 1);
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     x ^= x >> 31;
@@ -25,6 +30,9 @@ __global__ void __launch_bounds__(kThreads) FillRandomKernel(FillRandomParams p)
 cudaError_t LaunchFillRandom(const FillRandomParams& params, cudaStream_t stream) {
   if (params.count == 0) return cudaSuccess;
   if (params.count < 0) return cudaErrorInvalidValue;
+  if (params.row_length < 0 || (params.row_length > 0 && params.count % params.row_length != 0)) {
+    return cudaErrorInvalidValue;
+  }
   const int64_t blocks = std::min<int64_t>((params.count + kThreads - 1) / kThreads, 65536);
   FillRandomKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
   return cudaGetLastError();

@@ -13,6 +13,14 @@ struct FillRandomParams {
   int64_t count = 0;
   float scale = 1.0f;  // values are uniform in [-scale, scale)
   uint64_t seed = 0;   // same seed, same values
+  // A window of a larger matrix (a tensor-parallel shard of a synthetic weight): with
+  // row_length > 0, `out` is [count / row_length, row_length] and its element (r, c) gets the
+  // value element (first_row + r, first_col + c) of the [*, full_row_length] matrix drawn with
+  // the same seed has. 0: `out` is the whole (contiguous) matrix.
+  int64_t row_length = 0;
+  int64_t full_row_length = 0;
+  int64_t first_row = 0;
+  int64_t first_col = 0;
 };
 
 cudaError_t LaunchFillRandom(const FillRandomParams& params, cudaStream_t stream);

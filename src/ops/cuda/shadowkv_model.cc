@@ -222,6 +222,22 @@ Status CudaModel::AllocateShadowKvValues(int seq, bool on_host) {
   return UploadValueTable(s, m.stream);
 }
 
+Status CudaModel::FreeShadowKvValues(int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (!s.value_pointers[seq]) return Status::Ok();
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+  s.DropGraphs();  // they may read the table entry
+  if (s.host_values[seq]) SKV_CUDA_RETURN_IF_ERROR(cudaFreeHost(s.host_values[seq]));
+  s.host_values[seq] = nullptr;
+  s.device_values[seq].Reset();
+  s.value_pointers[seq] = nullptr;
+  s.lengths[seq] = 0;
+  return UploadValueTable(s, m.stream);
+}
+
 Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   using Clock = std::chrono::steady_clock;
   Impl& m = *impl_;

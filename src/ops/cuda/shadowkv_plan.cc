@@ -32,6 +32,10 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   if (config.exact_layers != 0) {
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
   }
+  if (config.basis_groups != 1) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV basis_groups runs on the CPU only (on the "
+                 "GPU, --tensor-parallel N gives each rank's heads their own basis)");
+  }
   SkvGeometry g;
   g.num_layers = num_layers;
   g.num_kv_heads = num_kv_heads;

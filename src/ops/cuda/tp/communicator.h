@@ -1,0 +1,59 @@
+// The tensor-parallel communicator seam: the one collective the sharded model needs (an in-place
+// sum all-reduce of a device buffer, enqueued on a stream and capturable into a CUDA graph), with
+// two implementations. Ranks are threads of one process, one communicator each.
+//  - NCCL: one GPU per rank (devices 0..N-1), the communicators made together by ncclCommInitAll.
+//    NCCL is loaded at run time (dlopen), so a binary without it still runs everything else.
+//  - local: every rank on one device (NCCL refuses two ranks on one GPU), for testing and
+//    measuring the sharded model on a single GPU. The reduction is a kernel that meets the other
+//    ranks' kernels through flags in device memory and sums their buffers in rank order.
+// Every rank must issue the same collectives in the same order with the same sizes.
+// Internal to the CUDA backend (CUDA types).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace shadowkv::cuda::tp {
+
+enum class ReduceType { kFloat32, kBfloat16 };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual int device() const = 0;     // the CUDA device this rank runs on
+  virtual const char* kind() const = 0;  // "nccl" or "local"
+  // Makes room for all-reduces of up to `bytes` (call on every rank before the first
+  // all-reduce, outside any graph capture).
+  virtual Status Reserve(int64_t bytes) = 0;
+  // buffer[i] = sum over ranks of their buffer[i], for i < count, on every rank; enqueued on
+  // `stream` (asynchronous, capturable).
+  virtual Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
+                              cudaStream_t stream) = 0;
+  // Returns once every rank has called it (host threads only; no GPU work). The local
+  // communicator needs it after a graph capture: no rank's graph may start, and spin in its
+  // all-reduce, while another rank still captures or instantiates on the same GPU.
+  virtual Status HostBarrier() = 0;
+};
+
+using Communicators = std::vector<std::unique_ptr<Communicator>>;
+
+// `size` ranks all on device `device`. Always available.
+Result<Communicators> CreateLocalCommunicators(int size, int device);
+
+// One rank per device of `devices` (distinct). kUnsupported where NCCL cannot be loaded (the
+// message says why) or fewer GPUs are present. Sets NCCL_NVLS_ENABLE=0 first: NVLink multicast
+// stays off.
+Result<Communicators> CreateNcclCommunicators(const std::vector<int>& devices);
+
+// Whether NCCL can be loaded here; `why` (if not null) says why not.
+bool NcclAvailable(std::string* why);
+
+}  // namespace shadowkv::cuda::tp

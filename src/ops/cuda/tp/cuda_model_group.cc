@@ -1,0 +1,457 @@
+// CudaModelGroup: rank threads, the communicators, and every CudaModel call fanned out to the
+// ranks. The ranks' host-side state (slot lengths, sequence bookkeeping) evolves identically, so
+// queries read rank 0's.
+#include "ops/cuda/tp/cuda_model_group.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "format/gguf.h"
+#include "model/tensor_parallel.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/tp/communicator.h"
+
+namespace shadowkv::cuda {
+namespace {
+
+// One thread per rank, bound to the rank's GPU, running one task at a time for all ranks.
+class RankThreads {
+ public:
+  using Task = std::function<Status(int rank)>;
+
+  explicit RankThreads(const std::vector<int>& devices) : results_(devices.size()) {
+    for (size_t r = 0; r < devices.size(); ++r) {
+      threads_.emplace_back([this, r, device = devices[r]] { Loop(static_cast<int>(r), device); });
+    }
+  }
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& thread : threads_) thread.join();
+  }
+
+  // task(rank) on every rank's thread at once; the first failure in rank order.
+  Status Run(const Task& task) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    task_ = &task;
+    pending_ = static_cast<int>(threads_.size());
+    ++generation_;
+    wake_.notify_all();
+    done_.wait(lock, [&] { return pending_ == 0; });
+    task_ = nullptr;
+    for (Status& status : results_) {
+      if (!status.ok()) return std::exchange(status, Status::Ok());
+    }
+    return Status::Ok();
+  }
+
+ private:
+  void Loop(int rank, int device) {
+    const cudaError_t bound = cudaSetDevice(device);
+    uint64_t seen = 0;
+    for (;;) {
+      const Task* task = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        task = task_;
+      }
+      Status status = bound == cudaSuccess
+                          ? (*task)(rank)
+                          : CudaStatus(bound, "cudaSetDevice", __FILE__, __LINE__);
+      std::lock_guard<std::mutex> lock(mutex_);
+      results_[rank] = std::move(status);
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const Task* task_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::vector<Status> results_;
+  std::vector<std::thread> threads_;
+};
+
+Status Ok() { return Status::Ok(); }
+
+}  // namespace
+
+struct CudaModelGroup::State {
+  ModelConfig config;  // the whole model
+  CudaModelOptions options;
+  std::vector<int> devices;
+  bool local = false;
+  tp::Communicators communicators;
+  std::vector<std::unique_ptr<CudaModel>> models;
+  std::unique_ptr<RankThreads> threads;  // null for one rank: calls run on the caller's thread
+  double compress_seconds = 0;
+
+  int size() const { return static_cast<int>(devices.size()); }
+  // fn(model, rank) on every rank; the first failure.
+  Status Each(const std::function<Status(CudaModel&, int)>& fn) {
+    if (!threads) return fn(*models[0], 0);
+    return threads->Run([&](int rank) { return fn(*models[rank], rank); });
+  }
+
+  ~State() {
+    // Each shard is freed on its own thread (its GPU current), then the communicators.
+    if (threads) {
+      (void)threads->Run([&](int rank) {
+        models[rank].reset();
+        return Status::Ok();
+      });
+    }
+    models.clear();
+    communicators.clear();
+  }
+};
+
+namespace {
+
+using Factory = std::function<Result<std::unique_ptr<CudaModel>>(const CudaModelOptions&)>;
+
+Result<std::unique_ptr<CudaModelGroup::State>> MakeState(const ModelConfig& config,
+                                                         const CudaModelOptions& options,
+                                                         const TensorParallelOptions& tp,
+                                                         const Factory& factory) {
+  std::string why;
+  if (!CudaAvailable(&why)) return Error(ErrorCode::kUnsupported, "no usable CUDA GPU: {}", why);
+  SKV_RETURN_IF_ERROR(CheckTensorParallel(config, tp.size));
+  auto state = std::make_unique<CudaModelGroup::State>();
+  state->config = config;
+  state->options = options;
+  state->options.communicator = nullptr;
+  if (tp.size == 1) {
+    int device = 0;
+    SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    state->devices = {device};
+    SKV_ASSIGN_OR_RETURN(std::unique_ptr<CudaModel> model, factory(state->options));
+    state->models.push_back(std::move(model));
+    return state;
+  }
+  // SHADOWKV_TP_LOCAL=1 asks for the single-device communicator wherever a group is made.
+  const char* env = std::getenv("SHADOWKV_TP_LOCAL");
+  state->local = tp.local || (env != nullptr && std::atoi(env) == 1);
+  if (state->local) {
+    int device = 0;
+    SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    state->devices.assign(tp.size, device);
+    SKV_ASSIGN_OR_RETURN(state->communicators, tp::CreateLocalCommunicators(tp.size, device));
+  } else {
+    for (int r = 0; r < tp.size; ++r) state->devices.push_back(r);
+    SKV_ASSIGN_OR_RETURN(state->communicators, tp::CreateNcclCommunicators(state->devices));
+  }
+  state->models.resize(tp.size);
+  state->threads = std::make_unique<RankThreads>(state->devices);
+  SKV_RETURN_IF_ERROR(state->threads->Run([&](int rank) -> Status {
+    CudaModelOptions rank_options = state->options;
+    rank_options.communicator = state->communicators[rank].get();
+    SKV_ASSIGN_OR_RETURN(state->models[rank], factory(rank_options));
+    return Status::Ok();
+  }));
+  return state;
+}
+
+}  // namespace
+
+CudaModelGroup::CudaModelGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaModelGroup::~CudaModelGroup() = default;
+
+Result<std::unique_ptr<CudaModelGroup>> CudaModelGroup::Load(const std::string& path,
+                                                             const CudaModelOptions& options,
+                                                             const TensorParallelOptions& tp) {
+  // The whole model's shapes first, to check the split before any rank loads.
+  SKV_ASSIGN_OR_RETURN(std::unique_ptr<gguf::GgufFile> file, gguf::GgufFile::Open(path));
+  SKV_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfig::FromGguf(*file));
+  file.reset();
+  SKV_ASSIGN_OR_RETURN(auto state,
+                       MakeState(config, options, tp, [&](const CudaModelOptions& o) {
+                         return CudaModel::Load(path, o);
+                       }));
+  return std::unique_ptr<CudaModelGroup>(new CudaModelGroup(std::move(state)));
+}
+
+Result<std::unique_ptr<CudaModelGroup>> CudaModelGroup::CreateSynthetic(
+    const ModelConfig& config, uint64_t seed, const CudaModelOptions& options,
+    const TensorParallelOptions& tp) {
+  SKV_ASSIGN_OR_RETURN(auto state,
+                       MakeState(config, options, tp, [&](const CudaModelOptions& o) {
+                         return CudaModel::CreateSynthetic(config, seed, o);
+                       }));
+  return std::unique_ptr<CudaModelGroup>(new CudaModelGroup(std::move(state)));
+}
+
+int CudaModelGroup::size() const { return state_->size(); }
+int CudaModelGroup::num_devices() const { return state_->local ? 1 : state_->size(); }
+std::string CudaModelGroup::communicator() const {
+  return state_->communicators.empty() ? "none" : state_->communicators[0]->kind();
+}
+CudaModel& CudaModelGroup::rank(int i) { return *state_->models.at(i); }
+const ModelConfig& CudaModelGroup::config() const { return state_->config; }
+const CudaModelOptions& CudaModelGroup::options() const { return state_->options; }
+bool CudaModelGroup::synthetic() const { return state_->models[0]->synthetic(); }
+
+namespace {
+template <typename Get>
+int64_t Sum(const std::vector<std::unique_ptr<CudaModel>>& models, Get get) {
+  int64_t total = 0;
+  for (const auto& model : models) total += get(*model);
+  return total;
+}
+}  // namespace
+
+int64_t CudaModelGroup::weight_bytes() const {
+  return Sum(state_->models, [](const CudaModel& m) { return m.weight_bytes(); });
+}
+int64_t CudaModelGroup::decode_weight_bytes() const {
+  return Sum(state_->models, [](const CudaModel& m) { return m.decode_weight_bytes(); });
+}
+int64_t CudaModelGroup::activation_bytes() const {
+  return Sum(state_->models, [](const CudaModel& m) { return m.activation_bytes(); });
+}
+int64_t CudaModelGroup::KvBytesPerToken() const {
+  return Sum(state_->models, [](const CudaModel& m) { return m.KvBytesPerToken(); });
+}
+
+Result<int64_t> CudaModelGroup::FreeDeviceBytes() {
+  std::vector<int64_t> free(state_->size(), 0);
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel&, int rank) -> Status {
+    SKV_ASSIGN_OR_RETURN(DeviceInfo device, QueryDevice());
+    free[rank] = device.free_bytes;
+    return Status::Ok();
+  }));
+  return *std::min_element(free.begin(), free.end());
+}
+
+Status CudaModelGroup::AllocateKvCache(int num_slots, int64_t capacity, bool keep_pre_rope_keys) {
+  const Status status = state_->Each([&](CudaModel& m, int) {
+    return m.AllocateKvCache(num_slots, capacity, keep_pre_rope_keys);
+  });
+  if (!status.ok()) FreeKvCache();  // no rank keeps a cache the others lack
+  return status;
+}
+
+void CudaModelGroup::FreeKvCache() {
+  (void)state_->Each([](CudaModel& m, int) {
+    m.FreeKvCache();
+    return Ok();
+  });
+}
+
+int CudaModelGroup::num_slots() const { return state_->models[0]->num_slots(); }
+int64_t CudaModelGroup::slot_capacity() const { return state_->models[0]->slot_capacity(); }
+int64_t CudaModelGroup::slot_length(int slot) const { return state_->models[0]->slot_length(slot); }
+
+void CudaModelGroup::ResetSlot(int slot) {
+  for (auto& model : state_->models) model->ResetSlot(slot);  // host bookkeeping only
+}
+
+Status CudaModelGroup::CopySlot(int from, int to) {
+  return state_->Each([&](CudaModel& m, int) { return m.CopySlot(from, to); });
+}
+
+Status CudaModelGroup::Forward(std::span<const CudaStepInput> inputs) {
+  if (state_->size() == 1) return state_->models[0]->Forward(inputs);
+  // Only rank 0 copies logits out; the others compute the same ones.
+  std::vector<CudaStepInput> silent(inputs.begin(), inputs.end());
+  for (CudaStepInput& in : silent) in.logits_out = nullptr;
+  return state_->Each([&](CudaModel& m, int rank) {
+    return rank == 0 ? m.Forward(inputs) : m.Forward(silent);
+  });
+}
+
+Status CudaModelGroup::DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
+                                  const CudaSampling& sampling, float* logits_out) {
+  if (state_->size() == 1) {
+    return state_->models[0]->DecodeStep(slots, tokens, sampling, logits_out);
+  }
+  std::vector<std::vector<int32_t>> copies(state_->size(),
+                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
+  return state_->Each([&](CudaModel& m, int rank) {
+    return rank == 0 ? m.DecodeStep(slots, tokens, sampling, logits_out)
+                     : m.DecodeStep(slots, copies[rank], sampling, nullptr);
+  });
+}
+
+Result<StepBreakdown> CudaModelGroup::ProfileDecodeStep(std::span<const int> slots,
+                                                        std::span<int32_t> tokens) {
+  if (state_->size() == 1) return state_->models[0]->ProfileDecodeStep(slots, tokens);
+  std::vector<std::vector<int32_t>> copies(state_->size(),
+                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
+  StepBreakdown breakdown;
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
+    SKV_ASSIGN_OR_RETURN(StepBreakdown b,
+                         m.ProfileDecodeStep(slots, rank == 0 ? tokens : std::span(copies[rank])));
+    if (rank == 0) breakdown = b;
+    return Status::Ok();
+  }));
+  return breakdown;
+}
+
+Status CudaModelGroup::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences,
+                                        int64_t capacity) {
+  const kv::KvPolicyConfig shard = ShardKvPolicy(config, state_->size());
+  const Status status = state_->Each([&](CudaModel& m, int) {
+    return m.AllocateShadowKv(shard, num_sequences, capacity);
+  });
+  if (!status.ok()) FreeShadowKv();
+  return status;
+}
+
+void CudaModelGroup::FreeShadowKv() {
+  (void)state_->Each([](CudaModel& m, int) {
+    m.FreeShadowKv();
+    return Ok();
+  });
+}
+
+Result<std::pair<int64_t, int64_t>> CudaModelGroup::ShadowKvBytesPerSequence(
+    const kv::KvPolicyConfig& config, int64_t capacity) const {
+  const kv::KvPolicyConfig shard = ShardKvPolicy(config, state_->size());
+  std::pair<int64_t, int64_t> total{0, 0};
+  for (const auto& model : state_->models) {
+    SKV_ASSIGN_OR_RETURN(auto bytes, model->ShadowKvBytesPerSequence(shard, capacity));
+    total.first += bytes.first;
+    total.second += bytes.second;
+  }
+  return total;
+}
+
+Status CudaModelGroup::AllocateShadowKvValues(int seq, bool on_host) {
+  const Status status =
+      state_->Each([&](CudaModel& m, int) { return m.AllocateShadowKvValues(seq, on_host); });
+  if (status.code() == ErrorCode::kResourceExhausted && state_->size() > 1) {
+    // Ranks that got their values give them back: the caller may retry on the host.
+    (void)state_->Each([&](CudaModel& m, int) { return m.FreeShadowKvValues(seq); });
+  }
+  return status;
+}
+
+Status CudaModelGroup::CompressToShadowKv(int full_slot, int seq) {
+  // One rank after the other: each factorisation already spreads its layers over every CPU
+  // core (and adjusts OpenBLAS's global thread count while it runs).
+  const auto start = std::chrono::steady_clock::now();
+  std::mutex one_at_a_time;
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int) {
+    std::lock_guard<std::mutex> lock(one_at_a_time);
+    return m.CompressToShadowKv(full_slot, seq);
+  }));
+  state_->compress_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::Ok();
+}
+
+Status CudaModelGroup::CopyShadowKvSequence(int from, int to) {
+  return state_->Each([&](CudaModel& m, int) { return m.CopyShadowKvSequence(from, to); });
+}
+
+Result<CudaShadowKvGroupSnapshot> CudaModelGroup::SaveShadowKvSequence(int seq) {
+  CudaShadowKvGroupSnapshot snapshot;
+  snapshot.ranks.resize(state_->size());
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
+    SKV_ASSIGN_OR_RETURN(snapshot.ranks[rank], m.SaveShadowKvSequence(seq));
+    return Status::Ok();
+  }));
+  return snapshot;
+}
+
+Status CudaModelGroup::RestoreShadowKvSequence(const CudaShadowKvGroupSnapshot& snapshot, int seq) {
+  if (static_cast<int>(snapshot.ranks.size()) != state_->size()) {
+    return Error(ErrorCode::kInvalidArgument, "a snapshot of {} ranks for a group of {}",
+                 snapshot.ranks.size(), state_->size());
+  }
+  return state_->Each([&](CudaModel& m, int rank) {
+    return m.RestoreShadowKvSequence(snapshot.ranks[rank], seq);
+  });
+}
+
+int64_t CudaModelGroup::shadowkv_length(int seq) const {
+  return state_->models[0]->shadowkv_length(seq);
+}
+
+Status CudaModelGroup::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
+                                          const CudaSampling& sampling, float* logits_out) {
+  if (state_->size() == 1) {
+    return state_->models[0]->ShadowKvDecodeStep(seqs, tokens, sampling, logits_out);
+  }
+  std::vector<std::vector<int32_t>> copies(state_->size(),
+                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
+  return state_->Each([&](CudaModel& m, int rank) {
+    return rank == 0 ? m.ShadowKvDecodeStep(seqs, tokens, sampling, logits_out)
+                     : m.ShadowKvDecodeStep(seqs, copies[rank], sampling, nullptr);
+  });
+}
+
+Result<StepBreakdown> CudaModelGroup::ProfileShadowKvDecodeStep(std::span<const int> seqs,
+                                                                std::span<int32_t> tokens) {
+  if (state_->size() == 1) return state_->models[0]->ProfileShadowKvDecodeStep(seqs, tokens);
+  std::vector<std::vector<int32_t>> copies(state_->size(),
+                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
+  StepBreakdown breakdown;
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
+    SKV_ASSIGN_OR_RETURN(StepBreakdown b, m.ProfileShadowKvDecodeStep(
+                                              seqs, rank == 0 ? tokens : std::span(copies[rank])));
+    if (rank == 0) breakdown = b;
+    return Status::Ok();
+  }));
+  return breakdown;
+}
+
+CudaShadowKvStats CudaModelGroup::shadowkv_stats() const {
+  if (state_->size() == 1) return state_->models[0]->shadowkv_stats();
+  std::vector<CudaShadowKvStats> each(state_->size());
+  (void)state_->Each([&](CudaModel& m, int rank) {
+    each[rank] = m.shadowkv_stats();
+    return Ok();
+  });
+  CudaShadowKvStats total = each[0];
+  for (size_t r = 1; r < each.size(); ++r) {
+    total.rank += each[r].rank;
+    total.device_bytes += each[r].device_bytes;
+    total.host_bytes += each[r].host_bytes;
+    total.chunks_selected += each[r].chunks_selected;
+    total.chunk_hits += each[r].chunk_hits;
+  }
+  total.compress_seconds = state_->compress_seconds;
+  return total;
+}
+
+void CudaModelGroup::ResetShadowKvCounters() {
+  (void)state_->Each([](CudaModel& m, int) {
+    m.ResetShadowKvCounters();
+    return Ok();
+  });
+}
+
+Result<std::vector<int32_t>> CudaModelGroup::ShadowKvGatheredChunks(int seq, int layer,
+                                                                    int kv_head) {
+  const int per_rank = state_->config.num_kv_heads / state_->size();
+  if (kv_head < 0 || kv_head >= state_->config.num_kv_heads) {
+    return Error(ErrorCode::kInvalidArgument, "KV head {} is outside [0, {})", kv_head,
+                 state_->config.num_kv_heads);
+  }
+  std::vector<int32_t> chunks;
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
+    if (rank != kv_head / per_rank) return Status::Ok();
+    SKV_ASSIGN_OR_RETURN(chunks, m.ShadowKvGatheredChunks(seq, layer, kv_head % per_rank));
+    return Status::Ok();
+  }));
+  return chunks;
+}
+
+}  // namespace shadowkv::cuda

@@ -1,0 +1,30 @@
+// The single-device all-reduce kernel (see local_all_reduce.cu) behind the local communicator.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace shadowkv::cuda::tp {
+
+constexpr int kLocalAllReduceBlocks = 32;  // per rank; the flags hold one slot per block
+constexpr int kLocalAllReduceMaxRanks = 64;
+
+struct LocalReduceParams {
+  void* buffer;            // this rank's [count] fp32 or bf16, summed in place
+  int64_t count;
+  unsigned char* staging;  // [2][size][capacity_bytes], shared by the ranks
+  int64_t capacity_bytes;
+  unsigned int* flags;     // [size][kLocalAllReduceBlocks] last generation each block published
+  int size;
+  int rank;
+};
+
+// Every rank launches it on its own stream with the same count; it returns (on the device)
+// when all ranks' kernels have met.
+cudaError_t LaunchLocalAllReduce(const LocalReduceParams& params, bool bf16, cudaStream_t stream);
+
+// Loads both kernel instances into the current context now (see CreateLocalCommunicators).
+cudaError_t PreloadLocalAllReduce();
+
+}  // namespace shadowkv::cuda::tp

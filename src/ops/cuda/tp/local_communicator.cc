@@ -1,0 +1,119 @@
+// The single-device communicator: the ranks' shared staging area and flags, and each rank's
+// all-reduce (the kernel is in local_all_reduce.cu).
+
+#include <condition_variable>
+#include <mutex>
+#include <utility>
+
+#include "ops/cuda/device_buffer.h"
+#include "ops/cuda/tp/communicator.h"
+#include "ops/cuda/tp/local_all_reduce.cuh"
+
+namespace shadowkv::cuda::tp {
+namespace {
+
+// What the ranks of one group share.
+struct LocalShared {
+  int size = 0;
+  int device = 0;
+  std::mutex mutex;
+  DeviceBuffer<unsigned char> staging;
+  int64_t capacity_bytes = 0;
+  DeviceBuffer<unsigned int> flags;
+  bool used = false;  // an all-reduce was enqueued: the staging area can no longer move
+  // Host barrier: ranks arrived in the current round, and the round number.
+  std::condition_variable barrier;
+  int arrived = 0;
+  uint64_t round = 0;
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<LocalShared> shared, int rank)
+      : shared_(std::move(shared)), rank_(rank) {}
+  int size() const override { return shared_->size; }
+  int rank() const override { return rank_; }
+  int device() const override { return shared_->device; }
+  const char* kind() const override { return "local"; }
+
+  Status Reserve(int64_t bytes) override {
+    LocalShared& s = *shared_;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const int64_t rounded = (bytes + 255) / 256 * 256;
+    if (rounded <= s.capacity_bytes) return Status::Ok();
+    if (s.used) {
+      return Error(ErrorCode::kInternal, "local all-reduce of {} bytes after the staging area "
+                   "({} bytes) was put to use", bytes, s.capacity_bytes);
+    }
+    SKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(s.device));
+    SKV_RETURN_IF_ERROR(s.staging.Allocate(2 * s.size * rounded));
+    s.capacity_bytes = rounded;
+    return Status::Ok();
+  }
+
+  Status HostBarrier() override {
+    LocalShared& s = *shared_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    const uint64_t round = s.round;
+    if (++s.arrived == s.size) {
+      s.arrived = 0;
+      ++s.round;
+      s.barrier.notify_all();
+    } else {
+      s.barrier.wait(lock, [&] { return s.round != round; });
+    }
+    return Status::Ok();
+  }
+
+  Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
+                      cudaStream_t stream) override {
+    LocalShared& s = *shared_;
+    const int64_t element = type == ReduceType::kFloat32 ? 4 : 2;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (count < 0 || count * element > s.capacity_bytes) {
+        return Error(ErrorCode::kInternal, "local all-reduce of {} elements exceeds the {} bytes "
+                     "reserved", count, s.capacity_bytes);
+      }
+      s.used = true;
+    }
+    const LocalReduceParams p{buffer, count, s.staging.get(), s.capacity_bytes, s.flags.get(),
+                              s.size, rank_};
+    SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, type == ReduceType::kBfloat16, stream));
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<LocalShared> shared_;
+  int rank_;
+};
+
+}  // namespace
+
+Result<Communicators> CreateLocalCommunicators(int size, int device) {
+  if (size < 1 || size > kLocalAllReduceMaxRanks) {
+    return Error(ErrorCode::kInvalidArgument, "{} local ranks (1 to {})", size,
+                 kLocalAllReduceMaxRanks);
+  }
+  int previous = 0;
+  SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  struct RestoreDevice {
+    int device;
+    ~RestoreDevice() { (void)cudaSetDevice(device); }
+  } restore{previous};
+  SKV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  auto shared = std::make_shared<LocalShared>();
+  shared->size = size;
+  shared->device = device;
+  SKV_RETURN_IF_ERROR(shared->flags.Allocate(static_cast<int64_t>(size) * kLocalAllReduceBlocks));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemset(shared->flags.get(), 0, shared->flags.bytes()));
+  SKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  // Load the kernels now: with lazy module loading, a first launch may wait for the context to
+  // go idle, which never happens while another rank's all-reduce spins.
+  SKV_CUDA_RETURN_IF_ERROR(PreloadLocalAllReduce());
+  Communicators ranks;
+  for (int r = 0; r < size; ++r) ranks.push_back(std::make_unique<LocalCommunicator>(shared, r));
+  return Result<Communicators>(std::move(ranks));
+}
+
+}  // namespace shadowkv::cuda::tp

@@ -1,0 +1,286 @@
+// Tensor parallelism on one GPU: the single-device communicator's all-reduce (eager and replayed
+// from CUDA graphs, fp32 and bf16), and tiny random-weight models split over 2 and 4 ranks on one
+// device against the same model unsplit: logits after chunked prefill and over graph-replayed
+// decode steps (full attention; ShadowKV is in tensor_parallel_shadowkv_test.cc). The NCCL test
+// needs two GPUs and skips, saying so, on fewer.
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "gpu_test_util.h"
+#include "ops/cuda/tp/communicator.h"
+#include "tp_test_util.h"
+
+namespace shadowkv::cuda {
+namespace {
+
+using namespace testing;
+using namespace tp_testing;
+
+// Runs fn(rank) on one thread per rank, as the model group does.
+template <typename Fn>
+void OnRanks(int size, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back([&, r] { fn(r); });
+  for (std::thread& t : threads) t.join();
+}
+
+// Rank r's buffer holds (r + 1) * (i % 7 + call) at element i: the sum over ranks is exact in
+// bf16 as well for these small integers.
+void CheckAllReduce(tp::ReduceType type, bool graphs) {
+  const int size = 3, count = 70001, calls = 5;
+  auto comms = tp::CreateLocalCommunicators(size, 0);
+  ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  const int64_t element = type == tp::ReduceType::kFloat32 ? 4 : 2;
+  std::vector<std::string> failures(size);
+  std::atomic<bool> setup_failed{false};
+  OnRanks(size, [&](int r) {
+    tp::Communicator& comm = *(*comms)[r];
+    auto fail = [&](const std::string& what) {
+      if (failures[r].empty()) failures[r] = what;
+    };
+    // Everything that allocates comes first: an allocation may wait for the device to go idle,
+    // which it does not while another rank's all-reduce waits for this one.
+    cudaStream_t stream = nullptr;
+    DeviceBuffer<uint8_t> buffer;
+    uint8_t* pinned = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool ready =
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
+        buffer.Allocate(count * element).ok() && comm.Reserve(count * element).ok() &&
+        cudaMallocHost(reinterpret_cast<void**>(&pinned), count * element) == cudaSuccess;
+    if (ready && graphs) {
+      cudaGraph_t graph = nullptr;
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      const Status captured = comm.AllReduceSum(buffer.get(), count, type, stream);
+      const bool ended = cudaStreamEndCapture(stream, &graph) == cudaSuccess;
+      ready = captured.ok() && ended && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+      if (graph) cudaGraphDestroy(graph);
+    }
+    if (!ready) {
+      fail("setup");
+      setup_failed = true;
+    }
+    // Every rank passes the barrier, and all skip the all-reduces if any could not set up.
+    EXPECT_TRUE(comm.HostBarrier().ok());
+    for (int call = 0; call < calls && !setup_failed; ++call) {
+      for (int i = 0; i < count; ++i) {
+        const float v = static_cast<float>((r + 1) * (i % 7 + call));
+        if (type == tp::ReduceType::kFloat32) {
+          reinterpret_cast<float*>(pinned)[i] = v;
+        } else {
+          reinterpret_cast<uint16_t*>(pinned)[i] = Fp32ToBf16(v);
+        }
+      }
+      cudaMemcpyAsync(buffer.get(), pinned, count * element, cudaMemcpyHostToDevice, stream);
+      const Status reduced = graphs ? CudaStatus(cudaGraphLaunch(exec, stream), "launch", "", 0)
+                                    : comm.AllReduceSum(buffer.get(), count, type, stream);
+      cudaMemcpyAsync(pinned, buffer.get(), count * element, cudaMemcpyDeviceToHost, stream);
+      const cudaError_t synced = cudaStreamSynchronize(stream);
+      if (!reduced.ok() || synced != cudaSuccess) {
+        fail("all-reduce: " + reduced.ToString() + ", " + cudaGetErrorString(synced));
+        continue;  // the other ranks go on: leaving would strand them in the next all-reduce
+      }
+      for (int i = 0; i < count; ++i) {
+        const float want = static_cast<float>((1 + 2 + 3) * (i % 7 + call));
+        const float got = type == tp::ReduceType::kFloat32
+                              ? reinterpret_cast<float*>(pinned)[i]
+                              : Bf16ToFp32(reinterpret_cast<uint16_t*>(pinned)[i]);
+        if (got != want) {
+          fail("call " + std::to_string(call) + ", element " + std::to_string(i) + ": " +
+               std::to_string(got) + " != " + std::to_string(want));
+          break;
+        }
+      }
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (pinned) cudaFreeHost(pinned);
+    if (stream) cudaStreamDestroy(stream);
+  });
+  for (int r = 0; r < size; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
+}
+
+TEST(CudaTensorParallelTest, LocalAllReduceSumsEveryRank) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckAllReduce(tp::ReduceType::kFloat32, false);
+  CheckAllReduce(tp::ReduceType::kBfloat16, false);
+}
+
+TEST(CudaTensorParallelTest, LocalAllReduceReplaysFromGraphs) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckAllReduce(tp::ReduceType::kFloat32, true);
+}
+
+// What one model produced over the parity script: logits of every checkpoint.
+struct Transcript {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> logits;
+  StepBreakdown profile;
+};
+
+// Two prompts (one in two chunks, the other beside the second chunk), then `steps` decode
+// steps of both replayed from graphs, fed `forced` tokens (the reference's greedy choices) so
+// that a near-tie cannot send the models apart; then one profiled step.
+Transcript RunScript(CudaModelGroup& model, int steps, std::vector<std::vector<int32_t>>* forced) {
+  Transcript t;
+  const int vocab = static_cast<int>(model.config().vocab_size);
+  auto record = [&](std::string name, std::vector<float> logits) {
+    t.names.push_back(std::move(name));
+    t.logits.push_back(std::move(logits));
+  };
+  EXPECT_TRUE(model.AllocateKvCache(2, 512).ok());
+  const std::vector<int32_t> first = SomeTokens(300, 21), second = SomeTokens(137, 22);
+  std::vector<float> a(vocab), b(vocab);
+  CudaStepInput in{0, std::span<const int32_t>(first.data(), 200), nullptr};
+  Status status = model.Forward(std::span<const CudaStepInput>(&in, 1));
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  const std::vector<CudaStepInput> both = {
+      {0, std::span<const int32_t>(first.data() + 200, 100), a.data()}, {1, second, b.data()}};
+  status = model.Forward(both);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  record("prefill of 300 tokens in two chunks", a);
+  record("prefill of 137 tokens beside a chunk", b);
+  std::vector<int32_t> next = {Argmax(a), Argmax(b)};
+  const bool reference = forced->empty();
+  const std::vector<int> slots = {0, 1};
+  for (int step = 0; step < steps; ++step) {
+    if (!reference) next = (*forced)[step];
+    std::vector<float> got(2 * static_cast<size_t>(vocab));
+    std::vector<int32_t> tokens = next;
+    status = model.DecodeStep(slots, tokens, CudaSampling{}, got.data());
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    for (int s = 0; s < 2; ++s) {
+      record("decode step " + std::to_string(step) + ", sequence " + std::to_string(s),
+             std::vector<float>(got.begin() + s * vocab, got.begin() + (s + 1) * vocab));
+      EXPECT_EQ(tokens[s], Argmax(t.logits.back())) << "the sampler's greedy choice";
+    }
+    if (reference) forced->push_back(next);
+    next = tokens;
+  }
+  std::vector<int32_t> tokens = next;
+  auto profiled = model.ProfileDecodeStep(slots, tokens);
+  EXPECT_TRUE(profiled.ok()) << profiled.status().ToString();
+  if (profiled.ok()) t.profile = *profiled;
+  EXPECT_EQ(model.slot_length(0), 300 + steps + 1);
+  return t;
+}
+
+// make(tp) builds the model split as `tp` says; every split is compared with the unsplit one.
+template <typename Make>
+void CheckSplitMatches(Make make, const std::string& tag, std::vector<int> sizes, bool local) {
+  std::vector<std::vector<int32_t>> forced;
+  Transcript want;
+  {
+    Result<std::unique_ptr<CudaModelGroup>> one = make(TensorParallelOptions{1, false});
+    ASSERT_TRUE(one.ok()) << one.status().ToString();
+    EXPECT_EQ((*one)->communicator(), "none");
+    want = RunScript(**one, 8, &forced);
+  }
+  for (int size : sizes) {
+    Result<std::unique_ptr<CudaModelGroup>> split = make(TensorParallelOptions{size, local});
+    ASSERT_TRUE(split.ok()) << split.status().ToString();
+    CudaModelGroup& group = **split;
+    EXPECT_EQ(group.size(), size);
+    EXPECT_EQ(group.rank(size - 1).config().num_kv_heads, group.config().num_kv_heads / size);
+    EXPECT_EQ(group.KvBytesPerToken(), group.rank(0).KvBytesPerToken() * size);
+    const Transcript got = RunScript(group, 8, &forced);
+    ASSERT_EQ(got.logits.size(), want.logits.size());
+    double worst = 0;
+    for (size_t i = 0; i < want.logits.size(); ++i) {
+      const double error = RelativeError(got.logits[i], want.logits[i]);
+      worst = std::max(worst, error);
+      // Only the order of fp32 additions differs (partial products summed by the all-reduce);
+      // a bf16 rounding of an activation may flip by one unit as a result.
+      EXPECT_LT(error, 1e-2) << tag << " split " << size << ": " << want.names[i];
+    }
+    EXPECT_GT(got.profile.allreduce_ms, 0.0);
+    std::printf("[ parity   ] %s, %d ranks (%s): %zu logit vectors, worst relative error %.2e\n",
+                tag.c_str(), size, group.communicator().c_str(), want.logits.size(), worst);
+  }
+}
+
+TEST(CudaTensorParallelTest, LlamaSplitOverTwoAndFourRanksMatchesOneGpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckSplitMatches(FromFile(TpSpec("llama", 512, 8, 4, true, 31), "gpu_tp_llama"),
+                    "gpu_tp_llama", {2, 4}, true);
+}
+
+TEST(CudaTensorParallelTest, Qwen2BiasUntiedSplitMatchesOneGpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckSplitMatches(FromFile(TpSpec("qwen2", 256, 4, 2, false, 32), "gpu_tp_qwen2"),
+                    "gpu_tp_qwen2", {2}, true);
+}
+
+TEST(CudaTensorParallelTest, SplitsThatCutAKvHeadAreRefused) {
+  SKV_SKIP_WITHOUT_GPU();
+  const std::string path = WriteTinyModel(TpSpec("llama", 256, 4, 2, true, 33), "gpu_tp_refused");
+  auto three = CudaModelGroup::Load(path, SmallOptions(), {3, true});
+  EXPECT_EQ(three.status().code(), ErrorCode::kInvalidArgument) << three.status().ToString();
+  auto zero = CudaModelGroup::Load(path, SmallOptions(), {0, true});
+  EXPECT_EQ(zero.status().code(), ErrorCode::kInvalidArgument);
+  int gpus = 0;
+  SKV_ASSERT_CUDA(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) {
+    auto nccl = CudaModelGroup::Load(path, SmallOptions(), {2, false});
+    EXPECT_EQ(nccl.status().code(), ErrorCode::kUnsupported) << nccl.status().ToString();
+  }
+}
+
+// Synthetic weights: a rank draws its slice of each matrix with the whole model's values, so
+// the split synthetic model is the same model. 1002 FFN units split unevenly over 4 ranks
+// (251, 251, 250, 250); untied LM head.
+TEST(CudaTensorParallelTest, SyntheticSplitMatchesOneGpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.architecture = "llama";
+  c.num_layers = 2;
+  c.hidden_size = 512;
+  c.num_query_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.ffn_size = 1002;
+  c.vocab_size = 1000;
+  c.context_length = 4096;
+  c.tied_embeddings = false;
+  c.rope.rotary_dim = 64;
+  c.rope.theta_base = 10000.0f;
+  CheckSplitMatches(
+      [&](const TensorParallelOptions& tp) {
+        return CudaModelGroup::CreateSynthetic(c, 3, SmallOptions(), tp);
+      },
+      "gpu_tp_synthetic", {2, 4}, true);
+}
+
+TEST(CudaTensorParallelTest, SplitCopiesSlots) {
+  SKV_SKIP_WITHOUT_GPU();
+  auto group = FromFile(TpSpec("llama", 256, 4, 2, true, 36), "gpu_tp_copy")({2, true});
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  ASSERT_TRUE((*group)->AllocateKvCache(2, 600).ok());
+  const std::vector<int32_t> prompt = SomeTokens(500, 4);
+  CudaStepInput in{0, prompt, nullptr};
+  ASSERT_TRUE((*group)->Forward(std::span<const CudaStepInput>(&in, 1)).ok());
+  ASSERT_TRUE((*group)->CopySlot(0, 1).ok());
+  EXPECT_EQ((*group)->slot_length(1), 500);
+  std::vector<int32_t> tokens = {1, 1};
+  const std::vector<int> slots = {0, 1};
+  for (int step = 0; step < 4; ++step) {
+    ASSERT_TRUE((*group)->DecodeStep(slots, tokens, CudaSampling{}).ok());
+    EXPECT_EQ(tokens[0], tokens[1]) << "copied slots decode the same";
+  }
+}
+
+// NCCL: two GPUs or more.
+TEST(CudaTensorParallelTest, NcclSplitOverTwoGpusMatchesOneGpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  int gpus = 0;
+  SKV_ASSERT_CUDA(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << gpus;
+  std::string why;
+  if (!tp::NcclAvailable(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
+  CheckSplitMatches(FromFile(TpSpec("llama", 512, 8, 4, true, 35), "gpu_tp_nccl"), "gpu_tp_nccl",
+                    gpus >= 4 ? std::vector<int>{2, 4} : std::vector<int>{2}, false);
+}
+
+}  // namespace
+}  // namespace shadowkv::cuda
