@@ -18,30 +18,9 @@ namespace {
 
 using namespace testing;
 using shadowkv::testing::TinyModelSpec;
+using shadowkv::testing::SmallSpec;
+using shadowkv::testing::SomeTokens;
 using shadowkv::testing::WriteTinyModel;
-
-TinyModelSpec Spec(const char* architecture, int hidden, int heads, int kv_heads,
-                   gguf::GgmlType type, bool tied, uint32_t seed) {
-  TinyModelSpec s;
-  s.architecture = architecture;
-  s.hidden = hidden;
-  s.heads = heads;
-  s.kv_heads = kv_heads;
-  s.ffn = 2 * hidden;
-  s.layers = 2;
-  s.context = 1024;
-  s.weight_type = type;
-  s.tied = tied;
-  s.seed = seed;
-  return s;
-}
-
-std::vector<int32_t> SomeTokens(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
-  return tokens;
-}
 
 class ParityChecker {
  public:
@@ -162,18 +141,18 @@ void CheckModelParity(const TinyModelSpec& spec, const std::string& tag, double 
 
 TEST(CudaModelParityTest, LlamaF32Weights) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckModelParity(Spec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, 1), "gpu_llama_f32", 3e-2);
+  CheckModelParity(SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, 1), "gpu_llama_f32", 3e-2);
 }
 
 TEST(CudaModelParityTest, Qwen2BiasUntiedGroupOf4) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckModelParity(Spec("qwen2", 256, 4, 1, gguf::GgmlType::kF32, false, 2), "gpu_qwen2", 3e-2);
+  CheckModelParity(SmallSpec("qwen2", 256, 4, 1, gguf::GgmlType::kF32, false, 2), "gpu_qwen2", 3e-2);
 }
 
 TEST(CudaModelParityTest, LlamaQ8WeightsHeadDim128GroupOf3) {
   SKV_SKIP_WITHOUT_GPU();
   // Both sides use the dequantised Q8_0 values (the GPU rounds them to bf16).
-  CheckModelParity(Spec("llama", 768, 6, 2, gguf::GgmlType::kQ8_0, true, 3), "gpu_llama_q8", 3e-2);
+  CheckModelParity(SmallSpec("llama", 768, 6, 2, gguf::GgmlType::kQ8_0, true, 3), "gpu_llama_q8", 3e-2);
 }
 
 // ExportSlot hands a GPU prefill to the CPU policies (eval --device cuda): the exported keys
@@ -181,7 +160,7 @@ TEST(CudaModelParityTest, LlamaQ8WeightsHeadDim128GroupOf3) {
 TEST(CudaModelTest, ExportedSlotMatchesTheCpuPrefill) {
   SKV_SKIP_WITHOUT_GPU();
   const std::string path =
-      WriteTinyModel(Spec("qwen2", 256, 4, 2, gguf::GgmlType::kF32, false, 11), "gpu_export");
+      WriteTinyModel(SmallSpec("qwen2", 256, 4, 2, gguf::GgmlType::kF32, false, 11), "gpu_export");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact).value();
   auto gpu = CudaModel::Load(path, CudaModelOptions{2, 128, true}).value();
   ASSERT_TRUE(gpu->AllocateKvCache(2, 512, /*keep_pre_rope_keys=*/true).ok());
@@ -215,7 +194,7 @@ TEST(CudaModelTest, ExportedSlotMatchesTheCpuPrefill) {
 TEST(CudaModelTest, ErrorsAreStatuses) {
   SKV_SKIP_WITHOUT_GPU();
   const std::string path =
-      WriteTinyModel(Spec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, 9), "gpu_errors");
+      WriteTinyModel(SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, 9), "gpu_errors");
   auto model = CudaModel::Load(path, CudaModelOptions{2, 64, true}).value();
   // Far more KV cache than any GPU has: a status, and the model stays usable.
   Status status = model->AllocateKvCache(1'000'000, 512);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <set>
 
+#include "engine/sampler.h"
 #include "gpu_test_util.h"
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
@@ -19,6 +20,7 @@ namespace shadowkv::cuda {
 namespace {
 
 using namespace testing;
+using shadowkv::testing::SomeTokens;
 using shadowkv::testing::TinyModelSpec;
 using shadowkv::testing::WriteTinyModel;
 
@@ -66,30 +68,9 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
 }
 
-std::vector<int32_t> SomeTokens(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
-  return tokens;
-}
-
 // The tiny Llama both tests use: 2 layers, 4 query heads on 2 KV heads, fp32 weights.
 TinyModelSpec SmallLlamaSpec(uint32_t seed) {
-  TinyModelSpec spec;
-  spec.architecture = "llama";
-  spec.hidden = 256;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.ffn = 512;
-  spec.layers = 2;
-  spec.context = 1024;
-  spec.weight_type = gguf::GgmlType::kF32;
-  spec.seed = seed;
-  return spec;
-}
-
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+  return shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, seed);
 }
 
 TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {

@@ -12,6 +12,7 @@
 namespace shadowkv {
 namespace {
 
+using testing::SomeTokens;
 using testing::TinyModelSpec;
 using testing::WriteTinyModel;
 
@@ -107,13 +108,6 @@ std::vector<double> NaiveLogits(const CpuModel& model, const std::vector<int32_t
   }
   auto xn = norm(x, Dequant(f, "output_norm.weight"));
   return matmul(xn, T, H, Dequant(f, c.tied_embeddings ? "token_embd.weight" : "output.weight"), V);
-}
-
-std::vector<int32_t> SomeTokens(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> tokens(count);
-  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
-  return tokens;
 }
 
 // Prefills `tokens` in chunks of `chunk` and returns every position's logits.

@@ -67,6 +67,18 @@ std::vector<int32_t> DecodeReplayed(CpuModel& model, const kv::KvPolicy& policy,
   return stream.generated;
 }
 
+// `name` with a budget the 400-token prompt exceeds, and small windows.
+kv::KvPolicyConfig SmallBudget(const std::string& name) {
+  kv::KvPolicyConfig config;
+  config.policy = name;
+  config.budget_tokens = 64;
+  config.outlier_chunks = 2;
+  config.local_window = 16;
+  config.snap_window = 16;
+  config.quest_dense_layers = 1;
+  return config;
+}
+
 class PrefillReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -117,14 +129,7 @@ TEST_F(PrefillReplayTest, FullPolicyReplayDecodesLikeItsOwnPrefill) {
 TEST_F(PrefillReplayTest, SparsePoliciesReplayDecodeLikeTheirOwnPrefill) {
   for (const std::string name : {"shadowkv", "snapkv", "quest", "streaming"}) {
     SCOPED_TRACE(name);
-    kv::KvPolicyConfig config;
-    config.policy = name;
-    config.budget_tokens = 64;
-    config.outlier_chunks = 2;
-    config.local_window = 16;
-    config.snap_window = 16;
-    config.quest_dense_layers = 1;
-    auto policy = kv::MakeKvPolicy(config, model_->kv_geometry());
+    auto policy = kv::MakeKvPolicy(SmallBudget(name), model_->kv_geometry());
     ASSERT_TRUE(policy.ok()) << policy.status().ToString();
     const std::vector<int32_t> normal = DecodeNormally(*model_, **policy, prompt_);
     const std::vector<int32_t> replayed = DecodeReplayed(*model_, **policy, record_);
@@ -185,14 +190,7 @@ TEST_F(PrefillReplayTest, ExtendedRecordMatchesTheWholeRecord) {
 TEST_F(PrefillReplayTest, AnswersFromAHandedOverRecordMatchTheWholeRecord) {
   std::vector<kv::KvPolicyConfig> policies;
   for (const std::string name : {"full", "snapkv", "quest", "streaming", "shadowkv"}) {
-    kv::KvPolicyConfig config;
-    config.policy = name;
-    config.budget_tokens = 64;
-    config.outlier_chunks = 2;
-    config.local_window = 16;
-    config.snap_window = 16;
-    config.quest_dense_layers = 1;
-    policies.push_back(config);
+    policies.push_back(SmallBudget(name));
   }
   eval::PrefillRecord part = HandOver(record_, 400 - 16);
   ASSERT_TRUE(eval::ExtendPrefill(*model_, prompt_, &part, kChunk).ok());

@@ -124,4 +124,30 @@ inline std::string WriteTinyModel(const TinyModelSpec& spec, const std::string& 
   return path;
 }
 
+// The small models of the whole-model GPU tests: 2 layers, FFN twice the hidden size,
+// context 1024.
+inline TinyModelSpec SmallSpec(const char* architecture, int hidden, int heads, int kv_heads,
+                               gguf::GgmlType type, bool tied, uint32_t seed) {
+  TinyModelSpec s;
+  s.architecture = architecture;
+  s.hidden = hidden;
+  s.heads = heads;
+  s.kv_heads = kv_heads;
+  s.ffn = 2 * hidden;
+  s.layers = 2;
+  s.context = 1024;
+  s.weight_type = type;
+  s.tied = tied;
+  s.seed = seed;
+  return s;
+}
+
+// `count` tokens below 256 (every tiny vocabulary has them).
+inline std::vector<int32_t> SomeTokens(int count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(count);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
+  return tokens;
+}
+
 }  // namespace shadowkv::testing
