@@ -108,6 +108,29 @@ struct CudaModelGroup::State {
     return threads->Run([&](int rank) { return fn(*models[rank], rank); });
   }
 
+  // A decode step on every rank: rank 0 samples into `tokens` and writes `logits_out`; the
+  // other ranks compute the same step into copies of the tokens.
+  using StepFn = std::function<Status(CudaModel&, std::span<int32_t>, float*)>;
+  Status Step(std::span<int32_t> tokens, float* logits_out, const StepFn& step) {
+    if (!threads) return step(*models[0], tokens, logits_out);
+    std::vector<std::vector<int32_t>> copies(size(),
+                                             std::vector<int32_t>(tokens.begin(), tokens.end()));
+    return Each([&](CudaModel& m, int rank) {
+      return rank == 0 ? step(m, tokens, logits_out) : step(m, copies[rank], nullptr);
+    });
+  }
+  // The same for a profiled step; rank 0's breakdown.
+  using ProfileFn = std::function<Result<StepBreakdown>(CudaModel&, std::span<int32_t>)>;
+  Result<StepBreakdown> Profile(std::span<int32_t> tokens, const ProfileFn& profile) {
+    StepBreakdown breakdown;
+    SKV_RETURN_IF_ERROR(Step(tokens, nullptr, [&](CudaModel& m, std::span<int32_t> t, float*) {
+      SKV_ASSIGN_OR_RETURN(StepBreakdown b, profile(m, t));
+      if (t.data() == tokens.data()) breakdown = b;
+      return Status::Ok();
+    }));
+    return breakdown;
+  }
+
   ~State() {
     // Each shard is freed on its own thread (its GPU current), then the communicators.
     if (threads) {
@@ -277,30 +300,16 @@ Status CudaModelGroup::Forward(std::span<const CudaStepInput> inputs) {
 
 Status CudaModelGroup::DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
                                   const CudaSampling& sampling, float* logits_out) {
-  if (state_->size() == 1) {
-    return state_->models[0]->DecodeStep(slots, tokens, sampling, logits_out);
-  }
-  std::vector<std::vector<int32_t>> copies(state_->size(),
-                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
-  return state_->Each([&](CudaModel& m, int rank) {
-    return rank == 0 ? m.DecodeStep(slots, tokens, sampling, logits_out)
-                     : m.DecodeStep(slots, copies[rank], sampling, nullptr);
+  return state_->Step(tokens, logits_out, [&](CudaModel& m, std::span<int32_t> t, float* out) {
+    return m.DecodeStep(slots, t, sampling, out);
   });
 }
 
 Result<StepBreakdown> CudaModelGroup::ProfileDecodeStep(std::span<const int> slots,
                                                         std::span<int32_t> tokens) {
-  if (state_->size() == 1) return state_->models[0]->ProfileDecodeStep(slots, tokens);
-  std::vector<std::vector<int32_t>> copies(state_->size(),
-                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
-  StepBreakdown breakdown;
-  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
-    SKV_ASSIGN_OR_RETURN(StepBreakdown b,
-                         m.ProfileDecodeStep(slots, rank == 0 ? tokens : std::span(copies[rank])));
-    if (rank == 0) breakdown = b;
-    return Status::Ok();
-  }));
-  return breakdown;
+  return state_->Profile(tokens, [&](CudaModel& m, std::span<int32_t> t) {
+    return m.ProfileDecodeStep(slots, t);
+  });
 }
 
 Status CudaModelGroup::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences,
@@ -386,30 +395,16 @@ int64_t CudaModelGroup::shadowkv_length(int seq) const {
 
 Status CudaModelGroup::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
                                           const CudaSampling& sampling, float* logits_out) {
-  if (state_->size() == 1) {
-    return state_->models[0]->ShadowKvDecodeStep(seqs, tokens, sampling, logits_out);
-  }
-  std::vector<std::vector<int32_t>> copies(state_->size(),
-                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
-  return state_->Each([&](CudaModel& m, int rank) {
-    return rank == 0 ? m.ShadowKvDecodeStep(seqs, tokens, sampling, logits_out)
-                     : m.ShadowKvDecodeStep(seqs, copies[rank], sampling, nullptr);
+  return state_->Step(tokens, logits_out, [&](CudaModel& m, std::span<int32_t> t, float* out) {
+    return m.ShadowKvDecodeStep(seqs, t, sampling, out);
   });
 }
 
 Result<StepBreakdown> CudaModelGroup::ProfileShadowKvDecodeStep(std::span<const int> seqs,
                                                                 std::span<int32_t> tokens) {
-  if (state_->size() == 1) return state_->models[0]->ProfileShadowKvDecodeStep(seqs, tokens);
-  std::vector<std::vector<int32_t>> copies(state_->size(),
-                                           std::vector<int32_t>(tokens.begin(), tokens.end()));
-  StepBreakdown breakdown;
-  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
-    SKV_ASSIGN_OR_RETURN(StepBreakdown b, m.ProfileShadowKvDecodeStep(
-                                              seqs, rank == 0 ? tokens : std::span(copies[rank])));
-    if (rank == 0) breakdown = b;
-    return Status::Ok();
-  }));
-  return breakdown;
+  return state_->Profile(tokens, [&](CudaModel& m, std::span<int32_t> t) {
+    return m.ProfileShadowKvDecodeStep(seqs, t);
+  });
 }
 
 CudaShadowKvStats CudaModelGroup::shadowkv_stats() const {
