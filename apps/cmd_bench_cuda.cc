@@ -3,6 +3,7 @@
 // fits and the byte floor. Synthetic-weight runs say so in every output.
 #include "cmd_bench_cuda.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -82,6 +83,9 @@ Result<std::vector<int64_t>> ParseCounts(const std::string& text, const char* wh
 
 }  // namespace
 
+// Decode steps a bench case runs beyond --gen (warm-up and profiled steps), rounded up.
+constexpr int64_t kSyntheticContextMargin = 256;
+
 int RunCudaBench(const CudaBenchOptions& o) {
   auto contexts = ParseCounts(o.contexts, "context length", false);
   if (!contexts.ok()) return Fail(contexts.status().ToString());
@@ -106,6 +110,17 @@ int RunCudaBench(const CudaBenchOptions& o) {
   if (synthetic) {
     auto config = SyntheticModelConfig(o.synthetic);
     if (!config.ok()) return Fail(config.status().ToString());
+    // Random weights were never trained to a context length, and RoPE rotates any position:
+    // the named model's limit gives way to the longest context asked for (e.g. Llama-3-8B's
+    // shapes at 244K), with room for the decode steps.
+    const int64_t longest = *std::max_element(contexts->begin(), contexts->end());
+    const int64_t needed = longest + o.gen_tokens + kSyntheticContextMargin;
+    if (needed > config->context_length) {
+      std::fprintf(stderr, "note: synthetic weights: context limit %lld raised to %lld\n",
+                   static_cast<long long>(config->context_length),
+                   static_cast<long long>(needed));
+      config->context_length = needed;
+    }
     model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, tp);
   } else {
     model_or = cuda::CudaModelGroup::Load(o.model_path, options, tp);

@@ -5,7 +5,10 @@
 # micro: the kernel micro-benchmarks (decode attention variants and split counts, prefill
 # attention, GEMMs) from the GPU test binary with SKV_GPU_BENCH=1.
 # tp: the tensor-parallel tests and a Llama-3-8B bench split in two (docs/TENSOR_PARALLEL.md).
-# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [anchor]
+# tp-scale: Llama-3-8B on 1 and 2 GPUs and the 70B shape on 2, at 122K and 244K, up to 280 s
+#   each: more than one call allows, so pick cases with TP_SCALE_CASES (e.g. llama3-8b:2) and
+#   TP_SCALE_CONTEXTS (e.g. "124928").
+# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [tp-scale] [anchor]
 #        (default: tests sanitize bench anchor)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +94,24 @@ for step in "${steps[@]}"; do
         timeout 300 "$stage/bin/shadowkv" "${tp_args[@]}" \
           --json "$out/bench_tp_nccl.json" >> "$out/bench_tp.log" 2>&1
       fi
+      ;;
+    tp-scale)
+      # The issue's scaling runs (two GPUs or more): Llama-3-8B on one GPU and split in two, and
+      # the 70B shape split in two, full attention and ShadowKV at 122K and 244K, each at its
+      # best batch. One bench per process and per limit, so that one stuck case costs only its own.
+      export CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0
+      IFS=, read -ra cases <<< "${TP_SCALE_CASES:-llama3-8b:1,llama3-8b:2,llama3-70b:2}"
+      for run in "${cases[@]}"; do
+        set -- ${run/:/ }
+        for context in ${TP_SCALE_CONTEXTS:-124928 249856}; do
+          label="scale_${1}_tp${2}_${context}"
+          timeout 280 "$stage/bin/shadowkv" bench --device cuda --synthetic "$1" --kv full,shadowkv \
+            --context "$context" --batch auto --gen 64 --prefill-chunk 4096 --tensor-parallel "$2" \
+            --json "$out/$label.json" > "$out/$label.log" 2>&1
+          echo "$label: exit $?" >> "$out/bench_tp.log"
+          grep -E "^(full|shadowkv) " "$out/$label.log" >> "$out/bench_tp.log"
+        done
+      done
       ;;
     anchor)
       PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_sdpa_anchor.py \
