@@ -96,6 +96,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
   if (o.gen_tokens < 100) {
     std::fprintf(stderr, "note: %d decode steps; the report asks for at least 100\n", o.gen_tokens);
   }
+  cuda::PrepareProcessForTensorParallel(o.tensor_parallel);  // before any CUDA call
   auto device = cuda::QueryDevice();
   if (!device.ok()) return Fail(device.status().ToString());
 

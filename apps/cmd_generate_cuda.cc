@@ -111,6 +111,7 @@ Result<Generated> Generate(cuda::CudaModelGroup& model, const CudaGenerateOption
 }  // namespace
 
 int RunCudaGenerate(const CudaGenerateOptions& o) {
+  cuda::PrepareProcessForTensorParallel(o.tensor_parallel);  // before any CUDA call
   if (o.kv.policy != "full" && o.kv.policy != "shadowkv") {
     return Fail(fmt::format("--device cuda generates with --kv full or shadowkv, not '{}'",
                             o.kv.policy));

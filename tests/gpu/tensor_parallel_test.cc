@@ -18,6 +18,14 @@ namespace {
 using namespace testing;
 using namespace tp_testing;
 
+// CUDA reads CUDA_MODULE_LOADING once, at the process's first CUDA call, and the split models'
+// all-reduce kernels need every module loaded up front (PrepareProcessForTensorParallel): this
+// binary asks for it before any test runs.
+[[maybe_unused]] const bool kEagerModules = [] {
+  PrepareProcessForTensorParallel(2);
+  return true;
+}();
+
 // Runs fn(rank) on one thread per rank, as the model group does.
 template <typename Fn>
 void OnRanks(int size, Fn fn) {

@@ -91,6 +91,10 @@ Status Ok() { return Status::Ok(); }
 
 }  // namespace
 
+void PrepareProcessForTensorParallel(int size) {
+  if (size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+}
+
 struct CudaModelGroup::State {
   ModelConfig config;  // the whole model
   CudaModelOptions options;

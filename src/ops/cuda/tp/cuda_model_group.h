@@ -28,6 +28,12 @@ struct TensorParallelOptions {
   bool local = false;
 };
 
+// To be called before the process's first CUDA call when it will split a model (size > 1):
+// makes CUDA load every module at start-up (CUDA_MODULE_LOADING=EAGER unless the caller set the
+// variable). With lazy loading, a rank that launches a kernel for the first time may have to
+// wait for its GPU to go idle while another rank's all-reduce kernel waits for it: a deadlock.
+void PrepareProcessForTensorParallel(int size);
+
 // One ShadowKV sequence of every rank.
 struct CudaShadowKvGroupSnapshot {
   std::vector<CudaShadowKvSnapshot> ranks;
