@@ -177,6 +177,11 @@ int RunEvalCommand(const EvalOptions& o) {
                                     o.prefill_chunk);
     if (!made.ok()) return Fail(made.status().ToString());
     backend = std::move(made).value();
+    // Before the header line: a policy the backend cannot run fails here, and the numerics it
+    // reports depend on the policies.
+    if (Status checked = backend->Check(settings.policies); !checked.ok()) {
+      return Fail(checked.ToString());
+    }
   } else if (o.device != "cpu") {
     return Fail(fmt::format("--device must be cpu or cuda, not '{}'", o.device));
   }
