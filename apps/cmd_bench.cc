@@ -222,9 +222,7 @@ int RunCudaBenchFrom(const BenchOptions& o) {
 int RunBenchOnDevice(const BenchOptions& o) {
   if (o.device == "cuda") return RunCudaBenchFrom(o);
   if (!o.synthetic.empty()) return Fail("--synthetic needs --device cuda");
-  if (o.tensor_parallel.size > 1 || o.tensor_parallel.local) {
-    return Fail("--tensor-parallel needs --device cuda (the CPU backend is not split)");
-  }
+  if (Status tp = TensorParallelNeedsCuda(o.tensor_parallel); !tp.ok()) return Fail(tp.message());
   return RunBench(o);
 }
 

@@ -10,7 +10,6 @@
 #include "cmd_generate_cuda.h"
 #include "commands.h"
 #include "engine/engine.h"
-#include "format/chat_template.h"
 #include "options.h"
 
 namespace shadowkv::app {
@@ -69,9 +68,7 @@ int RunGenerate(const GenerateOptions& o) {
     c.tp_local = o.tensor_parallel.local;
     return RunCudaGenerate(c);
   }
-  if (o.tensor_parallel.size > 1 || o.tensor_parallel.local) {
-    return Fail("--tensor-parallel needs --device cuda (the CPU backend is not split)");
-  }
+  if (Status tp = TensorParallelNeedsCuda(o.tensor_parallel); !tp.ok()) return Fail(tp.message());
 
   auto model_or = LoadModel(o.model);
   if (!model_or.ok()) return Fail(model_or.status().ToString());
@@ -79,17 +76,9 @@ int RunGenerate(const GenerateOptions& o) {
   auto policy_or = kv::MakeKvPolicy(o.kv, model.kv_geometry());
   if (!policy_or.ok()) return Fail(policy_or.status().ToString());
 
-  std::vector<int32_t> prompt;
-  if (o.chat) {
-    auto chat_template = DetectChatTemplate(model.file());
-    if (!chat_template.ok()) return Fail(chat_template.status().ToString());
-    std::vector<ChatMessage> messages;
-    if (!o.system.empty()) messages.push_back({"system", o.system});
-    messages.push_back({"user", text});
-    prompt = model.tokenizer().Encode(ApplyChatTemplate(*chat_template, messages, true), true, true);
-  } else {
-    prompt = model.tokenizer().Encode(text, true, false);
-  }
+  auto prompt_or = GenerationPrompt(model.file(), model.tokenizer(), text, o.chat, o.system);
+  if (!prompt_or.ok()) return Fail(prompt_or.status().ToString());
+  const std::vector<int32_t>& prompt = *prompt_or;
 
   GenerationRequest request;
   request.prompt = prompt;

@@ -13,10 +13,10 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "options.h"
 #include "core/status.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
-#include "format/chat_template.h"
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "ops/cuda/tp/cuda_model_group.h"
@@ -35,16 +35,6 @@ int RunCudaGenerate(const CudaGenerateOptions&) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-Result<std::vector<int32_t>> PromptTokens(const CudaGenerateOptions& o, const gguf::GgufFile& file,
-                                          const Tokenizer& tokenizer) {
-  if (!o.chat) return tokenizer.Encode(o.text, true, false);
-  SKV_ASSIGN_OR_RETURN(ChatTemplate chat_template, DetectChatTemplate(file));
-  std::vector<ChatMessage> messages;
-  if (!o.system.empty()) messages.push_back({"system", o.system});
-  messages.push_back({"user", o.text});
-  return tokenizer.Encode(ApplyChatTemplate(chat_template, messages, true), true, true);
-}
 
 struct Generated {
   std::vector<int32_t> tokens;
@@ -124,7 +114,7 @@ int RunCudaGenerate(const CudaGenerateOptions& o) {
   if (!file.ok()) return Fail(file.status().ToString());
   auto tokenizer = Tokenizer::FromGguf(**file);
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
-  auto prompt = PromptTokens(o, **file, **tokenizer);
+  auto prompt = GenerationPrompt(**file, **tokenizer, o.text, o.chat, o.system);
   if (!prompt.ok()) return Fail(prompt.status().ToString());
   if (prompt->empty()) return Fail("the prompt has no tokens");
 

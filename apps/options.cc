@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "format/chat_template.h"
+
 namespace shadowkv::app {
 
 void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags) {
@@ -26,6 +28,23 @@ Status TensorParallelUnavailable(const char* command, const TensorParallelFlags&
                "yet (it runs on the CPU); `shadowkv generate --device cuda` and `shadowkv bench "
                "--device cuda` run split",
                flags.size, command);
+}
+
+Status TensorParallelNeedsCuda(const TensorParallelFlags& flags) {
+  if (flags.size == 1 && !flags.local) return Status::Ok();
+  return Error(ErrorCode::kInvalidArgument,
+               "--tensor-parallel needs --device cuda (the CPU backend is not split)");
+}
+
+Result<std::vector<int32_t>> GenerationPrompt(const gguf::GgufFile& file,
+                                              const Tokenizer& tokenizer, const std::string& text,
+                                              bool chat, const std::string& system) {
+  if (!chat) return tokenizer.Encode(text, true, false);
+  SKV_ASSIGN_OR_RETURN(ChatTemplate chat_template, DetectChatTemplate(file));
+  std::vector<ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", text});
+  return tokenizer.Encode(ApplyChatTemplate(chat_template, messages, true), true, true);
 }
 
 void AddModelOptions(CLI::App& app, ModelOptions& options) {

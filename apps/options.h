@@ -34,6 +34,15 @@ void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags);
 // For a command without a CUDA path: Ok for size 1, else an error saying what is missing.
 Status TensorParallelUnavailable(const char* command, const TensorParallelFlags& flags);
 
+// `--tensor-parallel` on a command's CPU path: Ok for size 1, else an error naming --device cuda.
+Status TensorParallelNeedsCuda(const TensorParallelFlags& flags);
+
+// The prompt `generate` runs: `text` as is, or as the user message of the model's chat template
+// (after `system` when not empty).
+Result<std::vector<int32_t>> GenerationPrompt(const gguf::GgufFile& file,
+                                              const Tokenizer& tokenizer, const std::string& text,
+                                              bool chat, const std::string& system);
+
 // Loads the model the options name, reporting errors as a message for the user.
 Result<std::unique_ptr<CpuModel>> LoadModel(const ModelOptions& options);
 
