@@ -20,15 +20,19 @@ Status CudaModel::Impl::Upload() {
   return Status::Ok();
 }
 
-Status CudaModel::Impl::ReduceAcrossRanks(float* buffer, int64_t count) {
-  if (!options.communicator) return Status::Ok();
-  return options.communicator->AllReduceSum(buffer, count, tp::ReduceType::kFloat32, stream);
-}
-
 Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
   const ModelConfig& c = config;
   auto mark = [&](OpKind kind) {
     return profiler ? profiler->Mark(kind, stream) : Status::Ok();
+  };
+  // Tensor parallelism: each rank's W_o holds its heads' columns and its W_down its FFN units'
+  // rows, so their products are partial sums of `rows` hidden rows, summed over the ranks in
+  // fp32 (the residual stream's type). Nothing without a communicator.
+  auto reduce_across_ranks = [&](float* partial, int rows) -> Status {
+    if (!options.communicator) return Status::Ok();
+    SKV_RETURN_IF_ERROR(options.communicator->AllReduceSum(
+        partial, int64_t{rows} * c.hidden_size, tp::ReduceType::kFloat32, stream));
+    return mark(OpKind::kAllReduce);
   };
   auto gemm = [&](const Bf16* input, const Bf16* weight, void* output, GemmOutput type,
                   int64_t rows, int64_t in, int64_t out) {
@@ -145,12 +149,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_RETURN_IF_ERROR(
         gemm(attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows, q_width, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
-    // Tensor parallelism: each rank's W_o holds its heads' columns, so proj is a partial sum
-    // (and likewise after W_down below); fp32, as the residual stream.
-    if (options.communicator) {
-      SKV_RETURN_IF_ERROR(ReduceAcrossRanks(proj.get(), int64_t{rows} * c.hidden_size));
-      SKV_RETURN_IF_ERROR(mark(OpKind::kAllReduce));
-    }
+    SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
     SKV_CUDA_RETURN_IF_ERROR(norm(proj.get(), w.ffn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(gemm(xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16, rows,
@@ -166,10 +165,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_RETURN_IF_ERROR(
         gemm(act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows, c.ffn_size, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
-    if (options.communicator) {
-      SKV_RETURN_IF_ERROR(ReduceAcrossRanks(proj.get(), int64_t{rows} * c.hidden_size));
-      SKV_RETURN_IF_ERROR(mark(OpKind::kAllReduce));
-    }
+    SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
   }
 
   if (plan.logit_rows > 0) {

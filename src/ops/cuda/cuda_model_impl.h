@@ -160,9 +160,6 @@ struct CudaModel::Impl {
   std::unique_ptr<ShadowKvState> skv;      // ShadowKV sequences, when allocated
 
   Status Init();  // stream, cuBLAS, step buffers (after config/options are set)
-  // Under tensor parallelism: `count` floats of a partial product summed over the ranks, on
-  // `stream`; nothing otherwise.
-  Status ReduceAcrossRanks(float* buffer, int64_t count);
   Status AllocateWeights();
   void DropGraphs();
   int64_t DecodeWeightBytes() const;
