@@ -71,7 +71,8 @@ def test_concurrent_equals_alone(server):
         check(together[i]["usage"].completion_tokens <= specs[i]["max_tokens"], "max_tokens")
     check(len({r["text"] for r in together}) > REQUESTS // 2, "outputs suspiciously alike")
 
-    # Every request and token is in /metrics (the logger counts a stream once it has ended).
+    # Every request and token is in /metrics (the logger counts a stream once it has ended, and
+    # the engine drops a finished sequence from its gauges at its next step: poll for both).
     generated = sum(r["usage"].completion_tokens for r in alone + together)
     prompt = sum(r["usage"].prompt_tokens for r in alone + together)
     key = 'shadowkv_requests_total{endpoint="/v1/chat/completions",status="200"}'
@@ -79,7 +80,8 @@ def test_concurrent_equals_alone(server):
     while True:
         after = server.metrics()
         counted = after.get(key, 0) - before.get(key, 0)
-        if counted >= 2 * REQUESTS or time.time() > deadline:
+        idle = after["shadowkv_running_sequences"] == 0 and after["shadowkv_queue_depth"] == 0
+        if (counted >= 2 * REQUESTS and idle) or time.time() > deadline:
             break
         time.sleep(0.2)
     print(f"  /metrics: {counted:.0f} requests, "
