@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/device_utils.cuh"
+#include "ops/cuda/kernel_attributes.h"
 #include "ops/cuda/mma_utils.cuh"
 
 namespace shadowkv::cuda {
@@ -464,8 +465,8 @@ template <int kHeadDim, int kWarps, int kMTiles, int kTileKeys, bool kFastSoftma
 cudaError_t LaunchPipelined(const PrefillAttentionParams& p, int group, cudaStream_t stream) {
   using Shape = PipelinedShape<kHeadDim, kWarps, kMTiles, kTileKeys>;
   auto kernel = PrefillPipelinedKernel<kHeadDim, kWarps, kMTiles, kTileKeys, kFastSoftmax>;
-  static const cudaError_t configured = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSharedBytes);
+  const cudaError_t configured =
+      AllowDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSharedBytes);
   if (configured != cudaSuccess) return configured;
   const int64_t tiles = (static_cast<int64_t>(p.max_queries) * group + Shape::kRows - 1) / Shape::kRows;
   const dim3 grid(static_cast<unsigned>(tiles), p.num_kv_heads, p.num_sequences);
@@ -747,8 +748,8 @@ bool WgmmaAvailable() {
 
 cudaError_t LaunchWgmma(const PrefillAttentionParams& p, int group, cudaStream_t stream) {
   auto kernel = PrefillWgmmaKernel;
-  static const cudaError_t configured =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSharedBytes);
+  const cudaError_t configured =
+      AllowDynamicSharedMemory(reinterpret_cast<const void*>(kernel), kWgSharedBytes);
   if (configured != cudaSuccess) return configured;
   const int64_t tiles = (static_cast<int64_t>(p.max_queries) * group + kWgBlockRows - 1) / kWgBlockRows;
   const dim3 grid(static_cast<unsigned>(tiles), p.num_kv_heads, p.num_sequences);

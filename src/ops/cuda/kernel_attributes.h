@@ -1,0 +1,14 @@
+// Kernel attributes per device. cudaFuncSetAttribute acts on the current device only, so a
+// kernel configured once per process fails to launch ("invalid argument") on every other GPU of
+// a tensor-parallel group; this remembers what was set on each device.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace shadowkv::cuda {
+
+// Lets `kernel` use up to `bytes` of dynamic shared memory on the current device (a no-op where
+// as much or more was already allowed there). Thread-safe.
+cudaError_t AllowDynamicSharedMemory(const void* kernel, int bytes);
+
+}  // namespace shadowkv::cuda
