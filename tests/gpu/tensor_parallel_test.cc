@@ -5,6 +5,7 @@
 // needs two GPUs and skips, saying so, on fewer.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -36,15 +37,15 @@ void OnRanks(int size, Fn fn) {
 
 // Rank r's buffer holds (r + 1) * (i % 7 + call) at element i: the sum over ranks is exact in
 // bf16 as well for these small integers.
-void CheckAllReduce(tp::ReduceType type, bool graphs) {
-  const int size = 3, count = 70001, calls = 5;
-  auto comms = tp::CreateLocalCommunicators(size, 0);
+void CheckAllReduce(Result<tp::Communicators> comms, tp::ReduceType type, bool graphs) {
   ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  const int size = static_cast<int>(comms->size()), count = 70001, calls = 5;
   const int64_t element = type == tp::ReduceType::kFloat32 ? 4 : 2;
   std::vector<std::string> failures(size);
   std::atomic<bool> setup_failed{false};
   OnRanks(size, [&](int r) {
     tp::Communicator& comm = *(*comms)[r];
+    ASSERT_EQ(cudaSetDevice(comm.device()), cudaSuccess);
     auto fail = [&](const std::string& what) {
       if (failures[r].empty()) failures[r] = what;
     };
@@ -91,7 +92,7 @@ void CheckAllReduce(tp::ReduceType type, bool graphs) {
         continue;  // the other ranks go on: leaving would strand them in the next all-reduce
       }
       for (int i = 0; i < count; ++i) {
-        const float want = static_cast<float>((1 + 2 + 3) * (i % 7 + call));
+        const float want = static_cast<float>(size * (size + 1) / 2 * (i % 7 + call));
         const float got = type == tp::ReduceType::kFloat32
                               ? reinterpret_cast<float*>(pinned)[i]
                               : Bf16ToFp32(reinterpret_cast<uint16_t*>(pinned)[i]);
@@ -111,13 +112,53 @@ void CheckAllReduce(tp::ReduceType type, bool graphs) {
 
 TEST(CudaTensorParallelTest, LocalAllReduceSumsEveryRank) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckAllReduce(tp::ReduceType::kFloat32, false);
-  CheckAllReduce(tp::ReduceType::kBfloat16, false);
+  CheckAllReduce(tp::CreateLocalCommunicators(3, 0), tp::ReduceType::kFloat32, false);
+  CheckAllReduce(tp::CreateLocalCommunicators(3, 0), tp::ReduceType::kBfloat16, false);
 }
 
 TEST(CudaTensorParallelTest, LocalAllReduceReplaysFromGraphs) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckAllReduce(tp::ReduceType::kFloat32, true);
+  CheckAllReduce(tp::CreateLocalCommunicators(3, 0), tp::ReduceType::kFloat32, true);
+}
+
+// Rank 0 fails before its all-reduce and aborts the group: the others, already waiting in
+// theirs, come back (no hang, no trap), and every later all-reduce is refused.
+void CheckAbortEndsWaitingRanks(Result<tp::Communicators> comms) {
+  ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  const int size = static_cast<int>(comms->size()), count = 4096;
+  std::vector<std::string> failures(size);
+  OnRanks(size, [&](int r) {
+    tp::Communicator& comm = *(*comms)[r];
+    ASSERT_EQ(cudaSetDevice(comm.device()), cudaSuccess);
+    cudaStream_t stream = nullptr;
+    DeviceBuffer<float> buffer;
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        !buffer.Allocate(count).ok() || !comm.Reserve(count * 4).ok()) {
+      failures[r] = "setup";
+      comm.Abort();  // the others must not wait for this rank
+      return;
+    }
+    EXPECT_TRUE(comm.HostBarrier().ok());
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are waiting
+      comm.Abort();
+    } else {
+      const Status reduced = comm.AllReduceSum(buffer.get(), count, tp::ReduceType::kFloat32, stream);
+      const cudaError_t synced = cudaStreamSynchronize(stream);
+      if (!reduced.ok()) failures[r] = "enqueue: " + reduced.ToString();
+      if (synced != cudaSuccess) failures[r] = std::string("sync: ") + cudaGetErrorString(synced);
+    }
+    if (comm.AllReduceSum(buffer.get(), count, tp::ReduceType::kFloat32, stream).ok()) {
+      failures[r] = "an all-reduce after the abort was accepted";
+    }
+    cudaStreamDestroy(stream);
+  });
+  for (int r = 0; r < size; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
+}
+
+TEST(CudaTensorParallelTest, LocalAbortEndsWaitingRanks) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckAbortEndsWaitingRanks(tp::CreateLocalCommunicators(3, 0));
 }
 
 // What one model produced over the parity script: logits of every checkpoint.
@@ -279,13 +320,30 @@ TEST(CudaTensorParallelTest, SplitCopiesSlots) {
 }
 
 // NCCL: two GPUs or more.
+#define SKV_SKIP_WITHOUT_NCCL_GPUS(gpus)                                             \
+  SKV_SKIP_WITHOUT_GPU();                                                          \
+  int gpus = 0;                                                                    \
+  SKV_ASSERT_CUDA(cudaGetDeviceCount(&gpus));                                      \
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << gpus;         \
+  if (std::string why; !tp::NcclAvailable(&why)) GTEST_SKIP() << "NCCL unavailable: " << why
+
+TEST(CudaTensorParallelTest, NcclAllReduceSumsAcrossGpus) {
+  SKV_SKIP_WITHOUT_NCCL_GPUS(gpus);
+  std::vector<int> devices(gpus);
+  for (int d = 0; d < gpus; ++d) devices[d] = d;
+  CheckAllReduce(tp::CreateNcclCommunicators(devices), tp::ReduceType::kFloat32, false);
+  CheckAllReduce(tp::CreateNcclCommunicators(devices), tp::ReduceType::kBfloat16, true);
+}
+
+TEST(CudaTensorParallelTest, NcclAbortEndsWaitingRanks) {
+  SKV_SKIP_WITHOUT_NCCL_GPUS(gpus);
+  std::vector<int> devices(gpus);
+  for (int d = 0; d < gpus; ++d) devices[d] = d;
+  CheckAbortEndsWaitingRanks(tp::CreateNcclCommunicators(devices));
+}
+
 TEST(CudaTensorParallelTest, NcclSplitOverTwoGpusMatchesOneGpu) {
-  SKV_SKIP_WITHOUT_GPU();
-  int gpus = 0;
-  SKV_ASSERT_CUDA(cudaGetDeviceCount(&gpus));
-  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << gpus;
-  std::string why;
-  if (!tp::NcclAvailable(&why)) GTEST_SKIP() << "NCCL unavailable: " << why;
+  SKV_SKIP_WITHOUT_NCCL_GPUS(gpus);
   CheckSplitMatches(FromFile(TpSpec("llama", 512, 8, 4, true, 35), "gpu_tp_nccl"), "gpu_tp_nccl",
                     gpus >= 4 ? std::vector<int>{2, 4} : std::vector<int>{2}, false);
 }

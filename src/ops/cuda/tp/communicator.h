@@ -41,6 +41,10 @@ class Communicator {
   // communicator needs it after a graph capture: no rank's graph may start, and spin in its
   // all-reduce, while another rank still captures or instantiates on the same GPU.
   virtual Status HostBarrier() = 0;
+  // Ends the collectives of every rank of the group, those in flight included, without their
+  // result; later ones fail at once. For a rank that failed, so that the others, waiting for it
+  // in an all-reduce, stop instead of hanging. Any thread; the group is unusable afterwards.
+  virtual void Abort() = 0;
 };
 
 using Communicators = std::vector<std::unique_ptr<Communicator>>;
@@ -55,5 +59,10 @@ Result<Communicators> CreateNcclCommunicators(const std::vector<int>& devices);
 
 // Whether NCCL can be loaded here; `why` (if not null) says why not.
 bool NcclAvailable(std::string* why);
+
+// SHADOWKV_TP_TRACE=1: every rank's tasks and collectives are written to stderr as they are
+// issued (for finding where a group stops).
+bool TraceEnabled();
+void Trace(int rank, const std::string& what);
 
 }  // namespace shadowkv::cuda::tp

@@ -40,19 +40,38 @@ class RankThreads {
     for (std::thread& thread : threads_) thread.join();
   }
 
-  // task(rank) on every rank's thread at once; the first failure in rank order.
-  Status Run(const Task& task) {
+  // task(rank) on every rank's thread at once; the first failure (in time). `on_failure`, if
+  // set, runs once as soon as a rank fails (on its thread), or when the ranks have not all
+  // finished after `timeout` (on this thread; 0: no limit), which is then the error returned.
+  Status Run(const Task& task, const std::function<void()>& on_failure = nullptr,
+             std::chrono::seconds timeout = std::chrono::seconds(0)) {
     std::unique_lock<std::mutex> lock(mutex_);
     task_ = &task;
+    on_failure_ = &on_failure;
+    first_failure_ = -1;
     pending_ = static_cast<int>(threads_.size());
     ++generation_;
     wake_.notify_all();
-    done_.wait(lock, [&] { return pending_ == 0; });
-    task_ = nullptr;
-    for (Status& status : results_) {
-      if (!status.ok()) return std::exchange(status, Status::Ok());
+    const auto finished = [&] { return pending_ == 0; };
+    Status overdue = Status::Ok();
+    if (timeout.count() > 0 && !done_.wait_for(lock, timeout, finished) && first_failure_ < 0) {
+      overdue = Error(ErrorCode::kInternal, "{} of {} ranks had not finished after {} s (taken "
+                      "for a hang: the others wait for them in an all-reduce)", pending_,
+                      threads_.size(), timeout.count());
+      if (on_failure) {
+        lock.unlock();
+        on_failure();  // the waiting ranks' collectives end, and so does the step
+        lock.lock();
+      }
     }
-    return Status::Ok();
+    done_.wait(lock, finished);
+    task_ = nullptr;
+    on_failure_ = nullptr;
+    Status first = !overdue.ok()          ? overdue
+                   : first_failure_ >= 0 ? results_[first_failure_]
+                                          : Status::Ok();
+    for (Status& status : results_) status = Status::Ok();
+    return first;
   }
 
  private:
@@ -68,11 +87,21 @@ class RankThreads {
         seen = generation_;
         task = task_;
       }
+      if (tp::TraceEnabled()) tp::Trace(rank, fmt::format("task {} starts", seen));
       Status status = bound == cudaSuccess
                           ? (*task)(rank)
                           : CudaStatus(bound, "cudaSetDevice", __FILE__, __LINE__);
-      std::lock_guard<std::mutex> lock(mutex_);
+      if (tp::TraceEnabled()) tp::Trace(rank, fmt::format("task {} ends: {}", seen, status.ToString()));
+      std::unique_lock<std::mutex> lock(mutex_);
+      const bool first = !status.ok() && first_failure_ < 0;
+      if (first) first_failure_ = rank;
       results_[rank] = std::move(status);
+      if (first && *on_failure_) {
+        const std::function<void()>& notify = *on_failure_;
+        lock.unlock();  // the other ranks may still need the lock to finish
+        notify();
+        lock.lock();
+      }
       if (--pending_ == 0) done_.notify_all();
     }
   }
@@ -80,6 +109,8 @@ class RankThreads {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const Task* task_ = nullptr;
+  const std::function<void()>* on_failure_ = nullptr;
+  int first_failure_ = -1;
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;
@@ -88,6 +119,17 @@ class RankThreads {
 };
 
 Status Ok() { return Status::Ok(); }
+
+// How long one forward or decode step of a group may take before it is taken for a hang and the
+// group aborted: far beyond a real step (seconds for a 70B prefill chunk at 244K), so it never
+// cuts one short. SHADOWKV_TP_STEP_TIMEOUT_S changes it (0: wait forever).
+std::chrono::seconds CollectiveTimeout() {
+  static const std::chrono::seconds timeout = [] {
+    const char* value = std::getenv("SHADOWKV_TP_STEP_TIMEOUT_S");
+    return std::chrono::seconds(value != nullptr && *value ? std::atoi(value) : 300);
+  }();
+  return timeout;
+}
 
 }  // namespace
 
@@ -106,11 +148,33 @@ struct CudaModelGroup::State {
   double compress_seconds = 0;
 
   int size() const { return static_cast<int>(devices.size()); }
-  // fn(model, rank) on every rank; the first failure.
-  Status Each(const std::function<Status(CudaModel&, int)>& fn) {
+  // fn(model, rank) on every rank; the first failure. A group that was aborted refuses.
+  using RankFn = std::function<Status(CudaModel&, int)>;
+  Status Each(const RankFn& fn) {
     if (!threads) return fn(*models[0], 0);
+    SKV_RETURN_IF_ERROR(aborted);
     return threads->Run([&](int rank) { return fn(*models[rank], rank); });
   }
+  // The same for work with collectives (forward and decode steps): a rank that fails there
+  // leaves the others waiting for it in an all-reduce, so its failure aborts the communicators,
+  // and the group (its caches' contents are unknown from then on).
+  Status Collective(const RankFn& fn) {
+    if (!threads) return fn(*models[0], 0);
+    SKV_RETURN_IF_ERROR(aborted);
+    const Status status = threads->Run([&](int rank) { return fn(*models[rank], rank); },
+                                       [&] {
+                                         for (auto& communicator : communicators) {
+                                           communicator->Abort();
+                                         }
+                                       },
+                                       CollectiveTimeout());
+    if (!status.ok()) {
+      aborted = Error(status.code(), "the tensor-parallel group stopped after a rank failed ({}); "
+                      "load the model again", status.message());
+    }
+    return status;
+  }
+  Status aborted = Status::Ok();
 
   // A decode step on every rank: rank 0 samples into `tokens` and writes `logits_out`; the
   // other ranks compute the same step into copies of the tokens.
@@ -119,7 +183,7 @@ struct CudaModelGroup::State {
     if (!threads) return step(*models[0], tokens, logits_out);
     std::vector<std::vector<int32_t>> copies(size(),
                                              std::vector<int32_t>(tokens.begin(), tokens.end()));
-    return Each([&](CudaModel& m, int rank) {
+    return Collective([&](CudaModel& m, int rank) {
       return rank == 0 ? step(m, tokens, logits_out) : step(m, copies[rank], nullptr);
     });
   }
@@ -297,7 +361,7 @@ Status CudaModelGroup::Forward(std::span<const CudaStepInput> inputs) {
   // Only rank 0 copies logits out; the others compute the same ones.
   std::vector<CudaStepInput> silent(inputs.begin(), inputs.end());
   for (CudaStepInput& in : silent) in.logits_out = nullptr;
-  return state_->Each([&](CudaModel& m, int rank) {
+  return state_->Collective([&](CudaModel& m, int rank) {
     return rank == 0 ? m.Forward(inputs) : m.Forward(silent);
   });
 }

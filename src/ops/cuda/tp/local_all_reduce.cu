@@ -18,8 +18,9 @@ namespace {
 
 constexpr int kBlocks = kLocalAllReduceBlocks;
 constexpr int kThreads = 256;
-// A rank that has not arrived after this long never will (a bug elsewhere): trap rather than
-// hang the device forever.
+// A rank that failed makes the group abort (the waiting blocks see p.abort); one that has not
+// arrived after this long and did not abort never will (a bug elsewhere): trap rather than hang
+// the device forever.
 constexpr unsigned long long kTimeoutNs = 60ull * 1000 * 1000 * 1000;
 
 __device__ __forceinline__ unsigned long long GlobalNanoseconds() {
@@ -64,16 +65,24 @@ __global__ void __launch_bounds__(kThreads) LocalAllReduceKernel(LocalReducePara
   __threadfence();  // the staged values are visible device-wide before the flag says so
   __syncthreads();
   if (threadIdx.x == 0) atomicExch(own_flag, gen);
+  __shared__ int aborted;
+  if (threadIdx.x == 0) aborted = 0;
+  __syncthreads();
   if (threadIdx.x < p.size) {
     const volatile unsigned int* flag = p.flags + threadIdx.x * kBlocks + blockIdx.x;
     const unsigned long long start = GlobalNanoseconds();
     // Wrap-safe "flag < gen".
     while (static_cast<int>(*flag - gen) < 0) {
       __nanosleep(64);
+      if (*p.abort != 0) {
+        aborted = 1;
+        break;
+      }
       if (GlobalNanoseconds() - start > kTimeoutNs) __trap();
     }
   }
   __syncthreads();
+  if (aborted) return;
   __threadfence();
   for (int64_t i = first; i < p.count; i += stride) {
     float sum = 0.0f;

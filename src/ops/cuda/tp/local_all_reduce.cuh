@@ -18,6 +18,7 @@ struct LocalReduceParams {
   unsigned int* flags;     // [size][kLocalAllReduceBlocks] last generation each block published
   int size;
   int rank;
+  const volatile int* abort;  // host-mapped; non-zero: stop waiting and leave the buffer as is
 };
 
 // Every rank launches it on its own stream with the same count; it returns (on the device)

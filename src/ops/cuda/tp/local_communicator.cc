@@ -2,6 +2,8 @@
 // all-reduce (the kernel is in local_all_reduce.cu).
 
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <utility>
 
@@ -20,11 +22,17 @@ struct LocalShared {
   DeviceBuffer<unsigned char> staging;
   int64_t capacity_bytes = 0;
   DeviceBuffer<unsigned int> flags;
+  // The abort word, in mapped pinned memory: the host sets it while kernels spin.
+  volatile int* abort_host = nullptr;
+  const volatile int* abort_device = nullptr;
   bool used = false;  // an all-reduce was enqueued: the staging area can no longer move
   // Host barrier: ranks arrived in the current round, and the round number.
   std::condition_variable barrier;
   int arrived = 0;
   uint64_t round = 0;
+  ~LocalShared() {
+    if (abort_host) (void)cudaFreeHost(const_cast<int*>(abort_host));
+  }
 };
 
 class LocalCommunicator final : public Communicator {
@@ -65,9 +73,14 @@ class LocalCommunicator final : public Communicator {
     return Status::Ok();
   }
 
+  void Abort() override { *shared_->abort_host = 1; }
+
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
                       cudaStream_t stream) override {
     LocalShared& s = *shared_;
+    if (*s.abort_host != 0) {
+      return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
+    }
     const int64_t element = type == ReduceType::kFloat32 ? 4 : 2;
     {
       std::lock_guard<std::mutex> lock(s.mutex);
@@ -77,8 +90,9 @@ class LocalCommunicator final : public Communicator {
       }
       s.used = true;
     }
+    if (TraceEnabled()) Trace(rank_, fmt::format("local all-reduce of {} elements", count));
     const LocalReduceParams p{buffer, count, s.staging.get(), s.capacity_bytes, s.flags.get(),
-                              s.size, rank_};
+                              s.size, rank_, s.abort_device};
     SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, type == ReduceType::kBfloat16, stream));
     return Status::Ok();
   }
@@ -89,6 +103,19 @@ class LocalCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+bool TraceEnabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SHADOWKV_TP_TRACE");
+    return value != nullptr && std::atoi(value) == 1;
+  }();
+  return enabled;
+}
+
+void Trace(int rank, const std::string& what) {
+  std::fprintf(stderr, "[tp] rank %d: %s\n", rank, what.c_str());
+  std::fflush(stderr);
+}
 
 Result<Communicators> CreateLocalCommunicators(int size, int device) {
   if (size < 1 || size > kLocalAllReduceMaxRanks) {
@@ -107,6 +134,13 @@ Result<Communicators> CreateLocalCommunicators(int size, int device) {
   shared->device = device;
   SKV_RETURN_IF_ERROR(shared->flags.Allocate(static_cast<int64_t>(size) * kLocalAllReduceBlocks));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(shared->flags.get(), 0, shared->flags.bytes()));
+  void* abort_word = nullptr;
+  SKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&abort_word, sizeof(int), cudaHostAllocMapped));
+  shared->abort_host = static_cast<volatile int*>(abort_word);
+  *shared->abort_host = 0;
+  void* abort_mapped = nullptr;
+  SKV_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&abort_mapped, abort_word, 0));
+  shared->abort_device = static_cast<const volatile int*>(abort_mapped);
   SKV_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   // Load the kernels now: with lazy module loading, a first launch may wait for the context to
   // go idle, which never happens while another rank's all-reduce spins.

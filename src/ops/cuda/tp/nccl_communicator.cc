@@ -7,6 +7,8 @@
 #include <glob.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <shared_mutex>
 #include <type_traits>
 #include <utility>
 
@@ -43,6 +45,7 @@ struct NcclApi {
   decltype(&ncclCommInitAll) CommInitAll = nullptr;
   decltype(&ncclCommFinalize) CommFinalize = nullptr;  // NCCL >= 2.14; may be missing
   decltype(&ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&ncclCommAbort) CommAbort = nullptr;
   decltype(&ncclAllReduce) AllReduce = nullptr;
   decltype(&ncclGroupStart) GroupStart = nullptr;
   decltype(&ncclGroupEnd) GroupEnd = nullptr;
@@ -93,12 +96,13 @@ const NcclApi& Api() {
     bind(a.CommInitAll, "ncclCommInitAll");
     bind(a.CommFinalize, "ncclCommFinalize");
     bind(a.CommDestroy, "ncclCommDestroy");
+    bind(a.CommAbort, "ncclCommAbort");
     bind(a.AllReduce, "ncclAllReduce");
     bind(a.GroupStart, "ncclGroupStart");
     bind(a.GroupEnd, "ncclGroupEnd");
     bind(a.GetErrorString, "ncclGetErrorString");
-    if (!a.GetVersion || !a.CommInitAll || !a.CommDestroy || !a.AllReduce || !a.GroupStart ||
-        !a.GroupEnd || !a.GetErrorString) {
+    if (!a.GetVersion || !a.CommInitAll || !a.CommDestroy || !a.CommAbort || !a.AllReduce ||
+        !a.GroupStart || !a.GroupEnd || !a.GetErrorString) {
       a.error = "the libnccl found lacks an entry point this build uses";
       return a;
     }
@@ -117,7 +121,20 @@ Status NcclStatus(ncclResult_t result, const char* call) {
 struct NcclShared {
   std::vector<ncclComm_t> comms;
   std::vector<int> devices;
+  // Enqueueing collectives (shared) against aborting (exclusive): ncclCommAbort frees the
+  // communicators, so none may be in use by another thread then.
+  std::shared_mutex mutex;
+  bool aborted = false;
+
+  void Abort() {
+    std::unique_lock<std::shared_mutex> lock(mutex);
+    if (aborted) return;
+    aborted = true;
+    for (ncclComm_t comm : comms) (void)Api().CommAbort(comm);
+  }
+
   ~NcclShared() {
+    if (aborted) return;
     const NcclApi& api = Api();
     // Finalising is collective: from one thread, the calls go in one group.
     if (api.CommFinalize) {
@@ -141,10 +158,16 @@ class NcclCommunicator final : public Communicator {
   // Each rank has a GPU (a context) of its own: nothing one rank does on the host blocks the
   // kernels another rank's collective waits for.
   Status HostBarrier() override { return Status::Ok(); }
+  void Abort() override { shared_->Abort(); }
 
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
                       cudaStream_t stream) override {
     const ncclDataType_t data = type == ReduceType::kFloat32 ? ncclFloat32 : ncclBfloat16;
+    if (TraceEnabled()) Trace(rank_, fmt::format("nccl all-reduce {} of {} elements", ++calls_, count));
+    std::shared_lock<std::shared_mutex> lock(shared_->mutex);
+    if (shared_->aborted) {
+      return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
+    }
     return NcclStatus(Api().AllReduce(buffer, buffer, static_cast<size_t>(count), data, ncclSum,
                                       shared_->comms[rank_], stream),
                       "ncclAllReduce");
@@ -153,6 +176,7 @@ class NcclCommunicator final : public Communicator {
  private:
   std::shared_ptr<NcclShared> shared_;
   int rank_;
+  int64_t calls_ = 0;
 };
 
 }  // namespace
@@ -166,6 +190,9 @@ bool NcclAvailable(std::string* why) {
 Result<Communicators> CreateNcclCommunicators(const std::vector<int>& devices) {
   // NVLink multicast (NVLS) stays off: on shared hosts it can take the GPUs out of service.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
+  // Every connection is made at initialisation, not at a communicator's first collective: that
+  // one may be inside a CUDA graph capture (the first decode step), where NCCL cannot set up.
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   std::string why;
   if (!NcclAvailable(&why)) {
     return Error(ErrorCode::kUnsupported, "tensor parallelism over several GPUs needs NCCL: {}",
