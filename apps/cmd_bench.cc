@@ -29,6 +29,7 @@ struct BenchOptions {
   std::string device = "cpu";  // cpu | cuda
   std::string synthetic;       // cuda only: random weights with a named model's shapes
   int max_batch = 64;          // cuda only: the largest batch "auto" may pick
+  bool host_values = true;     // cuda shadowkv: also values in pinned host memory
   TensorParallelFlags tensor_parallel;  // cuda only
 };
 
@@ -200,6 +201,10 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--max-batch", o.max_batch, "cuda: the largest batch --batch auto may pick")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_flag("--host-values,!--no-host-values", o.host_values,
+               "cuda shadowkv: --batch auto also measures a larger batch whose values are in "
+               "pinned host memory")
+      ->capture_default_str();
   AddTensorParallelOptions(cmd, o.tensor_parallel);
 }
 
@@ -216,6 +221,7 @@ int RunCudaBenchFrom(const BenchOptions& o) {
   c.json_path = o.json_path;
   c.tensor_parallel = o.tensor_parallel.size;
   c.tp_local = o.tensor_parallel.local;
+  c.host_values = o.host_values;
   return RunCudaBench(c);
 }
 

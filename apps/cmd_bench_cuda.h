@@ -18,6 +18,7 @@ struct CudaBenchOptions {
   int max_batch = 64;       // upper bound for "auto" (sizes the step buffers)
   int tensor_parallel = 1;  // ranks (GPUs 0..N-1, NCCL)
   bool tp_local = false;    // every rank on the current GPU (diagnostic)
+  bool host_values = true;  // shadowkv: also measure a batch with values in pinned host memory
   std::string json_path;
 };
 
