@@ -4,14 +4,14 @@
 #include "ops/cuda/tp/cuda_model_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <utility>
 
+#include "core/rank_threads.h"
 #include "format/gguf.h"
 #include "model/tensor_parallel.h"
 #include "ops/cuda/cuda_backend.h"
@@ -21,114 +21,28 @@
 namespace shadowkv::cuda {
 namespace {
 
-// One thread per rank, bound to the rank's GPU, running one task at a time for all ranks.
-class RankThreads {
- public:
-  using Task = std::function<Status(int rank)>;
-
-  explicit RankThreads(const std::vector<int>& devices) : results_(devices.size()) {
-    for (size_t r = 0; r < devices.size(); ++r) {
-      threads_.emplace_back([this, r, device = devices[r]] { Loop(static_cast<int>(r), device); });
-    }
-  }
-  ~RankThreads() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& thread : threads_) thread.join();
-  }
-
-  // task(rank) on every rank's thread at once; the first failure (in time). `on_failure`, if
-  // set, runs once as soon as a rank fails (on its thread), or when the ranks have not all
-  // finished after `timeout` (on this thread; 0: no limit), which is then the error returned.
-  Status Run(const Task& task, const std::function<void()>& on_failure = nullptr,
-             std::chrono::seconds timeout = std::chrono::seconds(0)) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    task_ = &task;
-    on_failure_ = &on_failure;
-    first_failure_ = -1;
-    pending_ = static_cast<int>(threads_.size());
-    ++generation_;
-    wake_.notify_all();
-    const auto finished = [&] { return pending_ == 0; };
-    Status overdue = Status::Ok();
-    if (timeout.count() > 0 && !done_.wait_for(lock, timeout, finished) && first_failure_ < 0) {
-      overdue = Error(ErrorCode::kInternal, "{} of {} ranks had not finished after {} s (taken "
-                      "for a hang: the others wait for them in an all-reduce)", pending_,
-                      threads_.size(), timeout.count());
-      if (on_failure) {
-        lock.unlock();
-        on_failure();  // the waiting ranks' collectives end, and so does the step
-        lock.lock();
-      }
-    }
-    done_.wait(lock, finished);
-    task_ = nullptr;
-    on_failure_ = nullptr;
-    Status first = !overdue.ok()          ? overdue
-                   : first_failure_ >= 0 ? results_[first_failure_]
-                                          : Status::Ok();
-    for (Status& status : results_) status = Status::Ok();
-    return first;
-  }
-
- private:
-  void Loop(int rank, int device) {
-    const cudaError_t bound = cudaSetDevice(device);
-    uint64_t seen = 0;
-    for (;;) {
-      const Task* task = nullptr;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        task = task_;
-      }
-      if (tp::TraceEnabled()) tp::Trace(rank, fmt::format("task {} starts", seen));
-      Status status = bound == cudaSuccess
-                          ? (*task)(rank)
-                          : CudaStatus(bound, "cudaSetDevice", __FILE__, __LINE__);
-      if (tp::TraceEnabled()) tp::Trace(rank, fmt::format("task {} ends: {}", seen, status.ToString()));
-      std::unique_lock<std::mutex> lock(mutex_);
-      const bool first = !status.ok() && first_failure_ < 0;
-      if (first) first_failure_ = rank;
-      results_[rank] = std::move(status);
-      if (first && *on_failure_) {
-        const std::function<void()>& notify = *on_failure_;
-        lock.unlock();  // the other ranks may still need the lock to finish
-        notify();
-        lock.lock();
-      }
-      if (--pending_ == 0) done_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_, done_;
-  const Task* task_ = nullptr;
-  const std::function<void()>* on_failure_ = nullptr;
-  int first_failure_ = -1;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::vector<Status> results_;
-  std::vector<std::thread> threads_;
-};
-
 Status Ok() { return Status::Ok(); }
 
 // How long one forward or decode step of a group may take before it is taken for a hang and the
 // group aborted: far beyond a real step (seconds for a 70B prefill chunk at 244K), so it never
 // cuts one short. SHADOWKV_TP_STEP_TIMEOUT_S changes it (0: wait forever).
-std::chrono::seconds CollectiveTimeout() {
-  static const std::chrono::seconds timeout = [] {
+std::chrono::milliseconds CollectiveTimeout() {
+  static const std::chrono::milliseconds timeout = [] {
     const char* value = std::getenv("SHADOWKV_TP_STEP_TIMEOUT_S");
-    return std::chrono::seconds(value != nullptr && *value ? std::atoi(value) : 300);
+    return std::chrono::milliseconds(1000ll * (value != nullptr && *value ? std::atoi(value) : 300));
   }();
   return timeout;
+}
+
+// task(rank), written to the trace (SHADOWKV_TP_TRACE=1) as it starts and ends.
+Status Traced(int rank, const std::function<Status(int)>& task) {
+  if (!tp::TraceEnabled()) return task(rank);
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t id = ++counter;
+  tp::Trace(rank, fmt::format("task {} starts", id));
+  Status status = task(rank);
+  tp::Trace(rank, fmt::format("task {} ends: {}", id, status.ToString()));
+  return status;
 }
 
 }  // namespace
@@ -150,24 +64,23 @@ struct CudaModelGroup::State {
   int size() const { return static_cast<int>(devices.size()); }
   // fn(model, rank) on every rank; the first failure. A group that was aborted refuses.
   using RankFn = std::function<Status(CudaModel&, int)>;
-  Status Each(const RankFn& fn) {
-    if (!threads) return fn(*models[0], 0);
-    SKV_RETURN_IF_ERROR(aborted);
-    return threads->Run([&](int rank) { return fn(*models[rank], rank); });
-  }
+  Status Each(const RankFn& fn) { return OnRanks(fn, false); }
   // The same for work with collectives (forward and decode steps): a rank that fails there
-  // leaves the others waiting for it in an all-reduce, so its failure aborts the communicators,
-  // and the group (its caches' contents are unknown from then on).
-  Status Collective(const RankFn& fn) {
+  // leaves the others waiting for it in an all-reduce, so its failure (or a step that never
+  // ends) aborts the communicators, and the group: its caches' contents are unknown from then on.
+  Status Collective(const RankFn& fn) { return OnRanks(fn, true); }
+
+  Status OnRanks(const RankFn& fn, bool collective) {
     if (!threads) return fn(*models[0], 0);
     SKV_RETURN_IF_ERROR(aborted);
-    const Status status = threads->Run([&](int rank) { return fn(*models[rank], rank); },
-                                       [&] {
-                                         for (auto& communicator : communicators) {
-                                           communicator->Abort();
-                                         }
-                                       },
-                                       CollectiveTimeout());
+    const auto task = [&](int rank) {
+      return Traced(rank, [&](int r) { return fn(*models[r], r); });
+    };
+    if (!collective) return threads->Run(task);
+    const auto abort = [&] {
+      for (auto& communicator : communicators) communicator->Abort();
+    };
+    const Status status = threads->Run(task, abort, CollectiveTimeout());
     if (!status.ok()) {
       aborted = Error(status.code(), "the tensor-parallel group stopped after a rank failed ({}); "
                       "load the model again", status.message());
@@ -248,7 +161,9 @@ Result<std::unique_ptr<CudaModelGroup::State>> MakeState(const ModelConfig& conf
     SKV_ASSIGN_OR_RETURN(state->communicators, tp::CreateNcclCommunicators(state->devices));
   }
   state->models.resize(tp.size);
-  state->threads = std::make_unique<RankThreads>(state->devices);
+  state->threads = std::make_unique<RankThreads>(tp.size, [&devices = state->devices](int rank) {
+    return CudaStatus(cudaSetDevice(devices[rank]), "cudaSetDevice", __FILE__, __LINE__);
+  });
   SKV_RETURN_IF_ERROR(state->threads->Run([&](int rank) -> Status {
     CudaModelOptions rank_options = state->options;
     rank_options.communicator = state->communicators[rank].get();
