@@ -78,7 +78,8 @@ for step in "${steps[@]}"; do
       # Each test in a process of its own: a deadlocked all-reduce traps and poisons the CUDA
       # context, which would fail every later test of the same process. Modules load eagerly
       # and every stream gets its own hardware queue, so that no rank's kernel can wait behind
-      # another rank's spinning all-reduce (docs/TENSOR_PARALLEL.md, the first x2 run).
+      # another rank's spinning all-reduce (docs/TENSOR_PARALLEL.md, the x2 runs).
+      # SHADOWKV_TP_TRACE=1 in the environment logs every rank's tasks and all-reduces.
       export CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 NCCL_NVLS_ENABLE=0
       : > "$out/tp_tests.log"
       for test in $("$stage/bin/shadowkv_gpu_tests" --gtest_list_tests \
@@ -106,7 +107,8 @@ for step in "${steps[@]}"; do
         for context in ${TP_SCALE_CONTEXTS:-124928 249856}; do
           label="scale_${1}_tp${2}_${context}"
           timeout 280 "$stage/bin/shadowkv" bench --device cuda --synthetic "$1" --kv full,shadowkv \
-            --context "$context" --batch auto --gen 64 --prefill-chunk 4096 --tensor-parallel "$2" \
+            --no-host-values --context "$context" --batch auto --gen 64 --prefill-chunk 4096 \
+            --tensor-parallel "$2" \
             --json "$out/$label.json" > "$out/$label.log" 2>&1
           echo "$label: exit $?" >> "$out/bench_tp.log"
           grep -E "^(full|shadowkv) " "$out/$label.log" >> "$out/bench_tp.log"
