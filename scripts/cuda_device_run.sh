@@ -8,7 +8,8 @@
 # tp-scale: Llama-3-8B on 1 and 2 GPUs and the 70B shape on 2, at 122K and 244K, up to 280 s
 #   each: more than one call allows, so pick cases with TP_SCALE_CASES (e.g. llama3-8b:2) and
 #   TP_SCALE_CONTEXTS (e.g. "124928").
-# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [tp-scale] [anchor]
+# tp-probe: traced runs of the open two-GPU stop (see the step).
+# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [tp-scale] [tp-probe] [anchor]
 #        (default: tests sanitize bench anchor)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -115,6 +116,27 @@ for step in "${steps[@]}"; do
         done
       done
       ;;
+    tp-probe)
+      # The open two-GPU stop (docs/TENSOR_PARALLEL.md): Llama-3-8B full attention at 122K with
+      # 16 sequences over NCCL stops in its first prefill chunk. Three runs, 60 s each, traced:
+      # as found; after an 8K case has run first in the same process (kernels and NCCL warmed
+      # with memory to spare); and with every launch synchronous (the host then stops in the
+      # launch of the kernel that does not finish). Per rank: all-reduces issued, last event.
+      export CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 SHADOWKV_TP_TRACE=1
+      probe_args=(bench --device cuda --synthetic llama3-8b --kv full --batch auto --gen 16
+                  --prefill-chunk 4096 --tensor-parallel 2)
+      for variant in "as-found:124928" "warmed:8192,124928" "blocking:124928"; do
+        name=${variant%%:*}
+        launch_blocking=0; [ "$name" = blocking ] && launch_blocking=1
+        CUDA_LAUNCH_BLOCKING=$launch_blocking timeout 60 "$stage/bin/shadowkv" "${probe_args[@]}" \
+          --context "${variant#*:}" > "$out/tp_probe_$name.log" 2>&1
+        echo "tp-probe $name: exit $?" >> "$out/tp_probe.log"
+        grep -E "^full " "$out/tp_probe_$name.log" >> "$out/tp_probe.log"
+        for rank in 0 1; do
+          echo "  rank $rank: $(grep -c "rank $rank: nccl all-reduce" "$out/tp_probe_$name.log") all-reduces; last: $(grep "rank $rank:" "$out/tp_probe_$name.log" | tail -1)" >> "$out/tp_probe.log"
+        done
+      done
+      ;;
     anchor)
       PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_sdpa_anchor.py \
         --contexts 61440,124928 --prefill 32768,124928 > "$out/anchor.log" 2>&1  # JSON last
@@ -140,5 +162,6 @@ fi
 [ -f "$out/bench_cuda.log" ] && cat "$out/bench_cuda.log"
 [ -f "$out/tp_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|Failure|: exit " "$out/tp_tests.log"
 [ -f "$out/bench_tp.log" ] && cat "$out/bench_tp.log"
+[ -f "$out/tp_probe.log" ] && cat "$out/tp_probe.log"
 [ -f "$out/anchor.log" ] && grep -E "^(anchor|SDPA|decode .*out of memory)" "$out/anchor.log"
 exit 0
