@@ -30,7 +30,7 @@ struct BenchOptions {
   std::string synthetic;       // cuda only: random weights with a named model's shapes
   int max_batch = 64;          // cuda only: the largest batch "auto" may pick
   bool host_values = true;     // cuda shadowkv: also values in pinned host memory
-  TensorParallelFlags tensor_parallel;  // cuda only
+  TensorParallelOptions tensor_parallel;  // cuda only
 };
 
 std::vector<std::string> SplitList(const std::string& text) {
@@ -219,8 +219,7 @@ int RunCudaBenchFrom(const BenchOptions& o) {
   c.prefill_chunk = o.prefill_chunk;
   c.max_batch = o.max_batch;
   c.json_path = o.json_path;
-  c.tensor_parallel = o.tensor_parallel.size;
-  c.tp_local = o.tensor_parallel.local;
+  c.tensor_parallel = o.tensor_parallel;
   c.host_values = o.host_values;
   return RunCudaBench(c);
 }

@@ -96,16 +96,13 @@ int RunCudaBench(const CudaBenchOptions& o) {
   if (o.gen_tokens < 100) {
     std::fprintf(stderr, "note: %d decode steps; the report asks for at least 100\n", o.gen_tokens);
   }
-  cuda::PrepareProcessForTensorParallel(o.tensor_parallel);  // before any CUDA call
+  cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
   auto device = cuda::QueryDevice();
   if (!device.ok()) return Fail(device.status().ToString());
 
   cuda::CudaModelOptions options;
   options.max_batch = o.max_batch;
   options.max_step_tokens = std::max(o.prefill_chunk, o.max_batch);
-  cuda::TensorParallelOptions tp;
-  tp.size = o.tensor_parallel;
-  tp.local = o.tp_local;
   Result<std::unique_ptr<cuda::CudaModelGroup>> model_or = Status(ErrorCode::kInternal, "unset");
   const bool synthetic = !o.synthetic.empty();
   if (synthetic) {
@@ -122,9 +119,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
                    static_cast<long long>(needed));
       config->context_length = needed;
     }
-    model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, tp);
+    model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, o.tensor_parallel);
   } else {
-    model_or = cuda::CudaModelGroup::Load(o.model_path, options, tp);
+    model_or = cuda::CudaModelGroup::Load(o.model_path, options, o.tensor_parallel);
   }
   if (!model_or.ok()) return Fail(model_or.status().ToString());
   cuda::CudaModelGroup& model = **model_or;

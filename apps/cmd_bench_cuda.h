@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/tensor_parallel.h"
+
 namespace shadowkv::app {
 
 struct CudaBenchOptions {
@@ -16,8 +18,7 @@ struct CudaBenchOptions {
   int gen_tokens = 128;     // timed decode steps
   int prefill_chunk = 4096;
   int max_batch = 64;       // upper bound for "auto" (sizes the step buffers)
-  int tensor_parallel = 1;  // ranks (GPUs 0..N-1, NCCL)
-  bool tp_local = false;    // every rank on the current GPU (diagnostic)
+  TensorParallelOptions tensor_parallel;
   bool host_values = true;  // shadowkv: also measure a batch with values in pinned host memory
   std::string json_path;
 };

@@ -34,7 +34,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool quiet = false;
   std::string device = "cpu";  // cpu | cuda
-  TensorParallelFlags tensor_parallel;  // cuda only
+  TensorParallelOptions tensor_parallel;  // cuda only
 };
 
 std::string FormatBytes(int64_t bytes) {
@@ -64,8 +64,7 @@ int RunGenerate(const GenerateOptions& o) {
     c.prefill_chunk = o.prefill_chunk;
     c.ignore_eos = o.ignore_eos;
     c.quiet = o.quiet;
-    c.tensor_parallel = o.tensor_parallel.size;
-    c.tp_local = o.tensor_parallel.local;
+    c.tensor_parallel = o.tensor_parallel;
     return RunCudaGenerate(c);
   }
   if (Status tp = TensorParallelNeedsCuda(o.tensor_parallel); !tp.ok()) return Fail(tp.message());

@@ -101,7 +101,7 @@ Result<Generated> Generate(cuda::CudaModelGroup& model, const CudaGenerateOption
 }  // namespace
 
 int RunCudaGenerate(const CudaGenerateOptions& o) {
-  cuda::PrepareProcessForTensorParallel(o.tensor_parallel);  // before any CUDA call
+  cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
   if (o.kv.policy != "full" && o.kv.policy != "shadowkv") {
     return Fail(fmt::format("--device cuda generates with --kv full or shadowkv, not '{}'",
                             o.kv.policy));
@@ -121,10 +121,7 @@ int RunCudaGenerate(const CudaGenerateOptions& o) {
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = std::max(1, o.prefill_chunk);
-  cuda::TensorParallelOptions tp;
-  tp.size = o.tensor_parallel;
-  tp.local = o.tp_local;
-  auto model = cuda::CudaModelGroup::Load(o.model_path, options, tp);
+  auto model = cuda::CudaModelGroup::Load(o.model_path, options, o.tensor_parallel);
   if (!model.ok()) return Fail(model.status().ToString());
   if ((*tokenizer)->vocab_size() != (*model)->config().vocab_size) {
     return Fail(fmt::format("the tokenizer has {} tokens, the model {}",

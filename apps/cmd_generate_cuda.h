@@ -7,6 +7,7 @@
 
 #include "engine/sampler.h"
 #include "kv/kv_config.h"
+#include "model/tensor_parallel.h"
 
 namespace shadowkv::app {
 
@@ -21,8 +22,7 @@ struct CudaGenerateOptions {
   int prefill_chunk = 512;
   bool ignore_eos = false;
   bool quiet = false;
-  int tensor_parallel = 1;
-  bool tp_local = false;
+  TensorParallelOptions tensor_parallel;
 };
 
 // Prints the generated text to stdout (a summary to stderr); returns the exit code.

@@ -21,7 +21,7 @@ struct ServeOptions {
   double slow_limit_mib = 16384;
   double max_body_kib = 1024;
   double shutdown_grace_seconds = 10;
-  TensorParallelFlags tensor_parallel;
+  TensorParallelOptions tensor_parallel;
 };
 
 int RunServe(ServeOptions& o) {

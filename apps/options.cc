@@ -9,7 +9,7 @@
 
 namespace shadowkv::app {
 
-void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags) {
+void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags) {
   app.add_option("--tensor-parallel", flags.size,
                  "split the model over N GPUs of this host (attention heads and FFN units, NCCL; "
                  "CUDA only)")
@@ -21,7 +21,7 @@ void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags) {
       ->group("");
 }
 
-Status TensorParallelUnavailable(const char* command, const TensorParallelFlags& flags) {
+Status TensorParallelUnavailable(const char* command, const TensorParallelOptions& flags) {
   if (flags.size == 1 && !flags.local) return Status::Ok();
   return Error(ErrorCode::kUnsupported,
                "--tensor-parallel {} needs the CUDA backend, and `shadowkv {}` has no CUDA path "
@@ -30,7 +30,7 @@ Status TensorParallelUnavailable(const char* command, const TensorParallelFlags&
                flags.size, command);
 }
 
-Status TensorParallelNeedsCuda(const TensorParallelFlags& flags) {
+Status TensorParallelNeedsCuda(const TensorParallelOptions& flags) {
   if (flags.size == 1 && !flags.local) return Status::Ok();
   return Error(ErrorCode::kInvalidArgument,
                "--tensor-parallel needs --device cuda (the CPU backend is not split)");

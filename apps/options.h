@@ -8,6 +8,7 @@
 #include "engine/sampler.h"
 #include "model/cpu_model.h"
 #include "kv/kv_config.h"
+#include "model/tensor_parallel.h"
 
 namespace shadowkv::app {
 
@@ -24,18 +25,13 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& config);
 // Registers --temp, --top-k, --top-p, --seed.
 void AddSamplingOptions(CLI::App& app, SamplingParams& params);
 
-// Tensor parallelism (docs/TENSOR_PARALLEL.md): the model split over `size` GPUs of this host.
-struct TensorParallelFlags {
-  int size = 1;
-  bool local = false;  // every rank on one GPU (diagnostic: measures the split on one device)
-};
 // Registers --tensor-parallel N and the hidden --tp-local.
-void AddTensorParallelOptions(CLI::App& app, TensorParallelFlags& flags);
+void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags);
 // For a command without a CUDA path: Ok for size 1, else an error saying what is missing.
-Status TensorParallelUnavailable(const char* command, const TensorParallelFlags& flags);
+Status TensorParallelUnavailable(const char* command, const TensorParallelOptions& flags);
 
 // `--tensor-parallel` on a command's CPU path: Ok for size 1, else an error naming --device cuda.
-Status TensorParallelNeedsCuda(const TensorParallelFlags& flags);
+Status TensorParallelNeedsCuda(const TensorParallelOptions& flags);
 
 // The prompt `generate` runs: `text` as is, or as the user message of the model's chat template
 // (after `system` when not empty).

@@ -12,6 +12,14 @@
 
 namespace shadowkv {
 
+// How a model is split (docs/TENSOR_PARALLEL.md): over `size` GPUs of this host, rank i on GPU i
+// through NCCL, or with `local`, every rank on the current GPU through the single-device
+// communicator (tests, and measuring the sharded model on one GPU).
+struct TensorParallelOptions {
+  int size = 1;
+  bool local = false;
+};
+
 // A contiguous range [begin, begin + count) of some index space.
 struct IndexRange {
   int64_t begin = 0;

@@ -17,16 +17,10 @@
 #include "core/status.h"
 #include "kv/kv_config.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "ops/cuda/cuda_model.h"
 
 namespace shadowkv::cuda {
-
-struct TensorParallelOptions {
-  int size = 1;
-  // All ranks on the current GPU through the single-device communicator (tests, and measuring
-  // the sharded model on one GPU). Otherwise rank i runs on GPU i through NCCL.
-  bool local = false;
-};
 
 // To be called before the process's first CUDA call when it will split a model (size > 1):
 // makes CUDA load every module at start-up (CUDA_MODULE_LOADING=EAGER unless the caller set the
