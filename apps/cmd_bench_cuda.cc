@@ -29,7 +29,7 @@ namespace shadowkv::app {
 #ifndef SHADOWKV_HAVE_CUDA
 
 int RunCudaBench(const CudaBenchOptions&) {
-  return Fail("this shadowkv was built without CUDA (configure with -DSHADOWKV_CUDA=ON)");
+  return Fail(kBuiltWithoutCuda);
 }
 
 #else

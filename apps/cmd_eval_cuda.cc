@@ -9,6 +9,8 @@
 #include <chrono>
 #include <vector>
 
+#include "commands.h"
+
 #ifdef SHADOWKV_HAVE_CUDA
 #include "engine/sampler.h"
 #include "eval/greedy.h"
@@ -22,8 +24,7 @@ namespace shadowkv::app {
 
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string&, CpuModel&,
                                                                  int64_t, int) {
-  return Error(ErrorCode::kUnsupported,
-               "this shadowkv was built without CUDA (configure with -DSHADOWKV_CUDA=ON)");
+  return Error(ErrorCode::kUnsupported, "{}", kBuiltWithoutCuda);
 }
 
 #else

@@ -27,7 +27,7 @@ namespace shadowkv::app {
 #ifndef SHADOWKV_HAVE_CUDA
 
 int RunCudaGenerate(const CudaGenerateOptions&) {
-  return Fail("this shadowkv was built without CUDA (configure with -DSHADOWKV_CUDA=ON)");
+  return Fail(kBuiltWithoutCuda);
 }
 
 #else

@@ -19,4 +19,8 @@ Command AddServeCommand(CLI::App& app);
 // Prints "shadowkv: <message>" on stderr and returns the exit code for errors.
 int Fail(const std::string& message);
 
+// What a --device cuda path says in a build without CUDA.
+inline constexpr const char* kBuiltWithoutCuda =
+    "this shadowkv was built without CUDA (configure with -DSHADOWKV_CUDA=ON)";
+
 }  // namespace shadowkv::app

@@ -13,6 +13,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,7 +64,16 @@ bool NcclAvailable(std::string* why);
 
 // SHADOWKV_TP_TRACE=1: every rank's tasks and collectives are written to stderr as they are
 // issued (for finding where a group stops).
-bool TraceEnabled();
-void Trace(int rank, const std::string& what);
+inline bool TraceEnabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SHADOWKV_TP_TRACE");
+    return value != nullptr && std::atoi(value) == 1;
+  }();
+  return enabled;
+}
+inline void Trace(int rank, const std::string& what) {
+  std::fprintf(stderr, "[tp] rank %d: %s\n", rank, what.c_str());
+  std::fflush(stderr);
+}
 
 }  // namespace shadowkv::cuda::tp

@@ -2,8 +2,6 @@
 // all-reduce (the kernel is in local_all_reduce.cu).
 
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <utility>
 
@@ -103,19 +101,6 @@ class LocalCommunicator final : public Communicator {
 };
 
 }  // namespace
-
-bool TraceEnabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SHADOWKV_TP_TRACE");
-    return value != nullptr && std::atoi(value) == 1;
-  }();
-  return enabled;
-}
-
-void Trace(int rank, const std::string& what) {
-  std::fprintf(stderr, "[tp] rank %d: %s\n", rank, what.c_str());
-  std::fflush(stderr);
-}
 
 Result<Communicators> CreateLocalCommunicators(int size, int device) {
   if (size < 1 || size > kLocalAllReduceMaxRanks) {
