@@ -30,23 +30,6 @@ __device__ __forceinline__ unsigned long long GlobalNanoseconds() {
 }
 
 template <typename T>
-__device__ __forceinline__ float ToFloat(T v);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kThreads) LocalAllReduceKernel(LocalReduceParams p) {
   __shared__ unsigned int generation;
   unsigned int* own_flag = p.flags + p.rank * kBlocks + blockIdx.x;
@@ -86,8 +69,8 @@ __global__ void __launch_bounds__(kThreads) LocalAllReduceKernel(LocalReducePara
   __threadfence();
   for (int64_t i = first; i < p.count; i += stride) {
     float sum = 0.0f;
-    for (int r = 0; r < p.size; ++r) sum += ToFloat<T>(__ldcg(stage_of(r) + i));
-    buffer[i] = FromFloat<T>(sum);
+    for (int r = 0; r < p.size; ++r) sum += static_cast<float>(__ldcg(stage_of(r) + i));
+    buffer[i] = static_cast<T>(sum);  // bf16: round to nearest even
   }
 }
 
