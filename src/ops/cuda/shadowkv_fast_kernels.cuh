@@ -15,6 +15,8 @@ bool SkvRebuildFastApplies(const SkvDecodeParams& params);
 int64_t SkvRebuildFastSharedBytes(int rank, int head_dim);
 // Raises the shared-memory limits of the fast select (`select_dynamic_bytes`) and rebuild.
 cudaError_t SkvConfigureFastKernels(const SkvLayout& layout, int64_t select_dynamic_bytes);
+// The rebuild's part of that (shadowkv_rebuild_fast.cu).
+cudaError_t SkvConfigureRebuildFast(const SkvLayout& layout);
 
 cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& params, cudaStream_t stream);
 cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& params, int64_t dynamic_bytes,

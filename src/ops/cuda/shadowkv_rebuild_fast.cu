@@ -1,0 +1,267 @@
+// The second-version ShadowKV key rebuild (kSkvKernelsFast): keeps B_h in shared memory for a
+// block of gather slots, pipelines the A rows with cp.async and applies RoPE to the mma
+// accumulators in registers before one coalesced store per key row.
+#include <cmath>
+#include <cstdlib>
+
+#include "ops/cuda/device_utils.cuh"
+#include "ops/cuda/mma_utils.cuh"
+#include "ops/cuda/shadowkv_fast_kernels.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+
+// ---- key rebuild ------------------------------------------------------------------------------
+
+constexpr int kRebuildWarps = 4;
+// Gather slots per block (B_h is staged once for these): 32 by default, which the kernel bench
+// measured fastest on the H200 (more, shorter blocks: no half-empty last wave);
+// SKV_REBUILD_SLOTS=64 or 128 picks another size.
+constexpr int kRebuildSlotsDefault = 32;
+
+__host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
+
+// sin and cos of an fp32 angle formed as the CPU forms it (position · inv_freq in fp32): the
+// reduction to [−π, π] in fp64 is exact enough that the fast hardware sincos (absolute error
+// ~4e-7 there) stands in for the accurate one, whose slow path large angles (> 1e5) take.
+__device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosine) {
+  const double turns = rint(static_cast<double>(angle) * 0.15915494309189535);
+  const float reduced =
+      static_cast<float>(fma(-turns, 6.283185307179586, static_cast<double>(angle)));
+  __sincosf(reduced, sine, cosine);
+}
+
+// One block per (64 slots, KV head, row). Shared: B_h [rank_padded, D + 8], per warp two A
+// tiles [16, rank_padded + 8] (cp.async ring) and one output tile [16, D + 8] bf16.
+// Accumulator layout (m16n8k16): lane holds rows g, g + 8 and columns 8j + 2c, 8j + 2c + 1.
+// Both RoPE styles pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j +
+// D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
+template <int kHeadDim, bool kHalves, int kSlots>
+__global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
+  static_assert(kSlots % 32 == 0 && kSlots <= kRebuildWarps * 32, "one thread per slot");
+  constexpr int kSlotWarps = kSlots / 32;
+  extern __shared__ __align__(16) unsigned char rebuild_shared[];
+  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlotWarps];
+  __shared__ float inv_freq[kHeadDim / 2];
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* miss =
+      p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
+  int chunk = -1, slot = 0;
+  unsigned ballot = 0;
+  if (warp < kSlotWarps) {
+    slot = blockIdx.x * kSlots + threadIdx.x;
+    chunk = slot < l.max_budget ? miss[slot] : -1;
+    ballot = __ballot_sync(0xffffffffu, chunk >= 0);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+  }
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+  __syncthreads();
+  int count = 0, before = 0;
+#pragma unroll
+  for (int w = 0; w < kSlotWarps; ++w) {
+    before += w < warp ? warp_counts[w] : 0;
+    count += warp_counts[w];
+  }
+  if (count == 0) return;
+  if (chunk >= 0) {
+    const int at = before + __popc(ballot & ((1u << lane) - 1u));
+    miss_slots[at] = slot;
+    miss_chunks[at] = chunk;
+  }
+
+  const SkvRowMeta m = p.meta[row];
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.rank;
+  const int rank_padded = RankPadded(rank);
+  const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 8;
+  const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
+  Bf16* b_tile = reinterpret_cast<Bf16*>(rebuild_shared);
+  Bf16* a_ring = b_tile + rank_padded * b_pitch + warp * 2 * 16 * a_pitch;
+  Bf16* out_tile =
+      b_tile + rank_padded * b_pitch + kRebuildWarps * 2 * 16 * a_pitch + warp * 16 * out_pitch;
+  const Bf16* basis = l.basis + layer_index * rank * width + h * kHeadDim;
+  for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
+    const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+    const bool inside = k < rank;
+    CpAsync16(b_tile + k * b_pitch + v * 8,
+              inside ? basis + static_cast<int64_t>(k) * width + v * 8 : basis, inside ? 16 : 0);
+  }
+  CpAsyncCommit();
+  __syncthreads();  // miss lists visible
+
+  const Bf16* coefficients =
+      l.coefficients + layer_index * l.capacity_chunks * chunk_size * static_cast<int64_t>(rank);
+  const int total_rows = count * chunk_size;
+  const int num_tiles = (total_rows + 15) / 16;
+  const int vectors = rank_padded / 8;
+  auto load_tile = [&](int tile, Bf16* target) {
+    for (int i = lane; i < 16 * vectors; i += 32) {
+      const int r = i / vectors, v = i % vectors;
+      const int token_row = tile * 16 + r;
+      const bool inside = token_row < total_rows && v * 8 < rank;
+      const Bf16* source = coefficients;
+      if (inside) {
+        const int which = token_row / chunk_size, t = token_row % chunk_size;
+        source += (static_cast<int64_t>(miss_chunks[which]) * chunk_size + t) * rank + v * 8;
+      }
+      CpAsync16(target + r * a_pitch + v * 8, source, inside ? 16 : 0);
+    }
+  };
+  if (warp < num_tiles) load_tile(warp, a_ring);
+  CpAsyncCommit();
+  CpAsyncWait<1>();  // this thread's share of B_h has landed (groups complete in order)
+  __syncthreads();
+
+  Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
+               static_cast<int64_t>(info.gather_base) * kHeadDim;
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+  int buffer = 0;
+  for (int tile = warp; tile < num_tiles; tile += kRebuildWarps, buffer ^= 1) {
+    if (tile + kRebuildWarps < num_tiles) {
+      load_tile(tile + kRebuildWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncwarp();  // this warp's tile has landed
+    const Bf16* a_tile = a_ring + buffer * 16 * a_pitch;
+    float acc[kHeadDim / 8][4];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int k0 = 0; k0 < rank_padded; k0 += 16) {
+      uint32_t a[4];
+      LdMatrixX4(a, a_tile + (lane & 15) * a_pitch + k0 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n0 = 0; n0 < kHeadDim; n0 += 16) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, b_tile + (k0 + (lane & 15)) * b_pitch + n0 + (lane >> 4) * 8);
+        MmaBf16(acc[n0 / 8], a, b[0], b[1]);
+        MmaBf16(acc[n0 / 8 + 1], a, b[2], b[3]);
+      }
+    }
+    // RoPE at each row's own position, then bf16 into the output tile.
+#pragma unroll
+    for (int half_row = 0; half_row < 2; ++half_row) {
+      const int r = g + 8 * half_row;
+      const int token_row = tile * 16 + r;
+      const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
+      const float position = static_cast<float>(miss_chunks[which] * chunk_size + t);
+      if constexpr (kHalves) {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float sine, cosine;
+            RopeSinCos(position * inv_freq[j * 8 + c2 + e], &sine, &cosine);
+            const float x0 = acc[j][2 * half_row + e],
+                        x1 = acc[j + kHeadDim / 16][2 * half_row + e];
+            acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
+            acc[j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          float sine, cosine;
+          RopeSinCos(position * inv_freq[j * 4 + c2 / 2], &sine, &cosine);
+          const float x0 = acc[j][2 * half_row], x1 = acc[j][2 * half_row + 1];
+          acc[j][2 * half_row] = x0 * cosine - x1 * sine;
+          acc[j][2 * half_row + 1] = x0 * sine + x1 * cosine;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(out_tile + r * out_pitch + j * 8 + c2) =
+            PackBf16(acc[j][2 * half_row], acc[j][2 * half_row + 1]);
+      }
+    }
+    __syncwarp();
+    // One 16-byte store per lane and step: whole key rows of the chunk's gather slot.
+    for (int i = lane; i < 16 * (kHeadDim / 8); i += 32) {
+      const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+      const int token_row = tile * 16 + r;
+      if (token_row >= total_rows) continue;
+      const int which = token_row / chunk_size, t = token_row % chunk_size;
+      *reinterpret_cast<uint4*>(
+          keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + t) * kHeadDim + v * 8) =
+          *reinterpret_cast<const uint4*>(out_tile + r * out_pitch + v * 8);
+    }
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+}
+
+int64_t RebuildFastSharedBytes(int rank, int head_dim) {
+  const int rank_padded = RankPadded(rank);
+  return 2ll *
+         (static_cast<int64_t>(rank_padded) * (head_dim + 8) +
+          kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
+}
+
+int RebuildSlots() {
+  static const int slots = [] {
+    const char* value = std::getenv("SKV_REBUILD_SLOTS");
+    const int asked = value ? std::atoi(value) : kRebuildSlotsDefault;
+    return asked == 64 || asked == 128 ? asked : kRebuildSlotsDefault;
+  }();
+  return slots;
+}
+
+template <int kSlots>
+const void* RebuildFastKernelOf(int head_dim, bool halves) {
+  if (head_dim == 128) {
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<128, true, kSlots>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<128, false, kSlots>);
+  }
+  if (head_dim == 64) {
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<64, true, kSlots>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<64, false, kSlots>);
+  }
+  return nullptr;
+}
+
+const void* RebuildFastKernel(int head_dim, bool halves) {
+  switch (RebuildSlots()) {
+    case 64: return RebuildFastKernelOf<64>(head_dim, halves);
+    case 128: return RebuildFastKernelOf<128>(head_dim, halves);
+    default: return RebuildFastKernelOf<kRebuildSlotsDefault>(head_dim, halves);
+  }
+}
+
+}  // namespace
+
+bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
+  return p.rotary_dim == p.layout.head_dim && RebuildFastKernel(p.layout.head_dim, p.halves);
+}
+
+cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
+  const int64_t bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
+  for (bool halves : {false, true}) {
+    if (const void* rebuild = RebuildFastKernel(l.head_dim, halves)) {
+      const cudaError_t e = cudaFuncSetAttribute(
+          rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
+  return RebuildFastSharedBytes(rank, head_dim);
+}
+
+cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
+  const SkvLayout& l = p.layout;
+  const void* kernel = RebuildFastKernel(l.head_dim, p.halves);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  const int slots = RebuildSlots();
+  const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
+  SkvDecodeParams params = p;
+  void* args[] = {&params};
+  return cudaLaunchKernel(kernel, grid, dim3(kRebuildWarps * 32), args,
+                          static_cast<size_t>(RebuildFastSharedBytes(l.rank, l.head_dim)), stream);
+}
+
+}  // namespace shadowkv::cuda
