@@ -39,4 +39,12 @@ __device__ __forceinline__ float BlockSum(float value, float* scratch) {
   return WarpSum(value);
 }
 
+// 2^x by the bare hardware approximation (flush-to-zero), for softmax exponents already scaled
+// by log2(e).
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 }  // namespace shadowkv::cuda
