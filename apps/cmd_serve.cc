@@ -10,6 +10,11 @@
 #include "options.h"
 #include "server/http_server.h"
 
+#ifdef SHADOWKV_HAVE_CUDA
+#include "ops/cuda/cuda_serving_model.h"
+#include "ops/cuda/tp/cuda_model_group.h"
+#endif
+
 namespace shadowkv::app {
 namespace {
 
@@ -21,13 +26,53 @@ struct ServeOptions {
   double slow_limit_mib = 16384;
   double max_body_kib = 1024;
   double shutdown_grace_seconds = 10;
-  TensorParallelOptions tensor_parallel;
+  std::string device = "cpu";  // cpu | cuda
+  int64_t context = 0;         // cuda: tokens per sequence (0: the model's context)
+  int sequences = 0;           // cuda: sequences held at once (0: --max-batch)
+  int prefill_slots = 0;       // cuda, shadowkv: full-cache slots for prompts (0: --max-seqs)
+  TensorParallelOptions tensor_parallel;  // cuda only
 };
 
-int RunServe(ServeOptions& o) {
-  if (Status tp = TensorParallelUnavailable("serve", o.tensor_parallel); !tp.ok()) {
-    return Fail(tp.ToString());
+// The model the server runs on: the CPU model with every KV policy, or the GPU (split or not)
+// with full attention or ShadowKV from a fixed pool of sequences.
+struct LoadedModel {
+  std::unique_ptr<CpuModel> cpu;
+  std::unique_ptr<server::ServingModel> serving;
+  std::string pool;  // the GPU pool in words
+};
+
+Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
+  LoadedModel loaded;
+  if (o.device == "cuda") {
+#ifdef SHADOWKV_HAVE_CUDA
+    cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
+    cuda::CudaServingOptions c;
+    c.kv = o.kv;
+    c.max_batch = o.server.scheduler.max_batch;
+    c.prefill_chunk = o.server.scheduler.prefill_chunk;
+    c.sequences = o.sequences > 0 ? o.sequences : o.server.scheduler.max_batch;
+    c.prefill_slots = o.prefill_slots;
+    c.context = o.context;
+    c.tensor_parallel = o.tensor_parallel;
+    SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaServingModel::Load(ResolveModelPath(o.model), c));
+    loaded.pool = model->Describe();
+    loaded.serving = std::move(model);
+    return loaded;
+#else
+    return Error(ErrorCode::kUnsupported, "{}", kBuiltWithoutCuda);
+#endif
   }
+  SKV_RETURN_IF_ERROR(TensorParallelNeedsCuda(o.tensor_parallel));
+  if (o.context > 0 || o.sequences > 0 || o.prefill_slots > 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "--ctx-size, --max-seqs and --prefill-slots size the GPU's pool (--device cuda)");
+  }
+  SKV_ASSIGN_OR_RETURN(loaded.cpu, LoadModel(o.model));
+  loaded.serving = std::make_unique<server::CpuServingModel>(*loaded.cpu);
+  return loaded;
+}
+
+int RunServe(ServeOptions& o) {
   // Every thread inherits this mask, so SIGTERM/SIGINT reach only the sigwait below; a client
   // closing its socket must not kill the process either.
   sigset_t signals;
@@ -37,13 +82,15 @@ int RunServe(ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto model_or = LoadModel(o.model);
-  if (!model_or.ok()) return Fail(model_or.status().ToString());
-  CpuModel& model = **model_or;
+  auto loaded = LoadServingModel(o);
+  if (!loaded.ok()) return Fail(loaded.status().ToString());
+  server::ServingModel& model = *loaded->serving;
   server::ServerConfig config = o.server;
   config.kv = o.kv;
-  config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
-  config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
+  if (o.device == "cpu") {
+    config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
+    config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
+  }  // on the GPU the pool made at load time is the limit
   config.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
   if (config.model_id.empty()) {
     config.model_id = std::filesystem::path(ResolveModelPath(o.model)).stem().string();
@@ -53,8 +100,10 @@ int RunServe(ServeOptions& o) {
   server::HttpServer& server = **server_or;
   if (Status s = server.Bind(); !s.ok()) return Fail(s.ToString());
   // Tests and scripts read the port from this line (with --port 0 the system picks it).
-  std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s)\n", config.host.c_str(),
-              server.port(), config.model_id.c_str(), o.kv.policy.c_str());
+  std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s, %s)\n",
+              config.host.c_str(), server.port(), config.model_id.c_str(), o.kv.policy.c_str(),
+              model.device().c_str());
+  if (!loaded->pool.empty()) std::printf("shadowkv serve: GPU pool: %s\n", loaded->pool.c_str());
   std::fflush(stdout);
 
   std::thread signal_thread([&] {
@@ -100,10 +149,11 @@ Command AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-fast-limit", o->fast_limit_mib,
-                  "MiB of fast-tier KV for running and held sequences (0 = no limit)")
+                  "MiB of fast-tier KV for running and held sequences (0 = no limit; CPU only)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-slow-limit", o->slow_limit_mib, "MiB of slow-tier KV (0 = no limit)")
+  cmd->add_option("--kv-slow-limit", o->slow_limit_mib,
+                  "MiB of slow-tier KV (0 = no limit; CPU only)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-held", s.scheduler.max_held_states,
@@ -125,6 +175,24 @@ Command AddServeCommand(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--shutdown-grace", o->shutdown_grace_seconds,
                   "seconds running requests get to finish after SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", o->device,
+                  "cpu (every KV policy), or cuda (full or shadowkv, from a pool of sequences "
+                  "made at start: --ctx-size, --max-seqs, --prefill-slots)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--ctx-size", o->context,
+                  "cuda: tokens per sequence, prompt plus new ones (0 = the model's context)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-seqs", o->sequences,
+                  "cuda: sequences held at once, running or kept for reuse (0 = --max-batch)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefill-slots", o->prefill_slots,
+                  "cuda, shadowkv: full-cache slots for prompts being prefilled and prompts too "
+                  "short to compress (0 = --max-seqs)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   AddTensorParallelOptions(*cmd, o->tensor_parallel);

@@ -21,15 +21,6 @@ void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags) {
       ->group("");
 }
 
-Status TensorParallelUnavailable(const char* command, const TensorParallelOptions& flags) {
-  if (flags.size == 1 && !flags.local) return Status::Ok();
-  return Error(ErrorCode::kUnsupported,
-               "--tensor-parallel {} needs the CUDA backend, and `shadowkv {}` has no CUDA path "
-               "yet (it runs on the CPU); `shadowkv generate --device cuda` and `shadowkv bench "
-               "--device cuda` run split",
-               flags.size, command);
-}
-
 Status TensorParallelNeedsCuda(const TensorParallelOptions& flags) {
   if (flags.size == 1 && !flags.local) return Status::Ok();
   return Error(ErrorCode::kInvalidArgument,

@@ -27,9 +27,6 @@ void AddSamplingOptions(CLI::App& app, SamplingParams& params);
 
 // Registers --tensor-parallel N and the hidden --tp-local.
 void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags);
-// For a command without a CUDA path: Ok for size 1, else an error saying what is missing.
-Status TensorParallelUnavailable(const char* command, const TensorParallelOptions& flags);
-
 // `--tensor-parallel` on a command's CPU path: Ok for size 1, else an error naming --device cuda.
 Status TensorParallelNeedsCuda(const TensorParallelOptions& flags);
 

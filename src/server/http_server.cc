@@ -168,9 +168,9 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
 
 }  // namespace
 
-Result<std::unique_ptr<HttpServer>> HttpServer::Create(CpuModel& model, ServerConfig config) {
+Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServingModel& model, ServerConfig config) {
   SKV_RETURN_IF_ERROR(config.kv.Validate());
-  SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config.kv, model.kv_geometry()));
+  SKV_ASSIGN_OR_RETURN(auto policy, model.MakePolicy(config.kv));
   if (config.scheduler.max_batch < 1 || config.scheduler.max_queue < 0 ||
       config.scheduler.prefill_chunk < 1 || config.http_threads < 1) {
     return Error(ErrorCode::kInvalidArgument,
@@ -184,7 +184,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(CpuModel& model, ServerCo
   return server;
 }
 
-HttpServer::HttpServer(CpuModel& model, ServerConfig config)
+HttpServer::HttpServer(ServingModel& model, ServerConfig config)
     : model_(model),
       config_(std::move(config)),
       chat_template_(DetectChatTemplate(model.file())),
@@ -219,7 +219,7 @@ Result<std::pair<const kv::KvPolicy*, std::string>> HttpServer::ResolvePolicy(
                  config_.max_policies);
   }
   SKV_RETURN_IF_ERROR(config.Validate());
-  SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model_.kv_geometry()));
+  SKV_ASSIGN_OR_RETURN(auto policy, model_.MakePolicy(config));
   const kv::KvPolicy* raw = policy.get();
   policies_[key] = std::move(policy);
   return std::make_pair(raw, key);

@@ -11,10 +11,10 @@
 #include "core/status.h"
 #include "format/chat_template.h"
 #include "kv/kv_config.h"
-#include "model/cpu_model.h"
 #include "server/api_request.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
+#include "server/serving_model.h"
 
 namespace httplib {
 class Server;
@@ -39,7 +39,7 @@ struct ServerConfig {
 class HttpServer {
  public:
   // Checks the default KV policy; the scheduler's loop starts here.
-  static Result<std::unique_ptr<HttpServer>> Create(CpuModel& model, ServerConfig config);
+  static Result<std::unique_ptr<HttpServer>> Create(ServingModel& model, ServerConfig config);
   ~HttpServer();
 
   // Binds the listening socket; afterwards port() is the bound port.
@@ -54,12 +54,12 @@ class HttpServer {
   Metrics& metrics() { return metrics_; }
 
  private:
-  HttpServer(CpuModel& model, ServerConfig config);
+  HttpServer(ServingModel& model, ServerConfig config);
   void Route();
   // The KV policy for a request's overrides; kInvalidArgument for impossible settings.
   Result<std::pair<const kv::KvPolicy*, std::string>> ResolvePolicy(const ApiRequest& request);
 
-  CpuModel& model_;
+  ServingModel& model_;
   ServerConfig config_;
   Result<ChatTemplate> chat_template_;
   Metrics metrics_;

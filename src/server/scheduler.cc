@@ -71,7 +71,7 @@ struct Scheduler::Running {
   bool prefilling() const { return prompt_done < static_cast<int64_t>(request.prompt.size()); }
 };
 
-Scheduler::Scheduler(CpuModel& model, SchedulerOptions options, Metrics* metrics)
+Scheduler::Scheduler(ServingModel& model, SchedulerOptions options, Metrics* metrics)
     : model_(model), options_(options), metrics_(metrics), held_(options.max_held_states) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -220,10 +220,32 @@ void Scheduler::Admit() {
       if (held) held_.Put(std::move(*held));
       break;  // wait for a running sequence to finish
     }
+    std::unique_ptr<kv::SequenceKv> kv;
+    if (held) {
+      kv = std::move(held->kv);
+    } else {
+      // A model with a fixed number of sequences (the GPU's slots) answers kResourceExhausted
+      // when all are taken: held states give theirs back first, then the request waits.
+      auto fresh = req.policy->NewSequence();
+      while (!fresh.ok() && fresh.status().code() == ErrorCode::kResourceExhausted &&
+             held_.EvictOldest()) {
+        fresh = req.policy->NewSequence();
+      }
+      if (!fresh.ok() && fresh.status().code() == ErrorCode::kResourceExhausted &&
+          !running_.empty()) {
+        break;
+      }
+      if (!fresh.ok()) {
+        w.handle->End(EndReason::kError, fresh.status());
+        waiting_.pop_front();
+        continue;
+      }
+      kv = std::move(fresh).value();
+    }
     Sampler sampler(req.sampling);
     auto running = std::make_unique<Running>(Running{std::move(w.request),
                                                      w.handle,
-                                                     nullptr,
+                                                     std::move(kv),
                                                      sampler,
                                                      0,
                                                      false,
@@ -232,18 +254,9 @@ void Scheduler::Admit() {
                                                      w.arrival,
                                                      w.arrival});
     if (held) {
-      running->kv = std::move(held->kv);
       running->prompt_done = static_cast<int64_t>(held->tokens.size());
       running->reused = true;
       running->handle->SetReused(running->prompt_done);
-    } else {
-      auto kv = running->request.policy->NewSequence();
-      if (!kv.ok()) {
-        running->handle->End(EndReason::kError, kv.status());
-        waiting_.pop_front();
-        continue;
-      }
-      running->kv = std::move(kv).value();
     }
     if (metrics_) {
       metrics_->AddPromptTokens(static_cast<int64_t>(running->request.prompt.size()),

@@ -16,9 +16,9 @@
 #include "core/status.h"
 #include "engine/sampler.h"
 #include "kv/kv_policy.h"
-#include "model/cpu_model.h"
 #include "server/metrics.h"
 #include "server/prefix_cache.h"
+#include "server/serving_model.h"
 
 namespace shadowkv::server {
 
@@ -93,7 +93,7 @@ struct SubmitResult {
 class Scheduler {
  public:
   // `metrics` may be null. The loop thread starts at once.
-  Scheduler(CpuModel& model, SchedulerOptions options, Metrics* metrics);
+  Scheduler(ServingModel& model, SchedulerOptions options, Metrics* metrics);
   ~Scheduler();
 
   SubmitResult Submit(SequenceRequest request);
@@ -123,7 +123,7 @@ class Scheduler {
   void PublishGauges();
   bool Fits(const kv::MemoryUsage& need, const kv::MemoryUsage& used) const;
 
-  CpuModel& model_;
+  ServingModel& model_;
   SchedulerOptions options_;
   Metrics* metrics_;
 

@@ -20,8 +20,11 @@ class SchedulerTest : public ::testing::Test {
     testing::TinyModelSpec spec;
     spec.context = 2048;
     model_ = CpuModel::Load(testing::WriteTinyModel(spec, "scheduler"), 1).value().release();
+    serving_ = new CpuServingModel(*model_);
   }
   static void TearDownTestSuite() {
+    delete serving_;
+    serving_ = nullptr;
     delete model_;
     model_ = nullptr;
   }
@@ -59,16 +62,18 @@ class SchedulerTest : public ::testing::Test {
   }
 
   static CpuModel* model_;
+  static CpuServingModel* serving_;
 };
 
 CpuModel* SchedulerTest::model_ = nullptr;
+CpuServingModel* SchedulerTest::serving_ = nullptr;
 
 TEST_F(SchedulerTest, ConcurrentRequestsMatchEngineRunAlone) {
   auto policy = Policy("full");
   SchedulerOptions options;
   options.prefill_chunk = 32;
   options.max_batch = 4;  // fewer slots than requests: later ones join a running batch
-  Scheduler scheduler(*model_, options, nullptr);
+  Scheduler scheduler(*serving_, options, nullptr);
   std::vector<SequenceRequest> requests;
   const int lengths[] = {5, 40, 100, 1, 33, 64, 70};
   const int new_tokens[] = {12, 3, 20, 7, 15, 1, 9};
@@ -133,7 +138,7 @@ TEST_F(SchedulerTest, SecondTurnReusesTheHeldStateForEveryPolicy) {
     auto policy = Policy(name);
     SchedulerOptions options;
     options.prefill_chunk = 64;
-    Scheduler scheduler(*model_, options, nullptr);
+    Scheduler scheduler(*serving_, options, nullptr);
     const std::vector<int32_t> prompt = RandomPrompt(300, 7);
     auto first = scheduler.Submit(Request(*policy, prompt, 6));
     ASSERT_EQ(first.code, SubmitResult::Code::kOk);
@@ -165,12 +170,91 @@ TEST_F(SchedulerTest, SecondTurnReusesTheHeldStateForEveryPolicy) {
   }
 }
 
+// A policy with room for `slots` live sequences (as the GPU's fixed slots): NewSequence answers
+// kResourceExhausted beyond them.
+class SlottedPolicy : public kv::KvPolicy {
+ public:
+  SlottedPolicy(std::unique_ptr<kv::KvPolicy> inner, int slots)
+      : KvPolicy(inner->config(), inner->geometry()),
+        inner_(std::move(inner)),
+        free_(std::make_shared<int>(slots)) {}
+  std::string_view name() const override { return inner_->name(); }
+  kv::MemoryUsage EstimateMemory(int64_t n) const override { return inner_->EstimateMemory(n); }
+  Result<std::unique_ptr<kv::SequenceKv>> NewSequence() const override {
+    if (*free_ == 0) return Error(ErrorCode::kResourceExhausted, "no free slot");
+    SKV_ASSIGN_OR_RETURN(auto kv, inner_->NewSequence());
+    --*free_;
+    return std::unique_ptr<kv::SequenceKv>(new Slot(std::move(kv), free_));
+  }
+  int free() const { return *free_; }
+
+ private:
+  struct Slot : kv::SequenceKv {
+    Slot(std::unique_ptr<kv::SequenceKv> kv, std::shared_ptr<int> free)
+        : kv(std::move(kv)), free(std::move(free)) {}
+    ~Slot() override { ++*free; }
+    Status Append(int layer, const kv::TokenBlock& block) override {
+      return kv->Append(layer, block);
+    }
+    Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
+      return kv->Prepare(layer, q, n, out);
+    }
+    Status FinishPrefill(int layer) override { return kv->FinishPrefill(layer); }
+    int64_t num_tokens() const override { return kv->num_tokens(); }
+    kv::MemoryUsage memory() const override { return kv->memory(); }
+    const kv::PolicyStats& stats() const override { return kv->stats(); }
+    std::unique_ptr<kv::SequenceKv> kv;
+    std::shared_ptr<int> free;
+  };
+  std::unique_ptr<kv::KvPolicy> inner_;
+  std::shared_ptr<int> free_;
+};
+
+TEST_F(SchedulerTest, RequestsWaitForAFreeSlotAndHeldStatesGiveTheirsUp) {
+  SlottedPolicy policy(Policy("full"), 2);
+  SchedulerOptions options;
+  options.prefill_chunk = 32;
+  options.max_batch = 4;  // more batch places than slots
+  options.max_held_states = 4;
+  Scheduler scheduler(*serving_, options, nullptr);
+  std::vector<SequenceRequest> requests;
+  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  for (int i = 0; i < 5; ++i) {
+    requests.push_back(Request(policy, RandomPrompt(20 + 7 * i, 200 + i), 6 + i));
+    SubmitResult s = scheduler.Submit(requests.back());
+    ASSERT_EQ(s.code, SubmitResult::Code::kOk) << s.message;
+    handles.push_back(s.handle);
+  }
+  EngineOptions engine_options;
+  engine_options.prefill_chunk = 32;
+  auto plain = Policy("full");
+  Engine engine(*model_, *plain, engine_options);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::vector<int32_t> got = Collect(*handles[i]);
+    EXPECT_EQ(handles[i]->end_reason(), EndReason::kLength) << handles[i]->status().ToString();
+    GenerationRequest alone;
+    alone.prompt = requests[i].prompt;
+    alone.max_new_tokens = requests[i].max_new_tokens;
+    alone.stop_at_end_of_generation = false;
+    const auto expected = engine.Run(std::span<const GenerationRequest>(&alone, 1));
+    ASSERT_TRUE(expected[0].status.ok());
+    EXPECT_EQ(got, expected[0].tokens) << "request " << i;
+  }
+  // Finished states are held (both slots), yet a new request still gets one.
+  while (scheduler.gauges().running_sequences != 0) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(policy.free(), 0);
+  auto later = scheduler.Submit(Request(policy, RandomPrompt(9, 300), 3));
+  ASSERT_EQ(later.code, SubmitResult::Code::kOk);
+  EXPECT_EQ(Collect(*later.handle).size(), 3u);
+  EXPECT_EQ(later.handle->end_reason(), EndReason::kLength);
+}
+
 TEST_F(SchedulerTest, QueueBoundRefusesAndAcceptedRequestsFinish) {
   auto policy = Policy("full");
   SchedulerOptions options;
   options.max_batch = 1;
   options.max_queue = 2;
-  Scheduler scheduler(*model_, options, nullptr);
+  Scheduler scheduler(*serving_, options, nullptr);
   auto running = scheduler.Submit(Request(*policy, RandomPrompt(8, 1), 1500));
   ASSERT_EQ(running.code, SubmitResult::Code::kOk);
   while (scheduler.gauges().running_sequences == 0) std::this_thread::sleep_for(1ms);
@@ -191,7 +275,7 @@ TEST_F(SchedulerTest, MemoryLimitAdmitsOneAtATimeAndRefusesTheImpossible) {
   SchedulerOptions options;
   options.fast_memory_limit = policy->EstimateMemory(300).fast_bytes;
   options.max_held_states = 0;
-  Scheduler scheduler(*model_, options, nullptr);
+  Scheduler scheduler(*serving_, options, nullptr);
   auto a = scheduler.Submit(Request(*policy, RandomPrompt(100, 1), 150));
   auto b = scheduler.Submit(Request(*policy, RandomPrompt(100, 2), 150));
   ASSERT_EQ(a.code, SubmitResult::Code::kOk);
@@ -210,7 +294,7 @@ TEST_F(SchedulerTest, MemoryLimitAdmitsOneAtATimeAndRefusesTheImpossible) {
 
 TEST_F(SchedulerTest, CancelTimeoutAndShutdownEndSequences) {
   auto policy = Policy("full");
-  Scheduler scheduler(*model_, SchedulerOptions{}, nullptr);
+  Scheduler scheduler(*serving_, SchedulerOptions{}, nullptr);
   auto cancelled = scheduler.Submit(Request(*policy, RandomPrompt(10, 1), 2000));
   std::vector<int32_t> tokens;
   while (tokens.empty()) cancelled.handle->Wait(1000ms, &tokens);

@@ -56,7 +56,8 @@ expect_error bad_bench_context "not a number" "$bin" bench -m "$model" --context
 # Tensor parallelism is CUDA-only: on the CPU paths it is refused, naming what is missing.
 expect_error tp_generate_cpu "needs --device cuda" "$bin" generate -m "$model" -p hi --tensor-parallel 2
 expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tensor-parallel 2
-expect_error tp_serve "no CUDA path" "$bin" serve -m "$model" --tensor-parallel 2
+expect_error tp_serve_cpu "needs --device cuda" "$bin" serve -m "$model" --tensor-parallel 2
+expect_error serve_pool_cpu "GPU's pool" "$bin" serve -m "$model" --ctx-size 512
 expect_error tp_zero "tensor-parallel" "$bin" generate -m "$model" -p hi --tensor-parallel 0
 
 echo "$passes passed, $failures failed"

@@ -334,6 +334,10 @@ Status CudaModelGroup::AllocateShadowKvValues(int seq, bool on_host) {
   return status;
 }
 
+Status CudaModelGroup::FreeShadowKvValues(int seq) {
+  return state_->Each([&](CudaModel& m, int) { return m.FreeShadowKvValues(seq); });
+}
+
 Status CudaModelGroup::CompressToShadowKv(int full_slot, int seq) {
   // One rank after the other: each factorisation already spreads its layers over every CPU
   // core (and adjusts OpenBLAS's global thread count while it runs).

@@ -83,6 +83,7 @@ class CudaModelGroup {
   Result<std::pair<int64_t, int64_t>> ShadowKvBytesPerSequence(const kv::KvPolicyConfig& config,
                                                                int64_t capacity) const;
   Status AllocateShadowKvValues(int seq, bool on_host);
+  Status FreeShadowKvValues(int seq);
   Status CompressToShadowKv(int full_slot, int seq);
   Status CopyShadowKvSequence(int from, int to);
   Result<CudaShadowKvGroupSnapshot> SaveShadowKvSequence(int seq);
