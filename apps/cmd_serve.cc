@@ -1,6 +1,8 @@
 // `shadowkv serve`: the OpenAI-compatible HTTP server (see docs/SERVER.md).
-#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <filesystem>
@@ -72,15 +74,25 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   return loaded;
 }
 
+// SIGTERM/SIGINT: the handler (in whichever thread the signal lands, e.g. one that a library
+// started before main) only posts the semaphore that the stop thread waits on.
+sem_t stop_requested;
+volatile sig_atomic_t stop_signal = 0;
+
+void OnStopSignal(int signal_number) {
+  stop_signal = signal_number;
+  sem_post(&stop_requested);
+}
+
 int RunServe(ServeOptions& o) {
-  // Every thread inherits this mask, so SIGTERM/SIGINT reach only the sigwait below; a client
-  // closing its socket must not kill the process either.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  sem_init(&stop_requested, 0, 0);
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client closing its socket must not kill the process
 
   auto loaded = LoadServingModel(o);
   if (!loaded.ok()) return Fail(loaded.status().ToString());
@@ -107,16 +119,15 @@ int RunServe(ServeOptions& o) {
   std::fflush(stdout);
 
   std::thread signal_thread([&] {
-    int received = 0;
-    sigwait(&signals, &received);
-    std::fprintf(stderr, "shadowkv serve: signal %d, finishing running requests\n", received);
+    while (sem_wait(&stop_requested) != 0 && errno == EINTR) {
+    }
+    if (stop_signal == 0) return;  // woken because the listener stopped on its own
+    std::fprintf(stderr, "shadowkv serve: signal %d, finishing running requests\n",
+                 static_cast<int>(stop_signal));
     server.Stop(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_seconds * 1000)));
   });
   const bool served = server.Serve();
-  if (!served) {
-    // The listener failed on its own: wake the signal thread so that it can be joined.
-    pthread_kill(signal_thread.native_handle(), SIGTERM);
-  }
+  if (!served) sem_post(&stop_requested);  // wake the stop thread so that it can be joined
   signal_thread.join();
   server_or->reset();
   std::fprintf(stderr, "shadowkv serve: stopped\n");
