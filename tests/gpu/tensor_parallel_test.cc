@@ -19,6 +19,14 @@ namespace {
 using namespace testing;
 using namespace tp_testing;
 
+// At static initialisation, before this binary's first CUDA call: the environment that the
+// commands set for split models (eager module loading, a hardware queue per stream), which the
+// ranks' spinning all-reduces here need as well.
+const bool kProcessPrepared = [] {
+  PrepareProcessForTensorParallel(2);
+  return true;
+}();
+
 // CUDA reads CUDA_MODULE_LOADING once, at the process's first CUDA call, and the split models'
 // all-reduce kernels need every module loaded up front (PrepareProcessForTensorParallel): this
 // binary asks for it before any test runs.

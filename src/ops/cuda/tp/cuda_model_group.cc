@@ -48,7 +48,10 @@ Status Traced(int rank, const std::function<Status(int)>& task) {
 }  // namespace
 
 void PrepareProcessForTensorParallel(int size) {
-  if (size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  if (size > 1) {
+    setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  }
 }
 
 struct CudaModelGroup::State {

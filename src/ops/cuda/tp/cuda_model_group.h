@@ -26,6 +26,9 @@ namespace shadowkv::cuda {
 // makes CUDA load every module at start-up (CUDA_MODULE_LOADING=EAGER unless the caller set the
 // variable). With lazy loading, a rank that launches a kernel for the first time may have to
 // wait for its GPU to go idle while another rank's all-reduce kernel waits for it: a deadlock.
+// Also gives every stream a hardware queue of its own (CUDA_DEVICE_MAX_CONNECTIONS=32 unless
+// set): with the default 8, the streams of ranks sharing one GPU (the local communicator) can
+// share a queue, and a rank's spinning all-reduce then blocks the kernel of the rank it waits for.
 void PrepareProcessForTensorParallel(int size);
 
 // One ShadowKV sequence of every rank.
