@@ -7,9 +7,12 @@
 # tp: the tensor-parallel tests and a Llama-3-8B bench split in two (docs/TENSOR_PARALLEL.md).
 # tp-scale: Llama-3-8B on 1 and 2 GPUs and the 70B shape on 2, at 122K and 244K, up to 280 s
 #   each: more than one call allows, so pick cases with TP_SCALE_CASES (e.g. llama3-8b:2) and
-#   TP_SCALE_CONTEXTS (e.g. "124928").
+#   TP_SCALE_CONTEXTS (e.g. "124928"); TP_SCALE_KV (default full,shadowkv) and TP_SCALE_TIMEOUT
+#   (seconds per bench, default 280) for the 70B shape at 244K.
 # tp-probe: traced runs of the open two-GPU stop (see the step).
-# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [tp-scale] [tp-probe] [anchor]
+# serve: `shadowkv serve --device cuda` end to end, one GPU and split in two (after tests).
+# Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [tp-scale] [tp-probe]
+#        [serve] [anchor]
 #        (default: tests sanitize bench anchor)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,8 +109,9 @@ for step in "${steps[@]}"; do
       for run in "${cases[@]}"; do
         set -- ${run/:/ }
         for context in ${TP_SCALE_CONTEXTS:-124928 249856}; do
-          label="scale_${1}_tp${2}_${context}"
-          timeout 280 "$stage/bin/shadowkv" bench --device cuda --synthetic "$1" --kv full,shadowkv \
+          label="scale_${1}_tp${2}_${context}${TP_SCALE_KV:+_${TP_SCALE_KV//,/_}}"
+          timeout "${TP_SCALE_TIMEOUT:-280}" "$stage/bin/shadowkv" bench --device cuda \
+            --synthetic "$1" --kv "${TP_SCALE_KV:-full,shadowkv}" \
             --no-host-values --context "$context" --batch auto --gen 64 --prefill-chunk 4096 \
             --tensor-parallel "$2" \
             --json "$out/$label.json" > "$out/$label.log" 2>&1
@@ -122,7 +126,9 @@ for step in "${steps[@]}"; do
       # as found; after an 8K case has run first in the same process (kernels and NCCL warmed
       # with memory to spare); and with every launch synchronous (the host then stops in the
       # launch of the kernel that does not finish). Per rank: all-reduces issued, last event.
+      # A 20 s step timeout (far above one prefill chunk) turns a stop into the group's error.
       export CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0 SHADOWKV_TP_TRACE=1
+      export SHADOWKV_TP_STEP_TIMEOUT_S=${SHADOWKV_TP_STEP_TIMEOUT_S:-20}
       probe_args=(bench --device cuda --synthetic llama3-8b --kv full --batch auto --gen 16
                   --prefill-chunk 4096 --tensor-parallel 2)
       for variant in "as-found:124928" "warmed:8192,124928" "blocking:124928"; do
@@ -131,9 +137,33 @@ for step in "${steps[@]}"; do
         CUDA_LAUNCH_BLOCKING=$launch_blocking timeout 60 "$stage/bin/shadowkv" "${probe_args[@]}" \
           --context "${variant#*:}" > "$out/tp_probe_$name.log" 2>&1
         echo "tp-probe $name: exit $?" >> "$out/tp_probe.log"
-        grep -E "^full " "$out/tp_probe_$name.log" >> "$out/tp_probe.log"
+        grep -E "^full |error|timed out|abort" "$out/tp_probe_$name.log" | grep -v "rank [01]:" |
+          head -5 >> "$out/tp_probe.log"
         for rank in 0 1; do
           echo "  rank $rank: $(grep -c "rank $rank: nccl all-reduce" "$out/tp_probe_$name.log") all-reduces; last: $(grep "rank $rank:" "$out/tp_probe_$name.log" | tail -1)" >> "$out/tp_probe.log"
+        done
+      done
+      ;;
+    serve)
+      # `shadowkv serve --device cuda` end to end (tests/gpu/serve_check.py) on the tiny random
+      # model the GPU tests write, full attention and ShadowKV, on one GPU and split in two
+      # (over NCCL where there are two GPUs, else through the local communicator).
+      model=$(ls -t /tmp/tiny_gpu_serving_*.gguf 2>/dev/null | head -1)
+      if [ -z "$model" ]; then
+        "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaServingTest.Refuses*' > /dev/null 2>&1
+        model=$(ls -t /tmp/tiny_gpu_serving_*.gguf 2>/dev/null | head -1)
+      fi
+      split=(--tensor-parallel 2)
+      [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] || split+=(--tp-local)
+      : > "$out/serve.log"
+      for kv in full shadowkv; do
+        for tp in one split; do
+          args=(--device cuda --kv "$kv" --budget 128 --max-batch 4 --max-seqs 3 --prefill-chunk 64)
+          [ $tp = split ] && args+=("${split[@]}")
+          echo "== serve $kv $tp: ${args[*]}" >> "$out/serve.log"
+          PYTHONUNBUFFERED=1 timeout 240 python3 tests/gpu/serve_check.py "$stage/bin/shadowkv" \
+            "$model" "${args[@]}" >> "$out/serve.log" 2>&1
+          echo "serve $kv $tp: exit $?" >> "$out/serve.log"
         done
       done
       ;;
@@ -163,5 +193,6 @@ fi
 [ -f "$out/tp_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|Failure|: exit " "$out/tp_tests.log"
 [ -f "$out/bench_tp.log" ] && cat "$out/bench_tp.log"
 [ -f "$out/tp_probe.log" ] && cat "$out/tp_probe.log"
+[ -f "$out/serve.log" ] && grep -E "^(== |PASS|FAIL|serve |[0-9]+ passed)|Error|error" "$out/serve.log" | head -60
 [ -f "$out/anchor.log" ] && grep -E "^(anchor|SDPA|decode .*out of memory)" "$out/anchor.log"
 exit 0
