@@ -61,16 +61,18 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::string& path, int nu
   return model;
 }
 
-kv::KvGeometry CpuModel::kv_geometry() const {
+kv::KvGeometry KvGeometryOf(const ModelConfig& config) {
   kv::KvGeometry g;
-  g.num_layers = config_.num_layers;
-  g.num_query_heads = config_.num_query_heads;
-  g.num_kv_heads = config_.num_kv_heads;
-  g.head_dim = config_.head_dim;
-  g.max_context = config_.context_length;
-  g.rope = config_.rope;
+  g.num_layers = config.num_layers;
+  g.num_query_heads = config.num_query_heads;
+  g.num_kv_heads = config.num_kv_heads;
+  g.head_dim = config.head_dim;
+  g.max_context = config.context_length;
+  g.rope = config.rope;
   return g;
 }
+
+kv::KvGeometry CpuModel::kv_geometry() const { return KvGeometryOf(config_); }
 
 void CpuModel::Linear(const LinearWeight& w, const float* x, float* y, const Rows& rows) {
   const int64_t out = w.out_features(), in = w.in_features();

@@ -39,6 +39,9 @@ enum class Numerics {
 const char* NumericsName(Numerics numerics);
 Result<Numerics> ParseNumerics(const std::string& name);
 
+// The attention shapes the KV policies need, from a model's config.
+kv::KvGeometry KvGeometryOf(const ModelConfig& config);
+
 class CpuModel {
  public:
   // Opens the GGUF file, reads config, tokenizer and weights. num_threads 0 = all cores.

@@ -61,6 +61,27 @@ class SchedulerTest : public ::testing::Test {
     return tokens;
   }
 
+  // Every request ended by its length with the tokens Engine::Run gives it alone (prefill
+  // chunks of 32 tokens, the full policy).
+  static void ExpectEachAsAlone(const std::vector<SequenceRequest>& requests,
+                                const std::vector<std::shared_ptr<SequenceHandle>>& handles,
+                                const kv::KvPolicy& policy) {
+    EngineOptions engine_options;
+    engine_options.prefill_chunk = 32;
+    Engine engine(*model_, policy, engine_options);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const std::vector<int32_t> got = Collect(*handles[i]);
+      EXPECT_EQ(handles[i]->end_reason(), EndReason::kLength) << handles[i]->status().ToString();
+      GenerationRequest alone;
+      alone.prompt = requests[i].prompt;
+      alone.max_new_tokens = requests[i].max_new_tokens;
+      alone.stop_at_end_of_generation = false;
+      const auto expected = engine.Run(std::span<const GenerationRequest>(&alone, 1));
+      ASSERT_TRUE(expected[0].status.ok());
+      EXPECT_EQ(got, expected[0].tokens) << "request " << i;
+    }
+  }
+
   static CpuModel* model_;
   static CpuServingModel* serving_;
 };
@@ -86,20 +107,7 @@ TEST_F(SchedulerTest, ConcurrentRequestsMatchEngineRunAlone) {
     ASSERT_EQ(s.code, SubmitResult::Code::kOk) << s.message;
     handles.push_back(s.handle);
   }
-  EngineOptions engine_options;
-  engine_options.prefill_chunk = 32;
-  Engine engine(*model_, *policy, engine_options);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const std::vector<int32_t> got = Collect(*handles[i]);
-    EXPECT_EQ(handles[i]->end_reason(), EndReason::kLength);
-    GenerationRequest alone;
-    alone.prompt = requests[i].prompt;
-    alone.max_new_tokens = requests[i].max_new_tokens;
-    alone.stop_at_end_of_generation = false;
-    const auto expected = engine.Run(std::span<const GenerationRequest>(&alone, 1));
-    ASSERT_TRUE(expected[0].status.ok());
-    EXPECT_EQ(got, expected[0].tokens) << "request " << i;
-  }
+  ExpectEachAsAlone(requests, handles, *policy);
 }
 
 // The reference for a continued conversation: one KV state fed turn 1, its decode, then turn 2.
@@ -225,21 +233,7 @@ TEST_F(SchedulerTest, RequestsWaitForAFreeSlotAndHeldStatesGiveTheirsUp) {
     ASSERT_EQ(s.code, SubmitResult::Code::kOk) << s.message;
     handles.push_back(s.handle);
   }
-  EngineOptions engine_options;
-  engine_options.prefill_chunk = 32;
-  auto plain = Policy("full");
-  Engine engine(*model_, *plain, engine_options);
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const std::vector<int32_t> got = Collect(*handles[i]);
-    EXPECT_EQ(handles[i]->end_reason(), EndReason::kLength) << handles[i]->status().ToString();
-    GenerationRequest alone;
-    alone.prompt = requests[i].prompt;
-    alone.max_new_tokens = requests[i].max_new_tokens;
-    alone.stop_at_end_of_generation = false;
-    const auto expected = engine.Run(std::span<const GenerationRequest>(&alone, 1));
-    ASSERT_TRUE(expected[0].status.ok());
-    EXPECT_EQ(got, expected[0].tokens) << "request " << i;
-  }
+  ExpectEachAsAlone(requests, handles, *Policy("full"));
   // Finished states are held (both slots), yet a new request still gets one.
   while (scheduler.gauges().running_sequences != 0) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(policy.free(), 0);

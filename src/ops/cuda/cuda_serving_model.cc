@@ -173,15 +173,8 @@ Result<std::unique_ptr<kv::KvPolicy>> CudaServingModel::MakePolicy(
                  options_.kv.policy, options_.kv.budget_tokens, config.policy,
                  config.budget_tokens);
   }
-  kv::KvGeometry g;
-  g.num_layers = config_.num_layers;
-  g.num_query_heads = config_.num_query_heads;
-  g.num_kv_heads = config_.num_kv_heads;
-  g.head_dim = config_.head_dim;
-  g.max_context = config_.context_length;
-  g.rope = config_.rope;
   return std::unique_ptr<kv::KvPolicy>(
-      new Policy(const_cast<CudaServingModel*>(this), config, std::move(g)));
+      new Policy(const_cast<CudaServingModel*>(this), config, KvGeometryOf(config_)));
 }
 
 Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::NewSequence() {
@@ -217,6 +210,9 @@ Status CudaServingModel::Compress(Sequence& s) {
     placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/true);
     s.values_on_host_ = true;
   }
+  // No room for the values anywhere: the sequence stays exact in its slot rather than failing
+  // the step (and the other sequences in it).
+  if (placed.code() == ErrorCode::kResourceExhausted) return Status::Ok();
   SKV_RETURN_IF_ERROR(placed);
   s.has_values_ = true;
   const Status compressed = group_->CompressToShadowKv(s.slot_, s.sequence_);
