@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,17 @@ class Communicator {
   // result; later ones fail at once. For a rank that failed, so that the others, waiting for it
   // in an all-reduce, stop instead of hanging. Any thread; the group is unusable afterwards.
   virtual void Abort() = 0;
+
+  // All-reduces this rank's host thread has issued so far (one captured into a graph counts
+  // once, at capture). Any thread: after a step that stopped, the ranks' counts say which rank
+  // is behind and where.
+  int64_t issued() const { return issued_.load(std::memory_order_relaxed); }
+
+ protected:
+  int64_t CountIssued() { return issued_.fetch_add(1, std::memory_order_relaxed) + 1; }
+
+ private:
+  std::atomic<int64_t> issued_{0};
 };
 
 using Communicators = std::vector<std::unique_ptr<Communicator>>;

@@ -85,8 +85,16 @@ struct CudaModelGroup::State {
     };
     const Status status = threads->Run(task, abort, CollectiveTimeout());
     if (!status.ok()) {
-      aborted = Error(status.code(), "the tensor-parallel group stopped after a rank failed ({}); "
-                      "load the model again", status.message());
+      // Where each rank's host had got to: the all-reduces it issued (in a process's life).
+      std::string issued;
+      for (const auto& communicator : communicators) {
+        issued += fmt::format("{}{}", issued.empty() ? "" : ", ", communicator->issued());
+      }
+      aborted = Error(status.code(), "the tensor-parallel group stopped after a rank failed ({}; "
+                      "all-reduces issued by rank 0, 1, ...: {}); load the model again",
+                      status.message(), issued);
+      return Error(status.code(), "{} (all-reduces issued by rank 0, 1, ...: {})",
+                   status.message(), issued);
     }
     return status;
   }

@@ -88,7 +88,8 @@ class LocalCommunicator final : public Communicator {
       }
       s.used = true;
     }
-    if (TraceEnabled()) Trace(rank_, fmt::format("local all-reduce of {} elements", count));
+    const int64_t call = CountIssued();
+    if (TraceEnabled()) Trace(rank_, fmt::format("local all-reduce {} of {} elements", call, count));
     const LocalReduceParams p{buffer, count, s.staging.get(), s.capacity_bytes, s.flags.get(),
                               s.size, rank_, s.abort_device};
     SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, type == ReduceType::kBfloat16, stream));

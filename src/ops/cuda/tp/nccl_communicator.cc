@@ -163,7 +163,8 @@ class NcclCommunicator final : public Communicator {
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
                       cudaStream_t stream) override {
     const ncclDataType_t data = type == ReduceType::kFloat32 ? ncclFloat32 : ncclBfloat16;
-    if (TraceEnabled()) Trace(rank_, fmt::format("nccl all-reduce {} of {} elements", ++calls_, count));
+    const int64_t call = CountIssued();
+    if (TraceEnabled()) Trace(rank_, fmt::format("nccl all-reduce {} of {} elements", call, count));
     std::shared_lock<std::shared_mutex> lock(shared_->mutex);
     if (shared_->aborted) {
       return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
@@ -176,7 +177,6 @@ class NcclCommunicator final : public Communicator {
  private:
   std::shared_ptr<NcclShared> shared_;
   int rank_;
-  int64_t calls_ = 0;
 };
 
 }  // namespace
