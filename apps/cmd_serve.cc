@@ -46,6 +46,12 @@ struct LoadedModel {
 Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   LoadedModel loaded;
   if (o.device == "cuda") {
+    if (o.prefill_slots > 0 && o.kv.policy != "shadowkv") {
+      return Error(ErrorCode::kInvalidArgument,
+                   "--prefill-slots sizes ShadowKV's prompt slots; with --kv {} every sequence "
+                   "is a full-cache slot (--max-seqs)",
+                   o.kv.policy);
+    }
 #ifdef SHADOWKV_HAVE_CUDA
     cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
     cuda::CudaServingOptions c;

@@ -58,6 +58,7 @@ expect_error tp_generate_cpu "needs --device cuda" "$bin" generate -m "$model" -
 expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tensor-parallel 2
 expect_error tp_serve_cpu "needs --device cuda" "$bin" serve -m "$model" --tensor-parallel 2
 expect_error serve_pool_cpu "GPU's pool" "$bin" serve -m "$model" --ctx-size 512
+expect_error serve_prefill_slots_full "prefill-slots sizes ShadowKV" "$bin" serve -m "$model" --device cuda --kv full --prefill-slots 2
 expect_error tp_zero "tensor-parallel" "$bin" generate -m "$model" -p hi --tensor-parallel 0
 
 echo "$passes passed, $failures failed"
