@@ -243,13 +243,18 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   // the device lacks even that room), saved, and every plan restores it.
   const int64_t beside_prefill = free_bytes - kReserveBytes;
   const bool compress_alone = plans[0].total * meta_share + value_share > beside_prefill;
+  // Compresses the prefilled prompt into sequence 0 (values allocated), then frees its full cache.
+  auto compress = [&]() -> Status {
+    SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
+    r.compress_seconds = model.shadowkv_stats().compress_seconds;
+    model.FreeKvCache();
+    return Status::Ok();
+  };
   if (compress_alone) {
     SKV_RETURN_IF_ERROR(model.AllocateShadowKv(kv_config, 1, capacity));
     SKV_RETURN_IF_ERROR(
         model.AllocateShadowKvValues(0, /*on_host=*/meta_share + value_share > beside_prefill));
-    SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
-    r.compress_seconds = model.shadowkv_stats().compress_seconds;
-    model.FreeKvCache();
+    SKV_RETURN_IF_ERROR(compress());
     SKV_ASSIGN_OR_RETURN(snapshot, model.SaveShadowKvSequence(0));
     model.FreeShadowKv();
   }
@@ -259,9 +264,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     SKV_RETURN_IF_ERROR(model.AllocateShadowKv(kv_config, static_cast<int>(plan.total), capacity));
     SKV_RETURN_IF_ERROR(model.AllocateShadowKvValues(0, false));
     if (plan_index == 0 && !compress_alone) {
-      SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
-      r.compress_seconds = model.shadowkv_stats().compress_seconds;
-      model.FreeKvCache();
+      SKV_RETURN_IF_ERROR(compress());
       if (plans.size() > 1) {
         SKV_ASSIGN_OR_RETURN(snapshot, model.SaveShadowKvSequence(0));
       }

@@ -119,8 +119,10 @@ Status CudaServingModel::MakePool() {
   const int slots = shadowkv() && options_.prefill_slots > 0
                         ? std::min(options_.prefill_slots, options_.sequences)
                         : options_.sequences;
-  const int64_t per_token = group_->KvBytesPerToken() * (shadowkv() ? 3 : 2) / 2;
-  slot_bytes_ = per_token * context;
+  // Keys and values, and for ShadowKV the pre-RoPE keys too (half as much again).
+  const int64_t per_token = group_->KvBytesPerToken();
+  slot_bytes_ = (shadowkv() ? per_token + per_token / 2 : per_token) * context;
+  num_slots_ = slots;
   auto advice = [&](const Status& s) {
     return Error(s.code(),
                  "the GPU pool of {} sequences of {} tokens does not fit ({}); lower "
@@ -155,7 +157,7 @@ std::string CudaServingModel::Describe() const {
   std::string text = fmt::format("{} sequences of up to {} tokens, {} full-cache slots ({:.2f} "
                                  "GiB each)",
                                  options_.sequences, context,
-                                 free_slots_.size(), slot_bytes_ / kGiB);
+                                 num_slots_, slot_bytes_ / kGiB);
   if (shadowkv()) {
     text += fmt::format("; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
                         "memory while it lasts, then pinned host memory)",

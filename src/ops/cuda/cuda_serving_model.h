@@ -78,6 +78,7 @@ class CudaServingModel final : public server::ServingModel {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<CudaModelGroup> group_;
   ModelConfig config_;  // the model's, with context_length = the served context
+  int num_slots_ = 0;              // full-cache slots in the pool
   int64_t slot_bytes_ = 0;         // device bytes of one full-cache slot
   int64_t skv_bytes_ = 0;          // device bytes of one ShadowKV sequence without values
   int64_t skv_value_bytes_ = 0;    // and of its values

@@ -90,11 +90,11 @@ struct CudaModelGroup::State {
       for (const auto& communicator : communicators) {
         issued += fmt::format("{}{}", issued.empty() ? "" : ", ", communicator->issued());
       }
-      aborted = Error(status.code(), "the tensor-parallel group stopped after a rank failed ({}; "
-                      "all-reduces issued by rank 0, 1, ...: {}); load the model again",
-                      status.message(), issued);
-      return Error(status.code(), "{} (all-reduces issued by rank 0, 1, ...: {})",
-                   status.message(), issued);
+      const std::string failure =
+          fmt::format("{} (all-reduces issued by rank 0, 1, ...: {})", status.message(), issued);
+      aborted = Error(status.code(), "the tensor-parallel group stopped after a rank failed ({}); "
+                      "load the model again", failure);
+      return Error(status.code(), "{}", failure);
     }
     return status;
   }
