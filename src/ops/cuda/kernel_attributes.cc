@@ -1,7 +1,6 @@
 #include "ops/cuda/kernel_attributes.h"
 
 #include <map>
-#include <mutex>
 #include <utility>
 
 namespace shadowkv::cuda {
@@ -9,9 +8,10 @@ namespace shadowkv::cuda {
 cudaError_t AllowDynamicSharedMemory(const void* kernel, int bytes) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> allowed;  // (kernel, device) -> bytes
-  std::lock_guard<std::mutex> lock(mutex);
+  // What this thread has set, per (kernel, device): each rank's thread launches on its own GPU,
+  // so the launch path shares no lock between ranks. Two threads setting the same attribute on
+  // one device set the same value.
+  thread_local std::map<std::pair<const void*, int>, int> allowed;
   int& current = allowed[{kernel, device}];
   if (bytes <= current) return cudaSuccess;
   const cudaError_t e =

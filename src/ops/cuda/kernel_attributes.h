@@ -8,7 +8,7 @@
 namespace shadowkv::cuda {
 
 // Lets `kernel` use up to `bytes` of dynamic shared memory on the current device (a no-op where
-// as much or more was already allowed there). Thread-safe.
+// as much or more was already allowed there by this thread). Thread-safe without a lock.
 cudaError_t AllowDynamicSharedMemory(const void* kernel, int bytes);
 
 }  // namespace shadowkv::cuda
