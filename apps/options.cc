@@ -67,6 +67,10 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
       ->capture_default_str();
   app.add_option("--local-window", c.local_window, "shadowkv: exact tokens kept at the end")
       ->capture_default_str();
+  app.add_flag("--fp8-values{1}", c.fp8_values,
+               "shadowkv: store values as FP8 e4m3, one scale per chunk and KV head");
+  app.add_flag("--fp8-landmarks{1}", c.fp8_landmarks,
+               "shadowkv: store chunk landmarks as FP8 e4m3, one scale per landmark");
   app.add_option("--value-store", c.value_store_path,
                  "shadowkv: directory for a file-backed value store (default: RAM)");
   app.add_option("--snap-window", c.snap_window, "snapkv: observation window")->capture_default_str();

@@ -27,6 +27,13 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "successors must be 0 or 1, not {}",
                  select_successors);
   }
+  if (fp8_values != 0 && fp8_values != 1) {
+    return Error(ErrorCode::kInvalidArgument, "fp8_values must be 0 or 1, not {}", fp8_values);
+  }
+  if (fp8_landmarks != 0 && fp8_landmarks != 1) {
+    return Error(ErrorCode::kInvalidArgument, "fp8_landmarks must be 0 or 1, not {}",
+                 fp8_landmarks);
+  }
   if (budget_tokens < 0) {
     return Error(ErrorCode::kInvalidArgument, "budget of {} tokens is negative", budget_tokens);
   }
@@ -125,6 +132,8 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"window", Assign(&KvPolicyConfig::local_window)},
       {"successors", Assign(&KvPolicyConfig::select_successors)},
       {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
+      {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
+      {"fp8_landmarks", Assign(&KvPolicyConfig::fp8_landmarks)},
       {"snap_window", Assign(&KvPolicyConfig::snap_window)},
       {"snap_kernel", Assign(&KvPolicyConfig::snap_kernel)},
       {"snap_pooling", Assign(&KvPolicyConfig::snap_pooling)},

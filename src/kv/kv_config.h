@@ -37,6 +37,10 @@ struct KvPolicyConfig {
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
+  // Store the slow tier's values / the chunk landmarks as FP8 e4m3 with one fp32 scale per chunk
+  // of one KV head (core/fp8.h): half the bytes of bf16. 0 or 1; off by default.
+  int fp8_values = 0;
+  int fp8_landmarks = 0;
   std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)
 
   // SnapKV (SPEC §4).
@@ -61,7 +65,8 @@ struct KvPolicyConfig {
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, basis_groups, outliers, window, successors (0 or 1),
-// exact_layers, snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. Settings not
+// exact_layers, fp8_values (0 or 1), fp8_landmarks (0 or 1), snap_window, snap_kernel,
+// snap_pooling, page, dense_layers, sinks. Settings not
 // named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);

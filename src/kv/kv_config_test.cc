@@ -44,6 +44,11 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   auto successors = ParseKvVariant("shadowkv:successors=1", base);
   ASSERT_TRUE(successors.ok()) << successors.status().ToString();
   EXPECT_EQ(successors->select_successors, 1);
+  auto fp8 = ParseKvVariant("shadowkv:fp8_values=1:fp8_landmarks=1", base);
+  ASSERT_TRUE(fp8.ok()) << fp8.status().ToString();
+  EXPECT_EQ(fp8->fp8_values, 1);
+  EXPECT_EQ(fp8->fp8_landmarks, 1);
+  EXPECT_EQ(config->fp8_values, 0);
 }
 
 TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
@@ -57,6 +62,8 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
                         Case{"shadowkv:rank=12x", "12x"},
                         Case{"shadowkv:budget=", "budget"},
                         Case{"shadowkv:chunk=0", "chunk size 0"},
+                        Case{"shadowkv:fp8_values=2", "fp8_values must be 0 or 1"},
+                        Case{"shadowkv:fp8_landmarks=-1", "fp8_landmarks must be 0 or 1"},
                         Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);
     ASSERT_FALSE(config.ok()) << c.text;
