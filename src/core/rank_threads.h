@@ -28,11 +28,19 @@ class RankThreads {
 
   int size() const { return static_cast<int>(threads_.size()); }
 
+  // The real-time signal that asks a rank's thread for its stack (SIGRTMIN + 5).
+  static int StackSignal();
+
   // task(rank) on every rank's thread at once; returns when all have returned, with the first
   // failure in time (Ok if none). `on_failure`, if set, runs once: on the failing rank's thread
   // as soon as a rank fails, or on this thread when the ranks have not all returned after
   // `timeout` (0: no limit), in which case the error returned says so. Either way Run still
   // waits for every rank: on_failure must make the stragglers return.
+  // When `timeout` passes, before on_failure, the call stack of each rank that has not returned
+  // is written to stderr, each under a line "rank R stack (step timed out after N ms):" (one
+  // frame a line, as backtrace_symbols_fd writes them, after a line giving the executable and its
+  // load base). It interrupts that rank's thread with a signal (StackSignal(), its handler
+  // installed at the first such dump) and waits up to 2 s for each rank's stack.
   Status Run(const Task& task, const std::function<void()>& on_failure = nullptr,
              std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
@@ -49,6 +57,7 @@ class RankThreads {
   int pending_ = 0;
   bool stop_ = false;
   std::vector<Status> results_;
+  std::vector<char> running_;  // per rank: has not returned from the current task
   std::vector<std::thread> threads_;
 };
 
