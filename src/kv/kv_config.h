@@ -37,8 +37,9 @@ struct KvPolicyConfig {
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
-  // Store the slow tier's values / the chunk landmarks as FP8 e4m3 with one fp32 scale per chunk
-  // of one KV head (core/fp8.h): half the bytes of bf16. 0 or 1; off by default.
+  // Store the slow tier's values as FP8 e4m3 with one fp32 scale per chunk of one KV head, and
+  // the chunk landmarks with one scale per landmark (core/fp8.h): half the bytes of bf16, a
+  // quarter of fp32. 0 or 1; off by default.
   int fp8_values = 0;
   int fp8_landmarks = 0;
   std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)

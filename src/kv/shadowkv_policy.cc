@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/fp8.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
 #include "kv/policies.h"
@@ -14,6 +15,18 @@ namespace shadowkv::kv {
 namespace {
 
 constexpr int64_t kFloat = sizeof(float);
+
+// Bytes the fast tier counts for `landmarks` landmark vectors of `head_dim` elements: fp32, or
+// with fp8_landmarks one byte an element plus an fp32 scale per landmark (the vectors are held
+// as fp32 here, holding exactly the values their FP8 form decodes to).
+int64_t LandmarkBytes(const KvPolicyConfig& config, int64_t landmarks, int64_t head_dim) {
+  return config.fp8_landmarks != 0 ? landmarks * (head_dim + kFloat)
+                                   : landmarks * head_dim * kFloat;
+}
+
+ValueFormat ValueFormatOf(const KvPolicyConfig& config) {
+  return config.fp8_values != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
+}
 
 // The settings a sequence needs, resolved once by the policy.
 struct Settings {
@@ -97,6 +110,7 @@ struct HeadState {
   std::vector<int32_t> landmark_chunks;  // [L] chunk of each landmark
   std::vector<int64_t> value_runs;       // [L] value-store run of each landmark
   std::vector<float> landmarks;          // [L, head_dim] mean post-RoPE key of the chunk
+                                         // (rounded through FP8 with fp8_landmarks)
   std::vector<int32_t> outlier_chunks;   // [O]
   std::vector<float> outlier_keys;       // [O * chunk_size, head_dim] exact post-RoPE
   std::vector<float> outlier_values;     // [O * chunk_size, head_dim]
@@ -301,8 +315,9 @@ Status ShadowKvSequenceImpl::AddChunks(LayerState& layer, int h, int64_t num_chu
       continue;
     }
     const float* keys = layer.exact_keys.data() + c * chunk * width + h * g.head_dim;
-    ComputeLandmarks(keys, width, 1, chunk, g.head_dim,
-                     head.landmarks.data() + (first_landmark + next) * g.head_dim);
+    float* landmark = head.landmarks.data() + (first_landmark + next) * g.head_dim;
+    ComputeLandmarks(keys, width, 1, chunk, g.head_dim, landmark);
+    if (settings_.config.fp8_landmarks != 0) RoundTripFp8Run(landmark, g.head_dim);
     const float* values = layer.exact_values.data() + c * chunk * width + h * g.head_dim;
     for (int t = 0; t < chunk; ++t) {
       std::memcpy(scratch_.runs.data() + next * chunk_floats + t * g.head_dim, values + t * width,
@@ -439,23 +454,25 @@ Status ShadowKvSequenceImpl::Rebuild(const LayerState& layer, HeadState& head, i
     SKV_RETURN_IF_ERROR(
         store_->Read(head.value_runs[item], head.gather_values.data() + slot * chunk_floats));
   }
-  stats->bytes_fetched += count * chunk_floats * kFloat;
+  stats->bytes_fetched += count * store_->run_bytes();
   return Status::Ok();
 }
 
 MemoryUsage ShadowKvSequenceImpl::memory() const {
   int64_t floats = 0;
+  int64_t landmark_bytes = 0;
   for (const LayerState& layer : layers_) {
     floats += static_cast<int64_t>(layer.exact_keys.size() + layer.exact_keys_pre.size() +
                                    layer.exact_values.size() + layer.coefficients.size() +
                                    layer.basis.basis.size());
     for (const HeadState& head : layer.heads) {
-      floats += static_cast<int64_t>(head.landmarks.size() + head.outlier_keys.size() +
-                                     head.outlier_values.size() + head.gather_keys.size() +
-                                     head.gather_values.size());
+      floats += static_cast<int64_t>(head.outlier_keys.size() + head.outlier_values.size() +
+                                     head.gather_keys.size() + head.gather_values.size());
+      landmark_bytes +=
+          LandmarkBytes(settings_.config, head.num_landmarks(), settings_.geometry.head_dim);
     }
   }
-  return {floats * kFloat + rope_table_.bytes(), store_->bytes()};
+  return {floats * kFloat + landmark_bytes + rope_table_.bytes(), store_->bytes()};
 }
 
 ShadowKvLayerInfo ShadowKvSequenceImpl::Inspect(int layer_index) const {
@@ -489,9 +506,10 @@ class ShadowKvPolicy final : public KvPolicy {
   std::string_view name() const override { return "shadowkv"; }
 
   Result<std::unique_ptr<SequenceKv>> NewSequence() const override {
-    SKV_ASSIGN_OR_RETURN(auto store, ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) *
-                                                            geometry_.head_dim,
-                                                        config_.value_store_path));
+    SKV_ASSIGN_OR_RETURN(
+        auto store,
+        ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) * geometry_.head_dim,
+                           config_.value_store_path, ValueFormatOf(config_)));
     return std::unique_ptr<SequenceKv>(
         std::make_unique<ShadowKvSequenceImpl>(settings_, std::move(store)));
   }
@@ -504,7 +522,8 @@ class ShadowKvPolicy final : public KvPolicy {
     const int64_t num_chunks = ChunksToForm(settings_, num_tokens);
     const int64_t exact = num_tokens - num_chunks * chunk;
     int64_t layer_floats = 3 * exact * width;
-    int64_t slow_floats = 0;
+    int64_t layer_landmark_bytes = 0;
+    int64_t slow_bytes = 0;
     int64_t rope_floats = 0;
     if (num_chunks > 0) {
       auto budget = BudgetChunks(settings_, num_tokens);
@@ -514,12 +533,15 @@ class ShadowKvPolicy final : public KvPolicy {
       const int64_t landmarks = num_chunks - outliers;
       const int64_t gathered = std::min(budget_chunks, landmarks);
       layer_floats += num_chunks * chunk * settings_.rank + settings_.rank * width +
-                      g.num_kv_heads * (landmarks + 2 * (outliers + gathered) * chunk) * g.head_dim;
-      slow_floats = landmarks * chunk * width;
+                      g.num_kv_heads * 2 * (outliers + gathered) * chunk * g.head_dim;
+      layer_landmark_bytes = LandmarkBytes(config_, g.num_kv_heads * landmarks, g.head_dim);
+      slow_bytes = g.num_kv_heads * landmarks *
+                   ValueStore::RunBytes(chunk * g.head_dim, ValueFormatOf(config_));
       rope_floats = num_chunks * chunk * (g.rope.rotary_dim / 2 * 2);
     }
-    return {(layer_floats * g.num_layers + rope_floats) * kFloat,
-            slow_floats * g.num_layers * kFloat};
+    return {
+        (layer_floats * g.num_layers + rope_floats) * kFloat + layer_landmark_bytes * g.num_layers,
+        slow_bytes * g.num_layers};
   }
 
  private:
