@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "core/status.h"
+#include "kv/kv_config.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
 #include "model/synthetic.h"
@@ -170,8 +171,18 @@ int RunCudaBench(const CudaBenchOptions& o) {
           rows.push_back(row);
           std::fflush(stdout);
         };
-        if (policy == "shadowkv") {
+        if (policy == "shadowkv" || policy.rfind("shadowkv:", 0) == 0) {
+          // A variant ("shadowkv:fp8_values=1:fp8_landmarks=1", "shadowkv:budget=1024") sets
+          // those settings; the bench's budget rule otherwise.
+          auto variant = kv::ParseKvVariant(policy, kv::KvPolicyConfig{});
+          if (!variant.ok()) {
+            report_error(variant.status());
+            continue;
+          }
           cuda::ShadowKvBenchCase bench_case;
+          bench_case.budget_tokens = variant->budget_tokens;
+          bench_case.fp8_values = variant->fp8_values != 0;
+          bench_case.fp8_landmarks = variant->fp8_landmarks != 0;
           bench_case.context = context;
           bench_case.batch = static_cast<int>(batch);
           bench_case.decode_steps = o.gen_tokens;
@@ -327,14 +338,20 @@ int RunCudaBench(const CudaBenchOptions& o) {
   nlohmann::json ratios = nlohmann::json::array();
   for (int64_t context : *contexts) {
     auto full = best.find({"full", context});
-    auto sparse = best.find({"shadowkv", context});
-    if (full == best.end() || sparse == best.end() || full->second <= 0) continue;
-    std::printf("context %lld: ShadowKV %.1f tok/s vs full %.1f tok/s = %.2fx (each at its best "
-                "batch, same run)\n",
-                static_cast<long long>(context), sparse->second, full->second,
-                sparse->second / full->second);
-    ratios.push_back({{"context", context}, {"shadowkv_tokens_per_s", sparse->second},
-                      {"full_tokens_per_s", full->second}, {"ratio", sparse->second / full->second}});
+    if (full == best.end() || full->second <= 0) continue;
+    for (const std::string& policy : policies) {
+      if (policy == "full") continue;
+      auto sparse = best.find({policy, context});
+      if (sparse == best.end()) continue;
+      std::printf("context %lld: %s %.1f tok/s vs full %.1f tok/s = %.2fx (each at its best "
+                  "batch, same run)\n",
+                  static_cast<long long>(context), policy.c_str(), sparse->second, full->second,
+                  sparse->second / full->second);
+      ratios.push_back({{"context", context}, {"policy", policy},
+                        {"shadowkv_tokens_per_s", sparse->second},
+                        {"full_tokens_per_s", full->second},
+                        {"ratio", sparse->second / full->second}});
+    }
   }
   if (synthetic) std::printf("*** %s ***\n", label.c_str());
   if (!o.json_path.empty()) {

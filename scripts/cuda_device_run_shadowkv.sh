@@ -8,6 +8,8 @@
 #   (default: tests bench)
 #   smoke: the bench at 16K with 16 steps (a quick check before the long run)
 #   gemm: a full-attention step at 4K, batch 8, with cuBLAS and with the skinny GEMM kernel
+#   bench-fp8: the same bench beside ShadowKV with FP8 values, and with FP8 values and landmarks
+#     (device-resident values only: --no-host-values)
 #   kernels: each decode kernel of one layer timed alone (tests/gpu/shadowkv_kernels_bench_test.cc),
 #     with the fast rebuild at 32 and at 64 gather slots per block (SKV_REBUILD_SLOTS)
 set -uo pipefail
@@ -53,6 +55,12 @@ for step in "${steps[@]}"; do
         --kv full,shadowkv --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
         --json "$out/bench_shadowkv.json" > "$out/bench_shadowkv.log" 2>&1
       ;;
+    bench-fp8)
+      timeout 480 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+        --kv full,shadowkv,shadowkv:fp8_values=1,shadowkv:fp8_values=1:fp8_landmarks=1 \
+        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 --no-host-values \
+        --json "$out/bench_fp8.json" > "$out/bench_fp8.log" 2>&1
+      ;;
     gemm)
       for variant in 0 1; do
         SKV_GEMM_VARIANT=$variant timeout 30 "$stage/bin/shadowkv" bench --device cuda \
@@ -78,6 +86,7 @@ for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
 [ -f "$out/sanitizer.log" ] && grep -E "ERROR SUMMARY|Invalid|error" "$out/sanitizer.log" | head -20
 [ -f "$out/bench_smoke.log" ] && cat "$out/bench_smoke.log"
 [ -f "$out/bench_shadowkv.log" ] && cat "$out/bench_shadowkv.log"
+[ -f "$out/bench_fp8.log" ] && cat "$out/bench_fp8.log"
 for slots in 32 64; do
   [ -f "$out/kernels_slots$slots.log" ] && echo "SKV_REBUILD_SLOTS=$slots:" &&
     grep -E "\[ kernels \]|FAILED|rror" "$out/kernels_slots$slots.log"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/fp8.h"
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
@@ -20,12 +21,27 @@ using namespace testing;
 class CudaShadowKvKernelsTest : public ::testing::TestWithParam<int> {};
 
 // Capacity 2000 chunks (a multiple of 16) takes the fast tensor-core scoring and the 512-thread
-// select; 9000 the other fast scoring kernel and the 1024-thread select.
-void CheckSelection(int kernel_variant, const int kCapacity, bool successors) {
+// select; 9000 the other fast scoring kernel and the 1024-thread select. FP8 landmarks (tensor
+// cores only): the device holds each landmark's codes and scale (core/fp8.h) and the CPU scores
+// the values they stand for.
+void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bool fp8 = false) {
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {1900, 1234};
   std::mt19937 rng(5);
-  const std::vector<float> landmarks = RandomBf16Values(int64_t{kSeqs} * kHeads * kCapacity * kDim, rng);
+  std::vector<float> landmarks = RandomBf16Values(int64_t{kSeqs} * kHeads * kCapacity * kDim, rng);
+  std::vector<uint8_t> landmark_codes;
+  std::vector<float> landmark_scales;
+  if (fp8) {
+    const int64_t count = int64_t{kSeqs} * kHeads * kCapacity;
+    landmark_codes.resize(count * kDim);
+    landmark_scales.resize(count);
+    for (int64_t i = 0; i < count; ++i) {
+      landmark_scales[i] = QuantizeFp8Run(landmarks.data() + i * kDim, kDim,
+                                          landmark_codes.data() + i * kDim);
+      DequantizeFp8Run(landmark_codes.data() + i * kDim, kDim, landmark_scales[i],
+                       landmarks.data() + i * kDim);
+    }
+  }
   std::vector<uint8_t> outlier(kSeqs * kHeads * kCapacity, 0);
   for (int s = 0; s < kSeqs; ++s) {
     for (int h = 0; h < kHeads; ++h) {
@@ -33,6 +49,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors) {
     }
   }
   auto d_landmarks = ToDevice(ToBf16(landmarks));
+  auto d_codes = ToDevice(landmark_codes);
+  auto d_scales = ToDevice(landmark_scales);
   auto d_outlier = ToDevice(outlier);
   auto d_slots = ToDevice(std::vector<int32_t>(kSeqs * kHeads * kBudget, -1));
   std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{12, kBudget, 0, 0});
@@ -58,7 +76,13 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors) {
   l.capacity_chunks = kCapacity;
   l.max_budget = kBudget;
   l.recent_capacity = 40;
-  l.landmarks = reinterpret_cast<__nv_bfloat16*>(d_landmarks.get());
+  if (fp8) {
+    l.fp8_landmarks = 1;
+    l.landmark_codes = d_codes.get();
+    l.landmark_scales = d_scales.get();
+  } else {
+    l.landmarks = reinterpret_cast<__nv_bfloat16*>(d_landmarks.get());
+  }
   l.outlier = d_outlier.get();
   l.slot_chunk = d_slots.get();
   l.info = d_info.get();
@@ -148,6 +172,12 @@ TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
     SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks");
     CheckSelection(GetParam(), capacity, /*successors=*/false);
   }
+}
+
+TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "FP8 landmarks: fast kernels only";
+  CheckSelection(GetParam(), 2000, /*successors=*/false, /*fp8=*/true);
 }
 
 TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {

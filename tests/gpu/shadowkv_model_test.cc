@@ -73,8 +73,8 @@ TinyModelSpec SmallLlamaSpec(uint32_t seed) {
   return shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, seed);
 }
 
-TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
-  SKV_SKIP_WITHOUT_GPU();
+// fp8: values and landmarks stored as FP8 on both sides (core/fp8.h, the same rule).
+void CheckParity(bool fp8) {
   TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
@@ -89,6 +89,8 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;  // K = 8 chunks, O = 2
+  config.fp8_values = fp8 ? 1 : 0;
+  config.fp8_landmarks = fp8 ? 1 : 0;
   auto policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry());
   ASSERT_TRUE(policy.ok()) << policy.status().ToString();
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 11), SomeTokens(237, 12)};
@@ -179,10 +181,10 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
     EXPECT_EQ(tokens[0], Argmax(std::vector<float>(got.begin(), got.begin() + vocab)));
   }
   const CudaShadowKvStats stats = gpu.shadowkv_stats();
-  std::printf("[ parity   ] shadowkv: %d of 48 (sequence, step) pairs with the same chunks as the "
+  std::printf("[ parity   ] shadowkv%s: %d of 48 (sequence, step) pairs with the same chunks as the "
               "CPU, worst logit relative error %.2e there (%.2e elsewhere); %lld of %lld gathered "
               "chunks also gathered on the CPU; GPU hit rate %.1f%%\n",
-              compared, worst, worst_differing, static_cast<long long>(matched),
+              fp8 ? " (FP8 values and landmarks)" : "", compared, worst, worst_differing, static_cast<long long>(matched),
               static_cast<long long>(gathered),
               stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, 24);
@@ -192,6 +194,24 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   EXPECT_GE(static_cast<double>(matched) / gathered, 0.97);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
   EXPECT_EQ(gpu.shadowkv_length(1), 261);
+  if (fp8) {
+    // The values take 1 byte and a 4-byte scale per chunk and head instead of 2 bytes each.
+    auto geometry = MakeSkvGeometry(config, spec.layers, spec.kv_heads, 64, 512);
+    ASSERT_TRUE(geometry.ok());
+    EXPECT_EQ(stats.host_bytes, geometry->ValueBytesPerSequence());
+    EXPECT_EQ(geometry->ValueBytesPerSequence(),
+              int64_t{spec.layers} * spec.kv_heads * 64 * (8 * 64 + 4));
+  }
+}
+
+TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckParity(/*fp8=*/false);
+}
+
+TEST(CudaShadowKvParityTest, Fp8ValuesAndLandmarksMatchTheCpuPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckParity(/*fp8=*/true);
 }
 
 // The bench re-allocates between its two runs and carries the compressed prompt across in host

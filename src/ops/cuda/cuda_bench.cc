@@ -172,6 +172,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   kv_config.policy = "shadowkv";
   kv_config.budget_tokens =
       c.budget_tokens > 0 ? c.budget_tokens : NextPowerOfTwo(std::max<int64_t>(1, c.context / 64));
+  kv_config.fp8_values = c.fp8_values ? 1 : 0;
+  kv_config.fp8_landmarks = c.fp8_landmarks ? 1 : 0;
   model.FreeShadowKv();
   model.FreeKvCache();
   ShadowKvBenchResult r;
@@ -342,13 +344,16 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double per_layer_rows = batch * layers * heads;
     const double device_rate = kFloorBytesPerSecond / 1000.0;  // bytes per ms
     run.floors.dense_ms = static_cast<double>(model.decode_weight_bytes()) / devices / device_rate;
-    run.floors.scoring_ms = per_layer_rows * chunks * d * 2 / device_rate;
+    // FP8: a landmark or a stored run is one byte per element plus its 4-byte scale.
+    const double landmark_bytes = c.fp8_landmarks ? d + 4 : d * 2;
+    const double run_bytes = c.fp8_values ? chunk * d + 4 : chunk * d * 2;
+    run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate;
     run.floors.rebuild_ms = per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
-    const double fetch_bytes_per_row = misses * chunk * d * 2;
+    // A fetched run is read from the store and written to the gather rows as bf16.
     run.floors.fetch_ms =
-        layers * heads * fetch_bytes_per_row *
-        (run.device_value_sequences * 2 / device_rate +
-         run.host_value_sequences / (kHostReadBytesPerSecond / 1000.0));
+        layers * heads * misses *
+        (run.device_value_sequences * (run_bytes + chunk * d * 2) / device_rate +
+         run.host_value_sequences * run_bytes / (kHostReadBytesPerSecond / 1000.0));
     run.floors.attention_ms =
         per_layer_rows * ((outliers + budget) * chunk + kv_config.local_window + chunk / 2) * d *
         4 / device_rate;

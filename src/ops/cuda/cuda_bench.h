@@ -62,6 +62,8 @@ struct ShadowKvBenchCase {
   int64_t budget_tokens = 0;  // 0: the next power of two of context / 64 (1024 at 60K, 2048 at 122K)
   int64_t host_reserve_bytes = 16ll << 30;  // host memory left to everything else
   bool allow_host_values = true;
+  bool fp8_values = false;     // FP8 e4m3 values in the store (kv::KvPolicyConfig::fp8_values)
+  bool fp8_landmarks = false;  // FP8 e4m3 landmarks
 };
 
 // Per-step byte floors of SPEC §3's equivalent-bandwidth model with the measured hit rate:

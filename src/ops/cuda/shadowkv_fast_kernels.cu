@@ -10,6 +10,7 @@
 #include "ops/cuda/device_utils.cuh"
 #include "ops/cuda/mma_utils.cuh"
 #include "ops/cuda/shadowkv_fast_kernels.cuh"
+#include "ops/cuda/shadowkv_fp8.cuh"
 #include "ops/cuda/shadowkv_select.cuh"
 
 namespace shadowkv::cuda {
@@ -147,10 +148,23 @@ constexpr int kScoreTcWarps = 4;
 constexpr int kScoreTcStages = 4;  // tiles in flight per warp (cp.async ring depth)
 constexpr int kScoreTcTile = 16;   // chunks per tensor-core tile (the mma's M)
 
-// Dynamic shared memory of the tensor-core scoring: per warp a ring of landmark tiles (rows
-// padded by 8 bf16 so ldmatrix rows avoid bank conflicts) and of their outlier flags.
-constexpr int64_t ScoreTcSharedBytes(int head_dim) {
-  return int64_t{kScoreTcWarps} * kScoreTcStages * kScoreTcTile * ((head_dim + 8) * 2 + 1);
+// Shared memory of the tensor-core scoring, per warp and ring stage: a tile of 16 landmarks
+// (rows padded by 16 bytes so the fragment loads avoid bank conflicts), under FP8 their 16
+// scales, and their outlier flags.
+template <int kHeadDim, bool kFp8>
+struct ScoreTcShared {
+  static constexpr int kRowBytes = kFp8 ? kHeadDim + 16 : (kHeadDim + 8) * 2;
+  static constexpr int kTileBytes = kScoreTcTile * kRowBytes;
+  static constexpr int kScaleBytes = kFp8 ? kScoreTcTile * 4 : 0;
+  static constexpr int kSlots = kScoreTcWarps * kScoreTcStages;
+  static constexpr int kScalesAt = kSlots * kTileBytes;
+  static constexpr int kFlagsAt = kScalesAt + kSlots * kScaleBytes;
+  static constexpr int64_t kBytes = kFlagsAt + kSlots * kScoreTcTile;
+};
+
+int64_t ScoreTcSharedBytes(int head_dim, bool fp8) {
+  if (head_dim == 128) return fp8 ? ScoreTcShared<128, true>::kBytes : ScoreTcShared<128, false>::kBytes;
+  return fp8 ? ScoreTcShared<64, true>::kBytes : ScoreTcShared<64, false>::kBytes;
 }
 
 // Scoring on the tensor cores: each warp owns kSkvScoreChunksPerBlock chunks of one (row, KV
@@ -159,19 +173,31 @@ constexpr int64_t ScoreTcSharedBytes(int head_dim) {
 // 8 columns hold the group's heads, the rest zero). No cross-lane reduction per chunk, and the
 // warp's softmax statistics come out of the same pass. Needs capacity_chunks % 16 == 0 (the
 // outlier flags of a tile are one aligned 16-byte copy).
-template <int kHeadDim, int kGroup>
+// FP8 landmarks (kFp8): the codes convert exactly to fp16 in registers and the product runs in
+// fp16 with the query rounded to fp16 (saturated; bf16 values from 2^-14 to 65504 convert
+// exactly); each logit is then multiplied by its landmark's scale. A lane loads 4 consecutive
+// codes per row and step, dims 4c..4c+3 of the 16, and takes them as the mma's k = 2c, 2c+1,
+// 2c+8, 2c+9; the query fragment is permuted the same way (a dot product ignores the order).
+template <int kHeadDim, int kGroup, bool kFp8>
 __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecodeParams p) {
   static_assert(kGroup <= 8, "the mma's 8 columns hold the group's query heads");
-  constexpr int kPitch = kHeadDim + 8;  // bf16 per shared row: ldmatrix rows avoid bank conflicts
+  using Shape = ScoreTcShared<kHeadDim, kFp8>;
   constexpr int kSteps = kHeadDim / 16;
-  constexpr int kVectors = kHeadDim / 8;  // 16-byte pieces per landmark
+  constexpr int kPieceBytes = 16;
+  constexpr int kPieces = kHeadDim * (kFp8 ? 1 : 2) / kPieceBytes;  // 16-byte pieces per landmark
+  constexpr int kPitch = Shape::kRowBytes / 2;  // bf16 per shared row (bf16 tiles)
   extern __shared__ __align__(16) unsigned char score_shared[];
-  using Tile = Bf16[kScoreTcTile * kPitch];
-  using Flags = uint8_t[kScoreTcTile];
-  auto* ring = reinterpret_cast<Tile(*)[kScoreTcStages]>(score_shared);
-  auto* flag_ring = reinterpret_cast<Flags(*)[kScoreTcStages]>(
-      score_shared + sizeof(Tile) * kScoreTcWarps * kScoreTcStages);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto tile_of = [&](int stage) {
+    return score_shared + (warp * kScoreTcStages + stage) * Shape::kTileBytes;
+  };
+  auto scales_of = [&](int stage) {
+    return reinterpret_cast<float*>(score_shared + Shape::kScalesAt +
+                                    (warp * kScoreTcStages + stage) * Shape::kScaleBytes);
+  };
+  auto flags_of = [&](int stage) {
+    return score_shared + Shape::kFlagsAt + (warp * kScoreTcStages + stage) * kScoreTcTile;
+  };
   const int h = blockIdx.y, row = blockIdx.z;
   const SkvRowMeta m = p.meta[row];
   const SkvLayout& l = p.layout;
@@ -190,13 +216,25 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
   for (int st = 0; st < kSteps; ++st) {
     qb[st][0] = qb[st][1] = 0u;
     if (gq < kGroup) {
-      const Bf16* q = q_row + gq * kHeadDim + st * 16 + 2 * cq;
-      qb[st][0] = *reinterpret_cast<const uint32_t*>(q);
-      qb[st][1] = *reinterpret_cast<const uint32_t*>(q + 8);
+      if constexpr (kFp8) {
+        const Bf16* q = q_row + gq * kHeadDim + st * 16 + 4 * cq;
+        const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q));
+        const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q + 2));
+        qb[st][0] = PackHalf2Saturated(low.x, low.y);
+        qb[st][1] = PackHalf2Saturated(high.x, high.y);
+      } else {
+        const Bf16* q = q_row + gq * kHeadDim + st * 16 + 2 * cq;
+        qb[st][0] = *reinterpret_cast<const uint32_t*>(q);
+        qb[st][1] = *reinterpret_cast<const uint32_t*>(q + 8);
+      }
     }
   }
   const int64_t head_index = HeadIndex(l, m.seq, p.layer, h);
-  const Bf16* landmarks = l.landmarks + head_index * l.capacity_chunks * kHeadDim;
+  const uint8_t* landmarks =
+      kFp8 ? l.landmark_codes + head_index * l.capacity_chunks * kHeadDim
+           : reinterpret_cast<const uint8_t*>(l.landmarks + head_index * l.capacity_chunks * kHeadDim);
+  constexpr int kLandmarkBytes = kHeadDim * (kFp8 ? 1 : 2);
+  const float* landmark_scales = kFp8 ? l.landmark_scales + head_index * l.capacity_chunks : nullptr;
   const uint8_t* outlier = l.outlier + head_index * l.capacity_chunks;
   float* logits =
       p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * l.capacity_chunks;
@@ -204,16 +242,22 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
   auto issue = [&](int tile) {
     if (tile < tiles) {
       const int stage = tile % kScoreTcStages, c0 = first + tile * kScoreTcTile;
-      Bf16* target = ring[warp][stage];
+      unsigned char* target = tile_of(stage);
 #pragma unroll
-      for (int i = lane; i < kScoreTcTile * kVectors; i += 32) {
-        const int r = i / kVectors, v = i % kVectors;
+      for (int i = lane; i < kScoreTcTile * kPieces; i += 32) {
+        const int r = i / kPieces, v = i % kPieces;
         const bool inside = c0 + r < last;
-        CpAsync16(target + r * kPitch + v * 8,
-                  inside ? landmarks + static_cast<int64_t>(c0 + r) * kHeadDim + v * 8 : landmarks,
+        CpAsync16(target + r * Shape::kRowBytes + v * kPieceBytes,
+                  inside ? landmarks + static_cast<int64_t>(c0 + r) * kLandmarkBytes +
+                               v * kPieceBytes
+                         : landmarks,
                   inside ? 16 : 0);
       }
-      if (lane == 0) CpAsync16(flag_ring[warp][stage], outlier + c0, 16);
+      if constexpr (kFp8) {
+        // c0 + 15 < capacity_chunks: the scales past `last` are read and never used.
+        if (lane < kScoreTcTile / 4) CpAsync16(scales_of(stage) + 4 * lane, landmark_scales + c0 + 4 * lane, 16);
+      }
+      if (lane == 0) CpAsync16(flags_of(stage), outlier + c0, 16);
     }
     CpAsyncCommit();  // empty groups too: every iteration waits on the same count
   };
@@ -226,21 +270,35 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
     CpAsyncWait<kScoreTcStages - 1>();
     __syncwarp();
     const int stage = tile % kScoreTcStages;
-    const Bf16* tile_rows = ring[warp][stage];
+    const unsigned char* tile_rows = tile_of(stage);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       uint32_t a[4];
-      LdMatrixX4(a, tile_rows + (lane & 15) * kPitch + st * 16 + (lane >> 4) * 8);
-      MmaBf16(acc, a, qb[st][0], qb[st][1]);
+      if constexpr (kFp8) {
+        const unsigned char* codes = tile_rows + gq * Shape::kRowBytes + st * 16 + 4 * cq;
+        const uint32_t upper = *reinterpret_cast<const uint32_t*>(codes);  // row gq
+        const uint32_t lower = *reinterpret_cast<const uint32_t*>(codes + 8 * Shape::kRowBytes);
+        a[0] = Fp8x2ToHalf2Bits(upper);
+        a[1] = Fp8x2ToHalf2Bits(lower);
+        a[2] = Fp8x2ToHalf2Bits(upper >> 16);
+        a[3] = Fp8x2ToHalf2Bits(lower >> 16);
+        MmaF16(acc, a, qb[st][0], qb[st][1]);
+      } else {
+        const Bf16* rows = reinterpret_cast<const Bf16*>(tile_rows);
+        LdMatrixX4(a, rows + (lane & 15) * kPitch + st * 16 + (lane >> 4) * 8);
+        MmaBf16(acc, a, qb[st][0], qb[st][1]);
+      }
     }
     // acc: (chunk gq, head 2cq), (gq, 2cq + 1), (gq + 8, 2cq), (gq + 8, 2cq + 1).
     const int c0 = first + tile * kScoreTcTile;
+    const unsigned char* flags = flags_of(stage);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int head = 2 * cq + (e & 1), r = gq + (e >> 1) * 8;
       if (head < kGroup && c0 + r < last) {
-        const float x = flag_ring[warp][stage][r] ? -INFINITY : acc[e] * p.scale;
+        const float scale = kFp8 ? scales_of(stage)[r] * p.scale : p.scale;
+        const float x = flags[r] ? -INFINITY : acc[e] * scale;
         logits[static_cast<int64_t>(head) * l.capacity_chunks + c0 + r] = x;
         SoftmaxAdd(x, &run_top[e & 1], &run_sum[e & 1]);
       }
@@ -489,24 +547,24 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) SkvSelectFastKernel
                                slot_chunk, miss, l.counters);
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8>
 const void* ScoreTcKernelOf(int group) {
   switch (group) {
-    case 1: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 1>);
-    case 2: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 2>);
-    case 3: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 3>);
-    case 4: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 4>);
-    case 5: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 5>);
-    case 6: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 6>);
-    case 7: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 7>);
-    case 8: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 8>);
+    case 1: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 1, kFp8>);
+    case 2: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 2, kFp8>);
+    case 3: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 3, kFp8>);
+    case 4: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 4, kFp8>);
+    case 5: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 5, kFp8>);
+    case 6: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 6, kFp8>);
+    case 7: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 7, kFp8>);
+    case 8: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 8, kFp8>);
     default: return nullptr;
   }
 }
 
-const void* ScoreTcKernel(int head_dim, int group) {
-  if (head_dim == 128) return ScoreTcKernelOf<128>(group);
-  if (head_dim == 64) return ScoreTcKernelOf<64>(group);
+const void* ScoreTcKernel(int head_dim, int group, bool fp8) {
+  if (head_dim == 128) return fp8 ? ScoreTcKernelOf<128, true>(group) : ScoreTcKernelOf<128, false>(group);
+  if (head_dim == 64) return fp8 ? ScoreTcKernelOf<64, true>(group) : ScoreTcKernelOf<64, false>(group);
   return nullptr;
 }
 
@@ -548,8 +606,10 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
   if (const void* select = SelectFastKernel(l)) {
     if ((e = raise(select, select_dynamic_bytes)) != cudaSuccess) return e;
   }
-  if (const void* score = ScoreTcKernel(l.head_dim, l.group)) {
-    if ((e = raise(score, ScoreTcSharedBytes(l.head_dim))) != cudaSuccess) return e;
+  const bool fp8 = l.fp8_landmarks != 0;
+  if (fp8 && l.capacity_chunks % kScoreTcTile != 0) return cudaErrorInvalidValue;
+  if (const void* score = ScoreTcKernel(l.head_dim, l.group, fp8)) {
+    if ((e = raise(score, ScoreTcSharedBytes(l.head_dim, fp8))) != cudaSuccess) return e;
   }
   return SkvConfigureRebuildFast(l);
 }
@@ -557,16 +617,18 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
 cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
   if (p.softmax_partials == nullptr) return cudaErrorInvalidValue;
+  const bool fp8 = l.fp8_landmarks != 0;
   if (l.capacity_chunks % kScoreTcTile == 0) {
-    const void* kernel = ScoreTcKernel(l.head_dim, l.group);
+    const void* kernel = ScoreTcKernel(l.head_dim, l.group, fp8);
     if (kernel == nullptr) return cudaErrorInvalidValue;
     const dim3 grid((SkvScoreBlocks(l.capacity_chunks) + kScoreTcWarps - 1) / kScoreTcWarps,
                     l.num_kv_heads, p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
     return cudaLaunchKernel(kernel, grid, dim3(kScoreTcWarps * 32), args,
-                            static_cast<size_t>(ScoreTcSharedBytes(l.head_dim)), stream);
+                            static_cast<size_t>(ScoreTcSharedBytes(l.head_dim, fp8)), stream);
   }
+  if (fp8) return cudaErrorInvalidValue;  // FP8 landmarks: the tensor-core scoring only
   const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
                   l.num_kv_heads, p.rows);
 #define SKV_SCORE_CASE(D, G)                                         \

@@ -11,6 +11,7 @@
 #include "ops/cuda/device_utils.cuh"
 #include "ops/cuda/mma_utils.cuh"
 #include "ops/cuda/shadowkv_fast_kernels.cuh"
+#include "ops/cuda/shadowkv_fp8.cuh"
 #include "ops/cuda/shadowkv_select.cuh"
 
 namespace shadowkv::cuda {
@@ -60,23 +61,45 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
     coefficients[t * l.rank + j] = __float2bfloat16(dot);
   }
   // Landmark (mean post-RoPE key), values to the store, and the chunk joins the landmark set.
+  float* means = pre_rows + chunk * width;  // FP8 landmarks: [kv_heads, d] before quantising
   for (int index = threadIdx.x; index < l.num_kv_heads * d; index += blockDim.x) {
     const int h = index / d, e = index % d;
     const int64_t head_offset = l.attn.HeadOffset(m.seq, p.layer, h);
     const Bf16* keys = l.attn.keys + head_offset + static_cast<int64_t>(info.recent_base) * d;
     const Bf16* values = l.attn.values + head_offset + static_cast<int64_t>(info.recent_base) * d;
     float sum = 0.0f;
-    Bf16* store = l.values[m.seq] +
-                  ((static_cast<int64_t>(p.layer) * l.num_kv_heads + h) * l.capacity_chunks +
-                   m.graduate_chunk) * chunk * d;
-    for (int t = 0; t < chunk; ++t) {
-      sum += __bfloat162float(keys[t * d + e]);
-      store[t * d + e] = values[t * d + e];
+    for (int t = 0; t < chunk; ++t) sum += __bfloat162float(keys[t * d + e]);
+    if (!l.fp8_values) {
+      Bf16* store = l.values[m.seq] + l.RunIndex(p.layer, h, m.graduate_chunk) * chunk * d;
+      for (int t = 0; t < chunk; ++t) store[t * d + e] = values[t * d + e];
     }
+    const float mean = sum / static_cast<float>(chunk);
     const int64_t head_index = HeadIndex(l, m.seq, p.layer, h);
-    l.landmarks[(head_index * l.capacity_chunks + m.graduate_chunk) * d + e] =
-        __float2bfloat16(sum / static_cast<float>(chunk));
+    if (l.fp8_landmarks) {
+      means[index] = mean;
+    } else {
+      l.landmarks[(head_index * l.capacity_chunks + m.graduate_chunk) * d + e] =
+          __float2bfloat16(mean);
+    }
     if (e == 0) l.outlier[head_index * l.capacity_chunks + m.graduate_chunk] = 0;
+  }
+  if (!l.fp8_values && !l.fp8_landmarks) return;
+  __syncthreads();
+  // FP8: one warp per KV head quantises the chunk's values and its landmark.
+  for (int h = threadIdx.x / 32; h < l.num_kv_heads; h += blockDim.x / 32) {
+    if (l.fp8_values) {
+      const Bf16* values = l.attn.values + l.attn.HeadOffset(m.seq, p.layer, h) +
+                           static_cast<int64_t>(info.recent_base) * d;
+      WarpQuantizeFp8Run([&](int i) { return __bfloat162float(values[i]); }, chunk * d,
+                         l.ValueCodes(m.seq, p.layer, h, m.graduate_chunk),
+                         l.ValueScale(m.seq, p.layer, h, m.graduate_chunk));
+    }
+    if (l.fp8_landmarks) {
+      const int64_t landmark = HeadIndex(l, m.seq, p.layer, h) * l.capacity_chunks +
+                               m.graduate_chunk;
+      WarpQuantizeFp8Run([&](int i) { return means[h * d + i]; }, d,
+                         l.landmark_codes + landmark * d, l.landmark_scales + landmark);
+    }
   }
 }
 
@@ -324,13 +347,20 @@ __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeP
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int run = l.chunk_size * l.head_dim;
-  const uint4* source = reinterpret_cast<const uint4*>(
-      l.values[m.seq] +
-      ((static_cast<int64_t>(p.layer) * l.num_kv_heads + h) * l.capacity_chunks + chunk) * run);
   uint4* target = reinterpret_cast<uint4*>(
       l.attn.values + l.attn.HeadOffset(m.seq, p.layer, h) +
       (static_cast<int64_t>(info.gather_base) + static_cast<int64_t>(slot) * l.chunk_size) *
           l.head_dim);
+  if (l.fp8_values) {
+    const uint2* codes = reinterpret_cast<const uint2*>(l.ValueCodes(m.seq, p.layer, h, chunk));
+    const float scale = *l.ValueScale(m.seq, p.layer, h, chunk);
+    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
+      target[i] = DecodeFp8x8ToBf16(codes[i], scale);
+    }
+    return;
+  }
+  const uint4* source =
+      reinterpret_cast<const uint4*>(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run);
   for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
 }
 
@@ -520,11 +550,27 @@ __global__ void __launch_bounds__(kLandmarkWarps * 32) SkvLandmarkKernel(SkvLand
     lowest = fminf(lowest, denominator > 0.0f ? dot / denominator : 0.0f);
   }
   const int64_t head_index = HeadIndex(l, p.seq, p.layer, h);
+  const int64_t landmark = head_index * l.capacity_chunks + c;
+  if (l.fp8_landmarks) {
+    // The run's rule (WarpQuantizeFp8Run) with the mean already in registers.
+    float amax = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxPerLane; ++j) {
-    const int e = lane + 32 * j;
-    if (e < d) {
-      l.landmarks[(head_index * l.capacity_chunks + c) * d + e] = __float2bfloat16(mean[j]);
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      if (lane + 32 * j < d) amax = fmaxf(amax, fabsf(mean[j]));
+    }
+    amax = WarpMax(amax);
+    const float inverse = Fp8RunInverseScale(amax);
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < d) l.landmark_codes[landmark * d + e] = Fp32ToFp8E4m3(mean[j] * inverse);
+    }
+    if (lane == 0) l.landmark_scales[landmark] = Fp8RunScale(amax);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < d) l.landmarks[landmark * d + e] = __float2bfloat16(mean[j]);
     }
   }
   if (lane == 0) {
@@ -549,6 +595,24 @@ __global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
   }
 }
 
+// Pre-RoPE keys of the graduating chunk, and under FP8 landmarks their means before quantising.
+int64_t GraduateSharedBytes(const SkvLayout& l) {
+  return (static_cast<int64_t>(l.chunk_size) + (l.fp8_landmarks ? 1 : 0)) * l.kv_width() * 4;
+}
+
+// One warp per (chunk, KV head): the chunk's values, quantised into the FP8 store.
+constexpr int kStoreWarps = 4;
+__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvStoreValuesParams p) {
+  const int c = blockIdx.x * kStoreWarps + threadIdx.x / 32, h = blockIdx.y;
+  if (c >= p.num_chunks) return;
+  const SkvLayout& l = p.layout;
+  const int run = l.chunk_size * l.head_dim;
+  const Bf16* source = p.cache.values + p.cache.HeadOffset(p.cache_slot, p.layer, h) +
+                       static_cast<int64_t>(c) * run;
+  WarpQuantizeFp8Run([&](int i) { return __bfloat162float(source[i]); }, run,
+                     l.ValueCodes(p.seq, p.layer, h, c), l.ValueScale(p.seq, p.layer, h, c));
+}
+
 }  // namespace
 
 int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget) {
@@ -564,7 +628,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   const int64_t select_bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget) +
                                static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
   const int64_t rebuild_bytes = RebuildSharedBytes(l.rank, l.head_dim);
-  const int64_t graduate_bytes = static_cast<int64_t>(l.chunk_size) * l.kv_width() * 4;
+  const int64_t graduate_bytes = GraduateSharedBytes(l);
   if (select_bytes > limit || rebuild_bytes > limit || graduate_bytes > limit ||
       l.max_budget > kSkvMaxBudgetChunks || l.rank % 8 != 0 ||
       (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > 8) {
@@ -587,8 +651,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
 cudaError_t LaunchSkvGraduate(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
-  const size_t graduate_bytes = static_cast<size_t>(l.chunk_size) * l.kv_width() * sizeof(float);
-  SkvGraduateKernel<<<p.rows, kGraduateThreads, graduate_bytes, stream>>>(p);
+  SkvGraduateKernel<<<p.rows, kGraduateThreads, GraduateSharedBytes(l), stream>>>(p);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
   const size_t shift_bytes = 3ull * (l.recent_capacity - l.chunk_size) * l.head_dim * sizeof(Bf16);
@@ -600,6 +663,7 @@ cudaError_t LaunchSkvScore(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvScoreFast(p, stream);
   const SkvLayout& l = p.layout;
+  if (l.fp8_landmarks) return cudaErrorInvalidValue;  // the fast kernels only
   const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
                   l.num_kv_heads, p.rows);
 #define SKV_SCORE_CASE(D, G)                                                  \
@@ -650,6 +714,14 @@ cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) 
   } else {
     return cudaErrorInvalidValue;
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvStoreValuesFp8(const SkvStoreValuesParams& p, cudaStream_t stream) {
+  if (p.num_chunks == 0) return cudaSuccess;
+  if (!p.layout.fp8_values) return cudaErrorInvalidValue;
+  const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
+  SkvStoreValuesFp8Kernel<<<grid, kStoreWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

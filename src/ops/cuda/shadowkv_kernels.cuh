@@ -37,15 +37,38 @@ struct SkvLayout {
   __nv_bfloat16* coefficients = nullptr;  // A: [seqs, layers, capacity_chunks * C, rank]
   __nv_bfloat16* basis = nullptr;         // B: [seqs, layers, rank, kv_width]
   __nv_bfloat16* landmarks = nullptr;     // [seqs, layers, kv_heads, capacity_chunks, head_dim]
+  // FP8 landmarks (core/fp8.h) instead of `landmarks`: e4m3 codes in the same order, and one
+  // scale per landmark [seqs, layers, kv_heads, capacity_chunks]. Fast kernels only, with
+  // capacity_chunks a multiple of 16.
+  int fp8_landmarks = 0;
+  uint8_t* landmark_codes = nullptr;
+  float* landmark_scales = nullptr;
   uint8_t* outlier = nullptr;             // [seqs, layers, kv_heads, capacity_chunks] 1 = outlier
   int32_t* slot_chunk = nullptr;          // [seqs, layers, kv_heads, max_budget] -1 = empty
   // values[seq] → [layers, kv_heads, capacity_chunks * C, head_dim]: device or mapped pinned
-  // host memory; one chunk of one head is one contiguous run.
+  // host memory; one chunk of one head is one contiguous run. With fp8_values the run is e4m3
+  // codes (1 byte each) and the store continues, after all the codes, with one fp32 scale per
+  // run [layers, kv_heads, capacity_chunks] (core/fp8.h).
   __nv_bfloat16* const* values = nullptr;
+  int fp8_values = 0;
   const SkvSequenceInfo* info = nullptr;      // [seqs]
   unsigned long long* counters = nullptr;     // [2]: chunks selected, of which hits
 
   SKV_HOST_DEVICE int kv_width() const { return num_kv_heads * head_dim; }
+  // Index of the run (layer, head, chunk) within one sequence's value store or landmark set.
+  SKV_HOST_DEVICE int64_t RunIndex(int layer, int head, int chunk) const {
+    return (static_cast<int64_t>(layer) * num_kv_heads + head) * capacity_chunks + chunk;
+  }
+  // FP8 value store of sequence `seq`: codes of a run, and its scale.
+  SKV_HOST_DEVICE uint8_t* ValueCodes(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<uint8_t*>(values[seq]) +
+           RunIndex(layer, head, chunk) * chunk_size * head_dim;
+  }
+  SKV_HOST_DEVICE float* ValueScale(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(values[seq]) +
+                                    RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
+           RunIndex(layer, head, chunk);
+  }
 };
 
 struct SkvDecodeParams {
@@ -112,6 +135,18 @@ struct SkvOutlierParams {
   int num_outliers = 0;
 };
 cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t stream);
+
+// FP8 value store only: the values of chunks [0, num_chunks) of every KV head of one layer,
+// quantised from a full cache slot into sequence `seq`'s store (one run per chunk per head).
+struct SkvStoreValuesParams {
+  SkvLayout layout;
+  int seq = 0;
+  int layer = 0;
+  KvCacheView cache;
+  int cache_slot = 0;
+  int num_chunks = 0;
+};
+cudaError_t LaunchSkvStoreValuesFp8(const SkvStoreValuesParams& params, cudaStream_t stream);
 
 // Dynamic shared memory of the select kernel.
 int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);

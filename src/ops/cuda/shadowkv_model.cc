@@ -95,6 +95,10 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
     return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
                  "the fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
   }
+  if (config.fp8_landmarks != 0 && ShadowKvKernelVariant() != kSkvKernelsFast) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "
+                 "fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
+  }
   s->config = config;
   s->geometry = g;
   s->num_sequences = num_sequences;
@@ -113,7 +117,13 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_RETURN_IF_ERROR(sized(s->keys_pre.Allocate(n * layers * g.recent_capacity * width)));
   SKV_RETURN_IF_ERROR(sized(s->coefficients.Allocate(n * layers * chunked_rows * g.rank)));
   SKV_RETURN_IF_ERROR(sized(s->basis.Allocate(n * layers * g.rank * width)));
-  SKV_RETURN_IF_ERROR(sized(s->landmarks.Allocate(n * layers * heads * g.capacity_chunks * d)));
+  const int64_t landmarks = n * layers * heads * g.capacity_chunks;
+  if (g.fp8_landmarks) {
+    SKV_RETURN_IF_ERROR(sized(s->landmark_codes.Allocate(landmarks * d)));
+    SKV_RETURN_IF_ERROR(sized(s->landmark_scales.Allocate(landmarks)));
+  } else {
+    SKV_RETURN_IF_ERROR(sized(s->landmarks.Allocate(landmarks * d)));
+  }
   SKV_RETURN_IF_ERROR(sized(s->outlier.Allocate(n * layers * heads * g.capacity_chunks)));
   SKV_RETURN_IF_ERROR(sized(s->slot_chunk.Allocate(n * layers * heads * g.max_budget)));
   SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
@@ -173,6 +183,10 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.coefficients = s->coefficients.get();
   l.basis = s->basis.get();
   l.landmarks = s->landmarks.get();
+  l.fp8_landmarks = g.fp8_landmarks ? 1 : 0;
+  l.landmark_codes = s->landmark_codes.get();
+  l.landmark_scales = s->landmark_scales.get();
+  l.fp8_values = g.fp8_values ? 1 : 0;
   l.outlier = s->outlier.get();
   l.slot_chunk = s->slot_chunk.get();
   l.values = s->value_table.get();
@@ -389,11 +403,22 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, layer, 0);
     const Bf16* cache_keys = m.cache.keys + m.cache.HeadOffset(full_slot, layer, 0);
     const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
-    Bf16* store = s.value_pointers[seq] +
-                  static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
-        store, static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes, cache_values,
-        cache_pitch, chunked * row_bytes, heads, cudaMemcpyDefault, stream));
+    if (g.fp8_values) {
+      SkvStoreValuesParams vp;
+      vp.layout = l;
+      vp.seq = seq;
+      vp.layer = layer;
+      vp.cache = m.cache;
+      vp.cache_slot = full_slot;
+      vp.num_chunks = static_cast<int>(num_chunks);
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreValuesFp8(vp, stream));
+    } else {
+      Bf16* store = s.value_pointers[seq] +
+                    static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          store, static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes, cache_values,
+          cache_pitch, chunked * row_bytes, heads, cudaMemcpyDefault, stream));
+    }
     const int64_t attn_head0 = l.attn.HeadOffset(seq, layer, 0) +
                                static_cast<int64_t>(plan.info.recent_base) * d;
     const size_t attn_pitch = static_cast<size_t>(l.attn.capacity) * row_bytes;
@@ -428,7 +453,8 @@ namespace {
 // Every per-sequence device buffer of the state, in one fixed order.
 template <typename Visit>
 Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
-  auto part = [&](auto& buffer) {
+  auto part = [&](auto& buffer) -> Status {
+    if (buffer.size() == 0) return Status::Ok();  // a form not used by these settings
     const int64_t per = buffer.size() / s.num_sequences * sizeof(*buffer.get());
     return visit(reinterpret_cast<uint8_t*>(buffer.get()), per);
   };
@@ -438,6 +464,8 @@ Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
   SKV_RETURN_IF_ERROR(part(s.coefficients));
   SKV_RETURN_IF_ERROR(part(s.basis));
   SKV_RETURN_IF_ERROR(part(s.landmarks));
+  SKV_RETURN_IF_ERROR(part(s.landmark_codes));
+  SKV_RETURN_IF_ERROR(part(s.landmark_scales));
   SKV_RETURN_IF_ERROR(part(s.outlier));
   SKV_RETURN_IF_ERROR(part(s.slot_chunk));
   return part(s.info);

@@ -16,14 +16,24 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
                    + recent_capacity * kv_width() * bf16                // exact pre-RoPE keys
                    + chunked_rows * rank * bf16                         // A
                    + static_cast<int64_t>(rank) * kv_width() * bf16     // B
-                   + heads * capacity_chunks * head_dim * bf16          // landmarks
                    + heads * capacity_chunks                            // outlier flags
-                   + heads * max_budget * 4);                           // gather slots
+                   + heads * max_budget * 4)                            // gather slots
+         + LandmarkBytesPerSequence();
+}
+
+int64_t SkvGeometry::LandmarkBytesPerSequence() const {
+  const int64_t landmarks = static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks;
+  return fp8_landmarks ? landmarks * (head_dim + 4) : landmarks * head_dim * 2;
+}
+
+int64_t SkvGeometry::ValueCodeBytesPerSequence() const {
+  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size *
+         head_dim * (fp8_values ? 1 : 2);
 }
 
 int64_t SkvGeometry::ValueBytesPerSequence() const {
-  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size *
-         head_dim * 2;
+  const int64_t runs = static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks;
+  return ValueCodeBytesPerSequence() + (fp8_values ? runs * 4 : 0);
 }
 
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
@@ -52,6 +62,9 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   }
   g.capacity_tokens = capacity_tokens;
   g.capacity_chunks = static_cast<int>(capacity_tokens / g.chunk_size);
+  g.fp8_values = config.fp8_values != 0;
+  g.fp8_landmarks = config.fp8_landmarks != 0;
+  if (g.fp8_landmarks) g.capacity_chunks = (g.capacity_chunks + 15) / 16 * 16;
   const int64_t budget = config.BudgetTokens(capacity_tokens);
   g.max_budget = static_cast<int>(std::max<int64_t>(1, budget / g.chunk_size));
   g.max_outliers = static_cast<int>(kv::ResolveOutlierChunks(

@@ -1,0 +1,67 @@
+// Device side of the FP8 e4m3 runs of core/fp8.h: a warp quantises a run with the same rule as
+// the CPU (so codes and scales match bit for bit), and the decode paths unpack codes with the
+// hardware conversion (exact: every e4m3 value is an fp16 value).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "core/fp8.h"
+
+namespace shadowkv::cuda {
+
+__device__ __forceinline__ float WarpMax(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+// One warp (all 32 lanes) quantises the `count` values load(i) into codes[i] and *scale: the
+// run's largest magnitude, then every value (two reads of the source).
+template <typename Load>
+__device__ __forceinline__ void WarpQuantizeFp8Run(const Load& load, int count, uint8_t* codes,
+                                                   float* scale) {
+  const int lane = threadIdx.x & 31;
+  float amax = 0.0f;
+  for (int i = lane; i < count; i += 32) amax = fmaxf(amax, fabsf(load(i)));
+  amax = WarpMax(amax);
+  const float inverse = Fp8RunInverseScale(amax);
+  for (int i = lane; i < count; i += 32) codes[i] = Fp32ToFp8E4m3(load(i) * inverse);
+  if (lane == 0) *scale = Fp8RunScale(amax);
+}
+
+// Two e4m3 codes (the low 16 bits) → fp16x2, exactly.
+__device__ __forceinline__ uint32_t Fp8x2ToHalf2Bits(uint32_t codes) {
+  const __half2_raw pair =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(pair.x) | (static_cast<uint32_t>(pair.y) << 16);
+}
+
+// Eight codes → eight bf16 values code · scale.
+__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale) {
+  uint32_t out[4];
+  const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t half_bits = Fp8x2ToHalf2Bits(words[i / 2] >> (16 * (i % 2)));
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&half_bits));
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    out[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Two fp32 values → fp16x2 bits, saturating to ±65504 (query fragments of the FP8 scoring).
+__device__ __forceinline__ uint32_t PackHalf2Saturated(float low, float high) {
+  constexpr float kLimit = 65504.0f;
+  const __half2 pair = __floats2half2_rn(fminf(fmaxf(low, -kLimit), kLimit),
+                                         fminf(fmaxf(high, -kLimit), kLimit));
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+}  // namespace shadowkv::cuda

@@ -1,0 +1,224 @@
+// FP8 ShadowKV state on the GPU against the CPU codec (core/fp8.h): the value store written at
+// compression holds exactly the CPU's codes and scales, the value fetch writes exactly the
+// bf16 rounding of code · scale into the gather rows, and the landmarks are the CPU
+// quantisation of the same fp32 chunk means.
+#include <cmath>
+#include <cstring>
+
+#include "core/fp8.h"
+#include "gpu_test_util.h"
+#include "ops/cuda/shadowkv_kernels.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+using namespace testing;
+
+constexpr int kLayers = 2, kHeads = 2, kDim = 128, kChunk = 8, kChunks = 64, kSlots = 2;
+constexpr int kTokens = kChunks * kChunk;
+
+// Random bf16 K or V for a full cache of kSlots slots; chunk c of every head is scaled by a
+// factor that varies over four orders of magnitude, and chunk 5 of every head is zero.
+std::vector<float> CacheValues(std::mt19937& rng) {
+  std::vector<float> values =
+      RandomBf16Values(int64_t{kSlots} * kLayers * kHeads * kTokens * kDim, rng);
+  for (int64_t row = 0; row < int64_t{kSlots} * kLayers * kHeads * kTokens; ++row) {
+    const int chunk = static_cast<int>(row % kTokens) / kChunk;
+    const float factor = chunk == 5 ? 0.0f : std::ldexp(1.0f, chunk % 13 - 6);
+    for (int e = 0; e < kDim; ++e) {
+      float& v = values[row * kDim + e];
+      v = Bf16ToFp32(Fp32ToBf16(v * factor));
+    }
+  }
+  return values;
+}
+
+KvCacheView CacheView(DeviceBuffer<uint16_t>& keys, DeviceBuffer<uint16_t>& values) {
+  KvCacheView cache;
+  cache.keys = reinterpret_cast<__nv_bfloat16*>(keys.get());
+  cache.values = reinterpret_cast<__nv_bfloat16*>(values.get());
+  cache.num_slots = kSlots;
+  cache.num_layers = kLayers;
+  cache.num_kv_heads = kHeads;
+  cache.head_dim = kDim;
+  cache.capacity = kTokens;
+  return cache;
+}
+
+SkvLayout Fp8Layout() {
+  SkvLayout l;
+  l.num_layers = kLayers;
+  l.num_kv_heads = kHeads;
+  l.head_dim = kDim;
+  l.group = 4;
+  l.chunk_size = kChunk;
+  l.rank = 16;
+  l.capacity_chunks = kChunks;
+  l.max_budget = 16;
+  l.recent_capacity = 40;
+  l.fp8_values = 1;
+  l.fp8_landmarks = 1;
+  return l;
+}
+
+TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
+  SKV_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(3);
+  const std::vector<float> keys = CacheValues(rng), values = CacheValues(rng);
+  auto d_keys = ToDevice(ToBf16(keys));
+  auto d_values = ToDevice(ToBf16(values));
+  const int64_t runs = int64_t{kLayers} * kHeads * kChunks;
+  const int64_t store_bytes = runs * kChunk * kDim + runs * 4;
+  auto d_store = Poisoned<uint8_t>(store_bytes);
+  auto d_table = ToDevice(
+      std::vector<__nv_bfloat16*>(1, reinterpret_cast<__nv_bfloat16*>(d_store.get())));
+  SkvLayout l = Fp8Layout();
+  l.values = d_table.get();
+
+  // Sequence 0 from cache slot 1, layer 1, the first 50 chunks.
+  constexpr int kLayer = 1, kSlot = 1, kStored = 50;
+  SkvStoreValuesParams sp;
+  sp.layout = l;
+  sp.seq = 0;
+  sp.layer = kLayer;
+  sp.cache = CacheView(d_keys, d_values);
+  sp.cache_slot = kSlot;
+  sp.num_chunks = kStored;
+  SKV_ASSERT_CUDA(LaunchSkvStoreValuesFp8(sp, nullptr));
+  const std::vector<uint8_t> store = ToHost(d_store);
+  const int64_t scales_at = runs * kChunk * kDim;
+  for (int h = 0; h < kHeads; ++h) {
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t run = (int64_t{kLayer} * kHeads + h) * kChunks + c;
+      const uint8_t* got = store.data() + run * kChunk * kDim;
+      float got_scale;
+      std::memcpy(&got_scale, store.data() + scales_at + run * 4, 4);
+      if (c >= kStored) {  // untouched
+        EXPECT_EQ(got[0], 0xFF) << "chunk " << c;
+        continue;
+      }
+      const float* source = values.data() + sp.cache.HeadOffset(kSlot, kLayer, h) +
+                            int64_t{c} * kChunk * kDim;
+      std::vector<uint8_t> want(kChunk * kDim);
+      const float want_scale = QuantizeFp8Run(source, kChunk * kDim, want.data());
+      EXPECT_EQ(got_scale, want_scale) << "head " << h << " chunk " << c;
+      EXPECT_EQ(std::memcmp(got, want.data(), want.size()), 0) << "head " << h << " chunk " << c;
+    }
+  }
+
+  // Fetch: row 0 (sequence 0) misses chunks into some of its 16 slots of each head.
+  const int gather_base = 2 * kChunk, attn_capacity = gather_base + 16 * kChunk + 40;
+  std::vector<int32_t> miss(kHeads * 16, -1);
+  for (int h = 0; h < kHeads; ++h) {
+    for (int slot = 0; slot < 16; slot += 1 + h) miss[h * 16 + slot] = (slot * 7 + h * 3) % kStored;
+  }
+  miss[0] = 5;  // the zero chunk
+  auto d_miss = ToDevice(miss);
+  auto d_info = ToDevice(std::vector<SkvSequenceInfo>{SkvSequenceInfo{2, 16, gather_base, 0}});
+  auto d_meta = ToDevice(std::vector<SkvRowMeta>(1));
+  auto d_attn_values = Poisoned<uint16_t>(int64_t{kLayers} * kHeads * attn_capacity * kDim);
+  l.info = d_info.get();
+  l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_attn_values.get());
+  l.attn.num_slots = 1;
+  l.attn.num_layers = kLayers;
+  l.attn.num_kv_heads = kHeads;
+  l.attn.head_dim = kDim;
+  l.attn.capacity = attn_capacity;
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = 1;
+  p.layer = kLayer;
+  p.miss_chunk = d_miss.get();
+  SKV_ASSERT_CUDA(LaunchSkvFetchValues(p, nullptr));
+  const std::vector<uint16_t> gathered = ToHost(d_attn_values);
+  int64_t checked = 0;
+  for (int h = 0; h < kHeads; ++h) {
+    for (int slot = 0; slot < 16; ++slot) {
+      const uint16_t* got = gathered.data() + l.attn.HeadOffset(0, kLayer, h) +
+                            (int64_t{gather_base} + slot * kChunk) * kDim;
+      const int chunk = miss[h * 16 + slot];
+      if (chunk < 0) {
+        EXPECT_EQ(got[0], 0xFFFF) << "slot " << slot << " was written";
+        continue;
+      }
+      const int64_t run = (int64_t{kLayer} * kHeads + h) * kChunks + chunk;
+      float scale;
+      std::memcpy(&scale, store.data() + scales_at + run * 4, 4);
+      for (int i = 0; i < kChunk * kDim; ++i) {
+        const float want = Fp8E4m3ToFp32(store[run * kChunk * kDim + i]) * scale;
+        ASSERT_EQ(got[i], Fp32ToBf16(want)) << "head " << h << " slot " << slot << " i " << i;
+        // And close to the value it stands for: e4m3 keeps 3 mantissa bits.
+        const float original = values[sp.cache.HeadOffset(kSlot, kLayer, h) +
+                                      int64_t{chunk} * kChunk * kDim + i];
+        ASSERT_LE(std::abs(Bf16ToFp32(got[i]) - original),
+                  std::abs(original) / 16 + scale / 512 + std::abs(original) / 128);
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 16);
+}
+
+TEST(CudaShadowKvFp8Test, LandmarksAreTheCpuQuantisationOfTheChunkMeans) {
+  SKV_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(4);
+  const std::vector<float> keys = CacheValues(rng), values = CacheValues(rng);
+  auto d_keys = ToDevice(ToBf16(keys));
+  auto d_values = ToDevice(ToBf16(values));
+  const int64_t landmarks = int64_t{kLayers} * kHeads * kChunks;  // one sequence
+  auto d_codes = Poisoned<uint8_t>(landmarks * kDim);
+  auto d_scales = Poisoned<float>(landmarks);
+  auto d_outlier = Poisoned<uint8_t>(landmarks);
+  auto d_cosine = Poisoned<float>(int64_t{kHeads} * kChunks);
+  SkvLayout l = Fp8Layout();
+  l.landmark_codes = d_codes.get();
+  l.landmark_scales = d_scales.get();
+  l.outlier = d_outlier.get();
+  SkvLandmarkParams lp;
+  lp.layout = l;
+  lp.seq = 0;
+  lp.layer = 1;
+  lp.cache = CacheView(d_keys, d_values);
+  lp.cache_slot = 1;
+  lp.num_chunks = kChunks;
+  lp.min_cosine = d_cosine.get();
+  SKV_ASSERT_CUDA(LaunchSkvLandmarks(lp, nullptr));
+  const std::vector<uint8_t> codes = ToHost(d_codes);
+  const std::vector<float> scales = ToHost(d_scales);
+  for (int h = 0; h < kHeads; ++h) {
+    for (int c = 0; c < kChunks; ++c) {
+      // The kernel's fp32 mean: the chunk's keys summed in token order, then divided.
+      std::vector<float> mean(kDim, 0.0f);
+      const float* chunk_keys = keys.data() + lp.cache.HeadOffset(1, 1, h) + int64_t{c} * kChunk * kDim;
+      for (int t = 0; t < kChunk; ++t) {
+        for (int e = 0; e < kDim; ++e) mean[e] += chunk_keys[t * kDim + e];
+      }
+      for (float& m : mean) m /= static_cast<float>(kChunk);
+      std::vector<uint8_t> want(kDim);
+      const float want_scale = QuantizeFp8Run(mean.data(), kDim, want.data());
+      const int64_t landmark = (int64_t{1} * kHeads + h) * kChunks + c;
+      EXPECT_EQ(scales[landmark], want_scale) << "head " << h << " chunk " << c;
+      EXPECT_EQ(std::memcmp(codes.data() + landmark * kDim, want.data(), kDim), 0)
+          << "head " << h << " chunk " << c;
+    }
+  }
+  EXPECT_EQ(scales[(int64_t{1} * kHeads) * kChunks + 5], 0.0f);  // the zero chunk
+}
+
+// FP8 landmarks exist only for the fast (tensor-core) scoring; the first kernels refuse them.
+TEST(CudaShadowKvFp8Test, RejectsFp8LandmarksOnTheFirstKernels) {
+  SKV_SKIP_WITHOUT_GPU();
+  SkvLayout l = Fp8Layout();
+  auto d_meta = ToDevice(std::vector<SkvRowMeta>(1));
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = 1;
+  p.kernel_variant = kSkvKernelsFirst;
+  EXPECT_EQ(LaunchSkvScore(p, nullptr), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace shadowkv::cuda
