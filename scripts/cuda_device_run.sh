@@ -10,9 +10,10 @@
 #   TP_SCALE_CONTEXTS (e.g. "124928"); TP_SCALE_KV (default full,shadowkv) and TP_SCALE_TIMEOUT
 #   (seconds per bench, default 280) for the 70B shape at 244K.
 # tp-probe: traced runs of the open two-GPU stop (see the step).
+# tp-repeat: the same case untraced, TP_REPEAT times, with host stacks if it stops.
 # serve: `shadowkv serve --device cuda` end to end, one GPU and split in two (after tests).
 # Usage: scripts/cuda_device_run.sh [tests] [sanitize] [micro] [bench] [tp] [tp-scale] [tp-probe]
-#        [serve] [anchor]
+#        [tp-repeat] [serve] [anchor]
 #        (default: tests sanitize bench anchor)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -144,6 +145,23 @@ for step in "${steps[@]}"; do
         done
       done
       ;;
+    tp-repeat)
+      # The open two-GPU stop, as found and untraced, TP_REPEAT times (default 4): Llama-3-8B full
+      # attention at 122K, 16 sequences over NCCL. A 20 s step timeout turns a stop into an error
+      # that names each rank's issued all-reduces and writes the host stack of every rank
+      # thread that had not returned (resolve with addr2line on the same binary).
+      export CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0
+      export SHADOWKV_TP_STEP_TIMEOUT_S=${SHADOWKV_TP_STEP_TIMEOUT_S:-20}
+      : > "$out/tp_repeat.log"
+      for i in $(seq "${TP_REPEAT:-4}"); do
+        timeout 90 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b --kv full \
+          --context 124928 --batch auto --gen 16 --prefill-chunk 4096 --tensor-parallel 2 \
+          > "$out/tp_repeat_$i.log" 2>&1
+        echo "tp-repeat $i: exit $?" >> "$out/tp_repeat.log"
+        grep -E "^full |timed out|had not returned|stack|^/|^\./|^.*\(\+0x" "$out/tp_repeat_$i.log" |
+          head -80 >> "$out/tp_repeat.log"
+      done
+      ;;
     serve)
       # `shadowkv serve --device cuda` end to end (tests/gpu/serve_check.py) on the tiny random
       # model the GPU tests write, full attention and ShadowKV, on one GPU and split in two
@@ -193,6 +211,7 @@ fi
 [ -f "$out/tp_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|Failure|: exit " "$out/tp_tests.log"
 [ -f "$out/bench_tp.log" ] && cat "$out/bench_tp.log"
 [ -f "$out/tp_probe.log" ] && cat "$out/tp_probe.log"
+[ -f "$out/tp_repeat.log" ] && cat "$out/tp_repeat.log"
 [ -f "$out/serve.log" ] && grep -E "^(== |PASS|FAIL|serve |[0-9]+ passed)|Error|error" "$out/serve.log" | head -60
 [ -f "$out/anchor.log" ] && grep -E "^(anchor|SDPA|decode .*out of memory)" "$out/anchor.log"
 exit 0

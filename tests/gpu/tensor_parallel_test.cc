@@ -169,6 +169,35 @@ TEST(CudaTensorParallelTest, LocalAbortEndsWaitingRanks) {
   CheckAbortEndsWaitingRanks(tp::CreateLocalCommunicators(3, 0));
 }
 
+// Ranks waiting in a host barrier for a rank that never comes are released, with an error, by
+// an abort. (Were they not, rank 0 meets them after 3 s and they return Ok: the test fails
+// instead of hanging.)
+void CheckAbortReleasesHostBarrier(Result<tp::Communicators> comms) {
+  ASSERT_TRUE(comms.ok()) << comms.status().ToString();
+  const int size = static_cast<int>(comms->size());
+  std::vector<std::string> results(size);
+  OnRanks(size, [&](int r) {
+    tp::Communicator& comm = *(*comms)[r];
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      comm.Abort();
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      (void)comm.HostBarrier();  // releases the others only if the abort did not
+      return;
+    }
+    const Status met = comm.HostBarrier();
+    results[r] = met.ok() ? "released by rank 0's arrival, not by the abort" : met.ToString();
+  });
+  for (int r = 1; r < size; ++r) {
+    EXPECT_NE(results[r].find("aborted"), std::string::npos) << "rank " << r << ": " << results[r];
+  }
+}
+
+TEST(CudaTensorParallelTest, LocalAbortReleasesHostBarrier) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckAbortReleasesHostBarrier(tp::CreateLocalCommunicators(3, 0));
+}
+
 // What one model produced over the parity script: logits of every checkpoint.
 struct Transcript {
   std::vector<std::string> names;
@@ -348,6 +377,13 @@ TEST(CudaTensorParallelTest, NcclAbortEndsWaitingRanks) {
   std::vector<int> devices(gpus);
   for (int d = 0; d < gpus; ++d) devices[d] = d;
   CheckAbortEndsWaitingRanks(tp::CreateNcclCommunicators(devices));
+}
+
+TEST(CudaTensorParallelTest, NcclAbortReleasesHostBarrier) {
+  SKV_SKIP_WITHOUT_NCCL_GPUS(gpus);
+  std::vector<int> devices(gpus);
+  for (int d = 0; d < gpus; ++d) devices[d] = d;
+  CheckAbortReleasesHostBarrier(tp::CreateNcclCommunicators(devices));
 }
 
 TEST(CudaTensorParallelTest, NcclSplitOverTwoGpusMatchesOneGpu) {

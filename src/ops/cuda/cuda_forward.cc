@@ -20,6 +20,27 @@ Status CudaModel::Impl::Upload() {
   return Status::Ok();
 }
 
+Status CudaModel::Impl::Gemm(const GemmParams& params, int role) {
+  tp::Communicator* comm = options.communicator;
+  if (comm == nullptr || comm->size() == 1) return RunGemm(cublas, params);
+  const auto shape = std::make_pair(role, params.rows);
+  if (gemm_shapes.count(shape) != 0) return RunGemm(cublas, params);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capturing));
+  // While capturing nothing runs; what the stream held before the capture belongs to steps
+  // every rank has finished issuing, so it drains on its own.
+  if (capturing == cudaStreamCaptureStatusNone) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  SKV_RETURN_IF_ERROR(comm->HostBarrier());
+  const Status ran = RunGemm(cublas, params);
+  const Status met = comm->HostBarrier();  // even after a failure: the others wait here
+  SKV_RETURN_IF_ERROR(ran);
+  SKV_RETURN_IF_ERROR(met);
+  gemm_shapes.insert(shape);
+  return Status::Ok();
+}
+
 Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
   const ModelConfig& c = config;
   auto mark = [&](OpKind kind) {
@@ -34,7 +55,9 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
         partial, int64_t{rows} * c.hidden_size, tp::ReduceType::kFloat32, stream));
     return mark(OpKind::kAllReduce);
   };
-  auto gemm = [&](const Bf16* input, const Bf16* weight, void* output, GemmOutput type,
+  // `role`: which of the step's GEMMs (0 QKV, 1 O, 2 gate|up, 3 down, 4 head), the same on
+  // every rank (Gemm's first-of-a-shape rule keys on it).
+  auto gemm = [&](int role, const Bf16* input, const Bf16* weight, void* output, GemmOutput type,
                   int64_t rows, int64_t in, int64_t out) {
     GemmParams g;
     g.x = input;
@@ -44,7 +67,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     g.rows = rows;
     g.in = in;
     g.out = out;
-    return RunGemm(cublas, g);
+    return Gemm(g, role);
   };
   auto norm = [&](const float* delta, const float* weight, const int32_t* row_index, int rows) {
     RmsNormParams n;
@@ -78,7 +101,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
         norm(layer == 0 ? nullptr : proj.get(), w.attn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(
-        gemm(xn.get(), w.qkv.get(), qkv.get(), GemmOutput::kFloat32, rows, c.hidden_size, qkv_width));
+        gemm(0, xn.get(), w.qkv.get(), qkv.get(), GemmOutput::kFloat32, rows, c.hidden_size, qkv_width));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
 
     QkvRopeParams rope;
@@ -147,12 +170,12 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_RETURN_IF_ERROR(mark(OpKind::kAttention));
 
     SKV_RETURN_IF_ERROR(
-        gemm(attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows, q_width, c.hidden_size));
+        gemm(1, attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows, q_width, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
     SKV_CUDA_RETURN_IF_ERROR(norm(proj.get(), w.ffn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
-    SKV_RETURN_IF_ERROR(gemm(xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16, rows,
+    SKV_RETURN_IF_ERROR(gemm(2, xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16, rows,
                              c.hidden_size, 2ll * c.ffn_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     SwiGluParams swiglu;
@@ -163,7 +186,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(swiglu, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(
-        gemm(act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows, c.ffn_size, c.hidden_size));
+        gemm(3, act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows, c.ffn_size, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
   }
@@ -173,7 +196,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_CUDA_RETURN_IF_ERROR(
         norm(proj.get(), output_norm.get(), meta.logit_rows, plan.logit_rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
-    SKV_RETURN_IF_ERROR(gemm(xn.get(), output, logits.get(), GemmOutput::kFloat32,
+    SKV_RETURN_IF_ERROR(gemm(4, xn.get(), output, logits.get(), GemmOutput::kFloat32,
                              plan.logit_rows, c.hidden_size, c.vocab_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     if (plan.sample) {

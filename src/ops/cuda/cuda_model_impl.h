@@ -8,12 +8,15 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "model/tensor_parallel.h"
 #include "ops/cuda/cuda_model.h"
 #include "ops/cuda/device_buffer.h"
+#include "ops/cuda/gemm.h"
 #include "ops/cuda/kv_cache_view.cuh"
 #include "ops/cuda/prefill_attention.cuh"
 #include "ops/cuda/sampling.cuh"
@@ -160,6 +163,8 @@ struct CudaModel::Impl {
   std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
   uint64_t sample_step = 0;               // random stream of the next sampled step
   std::unique_ptr<ShadowKvState> skv;      // ShadowKV sequences, when allocated
+  // The (GEMM role, rows) pairs this rank has run inside a step (see Gemm).
+  std::set<std::pair<int, int64_t>> gemm_shapes;
 
   Status Init();  // stream, cuBLAS, step buffers (after config/options are set)
   Status AllocateWeights();
@@ -167,6 +172,16 @@ struct CudaModel::Impl {
   int64_t DecodeWeightBytes() const;
   int64_t ActivationBytes() const;
 
+  // One GEMM of a step on `stream`. Under tensor parallelism a rank's first GEMM of a shape
+  // runs with no collective in flight on any rank: cuBLAS loads that shape's kernels then, the
+  // driver's load waits for the device to go idle while holding a lock the other ranks' cuBLAS
+  // calls wait for, and a collective of this rank in flight waits for one of them (a stop seen
+  // on two H200s: one rank in cuLibraryLoadData, the other on cuBLAS's mutex). So the rank
+  // drains its stream (outside graph capture), meets every rank, runs it, and meets them again.
+  // `role` names which GEMM of the step this is (the same on every rank): with the row count it
+  // fixes the shape, and every rank meets the same (role, rows) pairs in the same order, so
+  // they all take this path together.
+  Status Gemm(const GemmParams& params, int role);
   // The whole step on `stream`, from the uploaded metadata; profiler may be null.
   Status RunStep(const StepPlan& plan, StepProfiler* profiler);
   Status Upload();  // host_meta_block -> meta_block

@@ -40,9 +40,11 @@ class Communicator {
   // `stream` (asynchronous, capturable).
   virtual Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
                               cudaStream_t stream) = 0;
-  // Returns once every rank has called it (host threads only; no GPU work). The local
-  // communicator needs it after a graph capture: no rank's graph may start, and spin in its
-  // all-reduce, while another rank still captures or instantiates on the same GPU.
+  // Returns once every rank has called it (host threads only; no GPU work), or with an error
+  // once the group is aborted. Used where no rank may go on before all are there: after a graph
+  // capture (the local communicator: no rank's graph may start, and spin in its all-reduce,
+  // while another rank still captures or instantiates on the same GPU), and around a rank's
+  // first GEMM of a shape (CudaModel::Impl::Gemm: cuBLAS loads kernels then).
   virtual Status HostBarrier() = 0;
   // Ends the collectives of every rank of the group, those in flight included, without their
   // result; later ones fail at once. For a rank that failed, so that the others, waiting for it

@@ -284,11 +284,20 @@ Status CudaModelGroup::CopySlot(int from, int to) {
 
 Status CudaModelGroup::Forward(std::span<const CudaStepInput> inputs) {
   if (state_->size() == 1) return state_->models[0]->Forward(inputs);
-  // Only rank 0 copies logits out; the others compute the same ones.
-  std::vector<CudaStepInput> silent(inputs.begin(), inputs.end());
-  for (CudaStepInput& in : silent) in.logits_out = nullptr;
+  // Every rank computes the same logits into buffers of its own (every rank must run the same
+  // GEMMs: see CudaModel::Impl::Gemm); only rank 0's reach the caller.
+  const int64_t vocab = state_->config.vocab_size;
+  std::vector<std::vector<CudaStepInput>> per_rank(state_->size());
+  std::vector<std::vector<float>> scratch;
+  for (int rank = 1; rank < state_->size(); ++rank) {
+    per_rank[rank].assign(inputs.begin(), inputs.end());
+    for (CudaStepInput& in : per_rank[rank]) {
+      if (in.logits_out == nullptr) continue;
+      in.logits_out = scratch.emplace_back(static_cast<size_t>(vocab)).data();
+    }
+  }
   return state_->Collective([&](CudaModel& m, int rank) {
-    return rank == 0 ? m.Forward(inputs) : m.Forward(silent);
+    return rank == 0 ? m.Forward(inputs) : m.Forward(per_rank[rank]);
   });
 }
 

@@ -60,18 +60,24 @@ class LocalCommunicator final : public Communicator {
   Status HostBarrier() override {
     LocalShared& s = *shared_;
     std::unique_lock<std::mutex> lock(s.mutex);
+    if (*s.abort_host) return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
     const uint64_t round = s.round;
     if (++s.arrived == s.size) {
       s.arrived = 0;
       ++s.round;
       s.barrier.notify_all();
-    } else {
-      s.barrier.wait(lock, [&] { return s.round != round; });
+      return Status::Ok();
     }
-    return Status::Ok();
+    s.barrier.wait(lock, [&] { return s.round != round || *s.abort_host; });
+    if (s.round != round) return Status::Ok();
+    return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
   }
 
-  void Abort() override { *shared_->abort_host = 1; }
+  void Abort() override {
+    *shared_->abort_host = 1;
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    shared_->barrier.notify_all();
+  }
 
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
                       cudaStream_t stream) override {

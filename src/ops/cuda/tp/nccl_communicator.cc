@@ -6,6 +6,8 @@
 #include <dlfcn.h>
 #include <glob.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <shared_mutex>
@@ -125,12 +127,40 @@ struct NcclShared {
   // communicators, so none may be in use by another thread then.
   std::shared_mutex mutex;
   bool aborted = false;
+  // Host barrier of the ranks' threads (HostBarrier); an abort releases it.
+  std::mutex barrier_mutex;
+  std::condition_variable barrier;
+  int arrived = 0;
+  uint64_t round = 0;
+  std::atomic<bool> barrier_aborted{false};
 
   void Abort() {
+    {
+      std::lock_guard<std::mutex> lock(barrier_mutex);
+      barrier_aborted = true;
+      barrier.notify_all();
+    }
     std::unique_lock<std::shared_mutex> lock(mutex);
     if (aborted) return;
     aborted = true;
     for (ncclComm_t comm : comms) (void)Api().CommAbort(comm);
+  }
+
+  Status HostBarrier() {
+    std::unique_lock<std::mutex> lock(barrier_mutex);
+    auto aborted_error = [] {
+      return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
+    };
+    if (barrier_aborted) return aborted_error();
+    const uint64_t entered = round;
+    if (++arrived == static_cast<int>(comms.size())) {
+      arrived = 0;
+      ++round;
+      barrier.notify_all();
+      return Status::Ok();
+    }
+    barrier.wait(lock, [&] { return round != entered || barrier_aborted; });
+    return round != entered ? Status::Ok() : aborted_error();
   }
 
   ~NcclShared() {
@@ -155,9 +185,7 @@ class NcclCommunicator final : public Communicator {
   int device() const override { return shared_->devices[rank_]; }
   const char* kind() const override { return "nccl"; }
   Status Reserve(int64_t) override { return Status::Ok(); }  // NCCL keeps its own buffers
-  // Each rank has a GPU (a context) of its own: nothing one rank does on the host blocks the
-  // kernels another rank's collective waits for.
-  Status HostBarrier() override { return Status::Ok(); }
+  Status HostBarrier() override { return shared_->HostBarrier(); }
   void Abort() override { shared_->Abort(); }
 
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
