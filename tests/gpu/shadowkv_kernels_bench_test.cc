@@ -128,14 +128,18 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
       // Every slot missed (the slots were reset before the last select).
       const double rebuild_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
       const double fetch_ms = MedianMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
+      p.halves = false;  // the other RoPE style (Llama GGUF models rotate pairs)
+      const double rebuild_pairs_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
+      p.halves = true;
       SKV_ASSERT_CUDA(cudaDeviceSynchronize());
       std::printf(
           "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s), select %.1f us, "
-          "rebuild %.1f us (%.0f GB/s), fetch %.1f us (%.0f GB/s); per step of 32 layers: "
-          "score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
+          "rebuild %.1f us (%.0f GB/s; rotary pairs %.1f us), fetch %.1f us (%.0f GB/s); per "
+          "step of 32 layers: score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
           variant == kSkvKernelsFast ? "fast " : "first", shape.context, rows, budget,
           score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, select_ms * 1e3,
-          rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, fetch_ms * 1e3,
+          rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, rebuild_pairs_ms * 1e3,
+          fetch_ms * 1e3,
           fetch_bytes / (fetch_ms * 1e-3) / gb, 32 * (score_ms + select_ms), 32 * rebuild_ms,
           32 * fetch_ms);
     }

@@ -294,12 +294,14 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank) 
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopeHalves) {
   SKV_SKIP_WITHOUT_GPU();
   CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160);
+  CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 80);
   CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40);
 }
 
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopePairs) {
   SKV_SKIP_WITHOUT_GPU();
   CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160);
+  CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80);
   CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40);
 }
 

@@ -193,6 +193,187 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
   CpAsyncWait<0>();
 }
 
+
+// ---- key rebuild with the basis in registers (head_dim 128) -----------------------------------
+//
+// The keys of a chunk, transposed: Kᵀ[d, t] = Σ_k B_h[k, d] · A[t, k], one m16n8k16 product per
+// 16 dims and 16 of the rank with the chunk's 8 tokens as the mma's N. Each warp keeps its 32
+// dims of B_hᵀ as A-operand fragments in registers for the whole block (kKSteps·8 registers),
+// so the basis is read from shared memory once per block instead of once per 16-row tile; the
+// chunks' A rows are staged through shared memory in groups of kGroupChunks (cp.async, double
+// buffered) and every warp reads them as its B operand. The rotated keys go through a shared
+// tile [chunk, token, dim] to one coalesced 16-byte store per piece of a key row.
+// Dims per warp: the rotary pairs 16w..16w+15, as the same row of its two m-tiles (kHalves: dims
+// i and i + 64; kPairs: dims 2i and 2i + 1), so each lane rotates its own accumulators. The
+// fragments are gathered from the staged basis element by element, once per block.
+constexpr int kRegWarps = 4;
+constexpr int kRegGroupChunks = 8;  // chunks staged and computed together
+constexpr int kRegSlots = 32;       // gather slots per block
+
+__host__ __device__ constexpr int RegAPitch(int k_steps) { return k_steps * 16 + 8; }  // bf16
+constexpr int kRegOutPitch = 128 + 8;                                                   // bf16
+
+__host__ __device__ constexpr int64_t RegSharedBytes(int k_steps) {
+  // The basis [rank_padded, 128 + 8] while fragments are loaded; then two groups of A rows.
+  const int64_t basis = int64_t{k_steps} * 16 * (128 + 8) * 2;
+  const int64_t staged = 2ll * kRegGroupChunks * 8 * RegAPitch(k_steps) * 2;
+  const int64_t out = int64_t{kRegGroupChunks} * 8 * kRegOutPitch * 2;
+  return (basis > staged ? basis : staged) + out;
+}
+
+template <bool kHalves, int kKSteps>
+__global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeParams p) {
+  constexpr int kHeadDim = 128;
+  constexpr int kAPitch = RegAPitch(kKSteps);
+  extern __shared__ __align__(16) unsigned char rebuild_shared[];
+  __shared__ int miss_slots[kRegSlots], miss_chunks[kRegSlots];
+  __shared__ float inv_freq[kHeadDim / 2];
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t* miss =
+      p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
+  int chunk = -1, slot = 0;
+  unsigned ballot = 0;
+  if (warp == 0) {
+    slot = blockIdx.x * kRegSlots + lane;
+    chunk = slot < l.max_budget ? miss[slot] : -1;
+    ballot = __ballot_sync(0xffffffffu, chunk >= 0);
+    if (chunk >= 0) {
+      const int at = __popc(ballot & ((1u << lane) - 1u));
+      miss_slots[at] = slot;
+      miss_chunks[at] = chunk;
+    }
+  }
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+  __shared__ int shared_count;
+  if (threadIdx.x == 0) shared_count = __popc(ballot);
+  __syncthreads();
+  const int count = shared_count;
+  if (count == 0) return;
+
+  const SkvRowMeta m = p.meta[row];
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.rank;
+  const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
+  Bf16* staging = reinterpret_cast<Bf16*>(rebuild_shared);
+  Bf16* out_tile = reinterpret_cast<Bf16*>(rebuild_shared + RegSharedBytes(kKSteps) -
+                                           int64_t{kRegGroupChunks} * 8 * kRegOutPitch * 2);
+
+  // 1. B_h [rank_padded, 128] into shared (rows past the rank zero), then each warp's fragments.
+  {
+    constexpr int kBPitch = kHeadDim + 8;
+    const Bf16* basis = l.basis + layer_index * rank * width + h * kHeadDim;
+    for (int i = threadIdx.x; i < kKSteps * 16 * (kHeadDim / 8); i += blockDim.x) {
+      const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+      const bool inside = k < rank;
+      CpAsync16(staging + k * kBPitch + v * 8,
+                inside ? basis + static_cast<int64_t>(k) * width + v * 8 : basis, inside ? 16 : 0);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncthreads();
+  }
+  // Fragments of B_hᵀ: row r of m-tile mt is dim DimOf(mt, r); element (r, k) = B_h[k, dim].
+  auto dim_of = [&](int mt, int r) {
+    return kHalves ? 64 * mt + 16 * warp + r : 2 * (16 * warp + r) + mt;
+  };
+  uint32_t frag[2][kKSteps][4];
+  {
+    constexpr int kBPitch = kHeadDim + 8;
+    const int g = lane / 4, c = lane % 4;
+    auto pair = [&](int k, int dim) {
+      const uint32_t low = *reinterpret_cast<const uint16_t*>(staging + k * kBPitch + dim);
+      const uint32_t high = *reinterpret_cast<const uint16_t*>(staging + (k + 1) * kBPitch + dim);
+      return low | (high << 16);
+    };
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        const int k = ks * 16 + 2 * c;
+        frag[mt][ks][0] = pair(k, dim_of(mt, g));
+        frag[mt][ks][1] = pair(k, dim_of(mt, g + 8));
+        frag[mt][ks][2] = pair(k + 8, dim_of(mt, g));
+        frag[mt][ks][3] = pair(k + 8, dim_of(mt, g + 8));
+      }
+    }
+  }
+  __syncthreads();  // the basis region is reused for the A rows
+
+  const Bf16* coefficients =
+      l.coefficients + layer_index * l.capacity_chunks * chunk_size * static_cast<int64_t>(rank);
+  Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
+               static_cast<int64_t>(info.gather_base) * kHeadDim;
+  const int groups = (count + kRegGroupChunks - 1) / kRegGroupChunks;
+  constexpr int kPieces = kKSteps * 2;  // 16-byte pieces of one A row (rank_padded bf16)
+  auto stage = [&](int group) {
+    Bf16* target = staging + (group & 1) * kRegGroupChunks * 8 * kAPitch;
+    for (int i = threadIdx.x; i < kRegGroupChunks * 8 * kPieces; i += blockDim.x) {
+      const int r = i / kPieces, v = i % kPieces;  // r: chunk-in-group * 8 + token
+      const int which = group * kRegGroupChunks + r / 8;
+      const bool inside = which < count && v * 8 < rank;
+      const Bf16* source = coefficients;
+      if (inside) {
+        source += (static_cast<int64_t>(miss_chunks[which]) * chunk_size + r % 8) * rank + v * 8;
+      }
+      CpAsync16(target + r * kAPitch + v * 8, source, inside ? 16 : 0);
+    }
+    CpAsyncCommit();
+  };
+  stage(0);
+  const int g = lane / 4, c = lane % 4;
+  for (int group = 0; group < groups; ++group) {
+    if (group + 1 < groups) stage(group + 1); else CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();  // group's rows visible; the previous group's stores are done
+    const Bf16* rows = staging + (group & 1) * kRegGroupChunks * 8 * kAPitch;
+    const int in_group = min(kRegGroupChunks, count - group * kRegGroupChunks);
+    for (int j = 0; j < in_group; ++j) {
+      const Bf16* a_rows = rows + j * 8 * kAPitch;
+      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g.
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c);
+        const uint32_t b1 =
+            *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c + 8);
+        MmaBf16(acc[0], frag[0][ks], b0, b1);
+        MmaBf16(acc[1], frag[1][ks], b0, b1);
+      }
+      // acc[mt]: (dim row g, token 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
+      const int chunk_index = miss_chunks[group * kRegGroupChunks + j];
+      Bf16* out = out_tile + j * 8 * kRegOutPitch;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // The pair (dim_of(0, r), dim_of(1, r)) of rotary pair index `pair_index`.
+        const int token = 2 * c + (e & 1), r = g + 8 * (e >> 1);
+        const int pair_index = 16 * warp + r;
+        const float position = static_cast<float>(chunk_index * chunk_size + token);
+        float sine, cosine;
+        RopeSinCos(position * inv_freq[pair_index], &sine, &cosine);
+        const float x0 = acc[0][e], x1 = acc[1][e];
+        const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
+        Bf16* key = out + token * kRegOutPitch;
+        if constexpr (kHalves) {
+          key[pair_index] = __float2bfloat16(y0);
+          key[pair_index + 64] = __float2bfloat16(y1);
+        } else {
+          *reinterpret_cast<uint32_t*>(key + 2 * pair_index) = PackBf16(y0, y1);
+        }
+      }
+    }
+    __syncthreads();  // the group's keys are in the tile
+    for (int i = threadIdx.x; i < in_group * 8 * (kHeadDim / 8); i += blockDim.x) {
+      const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);  // r: chunk-in-group * 8 + token
+      const int which = group * kRegGroupChunks + r / 8;
+      *reinterpret_cast<uint4*>(
+          keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + r % 8) * kHeadDim + v * 8) =
+          *reinterpret_cast<const uint4*>(out_tile + r * kRegOutPitch + v * 8);
+    }
+  }
+  CpAsyncWait<0>();
+}
+
 int64_t RebuildFastSharedBytes(int rank, int head_dim) {
   const int rank_padded = RankPadded(rank);
   return 2ll *
@@ -230,6 +411,24 @@ const void* RebuildFastKernel(int head_dim, bool halves) {
   }
 }
 
+// The register-basis kernel for (halves, rank steps), or null where it does not apply: head_dim
+// 128, chunks of 8 tokens (the mma's N), rank padded to 80 or 160. SKV_REBUILD_REGS=0 turns it
+// off (to compare).
+const void* RebuildRegKernel(const SkvLayout& l, bool halves) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SKV_REBUILD_REGS");
+    return value == nullptr || std::atoi(value) != 0;
+  }();
+  if (!enabled || l.head_dim != 128 || l.chunk_size != 8) return nullptr;
+  switch (RankPadded(l.rank) / 16) {
+    case 5: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 5>)
+                          : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 5>);
+    case 10: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 10>)
+                           : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 10>);
+    default: return nullptr;
+  }
+}
+
 }  // namespace
 
 bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
@@ -237,6 +436,14 @@ bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
 }
 
 cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
+  for (bool halves : {false, true}) {
+    if (const void* rebuild = RebuildRegKernel(l, halves)) {
+      const cudaError_t e = cudaFuncSetAttribute(
+          rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
+      if (e != cudaSuccess) return e;
+    }
+  }
   const int64_t bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
   for (bool halves : {false, true}) {
     if (const void* rebuild = RebuildFastKernel(l.head_dim, halves)) {
@@ -254,6 +461,13 @@ int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
 
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
+  if (const void* kernel = RebuildRegKernel(l, p.halves)) {
+    const dim3 grid((l.max_budget + kRegSlots - 1) / kRegSlots, l.num_kv_heads, p.rows);
+    SkvDecodeParams params = p;
+    void* args[] = {&params};
+    return cudaLaunchKernel(kernel, grid, dim3(kRegWarps * 32), args,
+                            static_cast<size_t>(RegSharedBytes(RankPadded(l.rank) / 16)), stream);
+  }
   const void* kernel = RebuildFastKernel(l.head_dim, p.halves);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   const int slots = RebuildSlots();
