@@ -149,9 +149,10 @@ int RunBench(const BenchOptions& o) {
               "prefill tok/s", "decode tok/s", "step ms", "KV fast", "KV slow", "hit %");
   nlohmann::json rows = nlohmann::json::array();
   for (const std::string& name : policies) {
-    kv::KvPolicyConfig config = o.kv;
-    config.policy = name;
-    auto policy = kv::MakeKvPolicy(config, model.kv_geometry());
+    // A name or a variant of one ("shadowkv:fp8_values=1"), over the KV flags.
+    auto config = kv::ParseKvVariant(name, o.kv);
+    if (!config.ok()) return Fail(config.status().ToString());
+    auto policy = kv::MakeKvPolicy(*config, model.kv_geometry());
     if (!policy.ok()) return Fail(policy.status().ToString());
     for (int64_t context : *contexts) {
       if (context + o.gen_tokens > model.config().context_length) {
@@ -221,6 +222,7 @@ int RunCudaBenchFrom(const BenchOptions& o) {
   c.json_path = o.json_path;
   c.tensor_parallel = o.tensor_parallel;
   c.host_values = o.host_values;
+  c.kv = o.kv;
   return RunCudaBench(c);
 }
 
@@ -241,7 +243,9 @@ Command AddBenchCommand(CLI::App& app) {
   cmd->get_option("--kv")->description("KV policies to compare, comma-separated");
   // --kv here takes a list: keep it in `policies` and let the config take each name in turn.
   cmd->remove_option(cmd->get_option("--kv"));
-  cmd->add_option("--kv", options->policies, "KV policies, comma-separated")->capture_default_str();
+  cmd->add_option("--kv", options->policies,
+                  "KV policies or variants (e.g. shadowkv:fp8_values=1), comma-separated")
+      ->capture_default_str();
   cmd->add_option("--context", options->contexts, "prompt lengths, comma-separated (k = 1024)")
       ->capture_default_str();
   cmd->add_option("--batch", options->batches, "decode batch sizes, comma-separated")

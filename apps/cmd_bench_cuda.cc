@@ -172,17 +172,15 @@ int RunCudaBench(const CudaBenchOptions& o) {
           std::fflush(stdout);
         };
         if (policy == "shadowkv" || policy.rfind("shadowkv:", 0) == 0) {
-          // A variant ("shadowkv:fp8_values=1:fp8_landmarks=1", "shadowkv:budget=1024") sets
-          // those settings; the bench's budget rule otherwise.
-          auto variant = kv::ParseKvVariant(policy, kv::KvPolicyConfig{});
+          // The KV flags, then the item's own settings ("shadowkv:fp8_values=1:fp8_landmarks=1",
+          // "shadowkv:budget=1024"); without a budget the bench's rule.
+          auto variant = kv::ParseKvVariant(policy, o.kv);
           if (!variant.ok()) {
             report_error(variant.status());
             continue;
           }
           cuda::ShadowKvBenchCase bench_case;
-          bench_case.budget_tokens = variant->budget_tokens;
-          bench_case.fp8_values = variant->fp8_values != 0;
-          bench_case.fp8_landmarks = variant->fp8_landmarks != 0;
+          bench_case.settings = *variant;
           bench_case.context = context;
           bench_case.batch = static_cast<int>(batch);
           bench_case.decode_steps = o.gen_tokens;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kv/kv_config.h"
 #include "model/tensor_parallel.h"
 
 namespace shadowkv::app {
@@ -20,6 +21,9 @@ struct CudaBenchOptions {
   int max_batch = 64;       // upper bound for "auto" (sizes the step buffers)
   TensorParallelOptions tensor_parallel;
   bool host_values = true;  // shadowkv: also measure a batch with values in pinned host memory
+  // The KV flags (--budget, --rank, --fp8-values, ...); each --kv item may override them as a
+  // variant ("shadowkv:fp8_values=1"). A budget of 0 takes the bench's rule (context / 64).
+  kv::KvPolicyConfig kv;
   std::string json_path;
 };
 

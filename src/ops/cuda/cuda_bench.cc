@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "kv/chunk_selection.h"
 #include "ops/cuda/cuda_backend.h"
 
 namespace shadowkv::cuda {
@@ -168,12 +169,11 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
                  c.context, capacity - c.context, config.context_length);
   }
-  kv::KvPolicyConfig kv_config;
+  kv::KvPolicyConfig kv_config = c.settings;
   kv_config.policy = "shadowkv";
-  kv_config.budget_tokens =
-      c.budget_tokens > 0 ? c.budget_tokens : NextPowerOfTwo(std::max<int64_t>(1, c.context / 64));
-  kv_config.fp8_values = c.fp8_values ? 1 : 0;
-  kv_config.fp8_landmarks = c.fp8_landmarks ? 1 : 0;
+  if (kv_config.budget_tokens <= 0) {
+    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, c.context / 64));
+  }
   model.FreeShadowKv();
   model.FreeKvCache();
   ShadowKvBenchResult r;
@@ -336,7 +336,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double heads = static_cast<double>(config.num_kv_heads) / devices;
     const double chunk = kv_config.chunk_size, rank = static_cast<double>(r.rank) / model.size();
     const double budget = static_cast<double>(r.budget_tokens) / chunk;
-    const double outliers = std::llround(static_cast<double>(r.budget_tokens) / 1024.0 * 24.0);
+    const double outliers = static_cast<double>(kv::ResolveOutlierChunks(
+        kv_config.outlier_chunks, r.budget_tokens, static_cast<int64_t>(c.context) / chunk));
     r.outlier_chunks = static_cast<int>(outliers);
     const double mean_length = c.context + c.warmup_steps + 0.5 * c.decode_steps;
     const double chunks = mean_length / chunk;
@@ -345,8 +346,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double device_rate = kFloorBytesPerSecond / 1000.0;  // bytes per ms
     run.floors.dense_ms = static_cast<double>(model.decode_weight_bytes()) / devices / device_rate;
     // FP8: a landmark or a stored run is one byte per element plus its 4-byte scale.
-    const double landmark_bytes = c.fp8_landmarks ? d + 4 : d * 2;
-    const double run_bytes = c.fp8_values ? chunk * d + 4 : chunk * d * 2;
+    const double landmark_bytes = kv_config.fp8_landmarks ? d + 4 : d * 2;
+    const double run_bytes = kv_config.fp8_values ? chunk * d + 4 : chunk * d * 2;
     run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate;
     run.floors.rebuild_ms = per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
     // A fetched run is read from the store and written to the gather rows as bf16.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kv/kv_config.h"
 #include "ops/cuda/cuda_model.h"
 #include "ops/cuda/tp/cuda_model_group.h"
 
@@ -59,11 +60,11 @@ struct ShadowKvBenchCase {
   int warmup_steps = 3;
   int prefill_chunk = 4096;
   uint64_t seed = 1;
-  int64_t budget_tokens = 0;  // 0: the next power of two of context / 64 (1024 at 60K, 2048 at 122K)
+  // ShadowKV's settings (policy ignored). A budget of 0: the next power of two of context / 64
+  // (1024 at 60K, 2048 at 122K).
+  kv::KvPolicyConfig settings;
   int64_t host_reserve_bytes = 16ll << 30;  // host memory left to everything else
   bool allow_host_values = true;
-  bool fp8_values = false;     // FP8 e4m3 values in the store (kv::KvPolicyConfig::fp8_values)
-  bool fp8_landmarks = false;  // FP8 e4m3 landmarks
 };
 
 // Per-step byte floors of SPEC §3's equivalent-bandwidth model with the measured hit rate:
