@@ -122,6 +122,16 @@ class Runner {
     position_ += count;
   }
 
+  // Appends the stream's token at `position` to one layer (with `queries`, or the token's own
+  // when null) and prepares its attention input, without attending.
+  void AppendOne(int layer, int position, const float* queries, AttentionInput* input) {
+    auto t = stream_.Make(layer, position);
+    const float* q = queries != nullptr ? queries : t.queries.data();
+    TokenBlock block{1, position, t.pre.data(), t.post.data(), t.values.data(), q};
+    ASSERT_TRUE(sequence_->Append(layer, block).ok());
+    ASSERT_TRUE(sequence_->Prepare(layer, q, 1, input).ok());
+  }
+
   SequenceKv& sequence() { return *sequence_; }
   ShadowKvSequence& shadow() { return dynamic_cast<ShadowKvSequence&>(*sequence_); }
   const std::vector<std::vector<float>>& outputs() const { return outputs_; }
@@ -283,12 +293,8 @@ TEST(ShadowKvTest, RebuiltKeysAreRopedAtTheirPositions) {
   Runner runner(*policy, stream);
   runner.Step(300, true);
   for (int layer = 0; layer < g.num_layers; ++layer) {
-    auto token = stream.Make(layer, 300);
-    TokenBlock block{
-        1, 300, token.pre.data(), token.post.data(), token.values.data(), token.queries.data()};
-    ASSERT_TRUE(runner.sequence().Append(layer, block).ok());
     AttentionInput input;
-    ASSERT_TRUE(runner.sequence().Prepare(layer, token.queries.data(), 1, &input).ok());
+    ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
     const auto info = runner.shadow().Inspect(layer);
     for (int h = 0; h < g.num_kv_heads; ++h) {
       ASSERT_EQ(input.heads[h].size(), 3u);  // outliers, gathered, window
@@ -376,12 +382,9 @@ std::set<int64_t> AsSet(const std::vector<int32_t>& chunks) {
 void DecodeWith(Runner& runner, const TokenStream& stream, int64_t position,
                 const std::vector<float>* queries = nullptr) {
   for (int layer = 0; layer < stream.geometry().num_layers; ++layer) {
-    auto token = stream.Make(layer, position);
-    const float* q = queries ? queries->data() : token.queries.data();
-    TokenBlock block{1, position, token.pre.data(), token.post.data(), token.values.data(), q};
-    ASSERT_TRUE(runner.sequence().Append(layer, block).ok());
     AttentionInput input;
-    ASSERT_TRUE(runner.sequence().Prepare(layer, q, 1, &input).ok());
+    ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, static_cast<int>(position),
+                                             queries ? queries->data() : nullptr, &input));
   }
 }
 
@@ -632,12 +635,8 @@ TEST(ShadowKvTest, GatheredValuesAreExactOrTheDequantisedFp8Runs) {
     runner.Step(300, true);
     int64_t quantised = 0;
     for (int layer = 0; layer < g.num_layers; ++layer) {
-      auto token = stream.Make(layer, 300);
-      TokenBlock block{
-          1, 300, token.pre.data(), token.post.data(), token.values.data(), token.queries.data()};
-      ASSERT_TRUE(runner.sequence().Append(layer, block).ok());
       AttentionInput input;
-      ASSERT_TRUE(runner.sequence().Prepare(layer, token.queries.data(), 1, &input).ok());
+      ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
       const auto info = runner.shadow().Inspect(layer);
       for (int h = 0; h < g.num_kv_heads; ++h) {
         ASSERT_EQ(input.heads[h].size(), 3u);  // outliers, gathered, window
@@ -907,12 +906,8 @@ TEST(ShadowKvTest, Fp8LandmarksPickTheSameChunksOnAClearCase) {
           for (int i = 0; i < g.head_dim; ++i)
             query[(h * g.group_size() + q) * g.head_dim + i] = static_cast<float>(direction[i]);
       }
-      auto token = stream.Make(layer, 300);
-      TokenBlock block{
-          1, 300, token.pre.data(), token.post.data(), token.values.data(), query.data()};
-      ASSERT_TRUE(runner.sequence().Append(layer, block).ok());
       AttentionInput input;
-      ASSERT_TRUE(runner.sequence().Prepare(layer, query.data(), 1, &input).ok());
+      ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, query.data(), &input));
       const auto info = runner.shadow().Inspect(layer);
       for (int h = 0; h < g.num_kv_heads; ++h) {
         EXPECT_EQ(AsSet(info.gathered_chunks[h]), std::set<int64_t>(targets.begin(), targets.end()))
