@@ -10,7 +10,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
+
+#include "core/half.h"
 
 #if defined(__CUDACC__)
 #define SKV_FP8_HD __host__ __device__ __forceinline__
@@ -22,43 +23,23 @@ namespace shadowkv {
 
 constexpr float kFp8E4m3Max = 448.0f;
 
-SKV_FP8_HD uint32_t Fp8FloatBits(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-#endif
-}
-
-SKV_FP8_HD float Fp8FloatFromBits(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-#endif
-}
-
 // Exact: every e4m3 value is an fp32 value.
 SKV_FP8_HD float Fp8E4m3ToFp32(uint8_t code) {
   const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
   const uint32_t exponent = (code >> 3) & 0xfu;
   const uint32_t mantissa = code & 0x7u;
-  if (exponent == 0xf && mantissa == 0x7) return Fp8FloatFromBits(sign | 0x7fc00000u);  // NaN
+  if (exponent == 0xf && mantissa == 0x7) return FloatFromBits(sign | 0x7fc00000u);  // NaN
   if (exponent == 0) {
     // Subnormal (or zero): mantissa · 2^-9.
     const float magnitude = static_cast<float>(mantissa) * 0.001953125f;
     return sign != 0 ? -magnitude : magnitude;
   }
-  return Fp8FloatFromBits(sign | ((exponent + 120) << 23) | (mantissa << 20));
+  return FloatFromBits(sign | ((exponent + 120) << 23) | (mantissa << 20));
 }
 
 // Round to nearest even, saturating to ±448; NaN → 0x7f.
 SKV_FP8_HD uint8_t Fp32ToFp8E4m3(float value) {
-  const uint32_t bits = Fp8FloatBits(value);
+  const uint32_t bits = FloatBits(value);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t magnitude = bits & 0x7fffffffu;
   if (magnitude > 0x7f800000u) return 0x7f;
@@ -90,13 +71,19 @@ SKV_FP8_HD float Fp8RunInverseScale(float amax) {
   return amax > 0.0f ? kFp8E4m3Max / amax : 0.0f;
 }
 
-// Quantises `count` floats into codes; returns the run's scale.
-inline float QuantizeFp8Run(const float* values, int64_t count, uint8_t* codes) {
+// The largest magnitude of a run (NaN ignored).
+inline float Fp8RunAmax(const float* values, int64_t count) {
   float amax = 0.0f;
   for (int64_t i = 0; i < count; ++i) {
     const float magnitude = values[i] < 0.0f ? -values[i] : values[i];
     if (magnitude > amax) amax = magnitude;
   }
+  return amax;
+}
+
+// Quantises `count` floats into codes; returns the run's scale.
+inline float QuantizeFp8Run(const float* values, int64_t count, uint8_t* codes) {
+  const float amax = Fp8RunAmax(values, count);
   const float inverse = Fp8RunInverseScale(amax);
   for (int64_t i = 0; i < count; ++i) codes[i] = Fp32ToFp8E4m3(values[i] * inverse);
   return Fp8RunScale(amax);
@@ -109,11 +96,7 @@ inline void DequantizeFp8Run(const uint8_t* codes, int64_t count, float scale, f
 // Rounds `count` floats in place through the FP8 run format (what a reader of the stored run
 // gets back).
 inline void RoundTripFp8Run(float* values, int64_t count) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < count; ++i) {
-    const float magnitude = values[i] < 0.0f ? -values[i] : values[i];
-    if (magnitude > amax) amax = magnitude;
-  }
+  const float amax = Fp8RunAmax(values, count);
   const float inverse = Fp8RunInverseScale(amax), scale = Fp8RunScale(amax);
   for (int64_t i = 0; i < count; ++i) {
     values[i] = Fp8E4m3ToFp32(Fp32ToFp8E4m3(values[i] * inverse)) * scale;

@@ -4,18 +4,33 @@
 #include <cstdint>
 #include <cstring>
 
+// The bit views below also compile in device code (core/fp8.h uses them in kernels).
+#if defined(__CUDACC__)
+#define SKV_BITS_HD __host__ __device__ __forceinline__
+#else
+#define SKV_BITS_HD inline
+#endif
+
 namespace shadowkv {
 
-inline uint32_t FloatBits(float value) {
+SKV_BITS_HD uint32_t FloatBits(float value) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(value);
+#else
   uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
   return bits;
+#endif
 }
 
-inline float FloatFromBits(uint32_t bits) {
+SKV_BITS_HD float FloatFromBits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
   float value;
   std::memcpy(&value, &bits, sizeof(value));
   return value;
+#endif
 }
 
 // Exact: every fp16 value, subnormals, infinities and NaN payloads included, is an fp32 value.
