@@ -77,7 +77,7 @@ TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
 
   // Sequence 0 from cache slot 1, layer 1, the first 50 chunks.
   constexpr int kLayer = 1, kSlot = 1, kStored = 50;
-  SkvStoreValuesParams sp;
+  SkvLandmarkParams sp;  // the store reads all but min_cosine
   sp.layout = l;
   sp.seq = 0;
   sp.layer = kLayer;

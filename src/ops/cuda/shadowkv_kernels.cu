@@ -602,7 +602,7 @@ int64_t GraduateSharedBytes(const SkvLayout& l) {
 
 // One warp per (chunk, KV head): the chunk's values, quantised into the FP8 store.
 constexpr int kStoreWarps = 4;
-__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvStoreValuesParams p) {
+__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvLandmarkParams p) {
   const int c = blockIdx.x * kStoreWarps + threadIdx.x / 32, h = blockIdx.y;
   if (c >= p.num_chunks) return;
   const SkvLayout& l = p.layout;
@@ -717,7 +717,7 @@ cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSkvStoreValuesFp8(const SkvStoreValuesParams& p, cudaStream_t stream) {
+cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
   if (p.num_chunks == 0) return cudaSuccess;
   if (!p.layout.fp8_values) return cudaErrorInvalidValue;
   const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);

@@ -138,15 +138,8 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 
 // FP8 value store only: the values of chunks [0, num_chunks) of every KV head of one layer,
 // quantised from a full cache slot into sequence `seq`'s store (one run per chunk per head).
-struct SkvStoreValuesParams {
-  SkvLayout layout;
-  int seq = 0;
-  int layer = 0;
-  KvCacheView cache;
-  int cache_slot = 0;
-  int num_chunks = 0;
-};
-cudaError_t LaunchSkvStoreValuesFp8(const SkvStoreValuesParams& params, cudaStream_t stream);
+// Reads the same fields as the landmarks (all but min_cosine).
+cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
 
 // Dynamic shared memory of the select kernel.
 int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);

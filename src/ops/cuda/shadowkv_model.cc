@@ -339,7 +339,8 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
                                            basis_host.size() * sizeof(uint16_t),
                                            cudaMemcpyHostToDevice, stream));
 
-  // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk.
+  // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
+  //    values, every chunk's quantised value run).
   DeviceBuffer<float> min_cosine;
   SKV_RETURN_IF_ERROR(min_cosine.Allocate(static_cast<int64_t>(layers) * heads * num_chunks));
   for (int layer = 0; layer < layers; ++layer) {
@@ -362,6 +363,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     lp.num_chunks = static_cast<int>(num_chunks);
     lp.min_cosine = min_cosine.get() + static_cast<int64_t>(layer) * heads * num_chunks;
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvLandmarks(lp, stream));
+    if (g.fp8_values) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreValuesFp8(lp, stream));
   }
   std::vector<float> min_cosine_host(static_cast<size_t>(min_cosine.size()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(min_cosine_host.data(), min_cosine.get(),
@@ -403,16 +405,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, layer, 0);
     const Bf16* cache_keys = m.cache.keys + m.cache.HeadOffset(full_slot, layer, 0);
     const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
-    if (g.fp8_values) {
-      SkvStoreValuesParams vp;
-      vp.layout = l;
-      vp.seq = seq;
-      vp.layer = layer;
-      vp.cache = m.cache;
-      vp.cache_slot = full_slot;
-      vp.num_chunks = static_cast<int>(num_chunks);
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreValuesFp8(vp, stream));
-    } else {
+    if (!g.fp8_values) {  // (FP8 runs were quantised with the landmarks, step 3)
       Bf16* store = s.value_pointers[seq] +
                     static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
       SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
