@@ -1,10 +1,11 @@
 // The single-device communicator: the ranks' shared staging area and flags, and each rank's
 // all-reduce (the kernel is in local_all_reduce.cu).
 
-#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <utility>
 
+#include "core/group_barrier.h"
 #include "ops/cuda/device_buffer.h"
 #include "ops/cuda/tp/communicator.h"
 #include "ops/cuda/tp/local_all_reduce.cuh"
@@ -24,10 +25,7 @@ struct LocalShared {
   volatile int* abort_host = nullptr;
   const volatile int* abort_device = nullptr;
   bool used = false;  // an all-reduce was enqueued: the staging area can no longer move
-  // Host barrier: ranks arrived in the current round, and the round number.
-  std::condition_variable barrier;
-  int arrived = 0;
-  uint64_t round = 0;
+  std::unique_ptr<GroupBarrier> barrier;  // the ranks' host threads
   ~LocalShared() {
     if (abort_host) (void)cudaFreeHost(const_cast<int*>(abort_host));
   }
@@ -57,26 +55,11 @@ class LocalCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  Status HostBarrier() override {
-    LocalShared& s = *shared_;
-    std::unique_lock<std::mutex> lock(s.mutex);
-    if (*s.abort_host) return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
-    const uint64_t round = s.round;
-    if (++s.arrived == s.size) {
-      s.arrived = 0;
-      ++s.round;
-      s.barrier.notify_all();
-      return Status::Ok();
-    }
-    s.barrier.wait(lock, [&] { return s.round != round || *s.abort_host; });
-    if (s.round != round) return Status::Ok();
-    return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
-  }
+  Status HostBarrier() override { return shared_->barrier->Arrive(); }
 
   void Abort() override {
     *shared_->abort_host = 1;
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    shared_->barrier.notify_all();
+    shared_->barrier->Abort();
   }
 
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
@@ -124,6 +107,7 @@ Result<Communicators> CreateLocalCommunicators(int size, int device) {
   auto shared = std::make_shared<LocalShared>();
   shared->size = size;
   shared->device = device;
+  shared->barrier = std::make_unique<GroupBarrier>(size);
   SKV_RETURN_IF_ERROR(shared->flags.Allocate(static_cast<int64_t>(size) * kLocalAllReduceBlocks));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(shared->flags.get(), 0, shared->flags.bytes()));
   void* abort_word = nullptr;

@@ -6,14 +6,14 @@
 #include <dlfcn.h>
 #include <glob.h>
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <type_traits>
 #include <utility>
 
+#include "core/group_barrier.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/tp/communicator.h"
 
@@ -127,40 +127,14 @@ struct NcclShared {
   // communicators, so none may be in use by another thread then.
   std::shared_mutex mutex;
   bool aborted = false;
-  // Host barrier of the ranks' threads (HostBarrier); an abort releases it.
-  std::mutex barrier_mutex;
-  std::condition_variable barrier;
-  int arrived = 0;
-  uint64_t round = 0;
-  std::atomic<bool> barrier_aborted{false};
+  std::unique_ptr<GroupBarrier> barrier;  // the ranks' host threads (HostBarrier)
 
   void Abort() {
-    {
-      std::lock_guard<std::mutex> lock(barrier_mutex);
-      barrier_aborted = true;
-      barrier.notify_all();
-    }
+    barrier->Abort();
     std::unique_lock<std::shared_mutex> lock(mutex);
     if (aborted) return;
     aborted = true;
     for (ncclComm_t comm : comms) (void)Api().CommAbort(comm);
-  }
-
-  Status HostBarrier() {
-    std::unique_lock<std::mutex> lock(barrier_mutex);
-    auto aborted_error = [] {
-      return Error(ErrorCode::kInternal, "the tensor-parallel group was aborted");
-    };
-    if (barrier_aborted) return aborted_error();
-    const uint64_t entered = round;
-    if (++arrived == static_cast<int>(comms.size())) {
-      arrived = 0;
-      ++round;
-      barrier.notify_all();
-      return Status::Ok();
-    }
-    barrier.wait(lock, [&] { return round != entered || barrier_aborted; });
-    return round != entered ? Status::Ok() : aborted_error();
   }
 
   ~NcclShared() {
@@ -185,7 +159,7 @@ class NcclCommunicator final : public Communicator {
   int device() const override { return shared_->devices[rank_]; }
   const char* kind() const override { return "nccl"; }
   Status Reserve(int64_t) override { return Status::Ok(); }  // NCCL keeps its own buffers
-  Status HostBarrier() override { return shared_->HostBarrier(); }
+  Status HostBarrier() override { return shared_->barrier->Arrive(); }
   void Abort() override { shared_->Abort(); }
 
   Status AllReduceSum(void* buffer, int64_t count, ReduceType type,
@@ -243,6 +217,7 @@ Result<Communicators> CreateNcclCommunicators(const std::vector<int>& devices) {
   }
   auto shared = std::make_shared<NcclShared>();
   shared->devices = devices;
+  shared->barrier = std::make_unique<GroupBarrier>(static_cast<int>(devices.size()));
   shared->comms.assign(devices.size(), nullptr);
   int previous = 0;
   SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
