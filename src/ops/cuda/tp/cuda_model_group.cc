@@ -63,6 +63,8 @@ struct CudaModelGroup::State {
   std::vector<std::unique_ptr<CudaModel>> models;
   std::unique_ptr<RankThreads> threads;  // null for one rank: calls run on the caller's thread
   double compress_seconds = 0;
+  // Where ranks other than 0 put the logits of a Forward (kept across calls), per rank.
+  std::vector<std::vector<float>> logit_scratch;
 
   int size() const { return static_cast<int>(devices.size()); }
   // fn(model, rank) on every rank; the first failure. A group that was aborted refuses.
@@ -172,6 +174,7 @@ Result<std::unique_ptr<CudaModelGroup::State>> MakeState(const ModelConfig& conf
     SKV_ASSIGN_OR_RETURN(state->communicators, tp::CreateNcclCommunicators(state->devices));
   }
   state->models.resize(tp.size);
+  state->logit_scratch.resize(tp.size);
   state->threads = std::make_unique<RankThreads>(tp.size, [&devices = state->devices](int rank) {
     return CudaStatus(cudaSetDevice(devices[rank]), "cudaSetDevice", __FILE__, __LINE__);
   });
@@ -286,14 +289,14 @@ Status CudaModelGroup::Forward(std::span<const CudaStepInput> inputs) {
   if (state_->size() == 1) return state_->models[0]->Forward(inputs);
   // Every rank computes the same logits into buffers of its own (every rank must run the same
   // GEMMs: see CudaModel::Impl::Gemm); only rank 0's reach the caller.
-  const int64_t vocab = state_->config.vocab_size;
+  const size_t vocab = static_cast<size_t>(state_->config.vocab_size);
   std::vector<std::vector<CudaStepInput>> per_rank(state_->size());
-  std::vector<std::vector<float>> scratch;
   for (int rank = 1; rank < state_->size(); ++rank) {
+    std::vector<float>& scratch = state_->logit_scratch[rank];
+    if (scratch.size() < inputs.size() * vocab) scratch.resize(inputs.size() * vocab);
     per_rank[rank].assign(inputs.begin(), inputs.end());
-    for (CudaStepInput& in : per_rank[rank]) {
-      if (in.logits_out == nullptr) continue;
-      in.logits_out = scratch.emplace_back(static_cast<size_t>(vocab)).data();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (per_rank[rank][i].logits_out != nullptr) per_rank[rank][i].logits_out = &scratch[i * vocab];
     }
   }
   return state_->Collective([&](CudaModel& m, int rank) {
