@@ -1,0 +1,197 @@
+// Shared fixtures of the ShadowKV policy tests (shadowkv_policy_test.cc and
+// shadowkv_policy_fp8_test.cc): a deterministic token stream, a runner that feeds it to a policy
+// and attends, and helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kv/policies.h"
+#include "kv/shadowkv_policy.h"
+#include "ops/cpu/attention.h"
+
+namespace shadowkv::kv::shadowkv_testing {
+
+inline KvGeometry TestGeometry(int rotary_dim = 64) {
+  KvGeometry g;
+  g.num_layers = 2;
+  g.num_query_heads = 9;
+  g.num_kv_heads = 3;
+  g.head_dim = 64;
+  g.max_context = 4096;
+  g.rope.rotary_dim = rotary_dim;
+  g.rope.theta_base = 10000.0f;
+  return g;
+}
+
+// Deterministic per-token q/k/v: pre-RoPE keys of rank `key_rank` (0: full), RoPE'd for real.
+// abs_values: every value replaced by its magnitude (everything else as without it).
+class TokenStream {
+ public:
+  TokenStream(const KvGeometry& g, int key_rank, uint32_t seed, bool abs_values = false)
+      : g_(g), rope_(g.rope), key_rank_(key_rank), seed_(seed), abs_values_(abs_values) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    if (key_rank_ > 0) {
+      mixing_.resize(static_cast<size_t>(g.num_layers) * key_rank_ * g.kv_width());
+      for (auto& x : mixing_) x = normal(rng) / std::sqrt(static_cast<float>(key_rank_));
+    }
+  }
+
+  struct Token {
+    std::vector<float> pre, post, values, queries;
+  };
+
+  Token Make(int layer, int64_t position) const {
+    std::mt19937 rng(seed_ * 7919u + layer * 1000003u + static_cast<uint32_t>(position));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int width = g_.kv_width();
+    Token t{
+        std::vector<float>(width), {}, std::vector<float>(width), std::vector<float>(g_.q_width())};
+    if (key_rank_ > 0) {
+      std::vector<float> u(key_rank_);
+      for (auto& x : u) x = normal(rng);
+      const float* m = mixing_.data() + static_cast<size_t>(layer) * key_rank_ * width;
+      for (int j = 0; j < width; ++j) {
+        float sum = 0;
+        for (int k = 0; k < key_rank_; ++k) sum += u[k] * m[k * width + j];
+        t.pre[j] = sum;
+      }
+    } else {
+      for (auto& x : t.pre) x = normal(rng);
+    }
+    t.post = t.pre;
+    rope_.Apply(t.post.data(), g_.num_kv_heads, g_.head_dim, position);
+    for (auto& x : t.values) x = abs_values_ ? std::fabs(normal(rng)) : normal(rng);
+    for (auto& x : t.queries) x = normal(rng);
+    rope_.Apply(t.queries.data(), g_.num_query_heads, g_.head_dim, position);
+    return t;
+  }
+
+  const KvGeometry& geometry() const { return g_; }
+
+ private:
+  KvGeometry g_;
+  Rope rope_;
+  int key_rank_;
+  uint32_t seed_;
+  bool abs_values_;
+  std::vector<float> mixing_;  // [layer][key_rank, kv_width]
+};
+
+// Drives one sequence through the seam as the forward pass does, keeping each layer's output.
+class Runner {
+ public:
+  Runner(const KvPolicy& policy, const TokenStream& stream) : stream_(stream), pool_(1) {
+    auto sequence = policy.NewSequence();
+    EXPECT_TRUE(sequence.ok()) << sequence.status().ToString();
+    if (sequence.ok()) sequence_ = std::move(sequence).value();
+  }
+
+  // Appends `count` tokens at every layer, attends, and (last prompt block) finishes prefill.
+  void Step(int count, bool finish_prefill = false) {
+    const KvGeometry& g = stream_.geometry();
+    outputs_.assign(g.num_layers, {});
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      std::vector<float> pre, post, values, queries;
+      for (int i = 0; i < count; ++i) {
+        auto t = stream_.Make(layer, position_ + i);
+        pre.insert(pre.end(), t.pre.begin(), t.pre.end());
+        post.insert(post.end(), t.post.begin(), t.post.end());
+        values.insert(values.end(), t.values.begin(), t.values.end());
+        queries.insert(queries.end(), t.queries.begin(), t.queries.end());
+      }
+      TokenBlock block{count, position_, pre.data(), post.data(), values.data(), queries.data()};
+      ASSERT_TRUE(sequence_->Append(layer, block).ok());
+      AttentionInput input;
+      ASSERT_TRUE(sequence_->Prepare(layer, queries.data(), count, &input).ok());
+      outputs_[layer].resize(queries.size());
+      AttentionShape shape{g.num_query_heads, g.num_kv_heads, g.head_dim,
+                           1.0f / std::sqrt(static_cast<float>(g.head_dim))};
+      AttentionJob job{queries.data(), outputs_[layer].data(), count, position_, &input};
+      RunAttention(shape, std::span<const AttentionJob>(&job, 1), pool_);
+      if (finish_prefill) {
+        ASSERT_TRUE(sequence_->FinishPrefill(layer).ok());
+      }
+    }
+    position_ += count;
+  }
+
+  // Appends the stream's token at `position` to one layer (with `queries`, or the token's own
+  // when null) and prepares its attention input, without attending.
+  void AppendOne(int layer, int position, const float* queries, AttentionInput* input) {
+    auto t = stream_.Make(layer, position);
+    const float* q = queries != nullptr ? queries : t.queries.data();
+    TokenBlock block{1, position, t.pre.data(), t.post.data(), t.values.data(), q};
+    ASSERT_TRUE(sequence_->Append(layer, block).ok());
+    ASSERT_TRUE(sequence_->Prepare(layer, q, 1, input).ok());
+  }
+
+  SequenceKv& sequence() { return *sequence_; }
+  ShadowKvSequence& shadow() { return dynamic_cast<ShadowKvSequence&>(*sequence_); }
+  const std::vector<std::vector<float>>& outputs() const { return outputs_; }
+
+ private:
+  const TokenStream& stream_;
+  ThreadPool pool_;
+  std::unique_ptr<SequenceKv> sequence_;
+  int64_t position_ = 0;
+  std::vector<std::vector<float>> outputs_;  // [layer][count * q_width] of the last step
+};
+
+inline std::unique_ptr<KvPolicy> MakePolicy(const KvPolicyConfig& config, const KvGeometry& g) {
+  auto policy = MakeKvPolicy(config, g);
+  EXPECT_TRUE(policy.ok()) << policy.status().ToString();
+  return policy.ok() ? std::move(policy).value() : nullptr;
+}
+
+// Largest |a − b| relative to the largest |b|, over every layer.
+inline double RelativeError(const std::vector<std::vector<float>>& a,
+                     const std::vector<std::vector<float>>& b) {
+  double worst = 0, scale = 0;
+  for (size_t l = 0; l < a.size(); ++l) {
+    for (size_t i = 0; i < a[l].size(); ++i) {
+      worst = std::max(worst, double(std::fabs(a[l][i] - b[l][i])));
+      scale = std::max(scale, double(std::fabs(b[l][i])));
+    }
+  }
+  return worst / scale;
+}
+
+inline KvPolicyConfig ShadowConfig(int chunk, int window, int64_t outliers, int rank = 0) {
+  KvPolicyConfig c;
+  c.policy = "shadowkv";
+  c.chunk_size = chunk;
+  c.local_window = window;
+  c.outlier_chunks = outliers;
+  c.rank = rank;
+  c.budget_tokens = 100000;  // every chunk fits
+  return c;
+}
+
+
+// Chunk `c`'s rows of one KV head from the stream: [chunk, head_dim] post-RoPE keys or values.
+inline std::vector<float> ChunkRows(const TokenStream& stream, int layer, int h, int chunk_size,
+                             int64_t chunk, bool values) {
+  const KvGeometry& g = stream.geometry();
+  std::vector<float> rows;
+  for (int t = 0; t < chunk_size; ++t) {
+    auto token = stream.Make(layer, chunk * chunk_size + t);
+    const auto& source = values ? token.values : token.post;
+    rows.insert(rows.end(), source.begin() + h * g.head_dim, source.begin() + (h + 1) * g.head_dim);
+  }
+  return rows;
+}
+
+inline std::set<int64_t> AsSet(const std::vector<int32_t>& chunks) {
+  return std::set<int64_t>(chunks.begin(), chunks.end());
+}
+
+}  // namespace shadowkv::kv::shadowkv_testing
