@@ -10,8 +10,13 @@
 #   gemm: a full-attention step at 4K, batch 8, with cuBLAS and with the skinny GEMM kernel
 #   bench-fp8: the same bench beside ShadowKV with FP8 values, and with FP8 values and landmarks
 #     (device-resident values only: --no-host-values)
-#   kernels: each decode kernel of one layer timed alone (tests/gpu/shadowkv_kernels_bench_test.cc),
-#     with the fast rebuild at 32 and at 64 gather slots per block (SKV_REBUILD_SLOTS)
+#   kernels: each decode kernel of one layer timed alone (tests/gpu/shadowkv_kernels_bench_test.cc;
+#     the select's two variants and the fast rebuild at 32, 64 and 128 gather slots per block)
+#   tune: ShadowKV with FP8 values and landmarks at TUNE_CONTEXT (124928) and TUNE_BATCH (20),
+#     once per setting of the step: the defaults, SKV_SPLIT_ROWS=0, that and SKV_SELECT_COARSE=0,
+#     and SKV_REBUILD_SLOTS=64
+#   accept: the headline bench (full, ShadowKV and ShadowKV with FP8 values and landmarks at
+#     60K and 122K, each at its best batch, device-resident values)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/shadowkv_out}
@@ -69,10 +74,26 @@ for step in "${steps[@]}"; do
       done
       ;;
     kernels)
-      for slots in 32 64; do
-        SKV_GPU_BENCH=1 SKV_REBUILD_SLOTS=$slots timeout 120 "$stage/bin/shadowkv_gpu_tests" \
-          --gtest_filter='CudaShadowKvKernelsBench.*' > "$out/kernels_slots$slots.log" 2>&1
+      SKV_GPU_BENCH=1 timeout 120 "$stage/bin/shadowkv_gpu_tests" \
+        --gtest_filter='CudaShadowKvKernelsBench.*' > "$out/kernels.log" 2>&1
+      ;;
+    tune)
+      for setting in "defaults:" "no-split:SKV_SPLIT_ROWS=0" \
+          "radix8:SKV_SPLIT_ROWS=0 SKV_SELECT_COARSE=0" "slots64:SKV_REBUILD_SLOTS=64"; do
+        name=${setting%%:*}
+        # shellcheck disable=SC2086
+        env ${setting#*:} timeout 150 "$stage/bin/shadowkv" bench --device cuda \
+          --synthetic llama3-8b --kv shadowkv:fp8_values=1:fp8_landmarks=1 \
+          --context "${TUNE_CONTEXT:-124928}" --batch "${TUNE_BATCH:-20}" --gen 128 \
+          --prefill-chunk 4096 --no-host-values --json "$out/tune_$name.json" \
+          > "$out/tune_$name.log" 2>&1
       done
+      ;;
+    accept)
+      timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+        --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
+        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 --no-host-values \
+        --json "$out/bench_accept.json" > "$out/bench_accept.log" 2>&1
       ;;
     *) echo "unknown step $step"; continue ;;
   esac
@@ -87,10 +108,11 @@ for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
 [ -f "$out/bench_smoke.log" ] && cat "$out/bench_smoke.log"
 [ -f "$out/bench_shadowkv.log" ] && cat "$out/bench_shadowkv.log"
 [ -f "$out/bench_fp8.log" ] && cat "$out/bench_fp8.log"
-for slots in 32 64; do
-  [ -f "$out/kernels_slots$slots.log" ] && echo "SKV_REBUILD_SLOTS=$slots:" &&
-    grep -E "\[ kernels \]|FAILED|rror" "$out/kernels_slots$slots.log"
+[ -f "$out/kernels.log" ] && grep -E "\[ kernels \]|FAILED|rror" "$out/kernels.log"
+for log in "$out"/tune_*.log; do
+  [ -f "$log" ] && echo "$(basename "$log"):" && grep -E "^shadowkv|^ +[0-9]+ +[0-9]+ +[0-9]+/|rror" "$log"
 done
+[ -f "$out/bench_accept.log" ] && cat "$out/bench_accept.log"
 for variant in 0 1; do
   [ -f "$out/bench_gemm$variant.log" ] && echo "SKV_GEMM_VARIANT=$variant:" &&
     grep -E "^full|error|Error" "$out/bench_gemm$variant.log"

@@ -16,8 +16,8 @@ void CheckQkvRope(RopeConfig::Style style, int rotary_dim, bool with_bias) {
   const int num_query_heads = 8, num_kv_heads = 2, head_dim = 128;
   const int q_width = num_query_heads * head_dim, kv_width = num_kv_heads * head_dim;
   const int width = q_width + 2 * kv_width;
-  const std::vector<int32_t> positions = {0, 3, 1000, 65535, 70000};
-  const std::vector<int32_t> slots = {0, 1, 1, 0, 1};
+  const std::vector<int32_t> positions = {0, 3, 1000, 65535, 70000, 126000};
+  const std::vector<int32_t> slots = {0, 1, 1, 0, 1, 0};
   const int rows = static_cast<int>(positions.size());
   const int layer = 1;
 
@@ -38,7 +38,7 @@ void CheckQkvRope(RopeConfig::Style style, int rotary_dim, bool with_bias) {
   cache.num_layers = 2;
   cache.num_kv_heads = num_kv_heads;
   cache.head_dim = head_dim;
-  cache.capacity = 70001;
+  cache.capacity = 126001;
   const int64_t cache_count = cache.HeadOffset(cache.num_slots, 0, 0);
   auto keys = Poisoned<uint16_t>(cache_count);
   auto values = Poisoned<uint16_t>(cache_count);

@@ -28,7 +28,8 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
     int budget_chunks;
     int outlier_chunks;
   };
-  for (const Shape shape : {Shape{24, 61440, 128, 24}, Shape{12, 124928, 256, 48}}) {
+  for (const Shape shape :
+       {Shape{24, 61440, 128, 24}, Shape{12, 124928, 256, 48}, Shape{20, 124928, 256, 48}}) {
     const int rows = shape.rows, capacity = shape.context / kChunk + 16;
     const int num_chunks = shape.context / kChunk - 4;
     const int budget = shape.budget_chunks;
@@ -121,24 +122,47 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
       auto reset = [&] { cudaMemsetAsync(slot_chunk.get(), 0xFF, slot_chunk.bytes()); };
       const double reset_ms = MedianMs(20, reset);
       const double score_ms = MedianMs(20, [&] { LaunchSkvScore(p, nullptr); });
-      const double select_ms = MedianMs(20, [&] {
-        reset();
-        LaunchSkvSelect(p, nullptr);
-      }) - reset_ms;
+      auto time_select = [&] {
+        return MedianMs(20, [&] {
+          reset();
+          LaunchSkvSelect(p, nullptr);
+        }) - reset_ms;
+      };
+      // The fast select's other variant first (four 8-bit digits over every key), then the one
+      // the model uses, so the slots below are those of the default.
+      double radix8_ms = 0.0;
+      if (variant == kSkvKernelsFast) {
+        p.coarse_select = 0;
+        radix8_ms = time_select();
+        p.coarse_select = 1;
+      }
+      const double select_ms = time_select();
       // Every slot missed (the slots were reset before the last select).
       const double rebuild_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
+      // The fast rebuild with more gather slots per block.
+      double rebuild_64_ms = 0.0, rebuild_128_ms = 0.0;
+      if (variant == kSkvKernelsFast) {
+        p.rebuild_slots = 64;
+        rebuild_64_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
+        p.rebuild_slots = 128;
+        rebuild_128_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
+        p.rebuild_slots = 0;
+      }
       const double fetch_ms = MedianMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
       p.halves = false;  // the other RoPE style (Llama GGUF models rotate pairs)
       const double rebuild_pairs_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
       p.halves = true;
       SKV_ASSERT_CUDA(cudaDeviceSynchronize());
       std::printf(
-          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s), select %.1f us, "
-          "rebuild %.1f us (%.0f GB/s; rotary pairs %.1f us), fetch %.1f us (%.0f GB/s); per "
+          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s), select %.1f us "
+          "(8-bit digits over every key: %.1f us), "
+          "rebuild %.1f us (%.0f GB/s; rotary pairs %.1f us; 64 / 128 slots a block %.1f / %.1f "
+          "us), fetch %.1f us (%.0f GB/s); per "
           "step of 32 layers: score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
           variant == kSkvKernelsFast ? "fast " : "first", shape.context, rows, budget,
-          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, select_ms * 1e3,
+          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, select_ms * 1e3, radix8_ms * 1e3,
           rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, rebuild_pairs_ms * 1e3,
+          rebuild_64_ms * 1e3, rebuild_128_ms * 1e3,
           fetch_ms * 1e3,
           fetch_bytes / (fetch_ms * 1e-3) / gb, 32 * (score_ms + select_ms), 32 * rebuild_ms,
           32 * fetch_ms);

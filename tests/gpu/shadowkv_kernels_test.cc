@@ -23,12 +23,21 @@ class CudaShadowKvKernelsTest : public ::testing::TestWithParam<int> {};
 // Capacity 2000 chunks (a multiple of 16) takes the fast tensor-core scoring and the 512-thread
 // select; 9000 the other fast scoring kernel and the 1024-thread select. FP8 landmarks (tensor
 // cores only): the device holds each landmark's codes and scale (core/fp8.h) and the CPU scores
-// the values they stand for.
-void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bool fp8 = false) {
+// the values they stand for. `tied`: every landmark but each 256th is zero, so thousands of
+// equal scores sit at the K-th place (ties go to the lower chunk); at 9000 chunks more of them
+// share the coarse select's first digit than it gathers, so it takes its all-keys path.
+// `coarse`: the fast select's variant (SkvDecodeParams::coarse_select).
+void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bool fp8 = false,
+                    bool tied = false, int coarse = 1) {
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
-  const int num_chunks[kSeqs] = {1900, 1234};
+  const int num_chunks[kSeqs] = {tied ? kCapacity - 100 : 1900, tied ? kCapacity / 2 : 1234};
   std::mt19937 rng(5);
   std::vector<float> landmarks = RandomBf16Values(int64_t{kSeqs} * kHeads * kCapacity * kDim, rng);
+  if (tied) {
+    for (int64_t c = 0; c < int64_t{kSeqs} * kHeads * kCapacity; ++c) {
+      if (c % 256 != 0) std::fill_n(landmarks.begin() + c * kDim, kDim, 0.0f);
+    }
+  }
   std::vector<uint8_t> landmark_codes;
   std::vector<float> landmark_scales;
   if (fp8) {
@@ -110,6 +119,7 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
     p.kernel_variant = kernel_variant;
     p.select_successors = successors ? 1 : 0;
+    p.coarse_select = coarse;
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -166,11 +176,30 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
 }
 
+// The fast select's two variants (the first kernels have one).
+std::vector<int> CoarseVariants(int kernel_variant) {
+  return kernel_variant == kSkvKernelsFast ? std::vector<int>{1, 0} : std::vector<int>{1};
+}
+
 TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const int capacity : {2000, 9000}) {
-    SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks");
-    CheckSelection(GetParam(), capacity, /*successors=*/false);
+  for (const int coarse : CoarseVariants(GetParam())) {
+    for (const int capacity : {2000, 9000}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse " << coarse);
+      CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, /*tied=*/false,
+                     coarse);
+    }
+  }
+}
+
+TEST_P(CudaShadowKvKernelsTest, TiedScoresGoToTheLowerChunkAsOnTheCpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const int coarse : CoarseVariants(GetParam())) {
+    for (const int capacity : {2000, 9000}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse " << coarse);
+      CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, /*tied=*/true,
+                     coarse);
+    }
   }
 }
 
@@ -183,16 +212,20 @@ TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
 TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
   SKV_SKIP_WITHOUT_GPU();
   if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "successor selection: fast kernels only";
-  for (const int capacity : {2000, 9000}) {
-    SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks");
-    CheckSelection(GetParam(), capacity, /*successors=*/true);
+  for (const int coarse : CoarseVariants(GetParam())) {
+    for (const int capacity : {2000, 9000}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse " << coarse);
+      CheckSelection(GetParam(), capacity, /*successors=*/true, /*fp8=*/false, /*tied=*/false,
+                     coarse);
+    }
   }
 }
 
-
 // Keys of the missed chunks = rows of A times B_h, rotated at the chunk's own positions; slots
 // without a miss keep whatever they held. Rank 40 (not a multiple of 16) pads the mma's k.
-void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank) {
+// `slots`: gather slots per block of the fast kernels (SkvDecodeParams::rebuild_slots; 96 slots
+// leave the last block of 64 part-empty).
+void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0) {
   constexpr int kHeads = 2, kChunk = 8, kCapacity = 15800, kBudget = 96, kSeqs = 2;
   const int width = kHeads * head_dim;
   std::mt19937 rng(11 + head_dim + rank);
@@ -254,6 +287,7 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank) 
   p.rotary_dim = head_dim;
   p.halves = style == RopeConfig::Style::kHalves;
   p.kernel_variant = variant;
+  p.rebuild_slots = slots;
   SKV_ASSERT_CUDA(LaunchSkvRebuildKeys(p, nullptr));
   const std::vector<float> keys = ToHostBf16(d_keys);
 
@@ -291,18 +325,29 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank) 
   EXPECT_GT(checked, kSeqs * kHeads * kBudget / 3);
 }
 
+// Gather slots per block of the fast rebuild kernels (0: the default); the first kernels have one.
+std::vector<int> RebuildSlotVariants(int kernel_variant) {
+  return kernel_variant == kSkvKernelsFast ? std::vector<int>{0, 64, 128} : std::vector<int>{0};
+}
+
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopeHalves) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160);
-  CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 80);
-  CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40);
+  for (const int slots : RebuildSlotVariants(GetParam())) {
+    SCOPED_TRACE(::testing::Message() << slots << " slots per block");
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 80, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40, slots);
+  }
 }
 
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopePairs) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160);
-  CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80);
-  CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40);
+  for (const int slots : RebuildSlotVariants(GetParam())) {
+    SCOPED_TRACE(::testing::Message() << slots << " slots per block");
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40, slots);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, CudaShadowKvKernelsTest,

@@ -98,6 +98,12 @@ struct ShadowKvState {
   int32_t* attn_last = nullptr;    // device [max_batch]
   cudaStream_t side_stream = nullptr;  // value fetch, beside the key rebuild
   cudaEvent_t fork = nullptr, join = nullptr;
+  // The second half of a graph-replayed step's rows (see RunShadowKvAttention): its selection
+  // and gathers run on their own streams; start / done join it to the step.
+  struct {
+    cudaStream_t stream = nullptr, fetch_stream = nullptr;
+    cudaEvent_t start = nullptr, fork = nullptr, join = nullptr, done = nullptr;
+  } half;
   std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
 
   ~ShadowKvState();

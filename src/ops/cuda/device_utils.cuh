@@ -20,6 +20,16 @@ __device__ __forceinline__ void Bf16x8ToFloat(const uint4& packed, float* out) {
   }
 }
 
+// sin and cos of an fp32 RoPE angle formed as the CPU forms it (position · inv_freq in fp32):
+// the reduction to [−π, π] in fp64 is exact enough that the fast hardware sincos (absolute
+// error ~4e-7 there) stands in for the accurate one, whose slow path large angles (> 1e5) take.
+__device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosine) {
+  const double turns = rint(static_cast<double>(angle) * 0.15915494309189535);
+  const float reduced =
+      static_cast<float>(fma(-turns, 6.283185307179586, static_cast<double>(angle)));
+  __sincosf(reduced, sine, cosine);
+}
+
 __device__ __forceinline__ float WarpSum(float value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);

@@ -1,5 +1,8 @@
-// QKV/RoPE kernel: one block per row, one thread per (head, pair of elements).
+// QKV/RoPE kernel: one thread per (row, head, pair of elements); blocks of 256 threads along a
+// row's pairs, so a decode step's few rows still spread over many multiprocessors.
 #include "ops/cuda/qkv_rope.cuh"
+
+#include "ops/cuda/device_utils.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -8,6 +11,7 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
   const int row = blockIdx.x;
+  const int index = blockIdx.y * kThreads + threadIdx.x;
   const int d = p.head_dim;
   const int half_dim = d / 2;
   const int rotary_half = p.rotary_dim / 2;
@@ -18,7 +22,7 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
   const int slot = p.slots[row];
   const int cache_row = p.cache_rows ? p.cache_rows[row] : position;
 
-  for (int index = threadIdx.x; index < num_heads * half_dim; index += kThreads) {
+  if (index < num_heads * half_dim) {
     const int head = index / half_dim;
     const int pair = index % half_dim;
     const bool rotating_head = head < p.num_query_heads + p.num_kv_heads;  // q or k
@@ -53,11 +57,11 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
       pre[b] = __float2bfloat16(x1);
     }
     if (rotates) {
-      // The angle is formed in fp32 exactly as the CPU Rope does; sincosf is the accurate one
-      // (the build never uses fast math), so large positions keep their precision.
+      // The angle is formed in fp32 exactly as the CPU Rope does; large positions keep their
+      // precision (RopeSinCos reduces it in fp64).
       const float angle = static_cast<float>(position) * p.inv_freq[pair];
       float sine, cosine;
-      sincosf(angle, &sine, &cosine);
+      RopeSinCos(angle, &sine, &cosine);
       const float r0 = x0 * cosine - x1 * sine;
       const float r1 = x0 * sine + x1 * cosine;
       x0 = r0;
@@ -87,7 +91,9 @@ cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream) {
       params.rotary_dim < 0 || params.rotary_dim % 2 != 0 || params.rotary_dim > params.head_dim) {
     return cudaErrorInvalidValue;
   }
-  QkvRopeKernel<<<params.rows, kThreads, 0, stream>>>(params);
+  const int pairs = (params.num_query_heads + 2 * params.num_kv_heads) * (params.head_dim / 2);
+  const dim3 grid(params.rows, (pairs + kThreads - 1) / kThreads);
+  QkvRopeKernel<<<grid, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

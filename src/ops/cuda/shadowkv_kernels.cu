@@ -679,6 +679,22 @@ cudaError_t LaunchSkvScore(const SkvDecodeParams& p, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
+SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& p, int first, int count) {
+  const SkvLayout& l = p.layout;
+  const int64_t heads = first * static_cast<int64_t>(l.num_kv_heads);  // (row, KV head) pairs before
+  SkvDecodeParams part = p;
+  part.meta = p.meta + first;
+  part.rows = count;
+  part.queries = p.queries + heads * l.group * l.head_dim;
+  part.logits = p.logits + heads * l.group * l.capacity_chunks;
+  if (p.softmax_partials) {
+    part.softmax_partials =
+        p.softmax_partials + heads * l.group * SkvScoreBlocks(l.capacity_chunks) * 2;
+  }
+  part.miss_chunk = p.miss_chunk + heads * l.max_budget;
+  return part;
+}
+
 cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;

@@ -93,10 +93,22 @@ struct SkvDecodeParams {
   // Select each top chunk's successor with it (kv::SelectTopKWithSuccessors): the top K of
   // max(key[c], key[c - 1]) over selectable neighbours. Fast kernels only.
   int select_successors = 0;
+  // Fast select: 1 = a 12-bit first radix digit counted while the keys are written, the later
+  // digits over its candidates only, and ballot placement; 0 = four 8-bit digits over every key
+  // (kept to compare).
+  int coarse_select = 1;
+  // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
+  int rebuild_slots = 0;
 };
 
 constexpr int kSkvKernelsFirst = 0;
 constexpr int kSkvKernelsFast = 1;
+
+// The same step restricted to rows [first, first + count) of `params` (their metadata, queries
+// and per-row scratch), for the decode kernels below but graduation.
+SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& params, int first, int count);
+// A step's rows are split in two for the selection from this many rows.
+constexpr int kSkvSplitMinRows = 4;
 
 // Graduation (rows whose graduate_chunk >= 0): A rows = K_pre·Bᵀ, landmark, values to the store,
 // then the exact window moves down by one chunk.

@@ -25,9 +25,12 @@ ShadowKvState::~ShadowKvState() {
     if (pointer) (void)cudaFreeHost(pointer);
   }
   if (host_meta_block) (void)cudaFreeHost(host_meta_block);
-  if (fork) (void)cudaEventDestroy(fork);
-  if (join) (void)cudaEventDestroy(join);
-  if (side_stream) (void)cudaStreamDestroy(side_stream);
+  for (cudaEvent_t event : {fork, join, half.start, half.fork, half.join, half.done}) {
+    if (event) (void)cudaEventDestroy(event);
+  }
+  for (cudaStream_t other : {side_stream, half.stream, half.fetch_stream}) {
+    if (other) (void)cudaStreamDestroy(other);
+  }
 }
 
 void ShadowKvState::DropGraphs() {
@@ -50,6 +53,33 @@ int ShadowKvKernelVariant() {
                                                                   : kSkvKernelsFast;
   }();
   return variant;
+}
+
+// SKV_SELECT_COARSE=0 selects with four 8-bit digits over every key (to compare).
+int ShadowKvCoarseSelect() {
+  static const int coarse = [] {
+    const char* text = std::getenv("SKV_SELECT_COARSE");
+    return text != nullptr && std::atoi(text) == 0 ? 0 : 1;
+  }();
+  return coarse;
+}
+
+// SKV_SPLIT_ROWS=0 runs a step's selection for all rows at once (to compare).
+bool ShadowKvSplitRows() {
+  static const bool split = [] {
+    const char* text = std::getenv("SKV_SPLIT_ROWS");
+    return text == nullptr || std::atoi(text) != 0;
+  }();
+  return split;
+}
+
+// SKV_REBUILD_SLOTS=64 or 128: gather slots per block of the fast key rebuild (default 32).
+int ShadowKvRebuildSlots() {
+  static const int slots = [] {
+    const char* text = std::getenv("SKV_REBUILD_SLOTS");
+    return text != nullptr ? std::atoi(text) : 0;
+  }();
+  return slots;
 }
 
 Status CheckSeq(const ShadowKvState& s, int seq) {
@@ -151,9 +181,13 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   s->attn_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_attn);
   s->pre_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_pre);
   s->attn_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_last);
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->side_stream, cudaStreamNonBlocking));
-  SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
-  SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
+  for (cudaStream_t* created : {&s->side_stream, &s->half.stream, &s->half.fetch_stream}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(created, cudaStreamNonBlocking));
+  }
+  for (cudaEvent_t* created :
+       {&s->fork, &s->join, &s->half.start, &s->half.fork, &s->half.join, &s->half.done}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(created, cudaEventDisableTiming));
+  }
 
   s->device_values.resize(n);
   s->host_values.assign(n, nullptr);
@@ -622,26 +656,54 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.halves = c.rope.style == RopeConfig::Style::kHalves;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.kernel_variant = ShadowKvKernelVariant();
+  p.coarse_select = ShadowKvCoarseSelect();
+  p.rebuild_slots = ShadowKvRebuildSlots();
   p.select_successors = s.config.select_successors;
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
-  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
-  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(p, stream));
-  SKV_RETURN_IF_ERROR(mark(OpKind::kSkvScoring));
   if (profiler) {
     // Timed one after the other.
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(p, stream));
+    SKV_RETURN_IF_ERROR(mark(OpKind::kSkvScoring));
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(p, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kSkvFetch));
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRebuildKeys(p, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kSkvRebuild));
   } else {
-    // The value fetch (possibly over PCIe) runs beside the key rebuild.
-    SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.fork, stream));
-    SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.side_stream, s.fork, 0));
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(p, s.side_stream));
-    SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.join, s.side_stream));
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRebuildKeys(p, stream));
-    SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.join, 0));
+    // Select, then the value fetch (possibly over PCIe) beside the key rebuild, for the rows of
+    // `part` on `on`, the fetch on `fetch_on`.
+    auto select_and_gather = [&](const SkvDecodeParams& part, cudaStream_t on,
+                                 cudaStream_t fetch_on, cudaEvent_t fork, cudaEvent_t join) {
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(part, on));
+      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, on));
+      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(fetch_on, fork, 0));
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(part, fetch_on));
+      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(join, fetch_on));
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRebuildKeys(part, on));
+      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(on, join, 0));
+      return Status::Ok();
+    };
+    const int rows = plan.decode_rows;
+    if (rows >= kSkvSplitMinRows && ShadowKvSplitRows()) {
+      // Two halves of the rows, the second's scoring after the first's: the first half's select
+      // (a few blocks, latency-bound) runs beside the second half's scoring, and the second
+      // half's select beside the first half's rebuild.
+      const SkvDecodeParams first = SkvDecodeRows(p, 0, rows / 2);
+      const SkvDecodeParams second = SkvDecodeRows(p, rows / 2, rows - rows / 2);
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));
+      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.start, stream));
+      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.half.stream, s.half.start, 0));
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(second, s.half.stream));
+      SKV_RETURN_IF_ERROR(select_and_gather(second, s.half.stream, s.half.fetch_stream,
+                                            s.half.fork, s.half.join));
+      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.done, s.half.stream));
+      SKV_RETURN_IF_ERROR(select_and_gather(first, stream, s.side_stream, s.fork, s.join));
+      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.half.done, 0));
+    } else {
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
+      SKV_RETURN_IF_ERROR(select_and_gather(p, stream, s.side_stream, s.fork, s.join));
+    }
   }
   DecodeAttentionParams d;
   d.queries = q.get();

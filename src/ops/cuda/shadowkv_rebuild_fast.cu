@@ -16,37 +16,26 @@ using Bf16 = __nv_bfloat16;
 // ---- key rebuild ------------------------------------------------------------------------------
 
 constexpr int kRebuildWarps = 4;
-// Gather slots per block (B_h is staged once for these): 32 by default, which the kernel bench
-// measured fastest on the H200 (more, shorter blocks: no half-empty last wave);
-// SKV_REBUILD_SLOTS=64 or 128 picks another size.
+// Gather slots per block (the basis is staged once for these), both fast kernels: 32 by
+// default, which the kernel bench measured fastest for the first of them on the H200 (more,
+// shorter blocks: no half-empty last wave); SkvDecodeParams::rebuild_slots (SKV_REBUILD_SLOTS)
+// = 64 or 128 takes more per block.
 constexpr int kRebuildSlotsDefault = 32;
+int RebuildSlots(int asked) { return asked == 64 || asked == 128 ? asked : kRebuildSlotsDefault; }
 
 __host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
 
-// sin and cos of an fp32 angle formed as the CPU forms it (position · inv_freq in fp32): the
-// reduction to [−π, π] in fp64 is exact enough that the fast hardware sincos (absolute error
-// ~4e-7 there) stands in for the accurate one, whose slow path large angles (> 1e5) take.
-__device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosine) {
-  const double turns = rint(static_cast<double>(angle) * 0.15915494309189535);
-  const float reduced =
-      static_cast<float>(fma(-turns, 6.283185307179586, static_cast<double>(angle)));
-  __sincosf(reduced, sine, cosine);
-}
-
-// One block per (64 slots, KV head, row). Shared: B_h [rank_padded, D + 8], per warp two A
-// tiles [16, rank_padded + 8] (cp.async ring) and one output tile [16, D + 8] bf16.
-// Accumulator layout (m16n8k16): lane holds rows g, g + 8 and columns 8j + 2c, 8j + 2c + 1.
-// Both RoPE styles pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j +
-// D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
-template <int kHeadDim, bool kHalves, int kSlots>
-__global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
-  static_assert(kSlots % 32 == 0 && kSlots <= kRebuildWarps * 32, "one thread per slot");
+// The missed slots among the block's kSlots gather slots of (row, KV head), compacted in slot
+// order into miss_slots / miss_chunks[0, count); also stages inv_freq [kHeadDim / 2]. Returns
+// count (the same in every thread). Contains a barrier; the lists need another before other
+// threads read them.
+template <int kSlots, int kHeadDim>
+__device__ __forceinline__ int CompactMisses(const SkvDecodeParams& p, int row, int h,
+                                             int* miss_slots, int* miss_chunks, int* warp_counts,
+                                             float* inv_freq) {
   constexpr int kSlotWarps = kSlots / 32;
-  extern __shared__ __align__(16) unsigned char rebuild_shared[];
-  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlotWarps];
-  __shared__ float inv_freq[kHeadDim / 2];
   const SkvLayout& l = p.layout;
-  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t* miss =
       p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
   int chunk = -1, slot = 0;
@@ -65,12 +54,30 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
     before += w < warp ? warp_counts[w] : 0;
     count += warp_counts[w];
   }
-  if (count == 0) return;
   if (chunk >= 0) {
     const int at = before + __popc(ballot & ((1u << lane) - 1u));
     miss_slots[at] = slot;
     miss_chunks[at] = chunk;
   }
+  return count;
+}
+
+// One block per (64 slots, KV head, row). Shared: B_h [rank_padded, D + 8], per warp two A
+// tiles [16, rank_padded + 8] (cp.async ring) and one output tile [16, D + 8] bf16.
+// Accumulator layout (m16n8k16): lane holds rows g, g + 8 and columns 8j + 2c, 8j + 2c + 1.
+// Both RoPE styles pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j +
+// D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
+template <int kHeadDim, bool kHalves, int kSlots>
+__global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
+  static_assert(kSlots % 32 == 0 && kSlots <= kRebuildWarps * 32, "one thread per slot");
+  extern __shared__ __align__(16) unsigned char rebuild_shared[];
+  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlots / 32];
+  __shared__ float inv_freq[kHeadDim / 2];
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int count = CompactMisses<kSlots, kHeadDim>(p, row, h, miss_slots, miss_chunks,
+                                                     warp_counts, inv_freq);
+  if (count == 0) return;
 
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
@@ -208,7 +215,6 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
 // fragments are gathered from the staged basis element by element, once per block.
 constexpr int kRegWarps = 4;
 constexpr int kRegGroupChunks = 8;  // chunks staged and computed together
-constexpr int kRegSlots = 32;       // gather slots per block
 
 __host__ __device__ constexpr int RegAPitch(int k_steps) { return k_steps * 16 + 8; }  // bf16
 constexpr int kRegOutPitch = 128 + 8;                                                   // bf16
@@ -221,35 +227,20 @@ __host__ __device__ constexpr int64_t RegSharedBytes(int k_steps) {
   return (basis > staged ? basis : staged) + out;
 }
 
-template <bool kHalves, int kKSteps>
+template <bool kHalves, int kKSteps, int kSlots>
 __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeParams p) {
+  static_assert(kSlots % 32 == 0 && kSlots <= kRegWarps * 32, "one thread per slot");
   constexpr int kHeadDim = 128;
   constexpr int kAPitch = RegAPitch(kKSteps);
   extern __shared__ __align__(16) unsigned char rebuild_shared[];
-  __shared__ int miss_slots[kRegSlots], miss_chunks[kRegSlots];
+  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlots / 32];
   __shared__ float inv_freq[kHeadDim / 2];
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int32_t* miss =
-      p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
-  int chunk = -1, slot = 0;
-  unsigned ballot = 0;
-  if (warp == 0) {
-    slot = blockIdx.x * kRegSlots + lane;
-    chunk = slot < l.max_budget ? miss[slot] : -1;
-    ballot = __ballot_sync(0xffffffffu, chunk >= 0);
-    if (chunk >= 0) {
-      const int at = __popc(ballot & ((1u << lane) - 1u));
-      miss_slots[at] = slot;
-      miss_chunks[at] = chunk;
-    }
-  }
-  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
-  __shared__ int shared_count;
-  if (threadIdx.x == 0) shared_count = __popc(ballot);
-  __syncthreads();
-  const int count = shared_count;
+  const int count = CompactMisses<kSlots, kHeadDim>(p, row, h, miss_slots, miss_chunks,
+                                                     warp_counts, inv_freq);
   if (count == 0) return;
+  __syncthreads();  // the miss list is visible
 
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
@@ -381,15 +372,6 @@ int64_t RebuildFastSharedBytes(int rank, int head_dim) {
           kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
 }
 
-int RebuildSlots() {
-  static const int slots = [] {
-    const char* value = std::getenv("SKV_REBUILD_SLOTS");
-    const int asked = value ? std::atoi(value) : kRebuildSlotsDefault;
-    return asked == 64 || asked == 128 ? asked : kRebuildSlotsDefault;
-  }();
-  return slots;
-}
-
 template <int kSlots>
 const void* RebuildFastKernelOf(int head_dim, bool halves) {
   if (head_dim == 128) {
@@ -403,8 +385,8 @@ const void* RebuildFastKernelOf(int head_dim, bool halves) {
   return nullptr;
 }
 
-const void* RebuildFastKernel(int head_dim, bool halves) {
-  switch (RebuildSlots()) {
+const void* RebuildFastKernel(int head_dim, bool halves, int slots) {
+  switch (RebuildSlots(slots)) {
     case 64: return RebuildFastKernelOf<64>(head_dim, halves);
     case 128: return RebuildFastKernelOf<128>(head_dim, halves);
     default: return RebuildFastKernelOf<kRebuildSlotsDefault>(head_dim, halves);
@@ -414,42 +396,57 @@ const void* RebuildFastKernel(int head_dim, bool halves) {
 // The register-basis kernel for (halves, rank steps), or null where it does not apply: head_dim
 // 128, chunks of 8 tokens (the mma's N), rank padded to 80 or 160. SKV_REBUILD_REGS=0 turns it
 // off (to compare).
-const void* RebuildRegKernel(const SkvLayout& l, bool halves) {
+template <int kSlots>
+const void* RebuildRegKernelOf(int k_steps, bool halves) {
+  switch (k_steps) {
+    case 5: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 5, kSlots>)
+                          : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 5, kSlots>);
+    case 10: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 10, kSlots>)
+                           : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 10, kSlots>);
+    default: return nullptr;
+  }
+}
+
+const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots) {
   static const bool enabled = [] {
     const char* value = std::getenv("SKV_REBUILD_REGS");
     return value == nullptr || std::atoi(value) != 0;
   }();
   if (!enabled || l.head_dim != 128 || l.chunk_size != 8) return nullptr;
-  switch (RankPadded(l.rank) / 16) {
-    case 5: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 5>)
-                          : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 5>);
-    case 10: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 10>)
-                           : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 10>);
-    default: return nullptr;
+  const int k_steps = RankPadded(l.rank) / 16;
+  switch (RebuildSlots(slots)) {
+    case 64: return RebuildRegKernelOf<64>(k_steps, halves);
+    case 128: return RebuildRegKernelOf<128>(k_steps, halves);
+    default: return RebuildRegKernelOf<kRebuildSlotsDefault>(k_steps, halves);
   }
 }
 
 }  // namespace
 
 bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
-  return p.rotary_dim == p.layout.head_dim && RebuildFastKernel(p.layout.head_dim, p.halves);
+  return p.rotary_dim == p.layout.head_dim &&
+         RebuildFastKernel(p.layout.head_dim, p.halves, p.rebuild_slots);
 }
 
 cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
   for (bool halves : {false, true}) {
-    if (const void* rebuild = RebuildRegKernel(l, halves)) {
-      const cudaError_t e = cudaFuncSetAttribute(
-          rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
-      if (e != cudaSuccess) return e;
+    for (int slots : {32, 64, 128}) {
+      if (const void* rebuild = RebuildRegKernel(l, halves, slots)) {
+        const cudaError_t e = cudaFuncSetAttribute(
+            rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
+        if (e != cudaSuccess) return e;
+      }
     }
   }
   const int64_t bytes = RebuildFastSharedBytes(l.rank, l.head_dim);
   for (bool halves : {false, true}) {
-    if (const void* rebuild = RebuildFastKernel(l.head_dim, halves)) {
-      const cudaError_t e = cudaFuncSetAttribute(
-          rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-      if (e != cudaSuccess) return e;
+    for (int slots : {32, 64, 128}) {
+      if (const void* rebuild = RebuildFastKernel(l.head_dim, halves, slots)) {
+        const cudaError_t e = cudaFuncSetAttribute(
+            rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        if (e != cudaSuccess) return e;
+      }
     }
   }
   return cudaSuccess;
@@ -461,16 +458,17 @@ int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
 
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
-  if (const void* kernel = RebuildRegKernel(l, p.halves)) {
-    const dim3 grid((l.max_budget + kRegSlots - 1) / kRegSlots, l.num_kv_heads, p.rows);
+  if (const void* kernel = RebuildRegKernel(l, p.halves, p.rebuild_slots)) {
+    const int slots = RebuildSlots(p.rebuild_slots);
+    const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
     return cudaLaunchKernel(kernel, grid, dim3(kRegWarps * 32), args,
                             static_cast<size_t>(RegSharedBytes(RankPadded(l.rank) / 16)), stream);
   }
-  const void* kernel = RebuildFastKernel(l.head_dim, p.halves);
+  const void* kernel = RebuildFastKernel(l.head_dim, p.halves, p.rebuild_slots);
   if (kernel == nullptr) return cudaErrorInvalidValue;
-  const int slots = RebuildSlots();
+  const int slots = RebuildSlots(p.rebuild_slots);
   const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
   SkvDecodeParams params = p;
   void* args[] = {&params};
