@@ -149,18 +149,40 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
         p.rebuild_slots = 0;
       }
       const double fetch_ms = MedianMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
+      // Scoring FP8 landmarks (codes and per-landmark scales), at both ring depths.
+      double fp8_score_ms[2] = {0.0, 0.0};
+      if (variant == kSkvKernelsFast) {
+        DeviceBuffer<uint8_t> codes;
+        DeviceBuffer<float> scales;
+        ASSERT_TRUE(codes.Allocate(lm_count).ok());
+        ASSERT_TRUE(scales.Allocate(lm_count / kDim).ok());
+        SKV_ASSERT_CUDA(cudaMemset(codes.get(), 0x38, codes.bytes()));  // 1.0 in e4m3
+        SKV_ASSERT_CUDA(cudaMemset(scales.get(), 0, scales.bytes()));
+        SkvDecodeParams fp8 = p;
+        fp8.layout.fp8_landmarks = 1;
+        fp8.layout.landmark_codes = codes.get();
+        fp8.layout.landmark_scales = scales.get();
+        SKV_ASSERT_CUDA(SkvConfigureKernels(fp8.layout));
+        for (int i = 0; i < 2; ++i) {
+          fp8.score_stages = i == 0 ? 4 : 8;
+          fp8_score_ms[i] = MedianMs(20, [&] { LaunchSkvScore(fp8, nullptr); });
+        }
+        SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+      }
       p.halves = false;  // the other RoPE style (Llama GGUF models rotate pairs)
       const double rebuild_pairs_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
       p.halves = true;
       SKV_ASSERT_CUDA(cudaDeviceSynchronize());
       std::printf(
-          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s), select %.1f us "
+          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s; FP8 landmarks, 4 / 8 "
+          "tiles in flight: %.1f / %.1f us), select %.1f us "
           "(8-bit digits over every key: %.1f us), "
           "rebuild %.1f us (%.0f GB/s; rotary pairs %.1f us; 64 / 128 slots a block %.1f / %.1f "
           "us), fetch %.1f us (%.0f GB/s); per "
           "step of 32 layers: score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
           variant == kSkvKernelsFast ? "fast " : "first", shape.context, rows, budget,
-          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, select_ms * 1e3, radix8_ms * 1e3,
+          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, fp8_score_ms[0] * 1e3,
+          fp8_score_ms[1] * 1e3, select_ms * 1e3, radix8_ms * 1e3,
           rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, rebuild_pairs_ms * 1e3,
           rebuild_64_ms * 1e3, rebuild_128_ms * 1e3,
           fetch_ms * 1e3,

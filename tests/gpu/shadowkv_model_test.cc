@@ -74,7 +74,10 @@ TinyModelSpec SmallLlamaSpec(uint32_t seed) {
 }
 
 // fp8: values and landmarks stored as FP8 on both sides (core/fp8.h, the same rule).
-void CheckParity(bool fp8) {
+// copies: sequences 2 and 3 are copies of 0 and 1 (3's values in pinned host memory) decoded in
+// the same steps, so a step has 4 rows and its selection runs in two overlapping halves
+// (RunShadowKvAttention); the copies' logits must equal the originals' bit for bit.
+void CheckParity(bool fp8, bool copies = false) {
   TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
@@ -110,9 +113,11 @@ void CheckParity(bool fp8) {
   }
 
   ASSERT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
-  ASSERT_TRUE(gpu.AllocateShadowKv(config, 2, 512).ok());
-  ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
-  ASSERT_TRUE(gpu.AllocateShadowKvValues(1, true).ok());  // values in pinned host memory
+  const int rows = copies ? 4 : 2;
+  ASSERT_TRUE(gpu.AllocateShadowKv(config, rows, 512).ok());
+  for (int s = 0; s < rows; ++s) {
+    ASSERT_TRUE(gpu.AllocateShadowKvValues(s, s % 2 == 1).ok());  // odd: pinned host memory
+  }
   for (int s = 0; s < 2; ++s) {
     CudaStepInput in;
     in.slot = s;
@@ -123,6 +128,7 @@ void CheckParity(bool fp8) {
     EXPECT_EQ(gpu.shadowkv_length(s), static_cast<int64_t>(prompts[s].size()));
   }
   gpu.FreeKvCache();
+  for (int s = 2; s < rows; ++s) ASSERT_TRUE(gpu.CopyShadowKvSequence(s - 2, s).ok());
 
   // 24 steps: both sequences cross graduations (300: at +4, +12, +20; 237: at +3, +11, +19).
   double worst = 0.0, worst_differing = 0.0;
@@ -138,11 +144,18 @@ void CheckParity(bool fp8) {
       inputs[s].logits_out = want[s].data();
     }
     ASSERT_TRUE((*cpu)->Forward(inputs).ok());
-    std::vector<float> got(2 * static_cast<size_t>(vocab));
-    std::vector<int32_t> tokens = next;
-    const std::vector<int> seqs = {0, 1};
+    std::vector<float> got(rows * static_cast<size_t>(vocab));
+    std::vector<int32_t> tokens = {next[0], next[1], next[0], next[1]};
+    tokens.resize(rows);
+    std::vector<int> seqs(rows);
+    for (int s = 0; s < rows; ++s) seqs[s] = s;
     const Status status = gpu.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}, got.data());
     ASSERT_TRUE(status.ok()) << status.ToString();
+    for (int s = 2; s < rows; ++s) {
+      ASSERT_TRUE(std::equal(got.begin() + s * vocab, got.begin() + (s + 1) * vocab,
+                             got.begin() + (s - 2) * vocab))
+          << "copy " << s << " differs from sequence " << s - 2 << " at step " << step;
+    }
     for (int s = 0; s < 2; ++s) {
       const std::vector<float> row(got.begin() + s * vocab, got.begin() + (s + 1) * vocab);
       auto* shadow = dynamic_cast<kv::ShadowKvSequence*>(sequences[s].get());
@@ -181,15 +194,16 @@ void CheckParity(bool fp8) {
     EXPECT_EQ(tokens[0], Argmax(std::vector<float>(got.begin(), got.begin() + vocab)));
   }
   const CudaShadowKvStats stats = gpu.shadowkv_stats();
-  std::printf("[ parity   ] shadowkv%s: %d of 48 (sequence, step) pairs with the same chunks as the "
+  std::printf("[ parity   ] shadowkv%s%s: %d of 48 (sequence, step) pairs with the same chunks as the "
               "CPU, worst logit relative error %.2e there (%.2e elsewhere); %lld of %lld gathered "
               "chunks also gathered on the CPU; GPU hit rate %.1f%%\n",
-              fp8 ? " (FP8 values and landmarks)" : "", compared, worst, worst_differing, static_cast<long long>(matched),
+              fp8 ? " (FP8 values and landmarks)" : "",
+              copies ? " (with copies: 4 rows, the selection in halves)" : "", compared, worst, worst_differing, static_cast<long long>(matched),
               static_cast<long long>(gathered),
               stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, 24);
-  EXPECT_EQ(stats.host_value_sequences, 1);
-  EXPECT_EQ(stats.chunks_selected, 24ll * 2 * spec.layers * spec.kv_heads * 8);
+  EXPECT_EQ(stats.host_value_sequences, rows / 2);
+  EXPECT_EQ(stats.chunks_selected, 24ll * rows * spec.layers * spec.kv_heads * 8);
   ASSERT_GT(gathered, 0);
   EXPECT_GE(static_cast<double>(matched) / gathered, 0.97);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
@@ -212,6 +226,11 @@ TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
 TEST(CudaShadowKvParityTest, Fp8ValuesAndLandmarksMatchTheCpuPolicy) {
   SKV_SKIP_WITHOUT_GPU();
   CheckParity(/*fp8=*/true);
+}
+
+TEST(CudaShadowKvParityTest, FourRowsSelectInOverlappingHalvesAsTheCpuPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckParity(/*fp8=*/false, /*copies=*/true);
 }
 
 // The bench re-allocates between its two runs and carries the compressed prompt across in host

@@ -99,6 +99,12 @@ struct SkvDecodeParams {
   int coarse_select = 1;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
+  // Tensor-core scoring of FP8 landmarks: landmark tiles in flight per warp, 4 or 8 (0: 4).
+  int score_stages = 0;
+  // Fast select: the launch's priority (0: the stream's; lower numbers run first). A step
+  // whose halves overlap gives the select (few blocks, latency-bound) the greatest, so its
+  // blocks are placed before those of the other half's scoring.
+  int select_priority = 0;
 };
 
 constexpr int kSkvKernelsFirst = 0;

@@ -45,41 +45,38 @@ Status NeedShadowKv(const CudaModel::Impl& m) {
   return Status::Ok();
 }
 
-// SKV_SHADOWKV_KERNELS=0 runs the first decode kernels (to compare); anything else the fast ones.
-int ShadowKvKernelVariant() {
-  static const int variant = [] {
-    const char* text = std::getenv("SKV_SHADOWKV_KERNELS");
-    return text != nullptr && std::atoi(text) == kSkvKernelsFirst ? kSkvKernelsFirst
-                                                                  : kSkvKernelsFast;
-  }();
-  return variant;
-}
+// The decode step's kernel settings, read from the environment once (each to compare a
+// variant): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones); SKV_SELECT_COARSE=0
+// the four-digit select; SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or
+// 128 gather slots per rebuild block (32); SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4);
+// SKV_SELECT_PRIORITY=0 launches the split step's selects at the stream's priority.
+struct DecodeSettings {
+  int kernel_variant = kSkvKernelsFast;
+  int coarse_select = 1;
+  bool split_rows = true;
+  int rebuild_slots = 0;
+  int score_stages = 0;
+  bool select_priority = true;
+};
 
-// SKV_SELECT_COARSE=0 selects with four 8-bit digits over every key (to compare).
-int ShadowKvCoarseSelect() {
-  static const int coarse = [] {
-    const char* text = std::getenv("SKV_SELECT_COARSE");
-    return text != nullptr && std::atoi(text) == 0 ? 0 : 1;
+const DecodeSettings& Settings() {
+  static const DecodeSettings settings = [] {
+    auto read = [](const char* name, int fallback) {
+      const char* text = std::getenv(name);
+      return text != nullptr ? std::atoi(text) : fallback;
+    };
+    DecodeSettings d;
+    if (read("SKV_SHADOWKV_KERNELS", kSkvKernelsFast) == kSkvKernelsFirst) {
+      d.kernel_variant = kSkvKernelsFirst;
+    }
+    d.coarse_select = read("SKV_SELECT_COARSE", 1) == 0 ? 0 : 1;
+    d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
+    d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
+    d.score_stages = read("SKV_SCORE_STAGES", 0);
+    d.select_priority = read("SKV_SELECT_PRIORITY", 1) != 0;
+    return d;
   }();
-  return coarse;
-}
-
-// SKV_SPLIT_ROWS=0 runs a step's selection for all rows at once (to compare).
-bool ShadowKvSplitRows() {
-  static const bool split = [] {
-    const char* text = std::getenv("SKV_SPLIT_ROWS");
-    return text == nullptr || std::atoi(text) != 0;
-  }();
-  return split;
-}
-
-// SKV_REBUILD_SLOTS=64 or 128: gather slots per block of the fast key rebuild (default 32).
-int ShadowKvRebuildSlots() {
-  static const int slots = [] {
-    const char* text = std::getenv("SKV_REBUILD_SLOTS");
-    return text != nullptr ? std::atoi(text) : 0;
-  }();
-  return slots;
+  return settings;
 }
 
 Status CheckSeq(const ShadowKvState& s, int seq) {
@@ -121,11 +118,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
                                                       c.head_dim, capacity));
   auto s = std::make_unique<ShadowKvState>();
-  if (config.select_successors != 0 && ShadowKvKernelVariant() != kSkvKernelsFast) {
+  if (config.select_successors != 0 && Settings().kernel_variant != kSkvKernelsFast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
                  "the fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
   }
-  if (config.fp8_landmarks != 0 && ShadowKvKernelVariant() != kSkvKernelsFast) {
+  if (config.fp8_landmarks != 0 && Settings().kernel_variant != kSkvKernelsFast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "
                  "fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
   }
@@ -655,12 +652,36 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.rotary_dim = c.rope.rotary_dim;
   p.halves = c.rope.style == RopeConfig::Style::kHalves;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  p.kernel_variant = ShadowKvKernelVariant();
-  p.coarse_select = ShadowKvCoarseSelect();
-  p.rebuild_slots = ShadowKvRebuildSlots();
+  p.kernel_variant = Settings().kernel_variant;
+  p.coarse_select = Settings().coarse_select;
+  p.rebuild_slots = Settings().rebuild_slots;
+  p.score_stages = Settings().score_stages;
   p.select_successors = s.config.select_successors;
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
+  // Sparse attention of rows [first, first + count) on `on`.
+  auto attend = [&](int first, int count, cudaStream_t on) {
+    const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;
+    const int splits = DecodeNumSplits(count, c.num_kv_heads, target_blocks);
+    DecodeAttentionParams d;
+    d.queries = q.get() + first * q_width;
+    d.cache = s.layout.attn;
+    d.layer = layer;
+    d.slots = meta.slots + first;
+    d.positions = s.attn_last + first;
+    // [rows, query heads, splits, head_dim]: the part's rows start after the others' splits.
+    d.partial_out = partial_out.get() + static_cast<int64_t>(first) * c.num_query_heads * splits * c.head_dim;
+    d.partial_lse = partial_lse.get() + static_cast<int64_t>(first) * c.num_query_heads * splits;
+    d.out = attn.get() + first * q_width;
+    d.rows = count;
+    d.num_query_heads = c.num_query_heads;
+    d.num_kv_heads = c.num_kv_heads;
+    d.head_dim = c.head_dim;
+    d.num_splits = splits;
+    d.scale = p.scale;
+    return LaunchDecodeAttention(d, on);
+  };
+  const int rows = plan.decode_rows;
   if (profiler) {
     // Timed one after the other.
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
@@ -670,58 +691,48 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     SKV_RETURN_IF_ERROR(mark(OpKind::kSkvFetch));
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRebuildKeys(p, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kSkvRebuild));
-  } else {
-    // Select, then the value fetch (possibly over PCIe) beside the key rebuild, for the rows of
-    // `part` on `on`, the fetch on `fetch_on`.
-    auto select_and_gather = [&](const SkvDecodeParams& part, cudaStream_t on,
-                                 cudaStream_t fetch_on, cudaEvent_t fork, cudaEvent_t join) {
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(part, on));
-      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, on));
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(fetch_on, fork, 0));
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(part, fetch_on));
-      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(join, fetch_on));
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRebuildKeys(part, on));
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(on, join, 0));
-      return Status::Ok();
-    };
-    const int rows = plan.decode_rows;
-    if (rows >= kSkvSplitMinRows && ShadowKvSplitRows()) {
-      // Two halves of the rows, the second's scoring after the first's: the first half's select
-      // (a few blocks, latency-bound) runs beside the second half's scoring, and the second
-      // half's select beside the first half's rebuild.
-      const SkvDecodeParams first = SkvDecodeRows(p, 0, rows / 2);
-      const SkvDecodeParams second = SkvDecodeRows(p, rows / 2, rows - rows / 2);
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));
-      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.start, stream));
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.half.stream, s.half.start, 0));
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(second, s.half.stream));
-      SKV_RETURN_IF_ERROR(select_and_gather(second, s.half.stream, s.half.fetch_stream,
-                                            s.half.fork, s.half.join));
-      SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.done, s.half.stream));
-      SKV_RETURN_IF_ERROR(select_and_gather(first, stream, s.side_stream, s.fork, s.join));
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.half.done, 0));
-    } else {
-      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
-      SKV_RETURN_IF_ERROR(select_and_gather(p, stream, s.side_stream, s.fork, s.join));
-    }
+    SKV_CUDA_RETURN_IF_ERROR(attend(0, rows, stream));
+    return mark(OpKind::kAttention);
   }
-  DecodeAttentionParams d;
-  d.queries = q.get();
-  d.cache = s.layout.attn;
-  d.layer = layer;
-  d.slots = meta.slots;
-  d.positions = s.attn_last;
-  d.partial_out = partial_out.get();
-  d.partial_lse = partial_lse.get();
-  d.out = attn.get();
-  d.rows = plan.decode_rows;
-  d.num_query_heads = c.num_query_heads;
-  d.num_kv_heads = c.num_kv_heads;
-  d.head_dim = c.head_dim;
-  d.num_splits = DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
-  d.scale = p.scale;
-  SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));
-  SKV_RETURN_IF_ERROR(mark(OpKind::kAttention));
+  // Select, the value fetch (possibly over PCIe) beside the key rebuild, then attention, for the
+  // rows of `part` on `on`, the fetch on `fetch_on`.
+  auto select_gather_attend = [&](const SkvDecodeParams& part, int first, cudaStream_t on,
+                                  cudaStream_t fetch_on, cudaEvent_t fork, cudaEvent_t join) {
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(part, on));
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, on));
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(fetch_on, fork, 0));
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(part, fetch_on));
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(join, fetch_on));
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRebuildKeys(part, on));
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(on, join, 0));
+    SKV_CUDA_RETURN_IF_ERROR(attend(first, part.rows, on));
+    return Status::Ok();
+  };
+  if (rows < kSkvSplitMinRows || !Settings().split_rows) {
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
+    return select_gather_attend(p, 0, stream, s.side_stream, s.fork, s.join);
+  }
+  // Two halves of the rows, the second's scoring after the first's: the first half's select (a
+  // few blocks, latency-bound) runs beside the second half's scoring, the second half's select
+  // beside the first half's rebuild, and the first half's attention beside the second's rebuild.
+  const int half = rows / 2;
+  SkvDecodeParams split = p;
+  if (Settings().select_priority) {
+    int least = 0, greatest = 0;
+    SKV_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    split.select_priority = greatest;
+  }
+  const SkvDecodeParams first = SkvDecodeRows(split, 0, half);
+  const SkvDecodeParams second = SkvDecodeRows(split, half, rows - half);
+  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.start, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.half.stream, s.half.start, 0));
+  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(second, s.half.stream));
+  SKV_RETURN_IF_ERROR(select_gather_attend(second, half, s.half.stream, s.half.fetch_stream,
+                                           s.half.fork, s.half.join));
+  SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.done, s.half.stream));
+  SKV_RETURN_IF_ERROR(select_gather_attend(first, 0, stream, s.side_stream, s.fork, s.join));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.half.done, 0));
   return Status::Ok();
 }
 
