@@ -97,8 +97,10 @@ struct SkvDecodeParams {
   // digits over its candidates only, and ballot placement; 0 = four 8-bit digits over every key
   // (kept to compare).
   int coarse_select = 1;
-  // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
+  // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32), and (head_dim
+  // 128) chunks a warp multiplies together, 1 or 2 (0: the default, 2).
   int rebuild_slots = 0;
+  int rebuild_chunks_together = 0;
   // Tensor-core scoring of FP8 landmarks: landmark tiles in flight per warp, 4 or 8 (0: 4).
   int score_stages = 0;
   // Fast select: the launch's priority (0: the stream's; lower numbers run first). A step

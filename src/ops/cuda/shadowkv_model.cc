@@ -48,13 +48,15 @@ Status NeedShadowKv(const CudaModel::Impl& m) {
 // The decode step's kernel settings, read from the environment once (each to compare a
 // variant): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones); SKV_SELECT_COARSE=0
 // the four-digit select; SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or
-// 128 gather slots per rebuild block (32); SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4);
+// 128 gather slots per rebuild block (32); SKV_REBUILD_TOGETHER=1 one chunk at a time per
+// rebuild warp (2); SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4);
 // SKV_SELECT_PRIORITY=0 launches the split step's selects at the stream's priority.
 struct DecodeSettings {
   int kernel_variant = kSkvKernelsFast;
   int coarse_select = 1;
   bool split_rows = true;
   int rebuild_slots = 0;
+  int rebuild_together = 0;
   int score_stages = 0;
   bool select_priority = true;
 };
@@ -72,6 +74,7 @@ const DecodeSettings& Settings() {
     d.coarse_select = read("SKV_SELECT_COARSE", 1) == 0 ? 0 : 1;
     d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
     d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
+    d.rebuild_together = read("SKV_REBUILD_TOGETHER", 0);
     d.score_stages = read("SKV_SCORE_STAGES", 0);
     d.select_priority = read("SKV_SELECT_PRIORITY", 1) != 0;
     return d;
@@ -655,6 +658,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.kernel_variant = Settings().kernel_variant;
   p.coarse_select = Settings().coarse_select;
   p.rebuild_slots = Settings().rebuild_slots;
+  p.rebuild_chunks_together = Settings().rebuild_together;
   p.score_stages = Settings().score_stages;
   p.select_successors = s.config.select_successors;
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
@@ -662,7 +666,8 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   // Sparse attention of rows [first, first + count) on `on`.
   auto attend = [&](int first, int count, cudaStream_t on) {
     const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;
-    const int splits = DecodeNumSplits(count, c.num_kv_heads, target_blocks);
+    // The whole step's split count, so a row's sums run in the same order split or not.
+    const int splits = DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
     DecodeAttentionParams d;
     d.queries = q.get() + first * q_width;
     d.cache = s.layout.attn;
