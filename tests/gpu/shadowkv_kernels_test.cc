@@ -27,9 +27,14 @@ class CudaShadowKvKernelsTest : public ::testing::TestWithParam<int> {};
 // the values they stand for. `tied`: every landmark but each 256th is zero, so thousands of
 // equal scores sit at the K-th place (ties go to the lower chunk); at 9000 chunks more of them
 // share the coarse select's first digit than it gathers, so it takes its all-keys path.
-// `coarse`: the fast select's variant (SkvDecodeParams::coarse_select).
+// `select`: the fast select's variant (SkvDecodeParams::coarse_select, select_registers).
+struct SelectVariant {
+  int coarse = 1;
+  int registers = 0;
+};
+
 void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bool fp8 = false,
-                    bool tied = false, int coarse = 1) {
+                    bool tied = false, SelectVariant select = {}) {
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {tied ? kCapacity - 100 : 1900, tied ? kCapacity / 2 : 1234};
   std::mt19937 rng(5);
@@ -120,7 +125,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
     p.kernel_variant = kernel_variant;
     p.select_successors = successors ? 1 : 0;
-    p.coarse_select = coarse;
+    p.coarse_select = select.coarse;
+    p.select_registers = select.registers;
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -177,29 +183,33 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
 }
 
-// The fast select's two variants (the first kernels have one).
-std::vector<int> CoarseVariants(int kernel_variant) {
-  return kernel_variant == kSkvKernelsFast ? std::vector<int>{1, 0} : std::vector<int>{1};
+// The fast select's variants: coarse (32 and 64 registers) and four 8-bit digits; the first
+// kernels have one.
+std::vector<SelectVariant> SelectVariants(int kernel_variant) {
+  if (kernel_variant != kSkvKernelsFast) return {SelectVariant{}};
+  return {SelectVariant{1, 0}, SelectVariant{1, 64}, SelectVariant{0, 0}};
 }
 
 TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const int coarse : CoarseVariants(GetParam())) {
+  for (const SelectVariant select : SelectVariants(GetParam())) {
     for (const int capacity : {2000, 9000}) {
-      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse " << coarse);
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
+                                         << select.coarse << ", registers " << select.registers);
       CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, /*tied=*/false,
-                     coarse);
+                     select);
     }
   }
 }
 
 TEST_P(CudaShadowKvKernelsTest, TiedScoresGoToTheLowerChunkAsOnTheCpu) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const int coarse : CoarseVariants(GetParam())) {
+  for (const SelectVariant select : SelectVariants(GetParam())) {
     for (const int capacity : {2000, 9000}) {
-      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse " << coarse);
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
+                                         << select.coarse << ", registers " << select.registers);
       CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, /*tied=*/true,
-                     coarse);
+                     select);
     }
   }
 }
@@ -213,11 +223,12 @@ TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
 TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
   SKV_SKIP_WITHOUT_GPU();
   if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "successor selection: fast kernels only";
-  for (const int coarse : CoarseVariants(GetParam())) {
+  for (const SelectVariant select : SelectVariants(GetParam())) {
     for (const int capacity : {2000, 9000}) {
-      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse " << coarse);
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
+                                         << select.coarse << ", registers " << select.registers);
       CheckSelection(GetParam(), capacity, /*successors=*/true, /*fp8=*/false, /*tied=*/false,
-                     coarse);
+                     select);
     }
   }
 }

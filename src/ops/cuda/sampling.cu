@@ -2,6 +2,7 @@
 #include "ops/cuda/sampling.cuh"
 
 #include <cfloat>
+#include <cmath>
 #include <climits>
 
 namespace shadowkv::cuda {
@@ -33,17 +34,30 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
 
   float best = -FLT_MAX;
   int best_id = INT_MAX;
-  for (int v = threadIdx.x; v < p.vocab; v += kThreads) {
-    float key = logits[v];
-    if (sample) {
-      // 23 random bits + 1/2: u in (0, 1) exactly representable, so -log(-log(u)) is finite.
-      const uint64_t bits = Mix64(stream + static_cast<uint64_t>(v)) >> 41;
-      const float u = (static_cast<float>(bits) + 0.5f) * (1.0f / 8388608.0f);
-      key = key * inv_temperature - logf(-logf(u));
+  // kBatch logits loaded before any is compared, so their loads overlap.
+  constexpr int kBatch = 4;
+  for (int base = threadIdx.x; base < p.vocab; base += kThreads * kBatch) {
+    float loaded[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int v = base + i * kThreads;
+      loaded[i] = v < p.vocab ? logits[v] : -INFINITY;
     }
-    if (Better(key, v, best, best_id)) {  // NaN compares false: never chosen
-      best = key;
-      best_id = v;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int v = base + i * kThreads;
+      if (v >= p.vocab) break;
+      float key = loaded[i];
+      if (sample) {
+        // 23 random bits + 1/2: u in (0, 1) exactly representable, so -log(-log(u)) is finite.
+        const uint64_t bits = Mix64(stream + static_cast<uint64_t>(v)) >> 41;
+        const float u = (static_cast<float>(bits) + 0.5f) * (1.0f / 8388608.0f);
+        key = key * inv_temperature - logf(-logf(u));
+      }
+      if (Better(key, v, best, best_id)) {  // NaN compares false: never chosen
+        best = key;
+        best_id = v;
+      }
     }
   }
 #pragma unroll

@@ -349,7 +349,10 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
 
 // ---- selection --------------------------------------------------------------------------------
 
-constexpr int kSelectUnroll = 4;
+// Logits in flight per select thread: 8 (kSelectUnroll chunks of all kGroup query heads), which
+// the select's 32 registers (two or more blocks of 1024 or 512 threads per SM) hold unspilled.
+template <int kGroup>
+constexpr int kSelectUnroll = kGroup >= 8 ? 1 : 8 / kGroup;
 
 // Max (or sum) over the block of kGroup values at once; every thread gets the results.
 // `scratch` holds 32·kGroup floats; the call contains barriers. Blocks of fewer than 32 warps
@@ -386,8 +389,8 @@ __device__ __forceinline__ void BlockReduceGroup(float (&value)[kGroup], float* 
 // The select kernels' first part, for the block's (row, KV head): the softmax of every query
 // head from the scoring blocks' statistics, then each chunk's radix key into keys[0, n): 0 = not
 // selectable, else the group max's bits + 1 (ordered like the score). Every thread of the block
-// calls visit(key) with kSelectUnroll keys at a time, all lanes together (0 past n), as they are
-// written. Returns the number of selectable chunks; ends with a barrier.
+// calls visit(key) for kSelectUnroll<kGroup> keys at a time, all lanes together (0 past n), as
+// they are written. Returns the number of selectable chunks; ends with a barrier.
 template <int kGroup, int kThreads, typename Visit>
 __device__ __forceinline__ int WriteSelectKeys(const SkvDecodeParams& p, int row, int h, int n,
                                                uint32_t* keys, float* reduce, Visit&& visit) {
@@ -416,16 +419,17 @@ __device__ __forceinline__ int WriteSelectKeys(const SkvDecodeParams& p, int row
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) inv[g] = 1.0f / sum[g];
   int selectable_local = 0;
-  for (int base = 0; base < n; base += kThreads * kSelectUnroll) {
-    float x[kSelectUnroll][kGroup];
+  constexpr int kUnroll = kSelectUnroll<kGroup>;
+  for (int base = 0; base < n; base += kThreads * kUnroll) {
+    float x[kUnroll][kGroup];
 #pragma unroll
-    for (int u = 0; u < kSelectUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int c = base + u * kThreads + tid;
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) x[u][g] = c < n ? logits[g * l.capacity_chunks + c] : -INFINITY;
     }
 #pragma unroll
-    for (int u = 0; u < kSelectUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int c = base + u * kThreads + tid;
       float score = 0.0f;
       const bool live = x[u][0] != -INFINITY;  // query head 0's logit marks outliers
@@ -522,8 +526,8 @@ constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
 // only, gathered into the histogram's shared words (all keys when they are more); the selected
 // chunks are then placed with warp ballots over warp-contiguous ranges (conflict-free). Else
 // four 8-bit digits over every key and a thread-contiguous placement (kept to compare).
-template <int kGroup, int kThreads, bool kCoarse>
-__global__ void __launch_bounds__(kThreads, 2048 / kThreads) SkvSelectFastKernel(SkvDecodeParams p) {
+template <int kGroup, int kThreads, bool kCoarse, int kMinBlocks = 2048 / kThreads>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvDecodeParams p) {
   using SelectScan = cub::BlockScan<int, kThreads>;
   constexpr int kWarps = kThreads / 32;
   constexpr int kCoarseWords = kCoarse ? kCoarseBins : 1;
@@ -745,29 +749,37 @@ const void* ScoreTcKernel(int head_dim, int group, bool fp8, int stages) {
   return nullptr;
 }
 
-// 512 threads while the budget allows (two or more blocks per SM, so a batch's (row, KV head)
-// blocks run in one wave), 1024 for long contexts (more chunks per block) or large budgets.
-int SelectThreads(const SkvLayout& l) {
-  return l.max_budget <= 512 && l.capacity_chunks <= 8192 ? 512 : 1024;
+// The roomy select (SkvDecodeParams::select_registers = 64, coarse only): 512 threads with 64
+// registers each, two blocks per SM, at any length; it needs a thread per gather slot.
+bool SelectRoomy(const SkvLayout& l, bool coarse, int registers) {
+  return coarse && registers == 64 && l.max_budget <= 512;
 }
 
-template <int kThreads, bool kCoarse>
+// 512 threads while the budget allows (two or more blocks per SM, so a batch's (row, KV head)
+// blocks run in one wave), 1024 for long contexts (more chunks per block) or large budgets; both
+// with 32 registers a thread. Roomy: 512.
+int SelectThreads(const SkvLayout& l, bool roomy) {
+  return roomy || (l.max_budget <= 512 && l.capacity_chunks <= 8192) ? 512 : 1024;
+}
+
+template <int kThreads, bool kCoarse, int kMinBlocks = 2048 / kThreads>
 const void* SelectFastKernelOf(int group) {
   switch (group) {
-    case 1: return reinterpret_cast<const void*>(SkvSelectFastKernel<1, kThreads, kCoarse>);
-    case 2: return reinterpret_cast<const void*>(SkvSelectFastKernel<2, kThreads, kCoarse>);
-    case 3: return reinterpret_cast<const void*>(SkvSelectFastKernel<3, kThreads, kCoarse>);
-    case 4: return reinterpret_cast<const void*>(SkvSelectFastKernel<4, kThreads, kCoarse>);
-    case 5: return reinterpret_cast<const void*>(SkvSelectFastKernel<5, kThreads, kCoarse>);
-    case 6: return reinterpret_cast<const void*>(SkvSelectFastKernel<6, kThreads, kCoarse>);
-    case 7: return reinterpret_cast<const void*>(SkvSelectFastKernel<7, kThreads, kCoarse>);
-    case 8: return reinterpret_cast<const void*>(SkvSelectFastKernel<8, kThreads, kCoarse>);
+    case 1: return reinterpret_cast<const void*>(SkvSelectFastKernel<1, kThreads, kCoarse, kMinBlocks>);
+    case 2: return reinterpret_cast<const void*>(SkvSelectFastKernel<2, kThreads, kCoarse, kMinBlocks>);
+    case 3: return reinterpret_cast<const void*>(SkvSelectFastKernel<3, kThreads, kCoarse, kMinBlocks>);
+    case 4: return reinterpret_cast<const void*>(SkvSelectFastKernel<4, kThreads, kCoarse, kMinBlocks>);
+    case 5: return reinterpret_cast<const void*>(SkvSelectFastKernel<5, kThreads, kCoarse, kMinBlocks>);
+    case 6: return reinterpret_cast<const void*>(SkvSelectFastKernel<6, kThreads, kCoarse, kMinBlocks>);
+    case 7: return reinterpret_cast<const void*>(SkvSelectFastKernel<7, kThreads, kCoarse, kMinBlocks>);
+    case 8: return reinterpret_cast<const void*>(SkvSelectFastKernel<8, kThreads, kCoarse, kMinBlocks>);
     default: return nullptr;
   }
 }
 
-const void* SelectFastKernel(const SkvLayout& l, bool coarse) {
-  if (SelectThreads(l) == 512) {
+const void* SelectFastKernel(const SkvLayout& l, bool coarse, bool roomy) {
+  if (roomy) return SelectFastKernelOf<512, true, 2>(l.group);
+  if (SelectThreads(l, false) == 512) {
     return coarse ? SelectFastKernelOf<512, true>(l.group) : SelectFastKernelOf<512, false>(l.group);
   }
   return coarse ? SelectFastKernelOf<1024, true>(l.group) : SelectFastKernelOf<1024, false>(l.group);
@@ -783,8 +795,11 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
   };
   cudaError_t e = cudaSuccess;
   for (bool coarse : {false, true}) {
-    if (const void* select = SelectFastKernel(l, coarse)) {
-      if ((e = raise(select, select_dynamic_bytes)) != cudaSuccess) return e;
+    for (bool roomy : {false, true}) {
+      if (roomy && !SelectRoomy(l, coarse, 64)) continue;
+      if (const void* select = SelectFastKernel(l, coarse, roomy)) {
+        if ((e = raise(select, select_dynamic_bytes)) != cudaSuccess) return e;
+      }
     }
   }
   const bool fp8 = l.fp8_landmarks != 0;
@@ -835,13 +850,14 @@ cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& p, int64_t dynamic_bytes,
                                 cudaStream_t stream) {
   const SkvLayout& l = p.layout;
   if (p.softmax_partials == nullptr) return cudaErrorInvalidValue;
-  const void* kernel = SelectFastKernel(l, p.coarse_select != 0);
+  const bool roomy = SelectRoomy(l, p.coarse_select != 0, p.select_registers);
+  const void* kernel = SelectFastKernel(l, p.coarse_select != 0, roomy);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   SkvDecodeParams params = p;
   void* args[] = {&params};
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(l.num_kv_heads, p.rows);
-  config.blockDim = dim3(SelectThreads(l));
+  config.blockDim = dim3(SelectThreads(l, roomy));
   config.dynamicSmemBytes = static_cast<size_t>(dynamic_bytes);
   config.stream = stream;
   cudaLaunchAttribute priority;

@@ -97,6 +97,9 @@ struct SkvDecodeParams {
   // digits over its candidates only, and ballot placement; 0 = four 8-bit digits over every key
   // (kept to compare).
   int coarse_select = 1;
+  // Coarse select: registers a thread may use, 32 (0: the default; 1024 or 512 threads, two or
+  // four blocks per SM) or 64 (512 threads, two blocks per SM; budgets up to 512 chunks).
+  int select_registers = 0;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32), and (head_dim
   // 128) chunks a warp multiplies together, 1 or 2 (0: the default, 2).
   int rebuild_slots = 0;

@@ -47,13 +47,15 @@ Status NeedShadowKv(const CudaModel::Impl& m) {
 
 // The decode step's kernel settings, read from the environment once (each to compare a
 // variant): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones); SKV_SELECT_COARSE=0
-// the four-digit select; SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or
-// 128 gather slots per rebuild block (32); SKV_REBUILD_TOGETHER=1 one chunk at a time per
-// rebuild warp (2); SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4);
-// SKV_SELECT_PRIORITY=0 launches the split step's selects at the stream's priority.
+// the four-digit select; SKV_SELECT_REGISTERS=64 the coarse select's 512-thread, 64-register
+// form; SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or 128 gather slots
+// per rebuild block (32); SKV_REBUILD_TOGETHER=1 one chunk at a time per rebuild warp (2);
+// SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4); SKV_SELECT_PRIORITY=0 launches the split
+// step's selects at the stream's priority.
 struct DecodeSettings {
   int kernel_variant = kSkvKernelsFast;
   int coarse_select = 1;
+  int select_registers = 0;
   bool split_rows = true;
   int rebuild_slots = 0;
   int rebuild_together = 0;
@@ -72,6 +74,7 @@ const DecodeSettings& Settings() {
       d.kernel_variant = kSkvKernelsFirst;
     }
     d.coarse_select = read("SKV_SELECT_COARSE", 1) == 0 ? 0 : 1;
+    d.select_registers = read("SKV_SELECT_REGISTERS", 0);
     d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
     d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
     d.rebuild_together = read("SKV_REBUILD_TOGETHER", 0);
@@ -657,6 +660,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.kernel_variant = Settings().kernel_variant;
   p.coarse_select = Settings().coarse_select;
+  p.select_registers = Settings().select_registers;
   p.rebuild_slots = Settings().rebuild_slots;
   p.rebuild_chunks_together = Settings().rebuild_together;
   p.score_stages = Settings().score_stages;
