@@ -183,11 +183,11 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
 }
 
-// The fast select's variants: coarse (32 and 64 registers) and four 8-bit digits; the first
-// kernels have one.
+// The fast select's variants: coarse (64 registers, the default, and 32) and four 8-bit digits;
+// the first kernels have one.
 std::vector<SelectVariant> SelectVariants(int kernel_variant) {
   if (kernel_variant != kSkvKernelsFast) return {SelectVariant{}};
-  return {SelectVariant{1, 0}, SelectVariant{1, 64}, SelectVariant{0, 0}};
+  return {SelectVariant{1, 0}, SelectVariant{1, 32}, SelectVariant{0, 0}};
 }
 
 TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {

@@ -749,10 +749,12 @@ const void* ScoreTcKernel(int head_dim, int group, bool fp8, int stages) {
   return nullptr;
 }
 
-// The roomy select (SkvDecodeParams::select_registers = 64, coarse only): 512 threads with 64
-// registers each, two blocks per SM, at any length; it needs a thread per gather slot.
+// The roomy select (the coarse one's default; SkvDecodeParams::select_registers = 32 turns it
+// off): 512 threads with 64 registers each, two blocks per SM, at any length; it needs a thread
+// per gather slot. The 32-register forms spill (252 bytes a thread at 1024 threads); in a split
+// step its half-size blocks also leave more of each SM to the other half's scoring.
 bool SelectRoomy(const SkvLayout& l, bool coarse, int registers) {
-  return coarse && registers == 64 && l.max_budget <= 512;
+  return coarse && registers != 32 && l.max_budget <= 512;
 }
 
 // 512 threads while the budget allows (two or more blocks per SM, so a batch's (row, KV head)
@@ -796,7 +798,7 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
   cudaError_t e = cudaSuccess;
   for (bool coarse : {false, true}) {
     for (bool roomy : {false, true}) {
-      if (roomy && !SelectRoomy(l, coarse, 64)) continue;
+      if (roomy && !SelectRoomy(l, coarse, 0)) continue;
       if (const void* select = SelectFastKernel(l, coarse, roomy)) {
         if ((e = raise(select, select_dynamic_bytes)) != cudaSuccess) return e;
       }

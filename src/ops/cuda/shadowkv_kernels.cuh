@@ -97,8 +97,8 @@ struct SkvDecodeParams {
   // digits over its candidates only, and ballot placement; 0 = four 8-bit digits over every key
   // (kept to compare).
   int coarse_select = 1;
-  // Coarse select: registers a thread may use, 32 (0: the default; 1024 or 512 threads, two or
-  // four blocks per SM) or 64 (512 threads, two blocks per SM; budgets up to 512 chunks).
+  // Coarse select: registers a thread may use, 64 (0: the default; 512 threads, two blocks per
+  // SM; budgets up to 512 chunks, else 32) or 32 (1024 or 512 threads, two or four blocks per SM).
   int select_registers = 0;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32), and (head_dim
   // 128) chunks a warp multiplies together, 1 or 2 (0: the default, 2).

@@ -47,8 +47,8 @@ Status NeedShadowKv(const CudaModel::Impl& m) {
 
 // The decode step's kernel settings, read from the environment once (each to compare a
 // variant): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones); SKV_SELECT_COARSE=0
-// the four-digit select; SKV_SELECT_REGISTERS=64 the coarse select's 512-thread, 64-register
-// form; SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or 128 gather slots
+// the four-digit select; SKV_SELECT_REGISTERS=32 the coarse select's 32-register forms (else
+// 512 threads with 64 registers); SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or 128 gather slots
 // per rebuild block (32); SKV_REBUILD_TOGETHER=1 one chunk at a time per rebuild warp (2);
 // SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4); SKV_SELECT_PRIORITY=0 launches the split
 // step's selects at the stream's priority.
