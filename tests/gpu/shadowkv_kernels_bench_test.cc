@@ -143,11 +143,8 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
       // Every slot missed (the slots were reset before the last select).
       const double rebuild_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
       // The fast rebuild with more gather slots per block.
-      double rebuild_64_ms = 0.0, rebuild_128_ms = 0.0, rebuild_single_ms = 0.0;
+      double rebuild_64_ms = 0.0, rebuild_128_ms = 0.0;
       if (variant == kSkvKernelsFast) {
-        p.rebuild_chunks_together = 1;
-        rebuild_single_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
-        p.rebuild_chunks_together = 0;
         p.rebuild_slots = 64;
         rebuild_64_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
         p.rebuild_slots = 128;
@@ -155,8 +152,8 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
         p.rebuild_slots = 0;
       }
       const double fetch_ms = MedianMs(20, [&] { LaunchSkvFetchValues(p, nullptr); });
-      // Scoring FP8 landmarks (codes and per-landmark scales), at both ring depths.
-      double fp8_score_ms[2] = {0.0, 0.0};
+      // Scoring FP8 landmarks (codes and per-landmark scales).
+      double fp8_score_ms = 0.0;
       if (variant == kSkvKernelsFast) {
         DeviceBuffer<uint8_t> codes;
         DeviceBuffer<float> scales;
@@ -169,10 +166,7 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
         fp8.layout.landmark_codes = codes.get();
         fp8.layout.landmark_scales = scales.get();
         SKV_ASSERT_CUDA(SkvConfigureKernels(fp8.layout));
-        for (int i = 0; i < 2; ++i) {
-          fp8.score_stages = i == 0 ? 4 : 8;
-          fp8_score_ms[i] = MedianMs(20, [&] { LaunchSkvScore(fp8, nullptr); });
-        }
+        fp8_score_ms = MedianMs(20, [&] { LaunchSkvScore(fp8, nullptr); });
         SKV_ASSERT_CUDA(cudaDeviceSynchronize());
       }
       p.halves = false;  // the other RoPE style (Llama GGUF models rotate pairs)
@@ -180,17 +174,16 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
       p.halves = true;
       SKV_ASSERT_CUDA(cudaDeviceSynchronize());
       std::printf(
-          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s; FP8 landmarks, 4 / 8 "
-          "tiles in flight: %.1f / %.1f us), select %.1f us "
+          "[ kernels ] %s context %d rows %d K %d: score %.1f us (%.0f GB/s; FP8 landmarks %.1f "
+          "us), select %.1f us "
           "(8-bit digits over every key: %.1f us; 32 registers: %.1f us), "
           "rebuild %.1f us (%.0f GB/s; rotary pairs %.1f us; 64 / 128 slots a block %.1f / %.1f "
-          "us; one chunk at a time %.1f us), fetch %.1f us (%.0f GB/s); per "
+          "us), fetch %.1f us (%.0f GB/s); per "
           "step of 32 layers: score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
           variant == kSkvKernelsFast ? "fast " : "first", shape.context, rows, budget,
-          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, fp8_score_ms[0] * 1e3,
-          fp8_score_ms[1] * 1e3, select_ms * 1e3, radix8_ms * 1e3, registers32_ms * 1e3,
+          score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, fp8_score_ms * 1e3, select_ms * 1e3, radix8_ms * 1e3, registers32_ms * 1e3,
           rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, rebuild_pairs_ms * 1e3,
-          rebuild_64_ms * 1e3, rebuild_128_ms * 1e3, rebuild_single_ms * 1e3,
+          rebuild_64_ms * 1e3, rebuild_128_ms * 1e3,
           fetch_ms * 1e3,
           fetch_bytes / (fetch_ms * 1e-3) / gb, 32 * (score_ms + select_ms), 32 * rebuild_ms,
           32 * fetch_ms);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
-#include <utility>
 
 #include "core/fp8.h"
 #include "gpu_test_util.h"
@@ -236,9 +235,8 @@ TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
 // Keys of the missed chunks = rows of A times B_h, rotated at the chunk's own positions; slots
 // without a miss keep whatever they held. Rank 40 (not a multiple of 16) pads the mma's k.
 // `slots`: gather slots per block of the fast kernels (SkvDecodeParams::rebuild_slots; 96 slots
-// leave the last block of 64 part-empty); `together`: rebuild_chunks_together.
-void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0,
-                  int together = 0) {
+// leave the last block of 64 part-empty).
+void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0) {
   constexpr int kHeads = 2, kChunk = 8, kCapacity = 15800, kBudget = 96, kSeqs = 2;
   const int width = kHeads * head_dim;
   std::mt19937 rng(11 + head_dim + rank);
@@ -301,7 +299,6 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
   p.halves = style == RopeConfig::Style::kHalves;
   p.kernel_variant = variant;
   p.rebuild_slots = slots;
-  p.rebuild_chunks_together = together;
   SKV_ASSERT_CUDA(LaunchSkvRebuildKeys(p, nullptr));
   const std::vector<float> keys = ToHostBf16(d_keys);
 
@@ -339,30 +336,28 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
   EXPECT_GT(checked, kSeqs * kHeads * kBudget / 3);
 }
 
-// (gather slots per block, chunks together) of the fast rebuild kernels (0: the defaults); the
-// first kernels have one form.
-std::vector<std::pair<int, int>> RebuildVariants(int kernel_variant) {
-  if (kernel_variant != kSkvKernelsFast) return {{0, 0}};
-  return {{0, 0}, {64, 0}, {128, 0}, {0, 1}, {64, 1}};
+// Gather slots per block of the fast rebuild kernels (0: the default); the first kernels have one.
+std::vector<int> RebuildSlotVariants(int kernel_variant) {
+  return kernel_variant == kSkvKernelsFast ? std::vector<int>{0, 64, 128} : std::vector<int>{0};
 }
 
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopeHalves) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const auto [slots, together] : RebuildVariants(GetParam())) {
-    SCOPED_TRACE(::testing::Message() << slots << " slots per block, " << together << " together");
-    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160, slots, together);
-    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 80, slots, together);
-    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40, slots, together);
+  for (const int slots : RebuildSlotVariants(GetParam())) {
+    SCOPED_TRACE(::testing::Message() << slots << " slots per block");
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 80, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40, slots);
   }
 }
 
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopePairs) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const auto [slots, together] : RebuildVariants(GetParam())) {
-    SCOPED_TRACE(::testing::Message() << slots << " slots per block, " << together << " together");
-    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160, slots, together);
-    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80, slots, together);
-    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40, slots, together);
+  for (const int slots : RebuildSlotVariants(GetParam())) {
+    SCOPED_TRACE(::testing::Message() << slots << " slots per block");
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40, slots);
   }
 }
 

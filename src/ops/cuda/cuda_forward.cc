@@ -325,9 +325,7 @@ Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* pr
       }
       SKV_CUDA_RETURN_IF_ERROR(ended);
       cudaGraphExec_t exec = nullptr;
-      // Kernel nodes keep the priorities they were launched with (ShadowKV's select).
-      const cudaError_t instantiated =
-          cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
+      const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
       (void)cudaGraphDestroy(graph);
       SKV_CUDA_RETURN_IF_ERROR(instantiated);
       found = graphs->emplace(n, exec).first;

@@ -146,40 +146,25 @@ __device__ __forceinline__ void SoftmaxMerge(float top_b, float sum_b, float* to
 
 constexpr int kScoreTcWarps = 4;
 constexpr int kScoreTcStages = 4;  // tiles in flight per warp (cp.async ring depth)
-// FP8 landmarks may take a deeper ring (SkvDecodeParams::score_stages): a tile is half the bytes.
-constexpr int kScoreTcDeepStages = 8;
 constexpr int kScoreTcTile = 16;   // chunks per tensor-core tile (the mma's M)
 
 // Shared memory of the tensor-core scoring, per warp and ring stage: a tile of 16 landmarks
 // (rows padded by 16 bytes so the fragment loads avoid bank conflicts), under FP8 their 16
 // scales, and their outlier flags.
-template <int kHeadDim, bool kFp8, int kStages>
+template <int kHeadDim, bool kFp8>
 struct ScoreTcShared {
   static constexpr int kRowBytes = kFp8 ? kHeadDim + 16 : (kHeadDim + 8) * 2;
   static constexpr int kTileBytes = kScoreTcTile * kRowBytes;
   static constexpr int kScaleBytes = kFp8 ? kScoreTcTile * 4 : 0;
-  static constexpr int kSlots = kScoreTcWarps * kStages;
+  static constexpr int kSlots = kScoreTcWarps * kScoreTcStages;
   static constexpr int kScalesAt = kSlots * kTileBytes;
   static constexpr int kFlagsAt = kScalesAt + kSlots * kScaleBytes;
   static constexpr int64_t kBytes = kFlagsAt + kSlots * kScoreTcTile;
 };
 
-// The ring depth for a layout and the asked depth (0: the default).
-int ScoreTcStages(const SkvLayout& l, int asked) {
-  return l.fp8_landmarks != 0 && asked == kScoreTcDeepStages ? kScoreTcDeepStages : kScoreTcStages;
-}
-
-int64_t ScoreTcSharedBytes(int head_dim, bool fp8, int stages) {
-  if (fp8 && stages == kScoreTcDeepStages) {
-    return head_dim == 128 ? ScoreTcShared<128, true, kScoreTcDeepStages>::kBytes
-                           : ScoreTcShared<64, true, kScoreTcDeepStages>::kBytes;
-  }
-  if (head_dim == 128) {
-    return fp8 ? ScoreTcShared<128, true, kScoreTcStages>::kBytes
-               : ScoreTcShared<128, false, kScoreTcStages>::kBytes;
-  }
-  return fp8 ? ScoreTcShared<64, true, kScoreTcStages>::kBytes
-             : ScoreTcShared<64, false, kScoreTcStages>::kBytes;
+int64_t ScoreTcSharedBytes(int head_dim, bool fp8) {
+  if (head_dim == 128) return fp8 ? ScoreTcShared<128, true>::kBytes : ScoreTcShared<128, false>::kBytes;
+  return fp8 ? ScoreTcShared<64, true>::kBytes : ScoreTcShared<64, false>::kBytes;
 }
 
 // Scoring on the tensor cores: each warp owns kSkvScoreChunksPerBlock chunks of one (row, KV
@@ -193,10 +178,10 @@ int64_t ScoreTcSharedBytes(int head_dim, bool fp8, int stages) {
 // exactly); each logit is then multiplied by its landmark's scale. A lane loads 4 consecutive
 // codes per row and step, dims 4c..4c+3 of the 16, and takes them as the mma's k = 2c, 2c+1,
 // 2c+8, 2c+9; the query fragment is permuted the same way (a dot product ignores the order).
-template <int kHeadDim, int kGroup, bool kFp8, int kStages>
+template <int kHeadDim, int kGroup, bool kFp8>
 __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecodeParams p) {
   static_assert(kGroup <= 8, "the mma's 8 columns hold the group's query heads");
-  using Shape = ScoreTcShared<kHeadDim, kFp8, kStages>;
+  using Shape = ScoreTcShared<kHeadDim, kFp8>;
   constexpr int kSteps = kHeadDim / 16;
   constexpr int kPieceBytes = 16;
   constexpr int kPieces = kHeadDim * (kFp8 ? 1 : 2) / kPieceBytes;  // 16-byte pieces per landmark
@@ -204,14 +189,14 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
   extern __shared__ __align__(16) unsigned char score_shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   auto tile_of = [&](int stage) {
-    return score_shared + (warp * kStages + stage) * Shape::kTileBytes;
+    return score_shared + (warp * kScoreTcStages + stage) * Shape::kTileBytes;
   };
   auto scales_of = [&](int stage) {
     return reinterpret_cast<float*>(score_shared + Shape::kScalesAt +
-                                    (warp * kStages + stage) * Shape::kScaleBytes);
+                                    (warp * kScoreTcStages + stage) * Shape::kScaleBytes);
   };
   auto flags_of = [&](int stage) {
-    return score_shared + Shape::kFlagsAt + (warp * kStages + stage) * kScoreTcTile;
+    return score_shared + Shape::kFlagsAt + (warp * kScoreTcStages + stage) * kScoreTcTile;
   };
   const int h = blockIdx.y, row = blockIdx.z;
   const SkvRowMeta m = p.meta[row];
@@ -256,7 +241,7 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
 
   auto issue = [&](int tile) {
     if (tile < tiles) {
-      const int stage = tile % kStages, c0 = first + tile * kScoreTcTile;
+      const int stage = tile % kScoreTcStages, c0 = first + tile * kScoreTcTile;
       unsigned char* target = tile_of(stage);
 #pragma unroll
       for (int i = lane; i < kScoreTcTile * kPieces; i += 32) {
@@ -277,14 +262,14 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
     CpAsyncCommit();  // empty groups too: every iteration waits on the same count
   };
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) issue(t);
+  for (int t = 0; t < kScoreTcStages - 1; ++t) issue(t);
 
   float run_top[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads 2cq, 2cq + 1
   for (int tile = 0; tile < tiles; ++tile) {
-    issue(tile + kStages - 1);
-    CpAsyncWait<kStages - 1>();
+    issue(tile + kScoreTcStages - 1);
+    CpAsyncWait<kScoreTcStages - 1>();
     __syncwarp();
-    const int stage = tile % kStages;
+    const int stage = tile % kScoreTcStages;
     const unsigned char* tile_rows = tile_of(stage);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -721,31 +706,24 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
                                slot_chunk, miss, l.counters);
 }
 
-template <int kHeadDim, bool kFp8, int kStages>
+template <int kHeadDim, bool kFp8>
 const void* ScoreTcKernelOf(int group) {
   switch (group) {
-    case 1: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 1, kFp8, kStages>);
-    case 2: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 2, kFp8, kStages>);
-    case 3: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 3, kFp8, kStages>);
-    case 4: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 4, kFp8, kStages>);
-    case 5: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 5, kFp8, kStages>);
-    case 6: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 6, kFp8, kStages>);
-    case 7: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 7, kFp8, kStages>);
-    case 8: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 8, kFp8, kStages>);
+    case 1: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 1, kFp8>);
+    case 2: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 2, kFp8>);
+    case 3: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 3, kFp8>);
+    case 4: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 4, kFp8>);
+    case 5: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 5, kFp8>);
+    case 6: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 6, kFp8>);
+    case 7: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 7, kFp8>);
+    case 8: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 8, kFp8>);
     default: return nullptr;
   }
 }
 
-template <int kHeadDim>
-const void* ScoreTcKernelFor(int group, bool fp8, int stages) {
-  if (!fp8) return ScoreTcKernelOf<kHeadDim, false, kScoreTcStages>(group);
-  return stages == kScoreTcDeepStages ? ScoreTcKernelOf<kHeadDim, true, kScoreTcDeepStages>(group)
-                                      : ScoreTcKernelOf<kHeadDim, true, kScoreTcStages>(group);
-}
-
-const void* ScoreTcKernel(int head_dim, int group, bool fp8, int stages) {
-  if (head_dim == 128) return ScoreTcKernelFor<128>(group, fp8, stages);
-  if (head_dim == 64) return ScoreTcKernelFor<64>(group, fp8, stages);
+const void* ScoreTcKernel(int head_dim, int group, bool fp8) {
+  if (head_dim == 128) return fp8 ? ScoreTcKernelOf<128, true>(group) : ScoreTcKernelOf<128, false>(group);
+  if (head_dim == 64) return fp8 ? ScoreTcKernelOf<64, true>(group) : ScoreTcKernelOf<64, false>(group);
   return nullptr;
 }
 
@@ -806,10 +784,8 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
   }
   const bool fp8 = l.fp8_landmarks != 0;
   if (fp8 && l.capacity_chunks % kScoreTcTile != 0) return cudaErrorInvalidValue;
-  for (int stages : {kScoreTcStages, kScoreTcDeepStages}) {
-    if (const void* score = ScoreTcKernel(l.head_dim, l.group, fp8, stages)) {
-      if ((e = raise(score, ScoreTcSharedBytes(l.head_dim, fp8, stages))) != cudaSuccess) return e;
-    }
+  if (const void* score = ScoreTcKernel(l.head_dim, l.group, fp8)) {
+    if ((e = raise(score, ScoreTcSharedBytes(l.head_dim, fp8))) != cudaSuccess) return e;
   }
   return SkvConfigureRebuildFast(l);
 }
@@ -819,16 +795,14 @@ cudaError_t LaunchSkvScoreFast(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.softmax_partials == nullptr) return cudaErrorInvalidValue;
   const bool fp8 = l.fp8_landmarks != 0;
   if (l.capacity_chunks % kScoreTcTile == 0) {
-    const int stages = ScoreTcStages(l, p.score_stages);
-    const void* kernel = ScoreTcKernel(l.head_dim, l.group, fp8, stages);
+    const void* kernel = ScoreTcKernel(l.head_dim, l.group, fp8);
     if (kernel == nullptr) return cudaErrorInvalidValue;
     const dim3 grid((SkvScoreBlocks(l.capacity_chunks) + kScoreTcWarps - 1) / kScoreTcWarps,
                     l.num_kv_heads, p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
     return cudaLaunchKernel(kernel, grid, dim3(kScoreTcWarps * 32), args,
-                            static_cast<size_t>(ScoreTcSharedBytes(l.head_dim, fp8, stages)),
-                            stream);
+                            static_cast<size_t>(ScoreTcSharedBytes(l.head_dim, fp8)), stream);
   }
   if (fp8) return cudaErrorInvalidValue;  // FP8 landmarks: the tensor-core scoring only
   const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
@@ -857,17 +831,8 @@ cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& p, int64_t dynamic_bytes,
   if (kernel == nullptr) return cudaErrorInvalidValue;
   SkvDecodeParams params = p;
   void* args[] = {&params};
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(l.num_kv_heads, p.rows);
-  config.blockDim = dim3(SelectThreads(l, roomy));
-  config.dynamicSmemBytes = static_cast<size_t>(dynamic_bytes);
-  config.stream = stream;
-  cudaLaunchAttribute priority;
-  priority.id = cudaLaunchAttributePriority;
-  priority.val.priority = p.select_priority;
-  config.attrs = &priority;
-  config.numAttrs = p.select_priority != 0 ? 1 : 0;
-  return cudaLaunchKernelExC(&config, kernel, args);
+  return cudaLaunchKernel(kernel, dim3(l.num_kv_heads, p.rows), dim3(SelectThreads(l, roomy)),
+                          args, static_cast<size_t>(dynamic_bytes), stream);
 }
 
 }  // namespace shadowkv::cuda

@@ -100,16 +100,8 @@ struct SkvDecodeParams {
   // Coarse select: registers a thread may use, 64 (0: the default; 512 threads, two blocks per
   // SM; budgets up to 512 chunks, else 32) or 32 (1024 or 512 threads, two or four blocks per SM).
   int select_registers = 0;
-  // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32), and (head_dim
-  // 128) chunks a warp multiplies together, 1 or 2 (0: the default, 2).
+  // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
-  int rebuild_chunks_together = 0;
-  // Tensor-core scoring of FP8 landmarks: landmark tiles in flight per warp, 4 or 8 (0: 4).
-  int score_stages = 0;
-  // Fast select: the launch's priority (0: the stream's; lower numbers run first). A step
-  // whose halves overlap gives the select (few blocks, latency-bound) the greatest, so its
-  // blocks are placed before those of the other half's scoring.
-  int select_priority = 0;
 };
 
 constexpr int kSkvKernelsFirst = 0;

@@ -48,19 +48,14 @@ Status NeedShadowKv(const CudaModel::Impl& m) {
 // The decode step's kernel settings, read from the environment once (each to compare a
 // variant): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones); SKV_SELECT_COARSE=0
 // the four-digit select; SKV_SELECT_REGISTERS=32 the coarse select's 32-register forms (else
-// 512 threads with 64 registers); SKV_SPLIT_ROWS=0 one selection for all rows; SKV_REBUILD_SLOTS=64 or 128 gather slots
-// per rebuild block (32); SKV_REBUILD_TOGETHER=1 one chunk at a time per rebuild warp (2);
-// SKV_SCORE_STAGES=8 FP8 landmark tiles in flight (4); SKV_SELECT_PRIORITY=0 launches the split
-// step's selects at the stream's priority.
+// 512 threads with 64 registers); SKV_SPLIT_ROWS=0 one selection for all rows;
+// SKV_REBUILD_SLOTS=64 or 128 gather slots per rebuild block (32).
 struct DecodeSettings {
   int kernel_variant = kSkvKernelsFast;
   int coarse_select = 1;
   int select_registers = 0;
   bool split_rows = true;
   int rebuild_slots = 0;
-  int rebuild_together = 0;
-  int score_stages = 0;
-  bool select_priority = true;
 };
 
 const DecodeSettings& Settings() {
@@ -77,9 +72,6 @@ const DecodeSettings& Settings() {
     d.select_registers = read("SKV_SELECT_REGISTERS", 0);
     d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
     d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
-    d.rebuild_together = read("SKV_REBUILD_TOGETHER", 0);
-    d.score_stages = read("SKV_SCORE_STAGES", 0);
-    d.select_priority = read("SKV_SELECT_PRIORITY", 1) != 0;
     return d;
   }();
   return settings;
@@ -662,8 +654,6 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.coarse_select = Settings().coarse_select;
   p.select_registers = Settings().select_registers;
   p.rebuild_slots = Settings().rebuild_slots;
-  p.rebuild_chunks_together = Settings().rebuild_together;
-  p.score_stages = Settings().score_stages;
   p.select_successors = s.config.select_successors;
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
@@ -725,14 +715,8 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   // few blocks, latency-bound) runs beside the second half's scoring, the second half's select
   // beside the first half's rebuild, and the first half's attention beside the second's rebuild.
   const int half = rows / 2;
-  SkvDecodeParams split = p;
-  if (Settings().select_priority) {
-    int least = 0, greatest = 0;
-    SKV_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    split.select_priority = greatest;
-  }
-  const SkvDecodeParams first = SkvDecodeRows(split, 0, half);
-  const SkvDecodeParams second = SkvDecodeRows(split, half, rows - half);
+  const SkvDecodeParams first = SkvDecodeRows(p, 0, half);
+  const SkvDecodeParams second = SkvDecodeRows(p, half, rows - half);
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.start, stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.half.stream, s.half.start, 0));

@@ -214,9 +214,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
 // i and i + 64; kPairs: dims 2i and 2i + 1), so each lane rotates its own accumulators. The
 // fragments are gathered from the staged basis element by element, once per block.
 constexpr int kRegWarps = 4;
-constexpr int kRegGroupChunks = 8;  // chunks staged together
-// Chunks whose products a warp computes together (SkvDecodeParams::rebuild_chunks_together).
-constexpr int kRebuildTogetherDefault = 2;
+constexpr int kRegGroupChunks = 8;  // chunks staged and computed together
 
 __host__ __device__ constexpr int RegAPitch(int k_steps) { return k_steps * 16 + 8; }  // bf16
 constexpr int kRegOutPitch = 128 + 8;                                                   // bf16
@@ -229,10 +227,9 @@ __host__ __device__ constexpr int64_t RegSharedBytes(int k_steps) {
   return (basis > staged ? basis : staged) + out;
 }
 
-template <bool kHalves, int kKSteps, int kSlots, int kTogether>
+template <bool kHalves, int kKSteps, int kSlots>
 __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeParams p) {
   static_assert(kSlots % 32 == 0 && kSlots <= kRegWarps * 32, "one thread per slot");
-  static_assert(kRegGroupChunks % kTogether == 0, "whole steps of chunks per staged group");
   constexpr int kHeadDim = 128;
   constexpr int kAPitch = RegAPitch(kKSteps);
   extern __shared__ __align__(16) unsigned char rebuild_shared[];
@@ -322,46 +319,37 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
     __syncthreads();  // group's rows visible; the previous group's stores are done
     const Bf16* rows = staging + (group & 1) * kRegGroupChunks * 8 * kAPitch;
     const int in_group = min(kRegGroupChunks, count - group * kRegGroupChunks);
-    for (int j0 = 0; j0 < in_group; j0 += kTogether) {
-      // kTogether chunks at once: independent mma chains in flight. Rows past in_group were
-      // zero-filled by the staging copy: computed, never stored.
-      float acc[kTogether][2][4] = {};
+    for (int j = 0; j < in_group; ++j) {
+      const Bf16* a_rows = rows + j * 8 * kAPitch;
+      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-        for (int u = 0; u < kTogether; ++u) {
-          // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g.
-          const Bf16* a_row = rows + ((j0 + u) * 8 + g) * kAPitch + ks * 16 + 2 * c;
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(a_row);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(a_row + 8);
-          MmaBf16(acc[u][0], frag[0][ks], b0, b1);
-          MmaBf16(acc[u][1], frag[1][ks], b0, b1);
-        }
+        // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g.
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c);
+        const uint32_t b1 =
+            *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c + 8);
+        MmaBf16(acc[0], frag[0][ks], b0, b1);
+        MmaBf16(acc[1], frag[1][ks], b0, b1);
       }
+      // acc[mt]: (dim row g, token 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
+      const int chunk_index = miss_chunks[group * kRegGroupChunks + j];
+      Bf16* out = out_tile + j * 8 * kRegOutPitch;
 #pragma unroll
-      for (int u = 0; u < kTogether; ++u) {
-        const int j = j0 + u;
-        if (j >= in_group) break;
-        // acc[u][mt]: (dim row g, token 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
-        const int chunk_index = miss_chunks[group * kRegGroupChunks + j];
-        Bf16* out = out_tile + j * 8 * kRegOutPitch;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // The pair (dim_of(0, r), dim_of(1, r)) of rotary pair index `pair_index`.
-          const int token = 2 * c + (e & 1), r = g + 8 * (e >> 1);
-          const int pair_index = 16 * warp + r;
-          const float position = static_cast<float>(chunk_index * chunk_size + token);
-          float sine, cosine;
-          RopeSinCos(position * inv_freq[pair_index], &sine, &cosine);
-          const float x0 = acc[u][0][e], x1 = acc[u][1][e];
-          const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
-          Bf16* key = out + token * kRegOutPitch;
-          if constexpr (kHalves) {
-            key[pair_index] = __float2bfloat16(y0);
-            key[pair_index + 64] = __float2bfloat16(y1);
-          } else {
-            *reinterpret_cast<uint32_t*>(key + 2 * pair_index) = PackBf16(y0, y1);
-          }
+      for (int e = 0; e < 4; ++e) {
+        // The pair (dim_of(0, r), dim_of(1, r)) of rotary pair index `pair_index`.
+        const int token = 2 * c + (e & 1), r = g + 8 * (e >> 1);
+        const int pair_index = 16 * warp + r;
+        const float position = static_cast<float>(chunk_index * chunk_size + token);
+        float sine, cosine;
+        RopeSinCos(position * inv_freq[pair_index], &sine, &cosine);
+        const float x0 = acc[0][e], x1 = acc[1][e];
+        const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
+        Bf16* key = out + token * kRegOutPitch;
+        if constexpr (kHalves) {
+          key[pair_index] = __float2bfloat16(y0);
+          key[pair_index + 64] = __float2bfloat16(y1);
+        } else {
+          *reinterpret_cast<uint32_t*>(key + 2 * pair_index) = PackBf16(y0, y1);
         }
       }
     }
@@ -408,36 +396,28 @@ const void* RebuildFastKernel(int head_dim, bool halves, int slots) {
 // The register-basis kernel for (halves, rank steps), or null where it does not apply: head_dim
 // 128, chunks of 8 tokens (the mma's N), rank padded to 80 or 160. SKV_REBUILD_REGS=0 turns it
 // off (to compare).
-template <int kSlots, int kTogether>
+template <int kSlots>
 const void* RebuildRegKernelOf(int k_steps, bool halves) {
   switch (k_steps) {
-    case 5:
-      return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 5, kSlots, kTogether>)
-                    : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 5, kSlots, kTogether>);
-    case 10:
-      return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 10, kSlots, kTogether>)
-                    : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 10, kSlots, kTogether>);
+    case 5: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 5, kSlots>)
+                          : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 5, kSlots>);
+    case 10: return halves ? reinterpret_cast<const void*>(SkvRebuildRegKernel<true, 10, kSlots>)
+                           : reinterpret_cast<const void*>(SkvRebuildRegKernel<false, 10, kSlots>);
     default: return nullptr;
   }
 }
 
-// Chunks computed together by a warp of the register-basis kernel for `asked` (0: the default).
-int RebuildTogether(int asked) { return asked == 1 ? 1 : kRebuildTogetherDefault; }
-
-const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots, int together) {
+const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots) {
   static const bool enabled = [] {
     const char* value = std::getenv("SKV_REBUILD_REGS");
     return value == nullptr || std::atoi(value) != 0;
   }();
   if (!enabled || l.head_dim != 128 || l.chunk_size != 8) return nullptr;
   const int k_steps = RankPadded(l.rank) / 16;
-  const bool two = RebuildTogether(together) == 2;
   switch (RebuildSlots(slots)) {
-    case 64: return two ? RebuildRegKernelOf<64, 2>(k_steps, halves) : RebuildRegKernelOf<64, 1>(k_steps, halves);
-    case 128: return two ? RebuildRegKernelOf<128, 2>(k_steps, halves) : RebuildRegKernelOf<128, 1>(k_steps, halves);
-    default:
-      return two ? RebuildRegKernelOf<kRebuildSlotsDefault, 2>(k_steps, halves)
-                 : RebuildRegKernelOf<kRebuildSlotsDefault, 1>(k_steps, halves);
+    case 64: return RebuildRegKernelOf<64>(k_steps, halves);
+    case 128: return RebuildRegKernelOf<128>(k_steps, halves);
+    default: return RebuildRegKernelOf<kRebuildSlotsDefault>(k_steps, halves);
   }
 }
 
@@ -451,13 +431,11 @@ bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
 cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
   for (bool halves : {false, true}) {
     for (int slots : {32, 64, 128}) {
-      for (int together : {1, 2}) {
-        if (const void* rebuild = RebuildRegKernel(l, halves, slots, together)) {
-          const cudaError_t e = cudaFuncSetAttribute(
-              rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
-              static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
-          if (e != cudaSuccess) return e;
-        }
+      if (const void* rebuild = RebuildRegKernel(l, halves, slots)) {
+        const cudaError_t e = cudaFuncSetAttribute(
+            rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
+        if (e != cudaSuccess) return e;
       }
     }
   }
@@ -480,8 +458,7 @@ int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
 
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
-  if (const void* kernel =
-          RebuildRegKernel(l, p.halves, p.rebuild_slots, p.rebuild_chunks_together)) {
+  if (const void* kernel = RebuildRegKernel(l, p.halves, p.rebuild_slots)) {
     const int slots = RebuildSlots(p.rebuild_slots);
     const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
     SkvDecodeParams params = p;
