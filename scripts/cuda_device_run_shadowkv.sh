@@ -14,7 +14,7 @@
 #     the select's two variants and the fast rebuild at 32, 64 and 128 gather slots per block)
 #   tune: ShadowKV with FP8 values and landmarks at TUNE_CONTEXT (124928) and TUNE_BATCH (20),
 #     once per setting of the step (TUNE_SETTINGS, "name:VAR=value VAR=value|name:..."; default:
-#     the defaults, SKV_SPLIT_PARTS=1, that and SKV_SELECT_COARSE=0, SKV_REBUILD_SLOTS=64)
+#     the defaults, SKV_SPLIT_ROWS=0, that and SKV_SELECT_COARSE=0, SKV_REBUILD_SLOTS=64)
 #   accept: the headline bench (full, ShadowKV and ShadowKV with FP8 values and landmarks at
 #     60K and 122K, each at its best batch, device-resident values)
 set -uo pipefail
@@ -78,7 +78,7 @@ for step in "${steps[@]}"; do
         --gtest_filter='CudaShadowKvKernelsBench.*' > "$out/kernels.log" 2>&1
       ;;
     tune)
-      settings=${TUNE_SETTINGS:-"defaults:|no-split:SKV_SPLIT_PARTS=1|radix8:SKV_SPLIT_PARTS=1 SKV_SELECT_COARSE=0|slots64:SKV_REBUILD_SLOTS=64"}
+      settings=${TUNE_SETTINGS:-"defaults:|no-split:SKV_SPLIT_ROWS=0|radix8:SKV_SPLIT_ROWS=0 SKV_SELECT_COARSE=0|slots64:SKV_REBUILD_SLOTS=64"}
       IFS='|' read -r -a settings <<< "$settings"
       for setting in "${settings[@]}"; do
         name=${setting%%:*}

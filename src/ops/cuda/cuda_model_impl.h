@@ -6,7 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <map>
 #include <memory>
 #include <set>
@@ -99,14 +98,12 @@ struct ShadowKvState {
   int32_t* attn_last = nullptr;    // device [max_batch]
   cudaStream_t side_stream = nullptr;  // value fetch, beside the key rebuild
   cudaEvent_t fork = nullptr, join = nullptr;
-  // The parts of a graph-replayed step's rows after the first (see RunShadowKvAttention): each
-  // part's selection, gathers and attention run on its own streams; start / done join it to the
-  // step.
-  struct RowPart {
+  // The second half of a graph-replayed step's rows (see RunShadowKvAttention): its selection
+  // and gathers run on their own streams; start / done join it to the step.
+  struct {
     cudaStream_t stream = nullptr, fetch_stream = nullptr;
     cudaEvent_t start = nullptr, fork = nullptr, join = nullptr, done = nullptr;
-  };
-  std::array<RowPart, kSkvMaxRowParts - 1> parts;
+  } half;
   std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
 
   ~ShadowKvState();

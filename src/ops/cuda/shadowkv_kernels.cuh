@@ -110,9 +110,8 @@ constexpr int kSkvKernelsFast = 1;
 // The same step restricted to rows [first, first + count) of `params` (their metadata, queries
 // and per-row scratch), for the decode kernels below but graduation.
 SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& params, int first, int count);
-// A graph-replayed step's rows are split into at most this many parts (of two rows or more) for
-// the selection, gathers and attention.
-constexpr int kSkvMaxRowParts = 4;
+// A step's rows are split in two for the selection from this many rows.
+constexpr int kSkvSplitMinRows = 4;
 
 // Graduation (rows whose graduate_chunk >= 0): A rows = K_pre·Bᵀ, landmark, values to the store,
 // then the exact window moves down by one chunk.

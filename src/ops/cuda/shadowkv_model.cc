@@ -25,17 +25,11 @@ ShadowKvState::~ShadowKvState() {
     if (pointer) (void)cudaFreeHost(pointer);
   }
   if (host_meta_block) (void)cudaFreeHost(host_meta_block);
-  for (cudaEvent_t event : {fork, join}) {
+  for (cudaEvent_t event : {fork, join, half.start, half.fork, half.join, half.done}) {
     if (event) (void)cudaEventDestroy(event);
   }
-  if (side_stream) (void)cudaStreamDestroy(side_stream);
-  for (RowPart& part : parts) {
-    for (cudaEvent_t event : {part.start, part.fork, part.join, part.done}) {
-      if (event) (void)cudaEventDestroy(event);
-    }
-    for (cudaStream_t other : {part.stream, part.fetch_stream}) {
-      if (other) (void)cudaStreamDestroy(other);
-    }
+  for (cudaStream_t other : {side_stream, half.stream, half.fetch_stream}) {
+    if (other) (void)cudaStreamDestroy(other);
   }
 }
 
@@ -54,14 +48,13 @@ Status NeedShadowKv(const CudaModel::Impl& m) {
 // The decode step's kernel settings, read from the environment once (each to compare a
 // variant): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones); SKV_SELECT_COARSE=0
 // the four-digit select; SKV_SELECT_REGISTERS=32 the coarse select's 32-register forms (else
-// 512 threads with 64 registers); SKV_SPLIT_PARTS=1 one selection for all rows (else that many
-// parts, 2 by default, up to kSkvMaxRowParts);
+// 512 threads with 64 registers); SKV_SPLIT_ROWS=0 one selection for all rows;
 // SKV_REBUILD_SLOTS=64 or 128 gather slots per rebuild block (32).
 struct DecodeSettings {
   int kernel_variant = kSkvKernelsFast;
   int coarse_select = 1;
   int select_registers = 0;
-  int split_parts = 2;
+  bool split_rows = true;
   int rebuild_slots = 0;
 };
 
@@ -77,7 +70,7 @@ const DecodeSettings& Settings() {
     }
     d.coarse_select = read("SKV_SELECT_COARSE", 1) == 0 ? 0 : 1;
     d.select_registers = read("SKV_SELECT_REGISTERS", 0);
-    d.split_parts = read("SKV_SPLIT_PARTS", 2);
+    d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
     d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
     return d;
   }();
@@ -183,17 +176,12 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   s->attn_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_attn);
   s->pre_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_pre);
   s->attn_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_last);
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s->side_stream, cudaStreamNonBlocking));
-  for (cudaEvent_t* created : {&s->fork, &s->join}) {
-    SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(created, cudaEventDisableTiming));
+  for (cudaStream_t* created : {&s->side_stream, &s->half.stream, &s->half.fetch_stream}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(created, cudaStreamNonBlocking));
   }
-  for (ShadowKvState::RowPart& part : s->parts) {
-    for (cudaStream_t* created : {&part.stream, &part.fetch_stream}) {
-      SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(created, cudaStreamNonBlocking));
-    }
-    for (cudaEvent_t* created : {&part.start, &part.fork, &part.join, &part.done}) {
-      SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(created, cudaEventDisableTiming));
-    }
+  for (cudaEvent_t* created :
+       {&s->fork, &s->join, &s->half.start, &s->half.fork, &s->half.join, &s->half.done}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(created, cudaEventDisableTiming));
   }
 
   s->device_values.resize(n);
@@ -719,31 +707,25 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     SKV_CUDA_RETURN_IF_ERROR(attend(first, part.rows, on));
     return Status::Ok();
   };
-  const int num_parts = std::clamp(std::min(Settings().split_parts, rows / 2), 1, kSkvMaxRowParts);
-  if (num_parts == 1) {
+  if (rows < kSkvSplitMinRows || !Settings().split_rows) {
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
     return select_gather_attend(p, 0, stream, s.side_stream, s.fork, s.join);
   }
-  // Parts of the rows, each one's scoring after the one before: a part's select (a few blocks,
-  // latency-bound) runs beside the next part's scoring, its rebuild beside the next one's select,
-  // its attention beside the next one's rebuild.
-  for (int i = 0; i < num_parts; ++i) {
-    ShadowKvState::RowPart* part = i > 0 ? &s.parts[i - 1] : nullptr;
-    cudaStream_t on = part ? part->stream : stream;
-    if (part) SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(on, part->start, 0));
-    const int first = i * rows / num_parts, count = (i + 1) * rows / num_parts - first;
-    const SkvDecodeParams rows_of_part = SkvDecodeRows(p, first, count);
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(rows_of_part, on));
-    if (i + 1 < num_parts) SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.parts[i].start, on));
-    SKV_RETURN_IF_ERROR(select_gather_attend(rows_of_part, first, on,
-                                             part ? part->fetch_stream : s.side_stream,
-                                             part ? part->fork : s.fork,
-                                             part ? part->join : s.join));
-    if (part) SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(part->done, on));
-  }
-  for (int i = 1; i < num_parts; ++i) {
-    SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.parts[i - 1].done, 0));
-  }
+  // Two halves of the rows, the second's scoring after the first's: the first half's select (a
+  // few blocks, latency-bound) runs beside the second half's scoring, the second half's select
+  // beside the first half's rebuild, and the first half's attention beside the second's rebuild.
+  const int half = rows / 2;
+  const SkvDecodeParams first = SkvDecodeRows(p, 0, half);
+  const SkvDecodeParams second = SkvDecodeRows(p, half, rows - half);
+  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.start, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s.half.stream, s.half.start, 0));
+  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(second, s.half.stream));
+  SKV_RETURN_IF_ERROR(select_gather_attend(second, half, s.half.stream, s.half.fetch_stream,
+                                           s.half.fork, s.half.join));
+  SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.half.done, s.half.stream));
+  SKV_RETURN_IF_ERROR(select_gather_attend(first, 0, stream, s.side_stream, s.fork, s.join));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.half.done, 0));
   return Status::Ok();
 }
 
