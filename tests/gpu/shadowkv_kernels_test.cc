@@ -189,28 +189,25 @@ std::vector<SelectVariant> SelectVariants(int kernel_variant) {
   return {SelectVariant{1, 0}, SelectVariant{1, 32}, SelectVariant{0, 0}};
 }
 
-TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
-  SKV_SKIP_WITHOUT_GPU();
-  for (const SelectVariant select : SelectVariants(GetParam())) {
+// CheckSelection at 2000 and 9000 chunks with every select variant of the kernels.
+void CheckSelectionEverywhere(int kernel_variant, bool successors, bool tied) {
+  for (const SelectVariant select : SelectVariants(kernel_variant)) {
     for (const int capacity : {2000, 9000}) {
       SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
                                          << select.coarse << ", registers " << select.registers);
-      CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, /*tied=*/false,
-                     select);
+      CheckSelection(kernel_variant, capacity, successors, /*fp8=*/false, tied, select);
     }
   }
 }
 
+TEST_P(CudaShadowKvKernelsTest, SelectionMatchesCpuScoringTopKAndSlots) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckSelectionEverywhere(GetParam(), /*successors=*/false, /*tied=*/false);
+}
+
 TEST_P(CudaShadowKvKernelsTest, TiedScoresGoToTheLowerChunkAsOnTheCpu) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const SelectVariant select : SelectVariants(GetParam())) {
-    for (const int capacity : {2000, 9000}) {
-      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
-                                         << select.coarse << ", registers " << select.registers);
-      CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, /*tied=*/true,
-                     select);
-    }
-  }
+  CheckSelectionEverywhere(GetParam(), /*successors=*/false, /*tied=*/true);
 }
 
 TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
@@ -222,14 +219,7 @@ TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
 TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
   SKV_SKIP_WITHOUT_GPU();
   if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "successor selection: fast kernels only";
-  for (const SelectVariant select : SelectVariants(GetParam())) {
-    for (const int capacity : {2000, 9000}) {
-      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
-                                         << select.coarse << ", registers " << select.registers);
-      CheckSelection(GetParam(), capacity, /*successors=*/true, /*fp8=*/false, /*tied=*/false,
-                     select);
-    }
-  }
+  CheckSelectionEverywhere(GetParam(), /*successors=*/true, /*tied=*/false);
 }
 
 // Keys of the missed chunks = rows of A times B_h, rotated at the chunk's own positions; slots
