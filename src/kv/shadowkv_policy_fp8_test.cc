@@ -33,41 +33,35 @@ TEST(ShadowKvTest, GatheredValuesAreExactOrTheDequantisedFp8Runs) {
     KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
     config.budget_tokens = 64;  // 8 chunks of 33
     config.fp8_values = fp8;
-    auto policy = MakePolicy(config, g);
-    Runner runner(*policy, stream);
-    runner.Step(300, true);
     int64_t quantised = 0;
-    for (int layer = 0; layer < g.num_layers; ++layer) {
-      AttentionInput input;
-      ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
-      const auto info = runner.shadow().Inspect(layer);
-      for (int h = 0; h < g.num_kv_heads; ++h) {
-        ASSERT_EQ(input.heads[h].size(), 3u);  // outliers, gathered, window
-        const KvSegment& gathered = input.heads[h][1];
-        for (size_t slot = 0; slot < 8; ++slot) {
-          auto values = ChunkRows(stream, layer, h, 8, info.gathered_chunks[h][slot], true);
-          auto expected = values;
-          if (fp8) RoundTripFp8Run(expected.data(), 8 * 64);
-          for (int i = 0; i < 8 * 64; ++i) {
-            ASSERT_EQ(gathered.values[slot * 8 * 64 + i], expected[i]) << "slot " << slot;
-            quantised += expected[i] != values[i];
-          }
-        }
-        const KvSegment& outliers = input.heads[h][0];
-        for (size_t k = 0; k < 2; ++k) {
-          auto values = ChunkRows(stream, layer, h, 8, info.outlier_chunks[h][k], true);
-          for (int i = 0; i < 8 * 64; ++i) ASSERT_EQ(outliers.values[k * 8 * 64 + i], values[i]);
-        }
-        const KvSegment& window = input.heads[h][2];
-        ASSERT_EQ(window.num_tokens, info.exact_tokens);
-        for (int t = 0; t < window.num_tokens; ++t) {
-          const auto exact = stream.Make(layer, info.exact_first_position + t).values;
-          for (int i = 0; i < 64; ++i) {
-            ASSERT_EQ(window.values[t * window.row_stride + i], exact[h * 64 + i]);
-          }
+    ForEachHeadAtFirstDecode(stream, config, [&](int layer, int h,
+                                                 const std::vector<KvSegment>& segments,
+                                                 const ShadowKvLayerInfo& info) {
+      const KvSegment& gathered = segments[1];
+      for (size_t slot = 0; slot < 8; ++slot) {
+        auto values = ChunkRows(stream, layer, h, 8, info.gathered_chunks[h][slot], true);
+        auto expected = values;
+        if (fp8) RoundTripFp8Run(expected.data(), 8 * 64);
+        for (int i = 0; i < 8 * 64; ++i) {
+          ASSERT_EQ(gathered.values[slot * 8 * 64 + i], expected[i]) << "slot " << slot;
+          quantised += expected[i] != values[i];
         }
       }
-    }
+      const KvSegment& outliers = segments[0];
+      for (size_t k = 0; k < 2; ++k) {
+        auto values = ChunkRows(stream, layer, h, 8, info.outlier_chunks[h][k], true);
+        for (int i = 0; i < 8 * 64; ++i) ASSERT_EQ(outliers.values[k * 8 * 64 + i], values[i]);
+      }
+      const KvSegment& window = segments[2];
+      ASSERT_EQ(window.num_tokens, info.exact_tokens);
+      for (int t = 0; t < window.num_tokens; ++t) {
+        const auto exact = stream.Make(layer, info.exact_first_position + t).values;
+        for (int i = 0; i < 64; ++i) {
+          ASSERT_EQ(window.values[t * window.row_stride + i], exact[h * 64 + i]);
+        }
+      }
+    });
+    ASSERT_FALSE(HasFatalFailure());
     if (fp8) {
       EXPECT_GT(quantised, 2 * 3 * 8 * 8 * 64 / 2);  // most values changed by the rounding
     } else {

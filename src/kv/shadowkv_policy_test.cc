@@ -122,36 +122,29 @@ TEST(ShadowKvTest, RebuiltKeysAreRopedAtTheirPositions) {
   TokenStream stream(g, 0, 5);
   KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
   config.budget_tokens = 64;  // 8 chunks of 33
-  auto policy = MakePolicy(config, g);
-  Runner runner(*policy, stream);
-  runner.Step(300, true);
-  for (int layer = 0; layer < g.num_layers; ++layer) {
-    AttentionInput input;
-    ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
-    const auto info = runner.shadow().Inspect(layer);
-    for (int h = 0; h < g.num_kv_heads; ++h) {
-      ASSERT_EQ(input.heads[h].size(), 3u);  // outliers, gathered, window
-      const KvSegment& gathered = input.heads[h][1];
-      ASSERT_EQ(info.gathered_chunks[h].size(), 8u);
-      ASSERT_EQ(gathered.num_tokens, 64);
-      for (size_t slot = 0; slot < 8; ++slot) {
-        const int64_t chunk = info.gathered_chunks[h][slot];
-        auto keys = ChunkRows(stream, layer, h, 8, chunk, false);
-        auto values = ChunkRows(stream, layer, h, 8, chunk, true);
-        for (int i = 0; i < 8 * 64; ++i) {
-          ASSERT_NEAR(gathered.keys[slot * 8 * 64 + i], keys[i], 1e-4) << "chunk " << chunk;
-          ASSERT_EQ(gathered.values[slot * 8 * 64 + i], values[i]);
-        }
-      }
-      // The outlier segment holds the exact rows of the outlier chunks.
-      const KvSegment& outliers = input.heads[h][0];
-      ASSERT_EQ(outliers.num_tokens, 16);
-      for (size_t k = 0; k < 2; ++k) {
-        auto keys = ChunkRows(stream, layer, h, 8, info.outlier_chunks[h][k], false);
-        for (int i = 0; i < 8 * 64; ++i) ASSERT_EQ(outliers.keys[k * 8 * 64 + i], keys[i]);
+  ForEachHeadAtFirstDecode(stream, config, [&](int layer, int h,
+                                               const std::vector<KvSegment>& segments,
+                                               const ShadowKvLayerInfo& info) {
+    const KvSegment& gathered = segments[1];
+    ASSERT_EQ(info.gathered_chunks[h].size(), 8u);
+    ASSERT_EQ(gathered.num_tokens, 64);
+    for (size_t slot = 0; slot < 8; ++slot) {
+      const int64_t chunk = info.gathered_chunks[h][slot];
+      auto keys = ChunkRows(stream, layer, h, 8, chunk, false);
+      auto values = ChunkRows(stream, layer, h, 8, chunk, true);
+      for (int i = 0; i < 8 * 64; ++i) {
+        ASSERT_NEAR(gathered.keys[slot * 8 * 64 + i], keys[i], 1e-4) << "chunk " << chunk;
+        ASSERT_EQ(gathered.values[slot * 8 * 64 + i], values[i]);
       }
     }
-  }
+    // The outlier segment holds the exact rows of the outlier chunks.
+    const KvSegment& outliers = segments[0];
+    ASSERT_EQ(outliers.num_tokens, 16);
+    for (size_t k = 0; k < 2; ++k) {
+      auto keys = ChunkRows(stream, layer, h, 8, info.outlier_chunks[h][k], false);
+      for (int i = 0; i < 8 * 64; ++i) ASSERT_EQ(outliers.keys[k * 8 * 64 + i], keys[i]);
+    }
+  });
 }
 
 // Naive selection for one KV head at the first decode step: outliers by min-cosine, landmarks as

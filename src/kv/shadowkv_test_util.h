@@ -190,6 +190,27 @@ inline std::vector<float> ChunkRows(const TokenStream& stream, int layer, int h,
   return rows;
 }
 
+// The stream's 300-token prompt under `config` (a ShadowConfig(8, 32, 2, ...) with a budget of 8
+// of the 33 selectable chunks, as the callers pass it), then its first decode token at every
+// layer: fn(layer, kv_head, the head's segments (outliers, gathered, window), the layer's
+// Inspect) for every layer and KV head, stopping at the first fatal failure.
+template <typename Fn>
+void ForEachHeadAtFirstDecode(const TokenStream& stream, const KvPolicyConfig& config, Fn fn) {
+  const KvGeometry& g = stream.geometry();
+  auto policy = MakePolicy(config, g);
+  Runner runner(*policy, stream);
+  runner.Step(300, true);
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    AttentionInput input;
+    ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
+    const auto info = runner.shadow().Inspect(layer);
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      ASSERT_EQ(input.heads[h].size(), 3u);  // outliers, gathered, window
+      ASSERT_NO_FATAL_FAILURE(fn(layer, h, input.heads[h], info));
+    }
+  }
+}
+
 inline std::set<int64_t> AsSet(const std::vector<int32_t>& chunks) {
   return std::set<int64_t>(chunks.begin(), chunks.end());
 }
