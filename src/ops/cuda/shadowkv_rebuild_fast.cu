@@ -25,14 +25,20 @@ int RebuildSlots(int asked) { return asked == 64 || asked == 128 ? asked : kRebu
 
 __host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
 
+// A rebuild block's shared list of its missed gather slots, and the rotary frequencies.
+template <int kSlots, int kHeadDim>
+struct MissList {
+  int slots[kSlots], chunks[kSlots], warp_counts[kSlots / 32];
+  float inv_freq[kHeadDim / 2];
+};
+
 // The missed slots among the block's kSlots gather slots of (row, KV head), compacted in slot
-// order into miss_slots / miss_chunks[0, count); also stages inv_freq [kHeadDim / 2]. Returns
-// count (the same in every thread). Contains a barrier; the lists need another before other
-// threads read them.
+// order into list.slots / list.chunks[0, count); also stages list.inv_freq. Returns count (the
+// same in every thread). Contains a barrier; the lists need another before other threads read
+// them.
 template <int kSlots, int kHeadDim>
 __device__ __forceinline__ int CompactMisses(const SkvDecodeParams& p, int row, int h,
-                                             int* miss_slots, int* miss_chunks, int* warp_counts,
-                                             float* inv_freq) {
+                                             MissList<kSlots, kHeadDim>& list) {
   constexpr int kSlotWarps = kSlots / 32;
   const SkvLayout& l = p.layout;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -44,20 +50,20 @@ __device__ __forceinline__ int CompactMisses(const SkvDecodeParams& p, int row, 
     slot = blockIdx.x * kSlots + threadIdx.x;
     chunk = slot < l.max_budget ? miss[slot] : -1;
     ballot = __ballot_sync(0xffffffffu, chunk >= 0);
-    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    if (lane == 0) list.warp_counts[warp] = __popc(ballot);
   }
-  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) list.inv_freq[i] = p.inv_freq[i];
   __syncthreads();
   int count = 0, before = 0;
 #pragma unroll
   for (int w = 0; w < kSlotWarps; ++w) {
-    before += w < warp ? warp_counts[w] : 0;
-    count += warp_counts[w];
+    before += w < warp ? list.warp_counts[w] : 0;
+    count += list.warp_counts[w];
   }
   if (chunk >= 0) {
     const int at = before + __popc(ballot & ((1u << lane) - 1u));
-    miss_slots[at] = slot;
-    miss_chunks[at] = chunk;
+    list.slots[at] = slot;
+    list.chunks[at] = chunk;
   }
   return count;
 }
@@ -71,12 +77,10 @@ template <int kHeadDim, bool kHalves, int kSlots>
 __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
   static_assert(kSlots % 32 == 0 && kSlots <= kRebuildWarps * 32, "one thread per slot");
   extern __shared__ __align__(16) unsigned char rebuild_shared[];
-  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlots / 32];
-  __shared__ float inv_freq[kHeadDim / 2];
+  __shared__ MissList<kSlots, kHeadDim> misses;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int count = CompactMisses<kSlots, kHeadDim>(p, row, h, miss_slots, miss_chunks,
-                                                     warp_counts, inv_freq);
+  const int count = CompactMisses(p, row, h, misses);
   if (count == 0) return;
 
   const SkvRowMeta m = p.meta[row];
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
       const Bf16* source = coefficients;
       if (inside) {
         const int which = token_row / chunk_size, t = token_row % chunk_size;
-        source += (static_cast<int64_t>(miss_chunks[which]) * chunk_size + t) * rank + v * 8;
+        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + t) * rank + v * 8;
       }
       CpAsync16(target + r * a_pitch + v * 8, source, inside ? 16 : 0);
     }
@@ -154,14 +158,14 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
       const int r = g + 8 * half_row;
       const int token_row = tile * 16 + r;
       const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
-      const float position = static_cast<float>(miss_chunks[which] * chunk_size + t);
+      const float position = static_cast<float>(misses.chunks[which] * chunk_size + t);
       if constexpr (kHalves) {
 #pragma unroll
         for (int j = 0; j < kHeadDim / 16; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float sine, cosine;
-            RopeSinCos(position * inv_freq[j * 8 + c2 + e], &sine, &cosine);
+            RopeSinCos(position * misses.inv_freq[j * 8 + c2 + e], &sine, &cosine);
             const float x0 = acc[j][2 * half_row + e],
                         x1 = acc[j + kHeadDim / 16][2 * half_row + e];
             acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) {
           float sine, cosine;
-          RopeSinCos(position * inv_freq[j * 4 + c2 / 2], &sine, &cosine);
+          RopeSinCos(position * misses.inv_freq[j * 4 + c2 / 2], &sine, &cosine);
           const float x0 = acc[j][2 * half_row], x1 = acc[j][2 * half_row + 1];
           acc[j][2 * half_row] = x0 * cosine - x1 * sine;
           acc[j][2 * half_row + 1] = x0 * sine + x1 * cosine;
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
       if (token_row >= total_rows) continue;
       const int which = token_row / chunk_size, t = token_row % chunk_size;
       *reinterpret_cast<uint4*>(
-          keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + t) * kHeadDim + v * 8) =
+          keys + (static_cast<int64_t>(misses.slots[which]) * chunk_size + t) * kHeadDim + v * 8) =
           *reinterpret_cast<const uint4*>(out_tile + r * out_pitch + v * 8);
     }
     __syncwarp();
@@ -233,12 +237,10 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
   constexpr int kHeadDim = 128;
   constexpr int kAPitch = RegAPitch(kKSteps);
   extern __shared__ __align__(16) unsigned char rebuild_shared[];
-  __shared__ int miss_slots[kSlots], miss_chunks[kSlots], warp_counts[kSlots / 32];
-  __shared__ float inv_freq[kHeadDim / 2];
+  __shared__ MissList<kSlots, kHeadDim> misses;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int count = CompactMisses<kSlots, kHeadDim>(p, row, h, miss_slots, miss_chunks,
-                                                     warp_counts, inv_freq);
+  const int count = CompactMisses(p, row, h, misses);
   if (count == 0) return;
   __syncthreads();  // the miss list is visible
 
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
       const bool inside = which < count && v * 8 < rank;
       const Bf16* source = coefficients;
       if (inside) {
-        source += (static_cast<int64_t>(miss_chunks[which]) * chunk_size + r % 8) * rank + v * 8;
+        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + r % 8) * rank + v * 8;
       }
       CpAsync16(target + r * kAPitch + v * 8, source, inside ? 16 : 0);
     }
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
         MmaBf16(acc[1], frag[1][ks], b0, b1);
       }
       // acc[mt]: (dim row g, token 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
-      const int chunk_index = miss_chunks[group * kRegGroupChunks + j];
+      const int chunk_index = misses.chunks[group * kRegGroupChunks + j];
       Bf16* out = out_tile + j * 8 * kRegOutPitch;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -341,7 +343,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
         const int pair_index = 16 * warp + r;
         const float position = static_cast<float>(chunk_index * chunk_size + token);
         float sine, cosine;
-        RopeSinCos(position * inv_freq[pair_index], &sine, &cosine);
+        RopeSinCos(position * misses.inv_freq[pair_index], &sine, &cosine);
         const float x0 = acc[0][e], x1 = acc[1][e];
         const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
         Bf16* key = out + token * kRegOutPitch;
@@ -358,7 +360,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
       const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);  // r: chunk-in-group * 8 + token
       const int which = group * kRegGroupChunks + r / 8;
       *reinterpret_cast<uint4*>(
-          keys + (static_cast<int64_t>(miss_slots[which]) * chunk_size + r % 8) * kHeadDim + v * 8) =
+          keys + (static_cast<int64_t>(misses.slots[which]) * chunk_size + r % 8) * kHeadDim + v * 8) =
           *reinterpret_cast<const uint4*>(out_tile + r * kRegOutPitch + v * 8);
     }
   }
