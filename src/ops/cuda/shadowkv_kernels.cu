@@ -22,9 +22,6 @@ using Bf16 = __nv_bfloat16;
 __device__ __forceinline__ int64_t LayerIndex(const SkvLayout& l, int seq, int layer) {
   return static_cast<int64_t>(seq) * l.num_layers + layer;
 }
-__device__ __forceinline__ int64_t HeadIndex(const SkvLayout& l, int seq, int layer, int head) {
-  return LayerIndex(l, seq, layer) * l.num_kv_heads + head;
-}
 
 // ---- graduation -------------------------------------------------------------------------------
 
@@ -74,7 +71,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
       for (int t = 0; t < chunk; ++t) store[t * d + e] = values[t * d + e];
     }
     const float mean = sum / static_cast<float>(chunk);
-    const int64_t head_index = HeadIndex(l, m.seq, p.layer, h);
+    const int64_t head_index = l.HeadIndex(m.seq, p.layer, h);
     if (l.fp8_landmarks) {
       means[index] = mean;
     } else {
@@ -95,7 +92,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
                          l.ValueScale(m.seq, p.layer, h, m.graduate_chunk));
     }
     if (l.fp8_landmarks) {
-      const int64_t landmark = HeadIndex(l, m.seq, p.layer, h) * l.capacity_chunks +
+      const int64_t landmark = l.HeadIndex(m.seq, p.layer, h) * l.capacity_chunks +
                                m.graduate_chunk;
       WarpQuantizeFp8Run([&](int i) { return means[h * d + i]; }, d,
                          l.landmark_codes + landmark * d, l.landmark_scales + landmark);
@@ -158,7 +155,7 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreKernel(SkvDecodeParams 
   for (int g = 0; g < kGroup; ++g) {
     Bf16x8ToFloat(*reinterpret_cast<const uint4*>(q_row + g * kHeadDim + lane * 8), q[g]);
   }
-  const int64_t head_index = HeadIndex(l, m.seq, p.layer, h);
+  const int64_t head_index = l.HeadIndex(m.seq, p.layer, h);
   const Bf16* landmarks = l.landmarks + head_index * l.capacity_chunks * kHeadDim;
   const uint8_t* outlier = l.outlier + head_index * l.capacity_chunks;
   float* logits = p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup *
@@ -245,7 +242,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   const float* logits = p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group *
                                        l.capacity_chunks;
   int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
-  int32_t* slot_chunk = l.slot_chunk + HeadIndex(l, m.seq, p.layer, h) * l.max_budget;
+  int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
 
   // Scores: softmax of each query head over the selectable chunks, max over the group.
   float* score = reinterpret_cast<float*>(keys);
@@ -549,7 +546,7 @@ __global__ void __launch_bounds__(kLandmarkWarps * 32) SkvLandmarkKernel(SkvLand
     const float denominator = sqrtf(mean_norm * norm);
     lowest = fminf(lowest, denominator > 0.0f ? dot / denominator : 0.0f);
   }
-  const int64_t head_index = HeadIndex(l, p.seq, p.layer, h);
+  const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
   const int64_t landmark = head_index * l.capacity_chunks + c;
   if (l.fp8_landmarks) {
     // The run's rule (WarpQuantizeFp8Run) with the mean already in registers.
@@ -585,7 +582,7 @@ __global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
   const SkvLayout& l = p.layout;
   const int chunk = p.outliers[h * p.num_outliers + i];
   const int run = l.chunk_size * l.head_dim;
-  const int64_t head_index = HeadIndex(l, p.seq, p.layer, h);
+  const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
   if (threadIdx.x == 0) l.outlier[head_index * l.capacity_chunks + chunk] = 1;
   const int64_t source = p.cache.HeadOffset(p.cache_slot, p.layer, h) + static_cast<int64_t>(chunk) * run;
   const int64_t target = l.attn.HeadOffset(p.seq, p.layer, h) + static_cast<int64_t>(i) * run;

@@ -55,6 +55,10 @@ struct SkvLayout {
   unsigned long long* counters = nullptr;     // [2]: chunks selected, of which hits
 
   SKV_HOST_DEVICE int kv_width() const { return num_kv_heads * head_dim; }
+  // Index of (sequence, layer, KV head) in the [seqs, layers, kv_heads, ...] buffers.
+  SKV_HOST_DEVICE int64_t HeadIndex(int seq, int layer, int head) const {
+    return (static_cast<int64_t>(seq) * num_layers + layer) * num_kv_heads + head;
+  }
   // Index of the run (layer, head, chunk) within one sequence's value store or landmark set.
   SKV_HOST_DEVICE int64_t RunIndex(int layer, int head, int chunk) const {
     return (static_cast<int64_t>(layer) * num_kv_heads + head) * capacity_chunks + chunk;
