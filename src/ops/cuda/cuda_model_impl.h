@@ -110,6 +110,20 @@ struct ShadowKvState {
   void DropGraphs();
 };
 
+// The ShadowKV decode step's kernel settings, read from the environment once (each to compare a
+// variant; shadowkv_decode.cc): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones);
+// SKV_SELECT_COARSE=0 the four-digit select; SKV_SELECT_REGISTERS=32 the coarse select's
+// 32-register forms (else 512 threads with 64 registers); SKV_SPLIT_ROWS=0 one selection for all
+// rows; SKV_REBUILD_SLOTS=64 or 128 gather slots per rebuild block (32).
+struct SkvDecodeSettings {
+  int kernel_variant = kSkvKernelsFast;
+  int coarse_select = 1;
+  int select_registers = 0;
+  bool split_rows = true;
+  int rebuild_slots = 0;
+};
+const SkvDecodeSettings& ShadowKvDecodeSettings();
+
 // Events between ops of an un-graphed step.
 class StepProfiler {
  public:
@@ -206,5 +220,9 @@ struct CudaModel::Impl {
   Status DecodeStepImpl(std::span<const int> slots, std::span<int32_t> tokens,
                         const CudaSampling& sampling, float* logits_out, StepProfiler* profiler);
 };
+
+// Errors unless ShadowKV sequences are allocated / unless `seq` is one of them.
+Status NeedShadowKv(const CudaModel::Impl& m);
+Status CheckSeq(const ShadowKvState& s, int seq);
 
 }  // namespace shadowkv::cuda
