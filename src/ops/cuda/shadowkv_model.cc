@@ -3,7 +3,6 @@
 // copies, snapshots and statistics. The decode step is in shadowkv_decode.cc.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <thread>
 
