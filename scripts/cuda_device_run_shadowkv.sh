@@ -15,6 +15,11 @@
 #   tune: ShadowKV with FP8 values and landmarks at TUNE_CONTEXT (124928) and TUNE_BATCH (20),
 #     once per setting of the step (TUNE_SETTINGS, "name:VAR=value VAR=value|name:..."; default:
 #     the defaults, SKV_SPLIT_ROWS=0, that and SKV_SELECT_COARSE=0, SKV_REBUILD_SLOTS=64)
+#   profile: Nsight Compute on the first launches of the kernels matching PROFILE_KERNELS (a
+#     '|'-separated list of name regexes; default the two register-basis rebuilds) in the kernel
+#     bench, clocks left alone
+#   tp-alone: the tensor-parallel tests in a process of their own (TP_CONNECTIONS sets
+#     CUDA_DEVICE_MAX_CONNECTIONS when given)
 #   accept: the headline bench (full, ShadowKV and ShadowKV with FP8 values and landmarks at
 #     60K and 122K, each at its best batch, device-resident values)
 set -uo pipefail
@@ -38,8 +43,12 @@ for step in "${steps[@]}"; do
   start=$(date +%s)
   case "$step" in
     tests)
+      # The tensor-parallel tests run in a process of their own (docs/TENSOR_PARALLEL.md, "Open":
+      # a stop of the local split fails every later test of its process).
       timeout 240 "$stage/bin/shadowkv_gpu_tests" --gtest_output="json:$out/gpu_tests.json" \
-        > "$out/gpu_tests.log" 2>&1
+        --gtest_filter='-CudaTensorParallelTest.*' > "$out/gpu_tests.log" 2>&1
+      timeout 150 "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaTensorParallelTest.*' \
+        > "$out/gpu_tests_tp.log" 2>&1
       # A failure that poisons the CUDA context fails every later test of the process: the
       # kernel parity tests decide the bench's kernels only when they also fail on their own.
       if grep -qE "^\[  FAILED  \] Variants/CudaShadowKvKernelsTest\.[A-Za-z]+/Fast" "$out/gpu_tests.log" &&
@@ -94,6 +103,23 @@ for step in "${steps[@]}"; do
           > "$out/tune_$name.log" 2>&1
       done
       ;;
+    profile)
+      IFS='|' read -r -a kernels <<< "${PROFILE_KERNELS:-SkvRebuildRingKernelILb1ELi10ELi32E|SkvRebuildRegKernelILb1ELi10ELi32E}"
+      for i in "${!kernels[@]}"; do
+        SKV_GPU_BENCH=1 timeout 200 ncu --clock-control none --kernel-name "regex:${kernels[$i]}" \
+          --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section WarpStateStats --section Occupancy --section LaunchStats \
+          --section SchedulerStats --section SourceCounters \
+          "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaShadowKvKernelsBench.*' \
+          > "$out/ncu_$i.txt" 2>&1
+      done
+      ;;
+    tp-alone)
+      # shellcheck disable=SC2086
+      env ${TP_CONNECTIONS:+CUDA_DEVICE_MAX_CONNECTIONS=$TP_CONNECTIONS} timeout 150 \
+        "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaTensorParallelTest.*' \
+        > "$out/tp_alone${TP_CONNECTIONS:+_$TP_CONNECTIONS}.log" 2>&1
+      ;;
     accept)
       timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
         --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
@@ -109,6 +135,7 @@ echo "==== summary"
 for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
 [ -f "$out/gpu_tests.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |\[ parity|tests from .* ran|^\[  FAILED" "$out/gpu_tests.log" | head -40
 [ -f "$out/gpu_tests.log" ] && grep -B2 -A8 "Failure" "$out/gpu_tests.log" | head -60
+[ -f "$out/gpu_tests_tp.log" ] && grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests from .* ran" "$out/gpu_tests_tp.log" | head -20
 [ -f "$out/sanitizer.log" ] && grep -E "ERROR SUMMARY|Invalid|error" "$out/sanitizer.log" | head -20
 [ -f "$out/bench_smoke.log" ] && cat "$out/bench_smoke.log"
 [ -f "$out/bench_shadowkv.log" ] && cat "$out/bench_shadowkv.log"
@@ -116,6 +143,12 @@ for step in "${steps[@]}"; do echo "$step: ${status[$step]:-not run}"; done
 [ -f "$out/kernels.log" ] && grep -E "\[ kernels \]|FAILED|rror" "$out/kernels.log"
 for log in "$out"/tune_*.log; do
   [ -f "$log" ] && echo "$(basename "$log"):" && grep -E "^shadowkv|^ +[0-9]+ +[0-9]+ +[0-9]+/|rror" "$log"
+done
+for log in "$out"/ncu_*.txt; do
+  [ -f "$log" ] && grep -E "Skv|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|==ERR|==PROF==" "$log" | head -60
+done
+for log in "$out"/tp_alone*.log; do
+  [ -f "$log" ] && echo "$(basename "$log"):" && grep -E "^\[  (PASSED|FAILED) |tests from .* ran|trap|Failure" "$log" | head -20
 done
 [ -f "$out/bench_accept.log" ] && cat "$out/bench_accept.log"
 for variant in 0 1; do

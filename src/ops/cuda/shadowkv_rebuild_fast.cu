@@ -401,24 +401,37 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
 
 // ---- key rebuild with precomputed basis fragments (head_dim 128) --------------------------------
 //
-// As the register-basis kernel, but each warp loads its fragments of B_hᵀ straight from
-// SkvLayout::basis_fragments (written once per sequence, in fragment order: one coalesced
-// 16-byte load per lane, m-tile and rank step), so nothing waits for a staged basis: the A rows
-// of the first kRingStages - 1 groups are requested at once, and a kRingStages-deep cp.async ring
-// of small groups keeps more A rows in flight per shared byte (four blocks per SM).
+// As the register-basis kernel, but with 8 warps of 8 rotary pairs each (one m-tile of B_hᵀ per
+// warp: rows 0-7 the pairs' first dims, rows 8-15 their second, so each lane rotates its own
+// accumulators), loaded straight from SkvLayout::basis_fragments (written once per sequence, in
+// fragment order: one coalesced 16-byte load per lane and rank step). Nothing waits for a staged
+// basis: the A rows of the first kRingStages - 1 groups are requested at once, a kRingStages-deep
+// cp.async ring of small groups keeps more of them in flight per shared byte, twice the warps
+// share each block's ring, and every warp multiplies a group's chunks as independent mma chains.
+constexpr int kRingWarps = 8;
 constexpr int kRingStages = 4;
 constexpr int kRingChunks = 4;  // chunks per ring stage
+constexpr int kRingMinBlocks = 3;
 
 __host__ __device__ constexpr int64_t RingSharedBytes(int k_steps) {
   return int64_t{kRingStages} * kRingChunks * 8 * RegAPitch(k_steps) * 2 +
          int64_t{kRingChunks} * 8 * kRegOutPitch * 2;
 }
 
+// Row r of warp w's m-tile of B_hᵀ is this dim: rotary pair 8w + r % 8, its first dim for r < 8.
+__host__ __device__ constexpr int RingDimOf(bool halves, int warp, int r) {
+  return halves ? (r < 8 ? 8 * warp + r : 64 + 8 * warp + r - 8)
+                : 2 * (8 * warp + r % 8) + (r < 8 ? 0 : 1);
+}
+
 template <bool kHalves, int kKSteps, int kSlots>
-__global__ void __launch_bounds__(kRegWarps * 32, 4) SkvRebuildRingKernel(SkvDecodeParams p) {
-  static_assert(kSlots % 32 == 0 && kSlots <= kRegWarps * 32, "one thread per slot");
+__global__ void __launch_bounds__(kRingWarps * 32, kRingMinBlocks)
+    SkvRebuildRingKernel(SkvDecodeParams p) {
+  static_assert(kSlots % 32 == 0 && kSlots <= kRingWarps * 32, "one thread per slot");
+  static_assert(kSlots % kRingChunks == 0, "a group's chunk indices stay inside the miss list");
   constexpr int kHeadDim = 128;
-  constexpr int kStageElements = kRingChunks * 8 * RegAPitch(kKSteps);
+  constexpr int kAPitch = RegAPitch(kKSteps);
+  constexpr int kStageElements = kRingChunks * 8 * kAPitch;
   extern __shared__ __align__(16) unsigned char rebuild_shared[];
   __shared__ MissList<kSlots, kHeadDim> misses;
   const SkvLayout& l = p.layout;
@@ -446,27 +459,26 @@ __global__ void __launch_bounds__(kRegWarps * 32, 4) SkvRebuildRingKernel(SkvDec
 #pragma unroll
   for (int s = 0; s < kRingStages - 1; ++s) stage(s);
 
-  uint32_t frag[2][kKSteps][4];
+  uint32_t frag[kKSteps][4];
   {
     const uint4* fragments =
         reinterpret_cast<const uint4*>(
             l.basis_fragments + l.HeadIndex(m.seq, p.layer, h) * int64_t{kKSteps} * 1024) +
-        warp * 2 * kKSteps * 32 + lane;
+        warp * kKSteps * 32 + lane;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        const uint4 v = fragments[(mt * kKSteps + ks) * 32];
-        frag[mt][ks][0] = v.x;
-        frag[mt][ks][1] = v.y;
-        frag[mt][ks][2] = v.z;
-        frag[mt][ks][3] = v.w;
-      }
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const uint4 v = fragments[ks * 32];
+      frag[ks][0] = v.x;
+      frag[ks][1] = v.y;
+      frag[ks][2] = v.z;
+      frag[ks][3] = v.w;
     }
   }
 
   Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
                static_cast<int64_t>(info.gather_base) * kHeadDim;
+  const int g = lane / 4, c = lane % 4, pair_index = 8 * warp + g;
+  const float inv_freq = misses.inv_freq[pair_index];
   for (int group = 0; group < groups; ++group) {
     CpAsyncWait<kRingStages - 2>();
     // The group's rows are visible, and every thread is done with the previous group (its ring
@@ -474,23 +486,52 @@ __global__ void __launch_bounds__(kRegWarps * 32, 4) SkvRebuildRingKernel(SkvDec
     __syncthreads();
     stage(group + kRingStages - 1);
     const Bf16* rows = ring + (group % kRingStages) * kStageElements;
-    const int in_group = min(kRingChunks, count - group * kRingChunks);
-    for (int j = 0; j < in_group; ++j) {
-      RebuildChunkKeys<kHalves, kKSteps>(frag, rows + j * 8 * RegAPitch(kKSteps),
-                                         misses.chunks[group * kRingChunks + j], chunk_size,
-                                         misses.inv_freq, warp, lane,
-                                         out_tile + j * 8 * kRegOutPitch);
+    // All kRingChunks chunks, past `count` too (staged as zeros, never stored).
+    float acc[kRingChunks][4];
+#pragma unroll
+    for (int j = 0; j < kRingChunks; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < kRingChunks; ++j) {
+        // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g of chunk j.
+        const Bf16* a_row = rows + (j * 8 + g) * kAPitch + ks * 16 + 2 * c;
+        MmaBf16(acc[j], frag[ks], *reinterpret_cast<const uint32_t*>(a_row),
+                *reinterpret_cast<const uint32_t*>(a_row + 8));
+      }
+    }
+    // acc[j]: (first dim of pair g, token 2c), (first, 2c + 1), (second, 2c), (second, 2c + 1).
+#pragma unroll
+    for (int j = 0; j < kRingChunks; ++j) {
+      const int which = group * kRingChunks + j;
+      const int chunk_index = which < count ? misses.chunks[which] : 0;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int token = 2 * c + e;
+        float sine, cosine;
+        RopeSinCos(static_cast<float>(chunk_index * chunk_size + token) * inv_freq, &sine, &cosine);
+        const float x0 = acc[j][e], x1 = acc[j][2 + e];
+        const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
+        Bf16* key = out_tile + (j * 8 + token) * kRegOutPitch;
+        if constexpr (kHalves) {
+          key[pair_index] = __float2bfloat16(y0);
+          key[pair_index + 64] = __float2bfloat16(y1);
+        } else {
+          *reinterpret_cast<uint32_t*>(key + 2 * pair_index) = PackBf16(y0, y1);
+        }
+      }
     }
     __syncthreads();  // the group's keys are in the tile
-    StoreKeyTiles(out_tile, in_group, misses.slots + group * kRingChunks, chunk_size, keys);
+    StoreKeyTiles(out_tile, min(kRingChunks, count - group * kRingChunks),
+                  misses.slots + group * kRingChunks, chunk_size, keys);
   }
   CpAsyncWait<0>();
 }
 
 // basis_fragments of one (layer, KV head) per block: thread (warp, lane) writes the words its
-// twin in the rebuild loads, (((warp · 2 + mt) · k_steps + ks) · 32 + lane) · 4 + i.
-__global__ void __launch_bounds__(kRegWarps * 32) SkvBasisFragmentsKernel(SkvLayout l, int seq,
-                                                                          bool halves) {
+// twin in the ring kernel loads, ((warp · k_steps + ks) · 32 + lane) · 4 + i.
+__global__ void __launch_bounds__(kRingWarps * 32) SkvBasisFragmentsKernel(SkvLayout l, int seq,
+                                                                           bool halves) {
   constexpr int kHeadDim = 128;
   const int layer = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -504,13 +545,11 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvBasisFragmentsKernel(SkvLay
     return k < l.rank ? basis[static_cast<int64_t>(k) * width + dim] : 0u;
   };
   auto pair = [&](int k, int dim) { return element(k, dim) | (element(k + 1, dim) << 16); };
-  for (int mt = 0; mt < 2; ++mt) {
-    const int low = RegDimOf(halves, mt, warp, g), high = RegDimOf(halves, mt, warp, g + 8);
-    for (int ks = 0; ks < k_steps; ++ks) {
-      const int k = ks * 16 + 2 * c;
-      out[((warp * 2 + mt) * k_steps + ks) * 32 + lane] =
-          make_uint4(pair(k, low), pair(k, high), pair(k + 8, low), pair(k + 8, high));
-    }
+  const int low = RingDimOf(halves, warp, g), high = RingDimOf(halves, warp, g + 8);
+  for (int ks = 0; ks < k_steps; ++ks) {
+    const int k = ks * 16 + 2 * c;
+    out[(warp * k_steps + ks) * 32 + lane] =
+        make_uint4(pair(k, low), pair(k, high), pair(k + 8, low), pair(k + 8, high));
   }
 }
 
@@ -660,7 +699,7 @@ cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) 
     const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
-    return cudaLaunchKernel(kernel, grid, dim3(kRegWarps * 32), args,
+    return cudaLaunchKernel(kernel, grid, dim3(kRingWarps * 32), args,
                             static_cast<size_t>(RingSharedBytes(RankPadded(l.rank) / 16)), stream);
   }
   if (const void* kernel = RebuildRegKernel(l, p.halves, p.rebuild_slots)) {
@@ -686,7 +725,7 @@ cudaError_t LaunchSkvBasisFragments(const SkvLayout& l, int seq, bool halves,
   if (l.basis_fragments == nullptr || SkvBasisFragmentWords(l.head_dim, l.chunk_size, l.rank) == 0) {
     return cudaErrorInvalidValue;
   }
-  SkvBasisFragmentsKernel<<<dim3(l.num_layers, l.num_kv_heads), kRegWarps * 32, 0, stream>>>(
+  SkvBasisFragmentsKernel<<<dim3(l.num_layers, l.num_kv_heads), kRingWarps * 32, 0, stream>>>(
       l, seq, halves);
   return cudaGetLastError();
 }
