@@ -142,25 +142,9 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
       const double select_ms = time_select();
       // Every slot missed (the slots were reset before the last select).
       const double rebuild_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
-      // The fast rebuild with more gather slots per block, and loading the basis as fragments.
-      double rebuild_64_ms = 0.0, rebuild_128_ms = 0.0, ring_ms = 0.0, ring_pairs_ms = 0.0;
+      // The fast rebuild with more gather slots per block.
+      double rebuild_64_ms = 0.0, rebuild_128_ms = 0.0;
       if (variant == kSkvKernelsFast) {
-        DeviceBuffer<uint32_t> fragments;
-        ASSERT_TRUE(
-            fragments.Allocate(int64_t{rows} * kHeads * SkvBasisFragmentWords(kDim, kChunk, kRank))
-                .ok());
-        SkvDecodeParams ring = p;
-        ring.layout.basis_fragments = fragments.get();
-        for (const bool halves : {true, false}) {
-          ring.halves = halves;
-          ring.layout.basis_fragments_halves = halves ? 1 : 0;
-          for (int r = 0; r < rows; ++r) {
-            SKV_ASSERT_CUDA(LaunchSkvBasisFragments(ring.layout, r, halves, nullptr));
-          }
-          (halves ? ring_ms : ring_pairs_ms) =
-              MedianMs(20, [&] { LaunchSkvRebuildKeys(ring, nullptr); });
-        }
-        SKV_ASSERT_CUDA(cudaDeviceSynchronize());
         p.rebuild_slots = 64;
         rebuild_64_ms = MedianMs(20, [&] { LaunchSkvRebuildKeys(p, nullptr); });
         p.rebuild_slots = 128;
@@ -194,13 +178,12 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
           "us), select %.1f us "
           "(8-bit digits over every key: %.1f us; 32 registers: %.1f us), "
           "rebuild %.1f us (%.0f GB/s; rotary pairs %.1f us; 64 / 128 slots a block %.1f / %.1f "
-          "us; basis fragments %.1f us, %.0f GB/s, pairs %.1f us), fetch %.1f us (%.0f GB/s); per "
+          "us), fetch %.1f us (%.0f GB/s); per "
           "step of 32 layers: score+select %.2f ms, rebuild %.2f ms, fetch %.2f ms\n",
           variant == kSkvKernelsFast ? "fast " : "first", shape.context, rows, budget,
           score_ms * 1e3, score_bytes / (score_ms * 1e-3) / gb, fp8_score_ms * 1e3, select_ms * 1e3, radix8_ms * 1e3, registers32_ms * 1e3,
           rebuild_ms * 1e3, rebuild_bytes / (rebuild_ms * 1e-3) / gb, rebuild_pairs_ms * 1e3,
-          rebuild_64_ms * 1e3, rebuild_128_ms * 1e3, ring_ms * 1e3,
-          ring_ms > 0 ? rebuild_bytes / (ring_ms * 1e-3) / gb : 0.0, ring_pairs_ms * 1e3,
+          rebuild_64_ms * 1e3, rebuild_128_ms * 1e3,
           fetch_ms * 1e3,
           fetch_bytes / (fetch_ms * 1e-3) / gb, 32 * (score_ms + select_ms), 32 * rebuild_ms,
           32 * fetch_ms);

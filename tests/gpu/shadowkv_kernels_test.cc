@@ -225,10 +225,8 @@ TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
 // Keys of the missed chunks = rows of A times B_h, rotated at the chunk's own positions; slots
 // without a miss keep whatever they held. Rank 40 (not a multiple of 16) pads the mma's k.
 // `slots`: gather slots per block of the fast kernels (SkvDecodeParams::rebuild_slots; 96 slots
-// leave the last block of 64 part-empty). `fragments`: give the layout the basis in fragment
-// order (LaunchSkvBasisFragments), which the fast rebuild then loads instead of staging B_h.
-void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0,
-                  bool fragments = false) {
+// leave the last block of 64 part-empty).
+void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0) {
   constexpr int kHeads = 2, kChunk = 8, kCapacity = 15800, kBudget = 96, kSeqs = 2;
   const int width = kHeads * head_dim;
   std::mt19937 rng(11 + head_dim + rank);
@@ -280,16 +278,6 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
   l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
   l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
   l.info = d_info.get();
-  const int64_t fragment_words = SkvBasisFragmentWords(head_dim, kChunk, rank);
-  DeviceBuffer<uint32_t> d_fragments;
-  if (fragments && fragment_words > 0) {
-    ASSERT_TRUE(d_fragments.Allocate(int64_t{kSeqs} * kHeads * fragment_words).ok());
-    l.basis_fragments = d_fragments.get();
-    l.basis_fragments_halves = style == RopeConfig::Style::kHalves ? 1 : 0;
-    for (int s = 0; s < kSeqs; ++s) {
-      SKV_ASSERT_CUDA(LaunchSkvBasisFragments(l, s, style == RopeConfig::Style::kHalves, nullptr));
-    }
-  }
   SKV_ASSERT_CUDA(SkvConfigureKernels(l));
   SkvDecodeParams p;
   p.layout = l;
@@ -343,29 +331,24 @@ std::vector<int> RebuildSlotVariants(int kernel_variant) {
   return kernel_variant == kSkvKernelsFast ? std::vector<int>{0, 64, 128} : std::vector<int>{0};
 }
 
-// Every rebuild form of the variant for one RoPE style: the fast kernels with and without basis
-// fragments, at each number of gather slots per block.
-void CheckRebuildForms(int variant, RopeConfig::Style style) {
-  for (const bool fragments : {false, true}) {
-    if (fragments && variant != kSkvKernelsFast) continue;
-    for (const int slots : RebuildSlotVariants(variant)) {
-      SCOPED_TRACE(::testing::Message() << slots << " slots per block, basis fragments "
-                                        << fragments);
-      CheckRebuild(variant, style, 128, 160, slots, fragments);
-      CheckRebuild(variant, style, 128, 80, slots, fragments);
-      CheckRebuild(variant, style, 64, 40, slots, fragments);
-    }
-  }
-}
-
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopeHalves) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckRebuildForms(GetParam(), RopeConfig::Style::kHalves);
+  for (const int slots : RebuildSlotVariants(GetParam())) {
+    SCOPED_TRACE(::testing::Message() << slots << " slots per block");
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 160, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 128, 80, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kHalves, 64, 40, slots);
+  }
 }
 
 TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopePairs) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckRebuildForms(GetParam(), RopeConfig::Style::kPairs);
+  for (const int slots : RebuildSlotVariants(GetParam())) {
+    SCOPED_TRACE(::testing::Message() << slots << " slots per block");
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80, slots);
+    CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40, slots);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, CudaShadowKvKernelsTest,

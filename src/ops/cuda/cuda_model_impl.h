@@ -71,7 +71,6 @@ struct ShadowKvState {
   SkvLayout layout;  // device pointers into the buffers below
   int num_sequences = 0;
   DeviceBuffer<Bf16> attn_keys, attn_values, keys_pre, coefficients, basis, landmarks;
-  DeviceBuffer<uint32_t> basis_fragments;  // where SkvBasisFragmentWords applies
   DeviceBuffer<uint8_t> landmark_codes;  // FP8 landmarks instead of `landmarks`
   DeviceBuffer<float> landmark_scales;
   DeviceBuffer<uint8_t> outlier;

@@ -36,11 +36,6 @@ struct SkvLayout {
   __nv_bfloat16* keys_pre = nullptr;      // [seqs, layers, recent_capacity, kv_width]
   __nv_bfloat16* coefficients = nullptr;  // A: [seqs, layers, capacity_chunks * C, rank]
   __nv_bfloat16* basis = nullptr;         // B: [seqs, layers, rank, kv_width]
-  // B_h of every KV head as the key rebuild's mma fragments, [seqs, layers, kv_heads,
-  // SkvBasisFragmentWords], for the RoPE style basis_fragments_halves (LaunchSkvBasisFragments
-  // writes them from `basis`); null: the rebuild stages B_h from `basis`.
-  uint32_t* basis_fragments = nullptr;
-  int basis_fragments_halves = 0;
   __nv_bfloat16* landmarks = nullptr;     // [seqs, layers, kv_heads, capacity_chunks, head_dim]
   // FP8 landmarks (core/fp8.h) instead of `landmarks`: e4m3 codes in the same order, and one
   // scale per landmark [seqs, layers, kv_heads, capacity_chunks]. Fast kernels only, with
@@ -164,11 +159,6 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 // quantised from a full cache slot into sequence `seq`'s store (one run per chunk per head).
 // Reads the same fields as the landmarks (all but min_cosine).
 cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
-
-// basis_fragments of sequence `seq` from its basis, every layer and KV head, for the RoPE style
-// `halves` (after the basis is written). cudaErrorInvalidValue where the layout has none.
-cudaError_t LaunchSkvBasisFragments(const SkvLayout& layout, int seq, bool halves,
-                                    cudaStream_t stream);
 
 // Dynamic shared memory of the select kernel.
 int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);

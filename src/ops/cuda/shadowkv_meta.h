@@ -26,13 +26,4 @@ struct SkvRowMeta {
   int32_t pad = 0;
 };
 
-// The key rebuild's basis in mma fragment order (SkvLayout::basis_fragments): 32-bit words per
-// (sequence, layer, KV head), or 0 where that rebuild does not apply (head_dim 128, chunks of 8
-// tokens, rank padded to 16 of 80 or 160).
-constexpr int64_t SkvBasisFragmentWords(int head_dim, int chunk_size, int rank) {
-  const int k_steps = (rank + 15) / 16;
-  if (head_dim != 128 || chunk_size != 8 || (k_steps != 5 && k_steps != 10)) return 0;
-  return int64_t{k_steps} * 16 * head_dim / 2;  // bf16 pairs
-}
-
 }  // namespace shadowkv::cuda

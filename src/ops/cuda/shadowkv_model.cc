@@ -107,9 +107,6 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_RETURN_IF_ERROR(sized(s->keys_pre.Allocate(n * layers * g.recent_capacity * width)));
   SKV_RETURN_IF_ERROR(sized(s->coefficients.Allocate(n * layers * chunked_rows * g.rank)));
   SKV_RETURN_IF_ERROR(sized(s->basis.Allocate(n * layers * g.rank * width)));
-  if (const int64_t words = SkvBasisFragmentWords(static_cast<int>(d), g.chunk_size, g.rank)) {
-    SKV_RETURN_IF_ERROR(sized(s->basis_fragments.Allocate(n * layers * heads * words)));
-  }
   const int64_t landmarks = n * layers * heads * g.capacity_chunks;
   if (g.fp8_landmarks) {
     SKV_RETURN_IF_ERROR(sized(s->landmark_codes.Allocate(landmarks * d)));
@@ -179,8 +176,6 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.keys_pre = s->keys_pre.get();
   l.coefficients = s->coefficients.get();
   l.basis = s->basis.get();
-  l.basis_fragments = s->basis_fragments.get();
-  l.basis_fragments_halves = c.rope.style == RopeConfig::Style::kHalves ? 1 : 0;
   l.landmarks = s->landmarks.get();
   l.fp8_landmarks = g.fp8_landmarks ? 1 : 0;
   l.landmark_codes = s->landmark_codes.get();
@@ -337,9 +332,6 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(basis, basis_host.data(),
                                            basis_host.size() * sizeof(uint16_t),
                                            cudaMemcpyHostToDevice, stream));
-  if (l.basis_fragments != nullptr) {
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvBasisFragments(l, seq, l.basis_fragments_halves != 0, stream));
-  }
 
   // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
   //    values, every chunk's quantised value run).
@@ -458,7 +450,6 @@ Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
   SKV_RETURN_IF_ERROR(part(s.keys_pre));
   SKV_RETURN_IF_ERROR(part(s.coefficients));
   SKV_RETURN_IF_ERROR(part(s.basis));
-  SKV_RETURN_IF_ERROR(part(s.basis_fragments));
   SKV_RETURN_IF_ERROR(part(s.landmarks));
   SKV_RETURN_IF_ERROR(part(s.landmark_codes));
   SKV_RETURN_IF_ERROR(part(s.landmark_scales));

@@ -16,7 +16,6 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
                    + recent_capacity * kv_width() * bf16                // exact pre-RoPE keys
                    + chunked_rows * rank * bf16                         // A
                    + static_cast<int64_t>(rank) * kv_width() * bf16     // B
-                   + heads * SkvBasisFragmentWords(head_dim, chunk_size, rank) * 4  // B as fragments
                    + heads * capacity_chunks                            // outlier flags
                    + heads * max_budget * 4)                            // gather slots
          + LandmarkBytesPerSequence();

@@ -231,85 +231,6 @@ __host__ __device__ constexpr int64_t RegSharedBytes(int k_steps) {
   return (basis > staged ? basis : staged) + out;
 }
 
-// Row r of m-tile mt of warp w's B_hᵀ fragments is this dim (kHalves: the rotary pair (i, i + 64)
-// sits in the same row of the two m-tiles; pairs: (2i, 2i + 1)).
-__host__ __device__ constexpr int RegDimOf(bool halves, int mt, int warp, int r) {
-  return halves ? 64 * mt + 16 * warp + r : 2 * (16 * warp + r) + mt;
-}
-
-// The rotated keys of one staged chunk (its 8 A rows at `a_rows`, pitch RegAPitch) for this
-// warp's 32 dims, as bf16 into `out` (the chunk's [8 tokens, kRegOutPitch] tile).
-template <bool kHalves, int kKSteps>
-__device__ __forceinline__ void RebuildChunkKeys(const uint32_t (&frag)[2][kKSteps][4],
-                                                 const Bf16* a_rows, int chunk_index,
-                                                 int chunk_size, const float* inv_freq, int warp,
-                                                 int lane, Bf16* out) {
-  constexpr int kAPitch = RegAPitch(kKSteps);
-  const int g = lane / 4, c = lane % 4;
-  float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-    // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g.
-    const uint32_t b0 = *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c);
-    const uint32_t b1 =
-        *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c + 8);
-    MmaBf16(acc[0], frag[0][ks], b0, b1);
-    MmaBf16(acc[1], frag[1][ks], b0, b1);
-  }
-  // acc[mt]: (dim row g, token 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    // The pair (RegDimOf(0, r), RegDimOf(1, r)) of rotary pair index `pair_index`.
-    const int token = 2 * c + (e & 1), r = g + 8 * (e >> 1);
-    const int pair_index = 16 * warp + r;
-    const float position = static_cast<float>(chunk_index * chunk_size + token);
-    float sine, cosine;
-    RopeSinCos(position * inv_freq[pair_index], &sine, &cosine);
-    const float x0 = acc[0][e], x1 = acc[1][e];
-    const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
-    Bf16* key = out + token * kRegOutPitch;
-    if constexpr (kHalves) {
-      key[pair_index] = __float2bfloat16(y0);
-      key[pair_index + 64] = __float2bfloat16(y1);
-    } else {
-      *reinterpret_cast<uint32_t*>(key + 2 * pair_index) = PackBf16(y0, y1);
-    }
-  }
-}
-
-// The block's rotated keys of `chunks` chunks ([chunk * 8 + token, kRegOutPitch] in `out_tile`)
-// to their gather slots `slots[0, chunks)`: one 16-byte store per thread and piece of a key row.
-__device__ __forceinline__ void StoreKeyTiles(const Bf16* out_tile, int chunks, const int* slots,
-                                              int chunk_size, Bf16* keys) {
-  constexpr int kHeadDim = 128;
-  for (int i = threadIdx.x; i < chunks * 8 * (kHeadDim / 8); i += blockDim.x) {
-    const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);  // r: chunk * 8 + token
-    *reinterpret_cast<uint4*>(
-        keys + (static_cast<int64_t>(slots[r / 8]) * chunk_size + r % 8) * kHeadDim + v * 8) =
-        *reinterpret_cast<const uint4*>(out_tile + r * kRegOutPitch + v * 8);
-  }
-}
-
-// Stages the A rows of chunks [first, first + chunks) of the miss list (zeros past `count` and
-// past the rank) into `target` [chunk * 8 + token, RegAPitch], by cp.async from all threads.
-template <int kKSteps>
-__device__ __forceinline__ void StageChunkRows(const Bf16* coefficients, const int* miss_chunks,
-                                               int first, int chunks, int count, int rank,
-                                               int chunk_size, Bf16* target) {
-  constexpr int kPieces = kKSteps * 2;  // 16-byte pieces of one A row (rank_padded bf16)
-  constexpr int kAPitch = RegAPitch(kKSteps);
-  for (int i = threadIdx.x; i < chunks * 8 * kPieces; i += blockDim.x) {
-    const int r = i / kPieces, v = i % kPieces;  // r: chunk-in-group * 8 + token
-    const int which = first + r / 8;
-    const bool inside = which < count && v * 8 < rank;
-    const Bf16* source = coefficients;
-    if (inside) {
-      source += (static_cast<int64_t>(miss_chunks[which]) * chunk_size + r % 8) * rank + v * 8;
-    }
-    CpAsync16(target + r * kAPitch + v * 8, source, inside ? 16 : 0);
-  }
-}
-
 template <bool kHalves, int kKSteps, int kSlots>
 __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeParams p) {
   static_assert(kSlots % 32 == 0 && kSlots <= kRegWarps * 32, "one thread per slot");
@@ -345,7 +266,10 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
     CpAsyncWait<0>();
     __syncthreads();
   }
-  // Fragments of B_hᵀ: row r of m-tile mt is dim RegDimOf(mt, warp, r); element (r, k) = B_h[k, dim].
+  // Fragments of B_hᵀ: row r of m-tile mt is dim DimOf(mt, r); element (r, k) = B_h[k, dim].
+  auto dim_of = [&](int mt, int r) {
+    return kHalves ? 64 * mt + 16 * warp + r : 2 * (16 * warp + r) + mt;
+  };
   uint32_t frag[2][kKSteps][4];
   {
     constexpr int kBPitch = kHeadDim + 8;
@@ -360,10 +284,10 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
         const int k = ks * 16 + 2 * c;
-        frag[mt][ks][0] = pair(k, RegDimOf(kHalves, mt, warp, g));
-        frag[mt][ks][1] = pair(k, RegDimOf(kHalves, mt, warp, g + 8));
-        frag[mt][ks][2] = pair(k + 8, RegDimOf(kHalves, mt, warp, g));
-        frag[mt][ks][3] = pair(k + 8, RegDimOf(kHalves, mt, warp, g + 8));
+        frag[mt][ks][0] = pair(k, dim_of(mt, g));
+        frag[mt][ks][1] = pair(k, dim_of(mt, g + 8));
+        frag[mt][ks][2] = pair(k + 8, dim_of(mt, g));
+        frag[mt][ks][3] = pair(k + 8, dim_of(mt, g + 8));
       }
     }
   }
@@ -374,13 +298,23 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
   Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
                static_cast<int64_t>(info.gather_base) * kHeadDim;
   const int groups = (count + kRegGroupChunks - 1) / kRegGroupChunks;
+  constexpr int kPieces = kKSteps * 2;  // 16-byte pieces of one A row (rank_padded bf16)
   auto stage = [&](int group) {
-    StageChunkRows<kKSteps>(coefficients, misses.chunks, group * kRegGroupChunks, kRegGroupChunks,
-                            count, rank, chunk_size,
-                            staging + (group & 1) * kRegGroupChunks * 8 * kAPitch);
+    Bf16* target = staging + (group & 1) * kRegGroupChunks * 8 * kAPitch;
+    for (int i = threadIdx.x; i < kRegGroupChunks * 8 * kPieces; i += blockDim.x) {
+      const int r = i / kPieces, v = i % kPieces;  // r: chunk-in-group * 8 + token
+      const int which = group * kRegGroupChunks + r / 8;
+      const bool inside = which < count && v * 8 < rank;
+      const Bf16* source = coefficients;
+      if (inside) {
+        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + r % 8) * rank + v * 8;
+      }
+      CpAsync16(target + r * kAPitch + v * 8, source, inside ? 16 : 0);
+    }
     CpAsyncCommit();
   };
   stage(0);
+  const int g = lane / 4, c = lane % 4;
   for (int group = 0; group < groups; ++group) {
     if (group + 1 < groups) stage(group + 1); else CpAsyncCommit();
     CpAsyncWait<1>();
@@ -388,131 +322,31 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
     const Bf16* rows = staging + (group & 1) * kRegGroupChunks * 8 * kAPitch;
     const int in_group = min(kRegGroupChunks, count - group * kRegGroupChunks);
     for (int j = 0; j < in_group; ++j) {
-      RebuildChunkKeys<kHalves, kKSteps>(frag, rows + j * 8 * kAPitch,
-                                         misses.chunks[group * kRegGroupChunks + j], chunk_size,
-                                         misses.inv_freq, warp, lane,
-                                         out_tile + j * 8 * kRegOutPitch);
-    }
-    __syncthreads();  // the group's keys are in the tile
-    StoreKeyTiles(out_tile, in_group, misses.slots + group * kRegGroupChunks, chunk_size, keys);
-  }
-  CpAsyncWait<0>();
-}
-
-// ---- key rebuild with precomputed basis fragments (head_dim 128) --------------------------------
-//
-// As the register-basis kernel, but with 8 warps of 8 rotary pairs each (one m-tile of B_hᵀ per
-// warp: rows 0-7 the pairs' first dims, rows 8-15 their second, so each lane rotates its own
-// accumulators), loaded straight from SkvLayout::basis_fragments (written once per sequence, in
-// fragment order: one coalesced 16-byte load per lane and rank step). Nothing waits for a staged
-// basis: the A rows of the first kRingStages - 1 groups are requested at once, a kRingStages-deep
-// cp.async ring of small groups keeps more of them in flight per shared byte, twice the warps
-// share each block's ring, and every warp multiplies a group's chunks as independent mma chains.
-constexpr int kRingWarps = 8;
-constexpr int kRingStages = 4;
-constexpr int kRingChunks = 4;  // chunks per ring stage
-constexpr int kRingMinBlocks = 3;
-
-__host__ __device__ constexpr int64_t RingSharedBytes(int k_steps) {
-  return int64_t{kRingStages} * kRingChunks * 8 * RegAPitch(k_steps) * 2 +
-         int64_t{kRingChunks} * 8 * kRegOutPitch * 2;
-}
-
-// Row r of warp w's m-tile of B_hᵀ is this dim: rotary pair 8w + r % 8, its first dim for r < 8.
-__host__ __device__ constexpr int RingDimOf(bool halves, int warp, int r) {
-  return halves ? (r < 8 ? 8 * warp + r : 64 + 8 * warp + r - 8)
-                : 2 * (8 * warp + r % 8) + (r < 8 ? 0 : 1);
-}
-
-template <bool kHalves, int kKSteps, int kSlots>
-__global__ void __launch_bounds__(kRingWarps * 32, kRingMinBlocks)
-    SkvRebuildRingKernel(SkvDecodeParams p) {
-  static_assert(kSlots % 32 == 0 && kSlots <= kRingWarps * 32, "one thread per slot");
-  static_assert(kSlots % kRingChunks == 0, "a group's chunk indices stay inside the miss list");
-  constexpr int kHeadDim = 128;
-  constexpr int kAPitch = RegAPitch(kKSteps);
-  constexpr int kStageElements = kRingChunks * 8 * kAPitch;
-  extern __shared__ __align__(16) unsigned char rebuild_shared[];
-  __shared__ MissList<kSlots, kHeadDim> misses;
-  const SkvLayout& l = p.layout;
-  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int count = CompactMisses(p, row, h, misses);
-  if (count == 0) return;
-  __syncthreads();  // the miss list is visible
-
-  const SkvRowMeta m = p.meta[row];
-  const SkvSequenceInfo info = l.info[m.seq];
-  const int chunk_size = l.chunk_size, rank = l.rank;
-  const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
-  Bf16* ring = reinterpret_cast<Bf16*>(rebuild_shared);
-  Bf16* out_tile = ring + kRingStages * kStageElements;
-  const Bf16* coefficients =
-      l.coefficients + layer_index * l.capacity_chunks * chunk_size * static_cast<int64_t>(rank);
-  const int groups = (count + kRingChunks - 1) / kRingChunks;
-  auto stage = [&](int group) {
-    if (group < groups) {
-      StageChunkRows<kKSteps>(coefficients, misses.chunks, group * kRingChunks, kRingChunks, count,
-                              rank, chunk_size, ring + (group % kRingStages) * kStageElements);
-    }
-    CpAsyncCommit();  // empty groups too: every iteration waits on the same count
-  };
+      const Bf16* a_rows = rows + j * 8 * kAPitch;
+      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-  for (int s = 0; s < kRingStages - 1; ++s) stage(s);
-
-  uint32_t frag[kKSteps][4];
-  {
-    const uint4* fragments =
-        reinterpret_cast<const uint4*>(
-            l.basis_fragments + l.HeadIndex(m.seq, p.layer, h) * int64_t{kKSteps} * 1024) +
-        warp * kKSteps * 32 + lane;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const uint4 v = fragments[ks * 32];
-      frag[ks][0] = v.x;
-      frag[ks][1] = v.y;
-      frag[ks][2] = v.z;
-      frag[ks][3] = v.w;
-    }
-  }
-
-  Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
-               static_cast<int64_t>(info.gather_base) * kHeadDim;
-  const int g = lane / 4, c = lane % 4, pair_index = 8 * warp + g;
-  const float inv_freq = misses.inv_freq[pair_index];
-  for (int group = 0; group < groups; ++group) {
-    CpAsyncWait<kRingStages - 2>();
-    // The group's rows are visible, and every thread is done with the previous group (its ring
-    // stage, refilled next, and the output tile).
-    __syncthreads();
-    stage(group + kRingStages - 1);
-    const Bf16* rows = ring + (group % kRingStages) * kStageElements;
-    // All kRingChunks chunks, past `count` too (staged as zeros, never stored).
-    float acc[kRingChunks][4];
-#pragma unroll
-    for (int j = 0; j < kRingChunks; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int j = 0; j < kRingChunks; ++j) {
-        // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g of chunk j.
-        const Bf16* a_row = rows + (j * 8 + g) * kAPitch + ks * 16 + 2 * c;
-        MmaBf16(acc[j], frag[ks], *reinterpret_cast<const uint32_t*>(a_row),
-                *reinterpret_cast<const uint32_t*>(a_row + 8));
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g.
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c);
+        const uint32_t b1 =
+            *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c + 8);
+        MmaBf16(acc[0], frag[0][ks], b0, b1);
+        MmaBf16(acc[1], frag[1][ks], b0, b1);
       }
-    }
-    // acc[j]: (first dim of pair g, token 2c), (first, 2c + 1), (second, 2c), (second, 2c + 1).
+      // acc[mt]: (dim row g, token 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1).
+      const int chunk_index = misses.chunks[group * kRegGroupChunks + j];
+      Bf16* out = out_tile + j * 8 * kRegOutPitch;
 #pragma unroll
-    for (int j = 0; j < kRingChunks; ++j) {
-      const int which = group * kRingChunks + j;
-      const int chunk_index = which < count ? misses.chunks[which] : 0;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int token = 2 * c + e;
+      for (int e = 0; e < 4; ++e) {
+        // The pair (dim_of(0, r), dim_of(1, r)) of rotary pair index `pair_index`.
+        const int token = 2 * c + (e & 1), r = g + 8 * (e >> 1);
+        const int pair_index = 16 * warp + r;
+        const float position = static_cast<float>(chunk_index * chunk_size + token);
         float sine, cosine;
-        RopeSinCos(static_cast<float>(chunk_index * chunk_size + token) * inv_freq, &sine, &cosine);
-        const float x0 = acc[j][e], x1 = acc[j][2 + e];
+        RopeSinCos(position * misses.inv_freq[pair_index], &sine, &cosine);
+        const float x0 = acc[0][e], x1 = acc[1][e];
         const float y0 = x0 * cosine - x1 * sine, y1 = x0 * sine + x1 * cosine;
-        Bf16* key = out_tile + (j * 8 + token) * kRegOutPitch;
+        Bf16* key = out + token * kRegOutPitch;
         if constexpr (kHalves) {
           key[pair_index] = __float2bfloat16(y0);
           key[pair_index + 64] = __float2bfloat16(y1);
@@ -522,35 +356,15 @@ __global__ void __launch_bounds__(kRingWarps * 32, kRingMinBlocks)
       }
     }
     __syncthreads();  // the group's keys are in the tile
-    StoreKeyTiles(out_tile, min(kRingChunks, count - group * kRingChunks),
-                  misses.slots + group * kRingChunks, chunk_size, keys);
+    for (int i = threadIdx.x; i < in_group * 8 * (kHeadDim / 8); i += blockDim.x) {
+      const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);  // r: chunk-in-group * 8 + token
+      const int which = group * kRegGroupChunks + r / 8;
+      *reinterpret_cast<uint4*>(
+          keys + (static_cast<int64_t>(misses.slots[which]) * chunk_size + r % 8) * kHeadDim + v * 8) =
+          *reinterpret_cast<const uint4*>(out_tile + r * kRegOutPitch + v * 8);
+    }
   }
   CpAsyncWait<0>();
-}
-
-// basis_fragments of one (layer, KV head) per block: thread (warp, lane) writes the words its
-// twin in the ring kernel loads, ((warp · k_steps + ks) · 32 + lane) · 4 + i.
-__global__ void __launch_bounds__(kRingWarps * 32) SkvBasisFragmentsKernel(SkvLayout l, int seq,
-                                                                           bool halves) {
-  constexpr int kHeadDim = 128;
-  const int layer = blockIdx.x, h = blockIdx.y;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int k_steps = RankPadded(l.rank) / 16, width = l.kv_width();
-  const uint16_t* basis = reinterpret_cast<const uint16_t*>(l.basis) +
-                          (static_cast<int64_t>(seq) * l.num_layers + layer) * l.rank * width +
-                          h * kHeadDim;
-  uint4* out = reinterpret_cast<uint4*>(l.basis_fragments + l.HeadIndex(seq, layer, h) *
-                                                                int64_t{k_steps} * 1024);
-  auto element = [&](int k, int dim) -> uint32_t {
-    return k < l.rank ? basis[static_cast<int64_t>(k) * width + dim] : 0u;
-  };
-  auto pair = [&](int k, int dim) { return element(k, dim) | (element(k + 1, dim) << 16); };
-  const int low = RingDimOf(halves, warp, g), high = RingDimOf(halves, warp, g + 8);
-  for (int ks = 0; ks < k_steps; ++ks) {
-    const int k = ks * 16 + 2 * c;
-    out[(warp * k_steps + ks) * 32 + lane] =
-        make_uint4(pair(k, low), pair(k, high), pair(k + 8, low), pair(k + 8, high));
-  }
 }
 
 int64_t RebuildFastSharedBytes(int rank, int head_dim) {
@@ -595,51 +409,17 @@ const void* RebuildRegKernelOf(int k_steps, bool halves) {
   }
 }
 
-bool RegKernelsApply(const SkvLayout& l) {
+const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots) {
   static const bool enabled = [] {
     const char* value = std::getenv("SKV_REBUILD_REGS");
     return value == nullptr || std::atoi(value) != 0;
   }();
-  return enabled && SkvBasisFragmentWords(l.head_dim, l.chunk_size, l.rank) > 0;
-}
-
-const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots) {
-  if (!RegKernelsApply(l)) return nullptr;
+  if (!enabled || l.head_dim != 128 || l.chunk_size != 8) return nullptr;
   const int k_steps = RankPadded(l.rank) / 16;
   switch (RebuildSlots(slots)) {
     case 64: return RebuildRegKernelOf<64>(k_steps, halves);
     case 128: return RebuildRegKernelOf<128>(k_steps, halves);
     default: return RebuildRegKernelOf<kRebuildSlotsDefault>(k_steps, halves);
-  }
-}
-
-template <int kSlots>
-const void* RebuildRingKernelOf(int k_steps, bool halves) {
-  switch (k_steps) {
-    case 5: return halves ? reinterpret_cast<const void*>(SkvRebuildRingKernel<true, 5, kSlots>)
-                          : reinterpret_cast<const void*>(SkvRebuildRingKernel<false, 5, kSlots>);
-    case 10: return halves ? reinterpret_cast<const void*>(SkvRebuildRingKernel<true, 10, kSlots>)
-                           : reinterpret_cast<const void*>(SkvRebuildRingKernel<false, 10, kSlots>);
-    default: return nullptr;
-  }
-}
-
-// The ring kernel where the register-basis one applies and the layout has basis fragments of
-// this RoPE style, else null. SKV_REBUILD_RING=0 turns it off (to compare).
-const void* RebuildRingKernel(const SkvLayout& l, bool halves, int slots) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SKV_REBUILD_RING");
-    return value == nullptr || std::atoi(value) != 0;
-  }();
-  if (!enabled || !RegKernelsApply(l) || l.basis_fragments == nullptr ||
-      (l.basis_fragments_halves != 0) != halves) {
-    return nullptr;
-  }
-  const int k_steps = RankPadded(l.rank) / 16;
-  switch (RebuildSlots(slots)) {
-    case 64: return RebuildRingKernelOf<64>(k_steps, halves);
-    case 128: return RebuildRingKernelOf<128>(k_steps, halves);
-    default: return RebuildRingKernelOf<kRebuildSlotsDefault>(k_steps, halves);
   }
 }
 
@@ -651,26 +431,12 @@ bool SkvRebuildFastApplies(const SkvDecodeParams& p) {
 }
 
 cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
-  const int k_steps = RankPadded(l.rank) / 16;
   for (bool halves : {false, true}) {
     for (int slots : {32, 64, 128}) {
       if (const void* rebuild = RebuildRegKernel(l, halves, slots)) {
         const cudaError_t e = cudaFuncSetAttribute(
             rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            static_cast<int>(RegSharedBytes(k_steps)));
-        if (e != cudaSuccess) return e;
-      }
-      // Configured whether or not this layout has fragments yet: the kernels are per process.
-      if (RegKernelsApply(l)) {
-        const void* ring = slots == 64    ? RebuildRingKernelOf<64>(k_steps, halves)
-                           : slots == 128 ? RebuildRingKernelOf<128>(k_steps, halves)
-                                          : RebuildRingKernelOf<kRebuildSlotsDefault>(k_steps, halves);
-        cudaError_t e = cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(RingSharedBytes(k_steps)));
-        if (e == cudaSuccess) {
-          e = cudaFuncSetAttribute(ring, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   cudaSharedmemCarveoutMaxShared);
-        }
+            static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
         if (e != cudaSuccess) return e;
       }
     }
@@ -694,14 +460,6 @@ int64_t SkvRebuildFastSharedBytes(int rank, int head_dim) {
 
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
-  if (const void* kernel = RebuildRingKernel(l, p.halves, p.rebuild_slots)) {
-    const int slots = RebuildSlots(p.rebuild_slots);
-    const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
-    SkvDecodeParams params = p;
-    void* args[] = {&params};
-    return cudaLaunchKernel(kernel, grid, dim3(kRingWarps * 32), args,
-                            static_cast<size_t>(RingSharedBytes(RankPadded(l.rank) / 16)), stream);
-  }
   if (const void* kernel = RebuildRegKernel(l, p.halves, p.rebuild_slots)) {
     const int slots = RebuildSlots(p.rebuild_slots);
     const dim3 grid((l.max_budget + slots - 1) / slots, l.num_kv_heads, p.rows);
@@ -718,16 +476,6 @@ cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) 
   void* args[] = {&params};
   return cudaLaunchKernel(kernel, grid, dim3(kRebuildWarps * 32), args,
                           static_cast<size_t>(RebuildFastSharedBytes(l.rank, l.head_dim)), stream);
-}
-
-cudaError_t LaunchSkvBasisFragments(const SkvLayout& l, int seq, bool halves,
-                                    cudaStream_t stream) {
-  if (l.basis_fragments == nullptr || SkvBasisFragmentWords(l.head_dim, l.chunk_size, l.rank) == 0) {
-    return cudaErrorInvalidValue;
-  }
-  SkvBasisFragmentsKernel<<<dim3(l.num_layers, l.num_kv_heads), kRingWarps * 32, 0, stream>>>(
-      l, seq, halves);
-  return cudaGetLastError();
 }
 
 }  // namespace shadowkv::cuda
