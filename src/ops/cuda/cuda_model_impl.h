@@ -121,6 +121,9 @@ struct SkvDecodeSettings {
   int select_registers = 0;
   bool split_rows = true;
   int rebuild_slots = 0;
+  // Split count of the sparse attention (SKV_ATTN_SPLITS, 1 to kDecodeMaxSplits); 0: the full
+  // attention's rule for the step's rows (DecodeNumSplits).
+  int attention_splits = 0;
 };
 const SkvDecodeSettings& ShadowKvDecodeSettings();
 

@@ -1,6 +1,7 @@
 // The ShadowKV decode step on the GPU: its kernel settings, the sparse attention of one layer
 // (graduation, scoring, select, value fetch beside the key rebuild, attention; in two
 // overlapping halves of the rows when graph-replayed) and the step around it.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -24,6 +25,7 @@ const SkvDecodeSettings& ShadowKvDecodeSettings() {
     d.select_registers = read("SKV_SELECT_REGISTERS", 0);
     d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
     d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
+    d.attention_splits = std::clamp(read("SKV_ATTN_SPLITS", 0), 0, kDecodeMaxSplits);
     return d;
   }();
   return settings;
@@ -58,7 +60,9 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   auto attend = [&](int first, int count, cudaStream_t on) {
     const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;
     // The whole step's split count, so a row's sums run in the same order split or not.
-    const int splits = DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
+    const int fixed = ShadowKvDecodeSettings().attention_splits;
+    const int splits =
+        fixed > 0 ? fixed : DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
     DecodeAttentionParams d;
     d.queries = q.get() + first * q_width;
     d.cache = s.layout.attn;
