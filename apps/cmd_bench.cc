@@ -30,6 +30,7 @@ struct BenchOptions {
   std::string synthetic;       // cuda only: random weights with a named model's shapes
   int max_batch = 64;          // cuda only: the largest batch "auto" may pick
   bool host_values = true;     // cuda shadowkv: also values in pinned host memory
+  int max_host_sequences = -1;  // cuda shadowkv: at most this many sequences with host values
   TensorParallelOptions tensor_parallel;  // cuda only
 };
 
@@ -203,9 +204,14 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd.add_flag("--host-values,!--no-host-values", o.host_values,
-               "cuda shadowkv: --batch auto also measures a larger batch whose values are in "
-               "pinned host memory")
+               "cuda shadowkv: --batch auto also measures larger batches whose extra sequences "
+               "keep their values in pinned host memory")
       ->capture_default_str();
+  cmd.add_option("--max-host-sequences", o.max_host_sequences,
+                 "cuda shadowkv: at most this many sequences with values in pinned host memory "
+                 "(-1: as many as host memory admits)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 20));
   AddTensorParallelOptions(cmd, o.tensor_parallel);
 }
 
@@ -222,6 +228,7 @@ int RunCudaBenchFrom(const BenchOptions& o) {
   c.json_path = o.json_path;
   c.tensor_parallel = o.tensor_parallel;
   c.host_values = o.host_values;
+  c.max_host_sequences = o.max_host_sequences;
   c.kv = o.kv;
   return RunCudaBench(c);
 }

@@ -186,6 +186,7 @@ int RunCudaBench(const CudaBenchOptions& o) {
           bench_case.decode_steps = o.gen_tokens;
           bench_case.prefill_chunk = o.prefill_chunk;
           bench_case.allow_host_values = o.host_values;
+          bench_case.max_host_sequences = o.max_host_sequences;
           auto result = cuda::RunShadowKvBenchCase(model, bench_case);
           if (!result.ok()) {
             report_error(result.status());

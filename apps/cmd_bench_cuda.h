@@ -20,7 +20,8 @@ struct CudaBenchOptions {
   int prefill_chunk = 4096;
   int max_batch = 64;       // upper bound for "auto" (sizes the step buffers)
   TensorParallelOptions tensor_parallel;
-  bool host_values = true;  // shadowkv: also measure a batch with values in pinned host memory
+  bool host_values = true;  // shadowkv: also measure batches with values in pinned host memory
+  int max_host_sequences = -1;  // shadowkv: at most this many of them (-1: no limit)
   // The KV flags (--budget, --rank, --fp8-values, ...); each --kv item may override them as a
   // variant ("shadowkv:fp8_values=1"). A budget of 0 takes the bench's rule (context / 64).
   kv::KvPolicyConfig kv;

@@ -22,6 +22,8 @@
 #     CUDA_DEVICE_MAX_CONNECTIONS when given)
 #   accept: the headline bench (full, ShadowKV and ShadowKV with FP8 values and landmarks at
 #     60K and 122K, each at its best batch, device-resident values)
+#   accept-host: the same with batches that add up to ACCEPT_HOST (4) sequences whose values are
+#     in pinned host memory
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/shadowkv_out}
@@ -120,6 +122,13 @@ for step in "${steps[@]}"; do
         "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaTensorParallelTest.*' \
         > "$out/tp_alone${TP_CONNECTIONS:+_$TP_CONNECTIONS}.log" 2>&1
       ;;
+    accept-host)
+      timeout 560 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+        --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
+        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
+        --max-host-sequences "${ACCEPT_HOST:-4}" \
+        --json "$out/bench_accept_host.json" > "$out/bench_accept_host.log" 2>&1
+      ;;
     accept)
       timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
         --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
@@ -151,6 +160,7 @@ for log in "$out"/tp_alone*.log; do
   [ -f "$log" ] && echo "$(basename "$log"):" && grep -E "^\[  (PASSED|FAILED) |tests from .* ran|trap|Failure" "$log" | head -20
 done
 [ -f "$out/bench_accept.log" ] && cat "$out/bench_accept.log"
+[ -f "$out/bench_accept_host.log" ] && cat "$out/bench_accept_host.log"
 for variant in 0 1; do
   [ -f "$out/bench_gemm$variant.log" ] && echo "SKV_GEMM_VARIANT=$variant:" &&
     grep -E "^full|error|Error" "$out/bench_gemm$variant.log"

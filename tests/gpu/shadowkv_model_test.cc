@@ -12,6 +12,7 @@
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
 #include "model/cpu_model.h"
+#include "ops/cuda/cuda_bench.h"
 #include "ops/cuda/cuda_model.h"
 #include "ops/cuda/shadowkv_plan.h"
 #include "tiny_model.h"
@@ -66,6 +67,22 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->num_chunks, 33);  // (300 - 32) / 8
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
+}
+
+// The bench's batch order puts host-value sequences in both halves of a split step's rows and
+// keeps every sequence exactly once.
+TEST(CudaShadowKvPlanTest, HostValueRowsAreSpreadOverTheBatch) {
+  EXPECT_EQ(SpreadHostRows({0, 1, 2, 3}, {}), (std::vector<int>{0, 1, 2, 3}));
+  const std::vector<int> rows = SpreadHostRows(
+      {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, {20, 21});
+  ASSERT_EQ(rows.size(), 22u);
+  EXPECT_EQ(rows[5], 20);   // (2·0 + 1)·22 / 4
+  EXPECT_EQ(rows[16], 21);  // (2·1 + 1)·22 / 4: the other half (rows 11-21)
+  std::vector<int> sorted = rows;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < 22; ++i) EXPECT_EQ(sorted[i], i);
+  // Host values for all but one sequence.
+  EXPECT_EQ(SpreadHostRows({0}, {1, 2}), (std::vector<int>{1, 0, 2}));
 }
 
 // The tiny Llama both tests use: 2 layers, 4 query heads on 2 KV heads, fp32 weights.

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 
 namespace shadowkv::cuda {
 namespace {
+
 
 constexpr int64_t kReserveBytes = 1ll << 30;
 constexpr int kProfiledSteps = 2;  // the first warms the un-graphed path up; the second counts
@@ -155,6 +157,22 @@ Result<BenchResult> RunBenchCase(CudaModelGroup& model, const BenchCase& c) {
   return r;
 }
 
+std::vector<int> SpreadHostRows(const std::vector<int>& device_seqs,
+                                const std::vector<int>& host_seqs) {
+  const size_t rows = device_seqs.size() + host_seqs.size(), hosts = host_seqs.size();
+  std::vector<int> order;
+  order.reserve(rows);
+  size_t next_host = 0, next_device = 0;
+  for (size_t row = 0; row < rows; ++row) {
+    if (next_host < hosts && row == (2 * next_host + 1) * rows / (2 * hosts)) {
+      order.push_back(host_seqs[next_host++]);
+    } else {
+      order.push_back(device_seqs[next_device++]);
+    }
+  }
+  return order;
+}
+
 Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
                                                  const ShadowKvBenchCase& c) {
   using Clock = std::chrono::steady_clock;
@@ -186,10 +204,12 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   SKV_ASSIGN_OR_RETURN(r.prefill_seconds,
                        TimedPrefill(model, c.seed, c.context, c.prefill_chunk, &logits));
 
-  // How many sequences. Two allocations, each measured at its own best: values in device
-  // memory only (as many as fit alone), and device values plus pinned host values (the host
-  // sequences' metadata takes device room, so fewer device-value sequences). Sequence 0 is
-  // saved to host memory after compression and restored into the second allocation.
+  // How many sequences. Allocations measured one after the other: values in device memory only
+  // (as many as fit alone); that batch topped up with sequences whose values are in pinned host
+  // memory, one more at a time while their metadata fits beside it and the throughput grows;
+  // and the largest batch with host values (their metadata takes device room, so fewer
+  // device-value sequences). Sequence 0 is saved to host memory after compression and restored
+  // into every later allocation.
   SKV_ASSIGN_OR_RETURN(auto per_sequence, model.ShadowKvBytesPerSequence(kv_config, capacity));
   const auto [meta_bytes, value_bytes] = per_sequence;
   r.device_bytes_per_sequence = meta_bytes;
@@ -205,17 +225,30 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   const int64_t meta_share = meta_bytes / devices, value_share = value_bytes / devices;
   const int64_t device_alone =
       std::min<int64_t>(device_room / (meta_share + value_share), max_batch);
-  int64_t host_count = host_room / value_bytes;  // host memory is shared by all ranks
+  // Host-value sequences host memory admits (it is shared by all ranks), within the limit.
+  const int64_t host_admits =
+      std::min<int64_t>(host_room / value_bytes, c.max_host_sequences >= 0
+                                                     ? c.max_host_sequences
+                                                     : std::numeric_limits<int64_t>::max());
+  int64_t host_count = host_admits;
   int64_t device_count = (device_room - host_count * meta_share) / (meta_share + value_share);
   if (device_count < 1) {
     device_count = std::max<int64_t>(0, device_room / (meta_share + value_share));
     host_count = std::max<int64_t>(0, (device_room - device_count * (meta_share + value_share)) /
                                           meta_share);
-    host_count = std::min<int64_t>(host_count, host_room / value_bytes);
+    host_count = std::min<int64_t>(host_count, host_admits);
   }
   int64_t mixed_total = std::min<int64_t>(device_count + host_count, max_batch);
+  // Host-value sequences whose metadata fits beside the device-alone batch.
+  const int64_t top_up =
+      device_alone < 1
+          ? 0
+          : std::max<int64_t>(0, std::min({(device_room - device_alone * (meta_share + value_share)) /
+                                               meta_share,
+                                           host_admits, max_batch - device_alone}));
   struct Plan {
     int64_t total = 0, on_device = 0;
+    bool top_up = false;  // skipped once a smaller top-up measured no faster
   };
   std::vector<Plan> plans;
   if (c.batch > 0) {
@@ -229,7 +262,10 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
                                             : Plan{c.batch, std::min<int64_t>(device_count, c.batch)});
   } else {
     if (device_alone >= 1) plans.push_back({device_alone, device_alone});
-    if (host_count > 0 && device_count >= 1 && mixed_total > device_alone) {
+    for (int64_t extra = 1; extra <= top_up; ++extra) {
+      plans.push_back({device_alone + extra, device_alone, true});
+    }
+    if (host_count > 0 && device_count >= 1 && mixed_total > device_alone + top_up) {
       plans.push_back({mixed_total, std::min(device_count, mixed_total)});
     }
   }
@@ -276,6 +312,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
       if (plan_index + 1 == plans.size()) snapshot = CudaShadowKvGroupSnapshot{};
     }
     int admitted = 1, on_device = 1;
+    std::vector<int> device_seqs = {0}, host_seqs;
     for (int seq = 1; seq < plan.total; ++seq) {
       bool on_host = seq >= plan.on_device;
       Status allocated = model.AllocateShadowKvValues(seq, on_host);
@@ -292,6 +329,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
       SKV_RETURN_IF_ERROR(model.CopyShadowKvSequence(0, seq));
       ++admitted;
       if (!on_host) ++on_device;
+      (on_host ? host_seqs : device_seqs).push_back(seq);
     }
     r.max_batch = std::max(r.max_batch, admitted);
     const CudaShadowKvStats stats = model.shadowkv_stats();
@@ -305,8 +343,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     run.device_value_sequences = on_device;
     run.host_value_sequences = batch - on_device;
     run.host_bytes = stats.host_bytes;
-    std::vector<int> seqs(batch);
-    for (int i = 0; i < batch; ++i) seqs[i] = i;
+    const std::vector<int> seqs = SpreadHostRows(device_seqs, host_seqs);
     std::vector<int32_t> tokens(batch, first_token);
     for (int step = 0; step < c.warmup_steps; ++step) {
       SKV_RETURN_IF_ERROR(model.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}));
@@ -363,15 +400,23 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     r.runs.push_back(run);
     return Status::Ok();
   };
+  bool top_ups_done = false;  // a top-up measured no faster than the batch before it
   for (size_t plan_index = 0; plan_index < plans.size(); ++plan_index) {
+    const Plan& plan = plans[plan_index];
+    if (plan.top_up && top_ups_done) continue;
+    const double before = r.runs.empty() ? 0.0 : r.runs.back().decode_tokens_per_s;
     const Status measured = measure(plan_index);
     model.FreeShadowKv();
     if (!measured.ok()) {
       if (plan_index == 0) return measured;
-      r.note = fmt::format("the device + host allocation ({} sequences) was not measured: {}",
-                           plans[plan_index].total, measured.ToString());
-      break;
+      r.note = fmt::format("the device + host allocation ({} sequences, {} with host values) was "
+                           "not measured: {}",
+                           plan.total, plan.total - plan.on_device, measured.ToString());
+      if (!plan.top_up) break;
+      top_ups_done = true;  // the largest mixed batch may still be measured
+      continue;
     }
+    if (plan.top_up && r.runs.back().decode_tokens_per_s <= before) top_ups_done = true;
   }
   for (size_t i = 1; i < r.runs.size(); ++i) {
     if (r.runs[i].decode_tokens_per_s > r.runs[r.best].decode_tokens_per_s) r.best = static_cast<int>(i);

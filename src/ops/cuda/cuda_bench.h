@@ -65,7 +65,14 @@ struct ShadowKvBenchCase {
   kv::KvPolicyConfig settings;
   int64_t host_reserve_bytes = 16ll << 30;  // host memory left to everything else
   bool allow_host_values = true;
+  int max_host_sequences = -1;  // sequences with host values at most (-1: no limit)
 };
+
+// The rows of a ShadowKV bench batch: the device-value sequences with the host-value ones
+// spread evenly among them (host sequence k at row (2k + 1)·rows / (2·hosts)), so each half of
+// a split step's rows reads some values over the bus beside its own key rebuild.
+std::vector<int> SpreadHostRows(const std::vector<int>& device_seqs,
+                                const std::vector<int>& host_seqs);
 
 // Per-step byte floors of SPEC §3's equivalent-bandwidth model with the measured hit rate:
 // device bytes at kFloorBytesPerSecond, host (pinned) reads at kHostReadBytesPerSecond.
