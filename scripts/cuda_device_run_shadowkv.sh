@@ -17,7 +17,7 @@
 #     the defaults, SKV_SPLIT_ROWS=0, that and SKV_SELECT_COARSE=0, SKV_REBUILD_SLOTS=64)
 #   profile: Nsight Compute on the first launches of the kernels matching PROFILE_KERNELS (a
 #     '|'-separated list of name regexes; default the two register-basis rebuilds) in the kernel
-#     bench, clocks left alone
+#     bench, clocks left alone; PROFILE_BASE=mangled matches template arguments too
 #   tp-alone: the tensor-parallel tests in a process of their own (TP_CONNECTIONS sets
 #     CUDA_DEVICE_MAX_CONNECTIONS when given)
 #   accept: the headline bench (full, ShadowKV and ShadowKV with FP8 values and landmarks at
@@ -108,7 +108,8 @@ for step in "${steps[@]}"; do
     profile)
       IFS='|' read -r -a kernels <<< "${PROFILE_KERNELS:-SkvRebuildRingKernelILb1ELi10ELi32E|SkvRebuildRegKernelILb1ELi10ELi32E}"
       for i in "${!kernels[@]}"; do
-        SKV_GPU_BENCH=1 timeout 200 ncu --clock-control none --kernel-name "regex:${kernels[$i]}" \
+        SKV_GPU_BENCH=1 timeout 200 ncu --clock-control none \
+          --kernel-name-base "${PROFILE_BASE:-function}" --kernel-name "regex:${kernels[$i]}" \
           --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
           --section WarpStateStats --section Occupancy --section LaunchStats \
           --section SchedulerStats --section SourceCounters \

@@ -3,6 +3,8 @@
 // step's GEMMs (32 layers and the head, 16 rows) per variant.
 #include "ops/cuda/gemm.h"
 
+#include <cublasLt.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -184,6 +186,138 @@ TEST(CudaGemmBench, DecodeStepGemms) {
                 variant, totals[2], bytes / totals[2] / 1e6, shape_ms[0], shape_ms[1], shape_ms[2],
                 shape_ms[3], shape_ms[4]);
   }
+  cublasDestroy(handle);
+  SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+}
+
+// With SKV_GPU_BENCH=1: each decode GEMM of a Llama-3-8B step (32 layers' distinct weights, or
+// the head) at several row counts, through cublasGemmEx as RunGemm calls it and through every
+// algorithm cuBLASLt's heuristic offers for the same problem (32 MiB workspace), so the room an
+// algorithm search would leave shows. Prints ms per step for the default and the fastest.
+TEST(CudaGemmBench, LtAlgorithmsAtDecodeRows) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
+  constexpr int kLayers = 32, kMaxRows = 48, kAlgorithms = 16;
+  struct Shape {
+    const char* name;
+    int64_t in, out;
+    GemmOutput output;
+    int copies;
+  };
+  const Shape shapes[] = {{"qkv", 4096, 6144, GemmOutput::kFloat32, kLayers},
+                          {"o", 4096, 4096, GemmOutput::kFloat32, kLayers},
+                          {"gate_up", 4096, 28672, GemmOutput::kBfloat16, kLayers},
+                          {"down", 14336, 4096, GemmOutput::kFloat32, kLayers},
+                          {"head", 4096, 128256, GemmOutput::kFloat32, 1}};
+  int64_t largest = 0;
+  for (const Shape& s : shapes) largest = std::max(largest, s.in * s.out * s.copies);
+  DeviceBuffer<__nv_bfloat16> weights, x;
+  DeviceBuffer<float> y;
+  DeviceBuffer<uint8_t> workspace;
+  ASSERT_TRUE(weights.Allocate(largest).ok());
+  ASSERT_TRUE(x.Allocate(int64_t{kMaxRows} * 14336).ok());
+  ASSERT_TRUE(y.Allocate(int64_t{kMaxRows} * 128256).ok());
+  ASSERT_TRUE(workspace.Allocate(32 << 20).ok());
+  SKV_ASSERT_CUDA(LaunchFillRandom({weights.get(), weights.size(), 0.02f, 31}, nullptr));
+  SKV_ASSERT_CUDA(LaunchFillRandom({x.get(), x.size(), 1.0f, 32}, nullptr));
+  cublasHandle_t handle = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  // Median of 5 timings of `pass` (one pass = every copy of a shape once), after one warm-up.
+  auto time = [&](auto&& pass) {
+    pass();
+    std::vector<float> ms(5);
+    for (float& m : ms) {
+      cudaEventRecord(start);
+      pass();
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      cudaEventElapsedTime(&m, start, stop);
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[2]);
+  };
+  for (const int rows : {8, 16, 20, 24, 42}) {
+    double step_default = 0.0, step_best = 0.0;
+    std::string line;
+    for (const Shape& s : shapes) {
+      const double default_ms = time([&] {
+        for (int copy = 0; copy < s.copies; ++copy) {
+          GemmParams p;
+          p.x = x.get();
+          p.weight = weights.get() + copy * s.in * s.out;
+          p.y = y.get();
+          p.output = s.output;
+          p.rows = rows;
+          p.in = s.in;
+          p.out = s.out;
+          p.variant = kGemmVariantCublas;
+          EXPECT_TRUE(RunGemm(handle, p).ok());
+        }
+      });
+      // The same problem for cuBLASLt: column-major yᵀ[out, rows] = Wᵀ·xᵀ, W read as [in, out].
+      const cudaDataType_t y_type = s.output == GemmOutput::kFloat32 ? CUDA_R_32F : CUDA_R_16BF;
+      cublasLtMatmulDesc_t op = nullptr;
+      cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+      cublasLtMatmulPreference_t preference = nullptr;
+      ASSERT_EQ(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+      const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+      cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, s.in, s.out, s.in);
+      cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, s.in, rows, s.in);
+      cublasLtMatrixLayoutCreate(&c, y_type, s.out, rows, s.out);
+      cublasLtMatmulPreferenceCreate(&preference);
+      const uint64_t workspace_bytes = workspace.bytes();
+      cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes));
+      cublasLtMatmulHeuristicResult_t results[kAlgorithms];
+      int returned = 0;
+      cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, preference, kAlgorithms, results,
+                                     &returned);
+      double best_ms = default_ms;
+      int best_index = -1;
+      for (int i = 0; i < returned; ++i) {
+        const float alpha = 1.0f, beta = 0.0f;
+        bool ok = true;
+        const double ms = time([&] {
+          for (int copy = 0; copy < s.copies; ++copy) {
+            ok = ok && cublasLtMatmul(lt, op, &alpha, weights.get() + copy * s.in * s.out, a,
+                                      x.get(), b, &beta, y.get(), c, y.get(), c, &results[i].algo,
+                                      workspace.get(), workspace_bytes,
+                                      nullptr) == CUBLAS_STATUS_SUCCESS;
+          }
+        });
+        if (ok && ms < best_ms) {
+          best_ms = ms;
+          best_index = i;
+        }
+      }
+      cublasLtMatmulPreferenceDestroy(preference);
+      cublasLtMatrixLayoutDestroy(a);
+      cublasLtMatrixLayoutDestroy(b);
+      cublasLtMatrixLayoutDestroy(c);
+      cublasLtMatmulDescDestroy(op);
+      step_default += default_ms;
+      step_best += best_ms;
+      line += fmt::format(" {} {:.3f}/{:.3f} (#{} of {})", s.name, default_ms, best_ms, best_index,
+                          returned);
+    }
+    const double bytes = 2.0 * (32.0 * (4096.0 * 6144 + 4096.0 * 4096 + 4096.0 * 28672 +
+                                        14336.0 * 4096) +
+                                4096.0 * 128256);
+    std::printf("[bench] gemm rows %d: cublasGemmEx %.3f ms (%.0f GB/s), best cuBLASLt %.3f ms "
+                "(%.0f GB/s); per shape default/best ms:%s\n",
+                rows, step_default, bytes / step_default / 1e6, step_best,
+                bytes / step_best / 1e6, line.c_str());
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasLtDestroy(lt);
   cublasDestroy(handle);
   SKV_ASSERT_CUDA(cudaDeviceSynchronize());
 }

@@ -120,6 +120,8 @@ struct SkvDecodeSettings {
   int coarse_select = 1;
   int select_registers = 0;
   bool split_rows = true;
+  // Percent of a split step's rows in its first part (SKV_SPLIT_SHARE, 10 to 90; default 50).
+  int split_share = 50;
   int rebuild_slots = 0;
   // Split count of the sparse attention (SKV_ATTN_SPLITS, 1 to kDecodeMaxSplits); 0: the full
   // attention's rule for the step's rows (DecodeNumSplits).

@@ -24,6 +24,7 @@ const SkvDecodeSettings& ShadowKvDecodeSettings() {
     d.coarse_select = read("SKV_SELECT_COARSE", 1) == 0 ? 0 : 1;
     d.select_registers = read("SKV_SELECT_REGISTERS", 0);
     d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
+    d.split_share = std::clamp(read("SKV_SPLIT_SHARE", 50), 10, 90);
     d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
     d.attention_splits = std::clamp(read("SKV_ATTN_SPLITS", 0), 0, kDecodeMaxSplits);
     return d;
@@ -115,7 +116,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   // Two halves of the rows, the second's scoring after the first's: the first half's select (a
   // few blocks, latency-bound) runs beside the second half's scoring, the second half's select
   // beside the first half's rebuild, and the first half's attention beside the second's rebuild.
-  const int half = rows / 2;
+  const int half = std::clamp(rows * ShadowKvDecodeSettings().split_share / 100, 1, rows - 1);
   const SkvDecodeParams first = SkvDecodeRows(p, 0, half);
   const SkvDecodeParams second = SkvDecodeRows(p, half, rows - half);
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));
