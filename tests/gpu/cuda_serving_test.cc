@@ -258,6 +258,14 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
   }
   // The long prompt holds no full-cache slot once compressed; the short one keeps its slot.
   EXPECT_LT(compressed.fast_bytes, exact.fast_bytes);
+  // The compressed sequence's chunk selections: 16 chunks per layer and KV head at each of the
+  // 8 steps, some of them already gathered; the exact one selects none.
+  const ModelConfig& shape = (*sparse)->config();
+  const kv::PolicyStats& counted = s.seqs[0]->stats();
+  EXPECT_EQ(counted.chunk_selections, int64_t{8} * shape.num_layers * shape.num_kv_heads * 16);
+  EXPECT_GT(counted.chunk_hits, 0);
+  EXPECT_LE(counted.chunk_hits, counted.chunk_selections);
+  EXPECT_EQ(s.seqs[1]->stats().chunk_selections, 0);
   EXPECT_EQ(s.seqs[0]->num_tokens(), 608);
   EXPECT_EQ((*sparse)->group().shadowkv_length(0) + (*sparse)->group().shadowkv_length(1) +
                 (*sparse)->group().shadowkv_length(2),

@@ -55,7 +55,7 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
     ASSERT_TRUE(miss.Allocate(int64_t{rows} * kHeads * budget).ok());
     ASSERT_TRUE(logits.Allocate(int64_t{rows} * kHeads * kGroup * capacity).ok());
     ASSERT_TRUE(partials.Allocate(int64_t{rows} * kHeads * kGroup * SkvScoreBlocks(capacity) * 2).ok());
-    ASSERT_TRUE(counters.Allocate(2).ok());
+    ASSERT_TRUE(counters.Allocate(2 * rows).ok());
     SKV_ASSERT_CUDA(LaunchFillRandom({landmarks.get(), lm_count, 1.0f, 1}, nullptr));
     SKV_ASSERT_CUDA(LaunchFillRandom({coefficients.get(), coef_count, 1.0f, 2}, nullptr));
     SKV_ASSERT_CUDA(LaunchFillRandom({basis.get(), basis.size(), 0.1f, 3}, nullptr));

@@ -69,7 +69,7 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   auto d_slots = ToDevice(std::vector<int32_t>(kSeqs * kHeads * kBudget, -1));
   std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{12, kBudget, 0, 0});
   auto d_info = ToDevice(info);
-  auto d_counters = ToDevice(std::vector<unsigned long long>(2, 0));
+  auto d_counters = ToDevice(std::vector<unsigned long long>(2 * kSeqs, 0));
   auto d_logits = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCapacity);
   auto d_partials = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * SkvScoreBlocks(kCapacity) * 2);
   auto d_miss = Poisoned<int32_t>(kSeqs * kHeads * kBudget);
@@ -107,6 +107,7 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   std::vector<kv::GatherSlots> cpu_slots(kSeqs * kHeads);
   std::vector<float> queries = RandomBf16Values(int64_t{kSeqs} * kHeads * kGroup * kDim, rng);
   int64_t expected_hits = 0;
+  std::vector<int64_t> expected_hits_of(kSeqs, 0);
   for (int step = 0; step < 2; ++step) {
     if (step == 1) {  // a nearby query: most chunks stay selected
       std::normal_distribution<float> noise(0.0f, 0.3f);
@@ -161,7 +162,9 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
         kv::GatherSlots& gather = cpu_slots[s * kHeads + h];
         if (step == 0) gather.Resize(kBudget, count);
         std::vector<kv::GatherSlots::Fill> fills;
-        expected_hits += gather.Assign(selected, &fills);
+        const int64_t hits = gather.Assign(selected, &fills);
+        expected_hits += hits;
+        expected_hits_of[s] += hits;
         const int32_t* got = slots.data() + (s * kHeads + h) * kBudget;
         const int32_t* got_miss = miss.data() + (row * kHeads + h) * kBudget;
         std::vector<int32_t> want_miss(kBudget, -1);
@@ -175,10 +178,13 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
       }
     }
   }
-  std::vector<unsigned long long> counters(2);
-  SKV_ASSERT_CUDA(cudaMemcpy(counters.data(), d_counters.get(), 16, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(counters[0], 2ull * kSeqs * kHeads * kBudget);
-  EXPECT_EQ(static_cast<int64_t>(counters[1]), expected_hits);
+  // Per sequence: two steps of every head's budget, and the hits the CPU's slots found.
+  std::vector<unsigned long long> counters(2 * kSeqs);
+  SKV_ASSERT_CUDA(cudaMemcpy(counters.data(), d_counters.get(), 16 * kSeqs, cudaMemcpyDeviceToHost));
+  for (int s = 0; s < kSeqs; ++s) {
+    EXPECT_EQ(counters[2 * s], 2ull * kHeads * kBudget) << "sequence " << s;
+    EXPECT_EQ(static_cast<int64_t>(counters[2 * s + 1]), expected_hits_of[s]) << "sequence " << s;
+  }
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
 }
 

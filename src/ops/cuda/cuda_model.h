@@ -74,6 +74,13 @@ struct CudaShadowKvStats {
   double compress_seconds = 0;    // the last CompressToShadowKv
 };
 
+// One ShadowKV sequence's chunk selections since it was compressed (or the counters reset):
+// summed over steps, layers and KV heads, and how many of them were already gathered.
+struct CudaChunkCounts {
+  int64_t selected = 0;
+  int64_t hits = 0;
+};
+
 // One ShadowKV sequence's whole state in (pageable) host memory: restored into an allocation
 // of the same settings and capacity, it continues exactly where it was saved.
 // The first tokens of one full-cache slot in host memory as fp32, per layer
@@ -173,6 +180,8 @@ class CudaModel {
                                                   std::span<int32_t> tokens);
   CudaShadowKvStats shadowkv_stats() const;
   void ResetShadowKvCounters();
+  // Every sequence's chunk counts, [num_sequences].
+  Result<std::vector<CudaChunkCounts>> ShadowKvSequenceCounts() const;
   // The chunks held by the gather slots of (seq, layer, KV head) (-1: empty), for tests.
   Result<std::vector<int32_t>> ShadowKvGatheredChunks(int seq, int layer, int kv_head) const;
 

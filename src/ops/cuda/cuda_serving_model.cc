@@ -319,6 +319,16 @@ Status CudaServingModel::Forward(std::span<const StepInput> inputs) {
     stats.prepare_calls += config_.num_layers;
     stats.context_tokens += config_.num_layers * sequences[i]->tokens_;
   }
+  // The device counts each sequence's chunk selections since its compression.
+  if (!sparse.empty()) {
+    SKV_ASSIGN_OR_RETURN(const std::vector<CudaChunkCounts> counts,
+                         group_->ShadowKvSequenceCounts());
+    for (size_t i : sparse) {
+      const CudaChunkCounts& c = counts.at(static_cast<size_t>(sequences[i]->sequence_));
+      sequences[i]->stats_.chunk_selections = c.selected;
+      sequences[i]->stats_.chunk_hits = c.hits;
+    }
+  }
   // Prompts complete in this step are compressed (ShadowKV) after their last chunk.
   if (shadowkv()) {
     for (size_t i : full) {

@@ -52,7 +52,8 @@ struct SkvLayout {
   __nv_bfloat16* const* values = nullptr;
   int fp8_values = 0;
   const SkvSequenceInfo* info = nullptr;      // [seqs]
-  unsigned long long* counters = nullptr;     // [2]: chunks selected, of which hits
+  // [seqs, 2]: each sequence's chunks selected, of which hits (or null)
+  unsigned long long* counters = nullptr;
 
   SKV_HOST_DEVICE int kv_width() const { return num_kv_heads * head_dim; }
   // Index of (sequence, layer, KV head) in the [seqs, layers, kv_heads, ...] buffers.

@@ -118,7 +118,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_RETURN_IF_ERROR(sized(s->slot_chunk.Allocate(n * layers * heads * g.max_budget)));
   SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->value_table.Allocate(n)));
-  SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2)));
+  SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2 * n)));
   const int64_t batch = m.options.max_batch;
   SKV_RETURN_IF_ERROR(sized(s->logits.Allocate(batch * c.num_query_heads * g.capacity_chunks)));
   SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
@@ -425,6 +425,8 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
       static_cast<size_t>(layers) * heads * g.max_budget * 4, stream));
+  SKV_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(l.counters + 2 * seq, 0, 2 * sizeof(unsigned long long), stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.info.get() + seq, &plan.info, sizeof(plan.info),
                                            cudaMemcpyHostToDevice, stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -565,11 +567,13 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
       stats.device_bytes += s.geometry.ValueBytesPerSequence();
     }
   }
-  unsigned long long counters[2] = {0, 0};
-  if (cudaMemcpy(counters, s.counters.get(), sizeof(counters), cudaMemcpyDeviceToHost) ==
+  std::vector<unsigned long long> counters(s.counters.size());
+  if (cudaMemcpy(counters.data(), s.counters.get(), s.counters.bytes(), cudaMemcpyDeviceToHost) ==
       cudaSuccess) {
-    stats.chunks_selected = static_cast<int64_t>(counters[0]);
-    stats.chunk_hits = static_cast<int64_t>(counters[1]);
+    for (size_t i = 0; i + 1 < counters.size(); i += 2) {
+      stats.chunks_selected += static_cast<int64_t>(counters[i]);
+      stats.chunk_hits += static_cast<int64_t>(counters[i + 1]);
+    }
   }
   stats.compress_seconds = s.compress_seconds;
   return stats;
@@ -577,6 +581,21 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
 
 void CudaModel::ResetShadowKvCounters() {
   if (impl_->skv) (void)cudaMemset(impl_->skv->counters.get(), 0, impl_->skv->counters.bytes());
+}
+
+Result<std::vector<CudaChunkCounts>> CudaModel::ShadowKvSequenceCounts() const {
+  const Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  const ShadowKvState& s = *m.skv;
+  std::vector<unsigned long long> counters(s.counters.size());
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(counters.data(), s.counters.get(), s.counters.bytes(),
+                                      cudaMemcpyDeviceToHost));
+  std::vector<CudaChunkCounts> counts(s.num_sequences);
+  for (int i = 0; i < s.num_sequences; ++i) {
+    counts[i].selected = static_cast<int64_t>(counters[2 * i]);
+    counts[i].hits = static_cast<int64_t>(counters[2 * i + 1]);
+  }
+  return counts;
 }
 
 Result<std::vector<int32_t>> CudaModel::ShadowKvGatheredChunks(int seq, int layer,

@@ -436,6 +436,23 @@ CudaShadowKvStats CudaModelGroup::shadowkv_stats() const {
   return total;
 }
 
+Result<std::vector<CudaChunkCounts>> CudaModelGroup::ShadowKvSequenceCounts() const {
+  if (state_->size() == 1) return state_->models[0]->ShadowKvSequenceCounts();
+  std::vector<std::vector<CudaChunkCounts>> each(state_->size());
+  SKV_RETURN_IF_ERROR(state_->Each([&](CudaModel& m, int rank) -> Status {
+    SKV_ASSIGN_OR_RETURN(each[rank], m.ShadowKvSequenceCounts());
+    return Ok();
+  }));
+  std::vector<CudaChunkCounts> total = each[0];
+  for (size_t r = 1; r < each.size(); ++r) {
+    for (size_t i = 0; i < total.size() && i < each[r].size(); ++i) {
+      total[i].selected += each[r][i].selected;
+      total[i].hits += each[r][i].hits;
+    }
+  }
+  return total;
+}
+
 void CudaModelGroup::ResetShadowKvCounters() {
   (void)state_->Each([](CudaModel& m, int) {
     m.ResetShadowKvCounters();

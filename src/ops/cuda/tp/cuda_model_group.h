@@ -100,6 +100,8 @@ class CudaModelGroup {
   // of the whole group's last compression.
   CudaShadowKvStats shadowkv_stats() const;
   void ResetShadowKvCounters();
+  // Every sequence's chunk counts, summed over the ranks (each selects for its own KV heads).
+  Result<std::vector<CudaChunkCounts>> ShadowKvSequenceCounts() const;
   // `kv_head` of the whole model (the rank holding it answers).
   Result<std::vector<int32_t>> ShadowKvGatheredChunks(int seq, int layer, int kv_head);
 
