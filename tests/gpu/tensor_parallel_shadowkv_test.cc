@@ -113,9 +113,9 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
 // ranks factorising their own heads compute. Where every head attends to the same chunks the
 // logits agree to bf16 rounding: each rank's rank-16 basis comes from bf16 keys on the GPU and
 // fp32 keys on the CPU, a little further apart than the one-GPU test's single rank-32 basis
-// (5e-2 there; 5.5e-2 measured here on the H200, hence 8e-2).
-TEST(CudaTensorParallelTest, ShadowKvSplitMatchesTheCpuPolicyWithOneBasisPerRank) {
-  SKV_SKIP_WITHOUT_GPU();
+// (5e-2 there; 5.5e-2 measured here on the H200, hence 8e-2). `fp8`: FP8 values and landmarks
+// on both sides (each rank quantises its own heads' runs and landmarks).
+void CheckSplitAgainstCpuBasisGroups(bool fp8) {
   const TinyModelSpec spec = TpSpec("llama", 256, 4, 2, true, 38);
   const std::string path = WriteTinyModel(spec, "gpu_tp_skv_cpu");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
@@ -126,6 +126,8 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesTheCpuPolicyWithOneBasisPerRank
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.fp8_values = fp8 ? 1 : 0;
+  config.fp8_landmarks = fp8 ? 1 : 0;
   kv::KvPolicyConfig cpu_config = config;
   cpu_config.basis_groups = 2;
   auto policy = kv::MakeKvPolicy(cpu_config, (*cpu)->kv_geometry());
@@ -188,10 +190,20 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesTheCpuPolicyWithOneBasisPerRank
     }
     next = Argmax(want);
   }
-  std::printf("[ parity   ] ShadowKV split over 2 ranks vs CPU basis_groups=2: %d of %d steps with "
-              "the same chunks, worst relative error %.2e\n",
-              compared, steps, worst);
+  std::printf("[ parity   ] ShadowKV%s split over 2 ranks vs CPU basis_groups=2: %d of %d steps "
+              "with the same chunks, worst relative error %.2e\n",
+              fp8 ? " (FP8 values and landmarks)" : "", compared, steps, worst);
   EXPECT_GE(compared, steps / 2);
+}
+
+TEST(CudaTensorParallelTest, ShadowKvSplitMatchesTheCpuPolicyWithOneBasisPerRank) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckSplitAgainstCpuBasisGroups(/*fp8=*/false);
+}
+
+TEST(CudaTensorParallelTest, ShadowKvFp8SplitMatchesTheCpuPolicyWithOneBasisPerRank) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckSplitAgainstCpuBasisGroups(/*fp8=*/true);
 }
 
 // The split ShadowKV state copied between sequences and saved to host memory and restored, as
