@@ -114,7 +114,9 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
 // logits agree to bf16 rounding: each rank's rank-16 basis comes from bf16 keys on the GPU and
 // fp32 keys on the CPU, a little further apart than the one-GPU test's single rank-32 basis
 // (5e-2 there; 5.5e-2 measured here on the H200, hence 8e-2). `fp8`: FP8 values and landmarks
-// on both sides (each rank quantises its own heads' runs and landmarks).
+// on both sides (each rank quantises its own heads' runs and landmarks). Landmarks rounded to
+// FP8 from slightly different keys (bf16 on the GPU, fp32 on the CPU) tie-break apart more often:
+// 13 of 24 steps kept every head's chunks on the H200 (18 without FP8), so FP8 asks for a third.
 void CheckSplitAgainstCpuBasisGroups(bool fp8) {
   const TinyModelSpec spec = TpSpec("llama", 256, 4, 2, true, 38);
   const std::string path = WriteTinyModel(spec, "gpu_tp_skv_cpu");
@@ -193,7 +195,7 @@ void CheckSplitAgainstCpuBasisGroups(bool fp8) {
   std::printf("[ parity   ] ShadowKV%s split over 2 ranks vs CPU basis_groups=2: %d of %d steps "
               "with the same chunks, worst relative error %.2e\n",
               fp8 ? " (FP8 values and landmarks)" : "", compared, steps, worst);
-  EXPECT_GE(compared, steps / 2);
+  EXPECT_GE(compared, fp8 ? steps / 3 : steps / 2);
 }
 
 TEST(CudaTensorParallelTest, ShadowKvSplitMatchesTheCpuPolicyWithOneBasisPerRank) {
