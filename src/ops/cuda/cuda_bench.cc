@@ -181,8 +181,10 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     return Error(ErrorCode::kInvalidArgument, "bench case: context {}, batch {}, {} steps",
                  c.context, c.batch, c.decode_steps);
   }
-  // Each run starts from the freshly compressed prompt.
-  const int64_t capacity = c.context + c.warmup_steps + c.decode_steps + kProfiledSteps;
+  // Each run starts from the freshly compressed prompt. Its profile averages one step of each
+  // phase of the graduation cycle (a chunk graduates every chunk_size steps), after a warm-up.
+  const int profiled_steps = 1 + std::max(1, c.settings.chunk_size);
+  const int64_t capacity = c.context + c.warmup_steps + c.decode_steps + profiled_steps;
   if (capacity > config.context_length) {
     return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
                  c.context, capacity - c.context, config.context_length);
@@ -363,8 +365,17 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     SKV_ASSIGN_OR_RETURN(DeviceInfo now, QueryDevice());
     run.gpu_bytes_used = now.total_bytes - now.free_bytes;
     r.gpu_bytes_used = std::max(r.gpu_bytes_used, run.gpu_bytes_used);
-    for (int i = 0; i < kProfiledSteps; ++i) {
-      SKV_ASSIGN_OR_RETURN(run.breakdown, model.ProfileShadowKvDecodeStep(seqs, tokens));
+    SKV_RETURN_IF_ERROR(model.ProfileShadowKvDecodeStep(seqs, tokens).status());  // warm-up
+    const int cycle = profiled_steps - 1;
+    for (int i = 0; i < cycle; ++i) {
+      SKV_ASSIGN_OR_RETURN(const StepBreakdown step, model.ProfileShadowKvDecodeStep(seqs, tokens));
+      for (auto field : {&StepBreakdown::total_ms, &StepBreakdown::gemm_ms,
+                         &StepBreakdown::attention_ms, &StepBreakdown::other_ms,
+                         &StepBreakdown::scoring_ms, &StepBreakdown::rebuild_ms,
+                         &StepBreakdown::fetch_ms, &StepBreakdown::graduate_ms,
+                         &StepBreakdown::allreduce_ms}) {
+        run.breakdown.*field += step.*field / cycle;
+      }
     }
 
     // Floors (SPEC §3): bytes each part must move at least, per step, per GPU (a rank's heads

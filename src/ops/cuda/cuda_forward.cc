@@ -313,7 +313,9 @@ Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* pr
   const int n = static_cast<int>(tokens.size());
   StepMeta& h = host_meta;
   if (profiler == nullptr && options.use_graphs) {
-    auto found = graphs->find(n);
+    // ShadowKV steps without graduation have a graph of their own (key -n).
+    const int key = plan.shadowkv && !plan.skv_graduates ? -n : n;
+    auto found = graphs->find(key);
     if (found == graphs->end()) {
       SKV_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       const Status captured = RunStep(plan, nullptr);
@@ -328,7 +330,7 @@ Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* pr
       const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
       (void)cudaGraphDestroy(graph);
       SKV_CUDA_RETURN_IF_ERROR(instantiated);
-      found = graphs->emplace(n, exec).first;
+      found = graphs->emplace(key, exec).first;
       // Tensor parallelism: every rank has its graph before any starts (see HostBarrier).
       if (options.communicator) SKV_RETURN_IF_ERROR(options.communicator->HostBarrier());
     }

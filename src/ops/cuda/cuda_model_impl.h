@@ -58,6 +58,9 @@ struct StepPlan {
   int logit_rows = 0;
   bool sample = false;
   bool shadowkv = false;  // decode rows over ShadowKV sequences (slots are sequence indices)
+  // ShadowKV: some row graduates a chunk at this step (else the graduation kernels, which
+  // would do nothing, are left out; such steps replay a graph of their own).
+  bool skv_graduates = true;
 };
 
 enum class OpKind {
@@ -104,7 +107,8 @@ struct ShadowKvState {
     cudaStream_t stream = nullptr, fetch_stream = nullptr;
     cudaEvent_t start = nullptr, fork = nullptr, join = nullptr, done = nullptr;
   } half;
-  std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
+  // Decode step by batch size n, or -n for steps where no row graduates.
+  std::map<int, cudaGraphExec_t> graphs;
 
   ~ShadowKvState();
   void DropGraphs();

@@ -55,7 +55,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.select_registers = ShadowKvDecodeSettings().select_registers;
   p.rebuild_slots = ShadowKvDecodeSettings().rebuild_slots;
   p.select_successors = s.config.select_successors;
-  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
+  if (plan.skv_graduates) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
   // Sparse attention of rows [first, first + count) on `on`.
   auto attend = [&](int first, int count, cudaStream_t on) {
@@ -190,6 +190,8 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
   plan.rows = plan.decode_rows = plan.logit_rows = n;
   plan.sample = true;
   plan.shadowkv = true;
+  plan.skv_graduates =
+      std::any_of(rows, rows + n, [](const SkvRowMeta& row) { return row.graduate_chunk >= 0; });
   SKV_RETURN_IF_ERROR(Upload());
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.meta_block.get(), s.host_meta_block, s.meta_bytes,
                                            cudaMemcpyHostToDevice, stream));
