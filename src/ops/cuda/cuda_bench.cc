@@ -184,7 +184,10 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   // Each run starts from the freshly compressed prompt. Its profile averages one step of each
   // phase of the graduation cycle (a chunk graduates every chunk_size steps), after a warm-up.
   const int profiled_steps = 1 + std::max(1, c.settings.chunk_size);
-  const int64_t capacity = c.context + c.warmup_steps + c.decode_steps + profiled_steps;
+  // The warm-up spans a graduation, so both step graphs (with and without one) exist before
+  // the timed steps.
+  const int warmup_steps = std::max(c.warmup_steps, c.settings.chunk_size + 1);
+  const int64_t capacity = c.context + warmup_steps + c.decode_steps + profiled_steps;
   if (capacity > config.context_length) {
     return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
                  c.context, capacity - c.context, config.context_length);
@@ -347,7 +350,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     run.host_bytes = stats.host_bytes;
     const std::vector<int> seqs = SpreadHostRows(device_seqs, host_seqs);
     std::vector<int32_t> tokens(batch, first_token);
-    for (int step = 0; step < c.warmup_steps; ++step) {
+    for (int step = 0; step < warmup_steps; ++step) {
       SKV_RETURN_IF_ERROR(model.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}));
     }
     model.ResetShadowKvCounters();
@@ -387,7 +390,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double outliers = static_cast<double>(kv::ResolveOutlierChunks(
         kv_config.outlier_chunks, r.budget_tokens, static_cast<int64_t>(c.context) / chunk));
     r.outlier_chunks = static_cast<int>(outliers);
-    const double mean_length = c.context + c.warmup_steps + 0.5 * c.decode_steps;
+    const double mean_length = c.context + warmup_steps + 0.5 * c.decode_steps;
     const double chunks = mean_length / chunk;
     const double misses = (1.0 - run.hit_rate) * budget;
     const double per_layer_rows = batch * layers * heads;

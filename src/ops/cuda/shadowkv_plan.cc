@@ -64,7 +64,9 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.capacity_chunks = static_cast<int>(capacity_tokens / g.chunk_size);
   g.fp8_values = config.fp8_values != 0;
   g.fp8_landmarks = config.fp8_landmarks != 0;
-  if (g.fp8_landmarks) g.capacity_chunks = (g.capacity_chunks + 15) / 16 * 16;
+  // A multiple of 16 chunks: the tensor-core scoring's tile (bf16 landmarks at other capacities
+  // fall back to the CUDA-core scoring; FP8 landmarks have no other).
+  g.capacity_chunks = (g.capacity_chunks + 15) / 16 * 16;
   const int64_t budget = config.BudgetTokens(capacity_tokens);
   g.max_budget = static_cast<int>(std::max<int64_t>(1, budget / g.chunk_size));
   g.max_outliers = static_cast<int>(kv::ResolveOutlierChunks(

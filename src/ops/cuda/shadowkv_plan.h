@@ -19,13 +19,12 @@ struct SkvGeometry {
   int rank = 0;
   int local_window = 0;
   int64_t capacity_tokens = 0;  // prompt plus generated tokens one sequence may reach
-  int capacity_chunks = 0;      // capacity_tokens / chunk_size (see fp8_landmarks)
+  int capacity_chunks = 0;      // capacity_tokens / chunk_size, rounded up to a multiple of 16
   int max_budget = 0;           // K for a prompt of capacity_tokens (budgets grow with length)
   int max_outliers = 0;         // O for that budget
   int recent_capacity = 0;      // local_window + chunk_size
   int64_t attn_capacity = 0;    // (max_outliers + max_budget) * C + recent_capacity
   // FP8 e4m3 (one fp32 scale per chunk of one KV head) for the stored values / the landmarks.
-  // FP8 landmarks round capacity_chunks up to a multiple of 16 (the tensor-core scoring's tile).
   bool fp8_values = false;
   bool fp8_landmarks = false;
 
