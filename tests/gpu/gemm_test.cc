@@ -106,6 +106,13 @@ TEST(CudaGemmTest, BetaAccumulatesIntoTheOutput) {
 // gate|up (4096 -> 28672, bf16 out), down (14336 -> 4096), each layer its own weights (so
 // nothing stays in L2), then the head (4096 -> 128256). Weight bytes over time against the
 // device's read rate. Timing only; SKV_GPU_BENCH=1 enables it.
+// y[rows, out] = x · weightᵀ as the benches below run it.
+GemmParams BenchGemm(const __nv_bfloat16* x, const __nv_bfloat16* weight, void* y,
+                     GemmOutput output, int64_t rows, int64_t in, int64_t out, int variant) {
+  return GemmParams{.x = x, .weight = weight, .y = y, .output = output, .rows = rows, .in = in,
+                    .out = out, .variant = variant};
+}
+
 TEST(CudaGemmBench, DecodeStepGemms) {
   SKV_SKIP_WITHOUT_GPU();
   if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
@@ -147,16 +154,11 @@ TEST(CudaGemmBench, DecodeStepGemms) {
         int64_t offset = 0;
         for (int i = 0; i < s && s < 4; ++i) offset += layer_shapes[i].in * layer_shapes[i].out;
         for (int layer = 0; layer < (s < 4 ? kLayers : 1); ++layer) {
-          GemmParams p;
-          p.x = x.get();
-          p.weight = s < 4 ? weights.get() + layer * layer_elements + offset : head_weight.get();
-          p.y = y.get();
-          p.output = shape.output;
-          p.rows = kRows;
-          p.in = shape.in;
-          p.out = shape.out;
-          p.variant = variant;
-          EXPECT_TRUE(RunGemm(handle, p).ok());
+          const __nv_bfloat16* weight =
+              s < 4 ? weights.get() + layer * layer_elements + offset : head_weight.get();
+          EXPECT_TRUE(RunGemm(handle, BenchGemm(x.get(), weight, y.get(), shape.output, kRows,
+                                                shape.in, shape.out, variant))
+                          .ok());
         }
         if (per_shape) {
           cudaEventRecord(stop);
@@ -247,16 +249,10 @@ TEST(CudaGemmBench, LtAlgorithmsAtDecodeRows) {
     for (const Shape& s : shapes) {
       const double default_ms = time([&] {
         for (int copy = 0; copy < s.copies; ++copy) {
-          GemmParams p;
-          p.x = x.get();
-          p.weight = weights.get() + copy * s.in * s.out;
-          p.y = y.get();
-          p.output = s.output;
-          p.rows = rows;
-          p.in = s.in;
-          p.out = s.out;
-          p.variant = kGemmVariantCublas;
-          EXPECT_TRUE(RunGemm(handle, p).ok());
+          EXPECT_TRUE(RunGemm(handle, BenchGemm(x.get(), weights.get() + copy * s.in * s.out,
+                                                y.get(), s.output, rows, s.in, s.out,
+                                                kGemmVariantCublas))
+                          .ok());
         }
       });
       // The same problem for cuBLASLt: column-major yᵀ[out, rows] = Wᵀ·xᵀ, W read as [in, out].
