@@ -69,6 +69,24 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
 }
 
+// Capacities round up to whole 16-chunk tiles of the tensor-core scoring, with bf16 landmarks as
+// with FP8 ones, so the scoring never falls back to the CUDA-core kernel.
+TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 64;
+  for (const int fp8 : {0, 1}) {
+    config.fp8_landmarks = fp8;
+    auto odd = MakeSkvGeometry(config, 2, 2, 64, 400);  // 50 chunks
+    ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+    EXPECT_EQ(odd->capacity_chunks, 64) << "fp8 landmarks " << fp8;
+    EXPECT_EQ(odd->capacity_tokens, 400);
+    auto whole = MakeSkvGeometry(config, 2, 2, 64, 512);  // 64 chunks
+    ASSERT_TRUE(whole.ok());
+    EXPECT_EQ(whole->capacity_chunks, 64);
+  }
+}
+
 // The bench's batch order puts host-value sequences in both halves of a split step's rows and
 // keeps every sequence exactly once.
 TEST(CudaShadowKvPlanTest, HostValueRowsAreSpreadOverTheBatch) {
