@@ -15,6 +15,16 @@ PolicyStats& PolicyStats::operator+=(const PolicyStats& o) {
   return *this;
 }
 
+PolicyStats& PolicyStats::operator-=(const PolicyStats& o) {
+  prepare_calls -= o.prepare_calls;
+  context_tokens -= o.context_tokens;
+  attended_tokens -= o.attended_tokens;
+  chunk_selections -= o.chunk_selections;
+  chunk_hits -= o.chunk_hits;
+  bytes_fetched -= o.bytes_fetched;
+  return *this;
+}
+
 Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
                                                 const KvGeometry& geometry) {
   SKV_RETURN_IF_ERROR(config.Validate());

@@ -99,6 +99,7 @@ struct PolicyStats {
     return chunk_selections ? static_cast<double>(chunk_hits) / chunk_selections : 0.0;
   }
   PolicyStats& operator+=(const PolicyStats& o);
+  PolicyStats& operator-=(const PolicyStats& o);  // what was added since `o` was taken
 };
 
 class SequenceKv {

@@ -17,6 +17,7 @@ struct HeldState {
   std::string policy_key;       // states are reused only under the same KV settings
   std::vector<int32_t> tokens;  // the tokens the KV state holds, in order
   std::unique_ptr<kv::SequenceKv> kv;
+  kv::PolicyStats reported;  // the state's statistics already counted in the metrics
 };
 
 // Least-recently-used list of held states. Not thread-safe: the engine loop owns it.

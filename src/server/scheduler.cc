@@ -67,6 +67,7 @@ struct Scheduler::Running {
   std::vector<int32_t> generated;
   Clock::time_point arrival;
   Clock::time_point last_token;
+  kv::PolicyStats reported;  // of a reused state: its statistics the metrics already counted
 
   bool prefilling() const { return prompt_done < static_cast<int64_t>(request.prompt.size()); }
 };
@@ -256,6 +257,7 @@ void Scheduler::Admit() {
     if (held) {
       running->prompt_done = static_cast<int64_t>(held->tokens.size());
       running->reused = true;
+      running->reported = held->reported;
       running->handle->SetReused(running->prompt_done);
     }
     if (metrics_) {
@@ -362,7 +364,12 @@ bool Scheduler::Step() {
 }
 
 void Scheduler::Finish(Running& r, EndReason reason, Status status) {
-  if (metrics_) metrics_->AddPolicyStats(r.request.policy->name(), r.kv->stats());
+  // A state's statistics are cumulative over its turns: the metrics take this turn's part.
+  if (metrics_) {
+    kv::PolicyStats turn = r.kv->stats();
+    turn -= r.reported;
+    metrics_->AddPolicyStats(r.request.policy->name(), turn);
+  }
   reserved_.fast_bytes -= r.reserved.fast_bytes;
   reserved_.slow_bytes -= r.reserved.slow_bytes;
   // The state holds the prompt and every generated token but the last (never fed). Only states
@@ -375,6 +382,7 @@ void Scheduler::Finish(Running& r, EndReason reason, Status status) {
     held.tokens = std::move(r.request.prompt);
     held.tokens.insert(held.tokens.end(), r.generated.begin(), r.generated.end() - 1);
     if (static_cast<int64_t>(held.tokens.size()) == r.kv->num_tokens()) {
+      held.reported = r.kv->stats();
       held.kv = std::move(r.kv);
       held_.Put(std::move(held));
     }

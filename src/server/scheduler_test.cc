@@ -6,6 +6,8 @@
 
 #include <random>
 
+#include <fmt/format.h>
+
 #include "../../tests/unit/tiny_model.h"
 #include "engine/engine.h"
 
@@ -217,6 +219,71 @@ class SlottedPolicy : public kv::KvPolicy {
   std::unique_ptr<kv::KvPolicy> inner_;
   std::shared_ptr<int> free_;
 };
+
+// A policy whose sequences report, as their cumulative statistics, one chunk selection per
+// token they hold: a state continued over turns keeps counting from where it was.
+class TokenCountingPolicy : public kv::KvPolicy {
+ public:
+  explicit TokenCountingPolicy(std::unique_ptr<kv::KvPolicy> inner)
+      : KvPolicy(inner->config(), inner->geometry()), inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  kv::MemoryUsage EstimateMemory(int64_t n) const override { return inner_->EstimateMemory(n); }
+  Result<std::unique_ptr<kv::SequenceKv>> NewSequence() const override {
+    SKV_ASSIGN_OR_RETURN(auto kv, inner_->NewSequence());
+    return std::unique_ptr<kv::SequenceKv>(new Counted(std::move(kv)));
+  }
+
+ private:
+  struct Counted : kv::SequenceKv {
+    explicit Counted(std::unique_ptr<kv::SequenceKv> kv) : kv(std::move(kv)) {}
+    Status Append(int layer, const kv::TokenBlock& block) override {
+      return kv->Append(layer, block);
+    }
+    Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
+      return kv->Prepare(layer, q, n, out);
+    }
+    Status FinishPrefill(int layer) override { return kv->FinishPrefill(layer); }
+    int64_t num_tokens() const override { return kv->num_tokens(); }
+    kv::MemoryUsage memory() const override { return kv->memory(); }
+    const kv::PolicyStats& stats() const override {
+      counted.chunk_selections = kv->num_tokens();
+      return counted;
+    }
+    std::unique_ptr<kv::SequenceKv> kv;
+    mutable kv::PolicyStats counted;
+  };
+  std::unique_ptr<kv::KvPolicy> inner_;
+};
+
+// The metrics count each turn of a held state once: after two turns of one conversation they
+// hold the state's final statistics, not the first turn's twice.
+TEST_F(SchedulerTest, MetricsCountEachTurnOfAHeldStateOnce) {
+  TokenCountingPolicy policy(Policy("full"));
+  SchedulerOptions options;
+  options.prefill_chunk = 32;
+  Metrics metrics;
+  Scheduler scheduler(*serving_, options, &metrics);
+  const std::vector<int32_t> prompt = RandomPrompt(40, 21);
+  auto first = scheduler.Submit(Request(policy, prompt, 5));
+  ASSERT_EQ(first.code, SubmitResult::Code::kOk);
+  std::vector<int32_t> turn2 = prompt;
+  const std::vector<int32_t> turn1 = Collect(*first.handle);
+  ASSERT_EQ(turn1.size(), 5u);
+  turn2.insert(turn2.end(), turn1.begin(), turn1.end());
+  const std::vector<int32_t> followup = RandomPrompt(12, 22);
+  turn2.insert(turn2.end(), followup.begin(), followup.end());
+  auto second = scheduler.Submit(Request(policy, turn2, 7));
+  ASSERT_EQ(second.code, SubmitResult::Code::kOk);
+  EXPECT_EQ(Collect(*second.handle).size(), 7u);
+  ASSERT_EQ(second.handle->reused_tokens(), 44);  // the first turn's state: 40 + 5 - 1
+  // The state ends holding the second prompt and every generated token but the last.
+  const int64_t final_tokens = static_cast<int64_t>(turn2.size()) + 7 - 1;
+  const std::string rendered = metrics.Render();
+  EXPECT_NE(rendered.find(fmt::format("shadowkv_kv_chunk_selections_total{{policy=\"full\"}} {}\n",
+                                      final_tokens)),
+            std::string::npos)
+      << rendered;
+}
 
 TEST_F(SchedulerTest, RequestsWaitForAFreeSlotAndHeldStatesGiveTheirsUp) {
   SlottedPolicy policy(Policy("full"), 2);
