@@ -180,6 +180,22 @@ TEST_F(SchedulerTest, SecondTurnReusesTheHeldStateForEveryPolicy) {
   }
 }
 
+// A sequence that forwards to another (the test policies below wrap the real ones).
+struct ForwardingKv : kv::SequenceKv {
+  explicit ForwardingKv(std::unique_ptr<kv::SequenceKv> inner) : kv(std::move(inner)) {}
+  Status Append(int layer, const kv::TokenBlock& block) override {
+    return kv->Append(layer, block);
+  }
+  Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
+    return kv->Prepare(layer, q, n, out);
+  }
+  Status FinishPrefill(int layer) override { return kv->FinishPrefill(layer); }
+  int64_t num_tokens() const override { return kv->num_tokens(); }
+  kv::MemoryUsage memory() const override { return kv->memory(); }
+  const kv::PolicyStats& stats() const override { return kv->stats(); }
+  std::unique_ptr<kv::SequenceKv> kv;
+};
+
 // A policy with room for `slots` live sequences (as the GPU's fixed slots): NewSequence answers
 // kResourceExhausted beyond them.
 class SlottedPolicy : public kv::KvPolicy {
@@ -199,21 +215,10 @@ class SlottedPolicy : public kv::KvPolicy {
   int free() const { return *free_; }
 
  private:
-  struct Slot : kv::SequenceKv {
+  struct Slot : ForwardingKv {
     Slot(std::unique_ptr<kv::SequenceKv> kv, std::shared_ptr<int> free)
-        : kv(std::move(kv)), free(std::move(free)) {}
+        : ForwardingKv(std::move(kv)), free(std::move(free)) {}
     ~Slot() override { ++*free; }
-    Status Append(int layer, const kv::TokenBlock& block) override {
-      return kv->Append(layer, block);
-    }
-    Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
-      return kv->Prepare(layer, q, n, out);
-    }
-    Status FinishPrefill(int layer) override { return kv->FinishPrefill(layer); }
-    int64_t num_tokens() const override { return kv->num_tokens(); }
-    kv::MemoryUsage memory() const override { return kv->memory(); }
-    const kv::PolicyStats& stats() const override { return kv->stats(); }
-    std::unique_ptr<kv::SequenceKv> kv;
     std::shared_ptr<int> free;
   };
   std::unique_ptr<kv::KvPolicy> inner_;
@@ -234,22 +239,12 @@ class TokenCountingPolicy : public kv::KvPolicy {
   }
 
  private:
-  struct Counted : kv::SequenceKv {
-    explicit Counted(std::unique_ptr<kv::SequenceKv> kv) : kv(std::move(kv)) {}
-    Status Append(int layer, const kv::TokenBlock& block) override {
-      return kv->Append(layer, block);
-    }
-    Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
-      return kv->Prepare(layer, q, n, out);
-    }
-    Status FinishPrefill(int layer) override { return kv->FinishPrefill(layer); }
-    int64_t num_tokens() const override { return kv->num_tokens(); }
-    kv::MemoryUsage memory() const override { return kv->memory(); }
+  struct Counted : ForwardingKv {
+    using ForwardingKv::ForwardingKv;
     const kv::PolicyStats& stats() const override {
       counted.chunk_selections = kv->num_tokens();
       return counted;
     }
-    std::unique_ptr<kv::SequenceKv> kv;
     mutable kv::PolicyStats counted;
   };
   std::unique_ptr<kv::KvPolicy> inner_;
