@@ -41,7 +41,18 @@ class CudaServingModel::Sequence final : public kv::SequenceKv {
     }
     return usage;
   }
-  const kv::PolicyStats& stats() const override { return stats_; }
+  // A compressed sequence's chunk counts are the device's, read when asked for (the scheduler
+  // reads them as a request ends), not after every step.
+  const kv::PolicyStats& stats() const override {
+    if (compressed_) {
+      if (auto counts = owner_->group_->ShadowKvSequenceCounts(); counts.ok()) {
+        const CudaChunkCounts& c = counts->at(static_cast<size_t>(sequence_));
+        stats_.chunk_selections = c.selected;
+        stats_.chunk_hits = c.hits;
+      }
+    }
+    return stats_;
+  }
 
  private:
   friend class CudaServingModel;
@@ -52,7 +63,7 @@ class CudaServingModel::Sequence final : public kv::SequenceKv {
   bool values_on_host_ = false;
   bool has_values_ = false;
   int64_t tokens_ = 0;
-  kv::PolicyStats stats_;
+  mutable kv::PolicyStats stats_;
 };
 
 class CudaServingModel::Policy final : public kv::KvPolicy {
@@ -318,16 +329,6 @@ Status CudaServingModel::Forward(std::span<const StepInput> inputs) {
     kv::PolicyStats& stats = sequences[i]->stats_;
     stats.prepare_calls += config_.num_layers;
     stats.context_tokens += config_.num_layers * sequences[i]->tokens_;
-  }
-  // The device counts each sequence's chunk selections since its compression.
-  if (!sparse.empty()) {
-    SKV_ASSIGN_OR_RETURN(const std::vector<CudaChunkCounts> counts,
-                         group_->ShadowKvSequenceCounts());
-    for (size_t i : sparse) {
-      const CudaChunkCounts& c = counts.at(static_cast<size_t>(sequences[i]->sequence_));
-      sequences[i]->stats_.chunk_selections = c.selected;
-      sequences[i]->stats_.chunk_hits = c.hits;
-    }
   }
   // Prompts complete in this step are compressed (ShadowKV) after their last chunk.
   if (shadowkv()) {

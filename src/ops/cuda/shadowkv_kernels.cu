@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   __syncthreads();
 
   AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
-                               slot_chunk, miss, l.counters ? l.counters + 2 * m.seq : nullptr);
+                               slot_chunk, miss, l.SequenceCounters(m.seq));
 }
 
 // ---- value fetch ------------------------------------------------------------------------------

@@ -60,6 +60,10 @@ struct SkvLayout {
   SKV_HOST_DEVICE int64_t HeadIndex(int seq, int layer, int head) const {
     return (static_cast<int64_t>(seq) * num_layers + layer) * num_kv_heads + head;
   }
+  // Sequence `seq`'s two counters, or null where the layout keeps none.
+  SKV_HOST_DEVICE unsigned long long* SequenceCounters(int seq) const {
+    return counters ? counters + 2 * static_cast<int64_t>(seq) : nullptr;
+  }
   // Index of the run (layer, head, chunk) within one sequence's value store or landmark set.
   SKV_HOST_DEVICE int64_t RunIndex(int layer, int head, int chunk) const {
     return (static_cast<int64_t>(layer) * num_kv_heads + head) * capacity_chunks + chunk;

@@ -426,7 +426,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
       static_cast<size_t>(layers) * heads * g.max_budget * 4, stream));
   SKV_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(l.counters + 2 * seq, 0, 2 * sizeof(unsigned long long), stream));
+      cudaMemsetAsync(l.SequenceCounters(seq), 0, 2 * sizeof(unsigned long long), stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.info.get() + seq, &plan.info, sizeof(plan.info),
                                            cudaMemcpyHostToDevice, stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -567,12 +567,10 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
       stats.device_bytes += s.geometry.ValueBytesPerSequence();
     }
   }
-  std::vector<unsigned long long> counters(s.counters.size());
-  if (cudaMemcpy(counters.data(), s.counters.get(), s.counters.bytes(), cudaMemcpyDeviceToHost) ==
-      cudaSuccess) {
-    for (size_t i = 0; i + 1 < counters.size(); i += 2) {
-      stats.chunks_selected += static_cast<int64_t>(counters[i]);
-      stats.chunk_hits += static_cast<int64_t>(counters[i + 1]);
+  if (auto counts = ShadowKvSequenceCounts(); counts.ok()) {
+    for (const CudaChunkCounts& c : *counts) {
+      stats.chunks_selected += c.selected;
+      stats.chunk_hits += c.hits;
     }
   }
   stats.compress_seconds = s.compress_seconds;

@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
   __syncthreads();
 
   AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
-                               slot_chunk, miss, l.counters ? l.counters + 2 * m.seq : nullptr);
+                               slot_chunk, miss, l.SequenceCounters(m.seq));
 }
 
 // The roomy select (the coarse one's default; SkvDecodeParams::select_registers = 32 turns it
