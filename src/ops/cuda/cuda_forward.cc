@@ -309,6 +309,7 @@ Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
 
 Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* profiler,
                                           std::map<int, cudaGraphExec_t>* graphs,
+                                          std::span<const int> ids, std::vector<int64_t>& lengths,
                                           std::span<int32_t> tokens, float* logits_out) {
   const int n = static_cast<int>(tokens.size());
   StepMeta& h = host_meta;
@@ -348,6 +349,7 @@ Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* pr
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   if (logits_out) std::copy_n(host_logits, n * config.vocab_size, logits_out);
   for (int i = 0; i < n; ++i) tokens[i] = h.next_tokens[i];
+  for (const int id : ids) ++lengths[id];
   return Status::Ok();
 }
 
@@ -387,11 +389,7 @@ Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span
   plan.sample = true;
   SKV_RETURN_IF_ERROR(Upload());
 
-  SKV_RETURN_IF_ERROR(ExecuteDecodeStep(plan, profiler, &graphs, tokens, logits_out));
-  for (int i = 0; i < n; ++i) {
-    ++lengths[slot_list[i]];
-  }
-  return Status::Ok();
+  return ExecuteDecodeStep(plan, profiler, &graphs, slot_list, lengths, tokens, logits_out);
 }
 
 Status CudaModel::DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,

@@ -216,9 +216,11 @@ struct CudaModel::Impl {
   Status Upload();  // host_meta_block -> meta_block
   // Runs an uploaded decode step of tokens.size() rows: replays (capturing on first use) the
   // graph for that batch size in `graphs`, or runs it op by op when profiling or graphs are
-  // off; the sampled tokens come back in `tokens`, the logits in `logits_out` when not null.
+  // off; the sampled tokens come back in `tokens`, the logits in `logits_out` when not null,
+  // and each row's entry of `lengths` (indexed by `ids`, its slot or sequence) grows by one.
   Status ExecuteDecodeStep(const StepPlan& plan, StepProfiler* profiler,
-                           std::map<int, cudaGraphExec_t>* graphs, std::span<int32_t> tokens,
+                           std::map<int, cudaGraphExec_t>* graphs, std::span<const int> ids,
+                           std::vector<int64_t>& lengths, std::span<int32_t> tokens,
                            float* logits_out);
   Status CheckSlots(std::span<const int> slots) const;
   // The ShadowKV part of one decode layer, after the QKV/RoPE kernel.

@@ -195,11 +195,7 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
   SKV_RETURN_IF_ERROR(Upload());
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.meta_block.get(), s.host_meta_block, s.meta_bytes,
                                            cudaMemcpyHostToDevice, stream));
-  SKV_RETURN_IF_ERROR(ExecuteDecodeStep(plan, profiler, &s.graphs, tokens, logits_out));
-  for (int i = 0; i < n; ++i) {
-    ++s.lengths[seq_list[i]];
-  }
-  return Status::Ok();
+  return ExecuteDecodeStep(plan, profiler, &s.graphs, seq_list, s.lengths, tokens, logits_out);
 }
 
 Status CudaModel::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
