@@ -372,13 +372,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const int cycle = profiled_steps - 1;
     for (int i = 0; i < cycle; ++i) {
       SKV_ASSIGN_OR_RETURN(const StepBreakdown step, model.ProfileShadowKvDecodeStep(seqs, tokens));
-      for (auto field : {&StepBreakdown::total_ms, &StepBreakdown::gemm_ms,
-                         &StepBreakdown::attention_ms, &StepBreakdown::other_ms,
-                         &StepBreakdown::scoring_ms, &StepBreakdown::rebuild_ms,
-                         &StepBreakdown::fetch_ms, &StepBreakdown::graduate_ms,
-                         &StepBreakdown::allreduce_ms}) {
-        run.breakdown.*field += step.*field / cycle;
-      }
+      run.breakdown.Add(step, 1.0 / cycle);
     }
 
     // Floors (SPEC §3): bytes each part must move at least, per step, per GPU (a rank's heads

@@ -58,6 +58,17 @@ struct StepBreakdown {
   double fetch_ms = 0;
   double graduate_ms = 0;
   double allreduce_ms = 0;  // tensor parallelism: the two all-reduces of every layer
+
+  // Adds `weight` times every time of `o` (a mean over steps: weight 1 / steps).
+  void Add(const StepBreakdown& o, double weight) {
+    for (auto field : {&StepBreakdown::total_ms, &StepBreakdown::gemm_ms,
+                       &StepBreakdown::attention_ms, &StepBreakdown::other_ms,
+                       &StepBreakdown::scoring_ms, &StepBreakdown::rebuild_ms,
+                       &StepBreakdown::fetch_ms, &StepBreakdown::graduate_ms,
+                       &StepBreakdown::allreduce_ms}) {
+      this->*field += weight * (o.*field);
+    }
+  }
 };
 
 // The ShadowKV sequences' state and counters.
