@@ -27,38 +27,61 @@ __device__ __forceinline__ int64_t LayerIndex(const SkvLayout& l, int seq, int l
 
 constexpr int kGraduateThreads = 256;
 
-// One block per row. Shared: the chunk's pre-RoPE keys [C, kv_width] as fp32.
-__global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeParams p) {
+constexpr int kGraduateBasisRows = 16;  // rank outputs per block of the A-row kernel
+
+// A rows of each graduating chunk, a = k_pre · Bᵀ (B has orthonormal rows): one block per (row,
+// kGraduateBasisRows of the rank), its warps one basis row at a time, each lane 8 dims of every
+// 256 against all C tokens, then a warp sum per token. Shared: the chunk's pre-RoPE keys
+// [C, kv_width] as fp32 (kv_width a multiple of 8).
+__global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKernel(SkvDecodeParams p) {
   extern __shared__ float pre_rows[];
   const SkvRowMeta m = p.meta[blockIdx.x];
   if (m.graduate_chunk < 0) return;
   const SkvLayout& l = p.layout;
-  const int width = l.kv_width(), chunk = l.chunk_size, d = l.head_dim;
+  const int width = l.kv_width(), chunk = l.chunk_size;
   const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
-  const SkvSequenceInfo info = l.info[m.seq];
   const Bf16* pre = l.keys_pre + layer_index * l.recent_capacity * width;
   for (int i = threadIdx.x; i < chunk * width; i += blockDim.x) pre_rows[i] = __bfloat162float(pre[i]);
   __syncthreads();
-
-  // A rows of the chunk: a = k_pre · Bᵀ (B has orthonormal rows).
   const Bf16* basis = l.basis + layer_index * l.rank * width;
   Bf16* coefficients =
       l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
-  for (int index = threadIdx.x; index < chunk * l.rank; index += blockDim.x) {
-    const int t = index / l.rank, j = index % l.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int last = min(l.rank, (blockIdx.y + 1) * kGraduateBasisRows);
+  for (int j = blockIdx.y * kGraduateBasisRows + warp; j < last; j += kGraduateThreads / 32) {
     const Bf16* b = basis + static_cast<int64_t>(j) * width;
-    const float* x = pre_rows + t * width;
-    float dot = 0.0f;
-    for (int k = 0; k < width; k += 8) {
+    float dot[kSkvMaxGraduateChunk] = {};
+    for (int k = lane * 8; k < width; k += 256) {
       float bv[8];
       Bf16x8ToFloat(*reinterpret_cast<const uint4*>(b + k), bv);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) dot = fmaf(x[k + i], bv[i], dot);
+      for (int t = 0; t < kSkvMaxGraduateChunk; ++t) {
+        if (t < chunk) {
+          const float* x = pre_rows + t * width + k;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot[t] = fmaf(x[i], bv[i], dot[t]);
+        }
+      }
     }
-    coefficients[t * l.rank + j] = __float2bfloat16(dot);
+#pragma unroll
+    for (int t = 0; t < kSkvMaxGraduateChunk; ++t) {
+      if (t >= chunk) break;
+      const float sum = WarpSum(dot[t]);
+      if (lane == 0) coefficients[t * l.rank + j] = __float2bfloat16(sum);
+    }
   }
+}
+
+// One block per row: landmark, values to the store, outlier flag (and under FP8 the
+// quantised run and landmark). Shared (FP8 landmarks only): the means [kv_heads, d] as fp32.
+__global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeParams p) {
+  extern __shared__ float means[];
+  const SkvRowMeta m = p.meta[blockIdx.x];
+  if (m.graduate_chunk < 0) return;
+  const SkvLayout& l = p.layout;
+  const int chunk = l.chunk_size, d = l.head_dim;
+  const SkvSequenceInfo info = l.info[m.seq];
   // Landmark (mean post-RoPE key), values to the store, and the chunk joins the landmark set.
-  float* means = pre_rows + chunk * width;  // FP8 landmarks: [kv_heads, d] before quantising
   for (int index = threadIdx.x; index < l.num_kv_heads * d; index += blockDim.x) {
     const int h = index / d, e = index % d;
     const int64_t head_offset = l.attn.HeadOffset(m.seq, p.layer, h);
@@ -594,7 +617,10 @@ __global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
 
 // Pre-RoPE keys of the graduating chunk, and under FP8 landmarks their means before quantising.
 int64_t GraduateSharedBytes(const SkvLayout& l) {
-  return (static_cast<int64_t>(l.chunk_size) + (l.fp8_landmarks ? 1 : 0)) * l.kv_width() * 4;
+  return l.fp8_landmarks ? static_cast<int64_t>(l.kv_width()) * 4 : 0;
+}
+int64_t GraduateCoefficientsSharedBytes(const SkvLayout& l) {
+  return static_cast<int64_t>(l.chunk_size) * l.kv_width() * 4;
 }
 
 // One warp per (chunk, KV head): the chunk's values, quantised into the FP8 store.
@@ -626,7 +652,9 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
                                static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
   const int64_t rebuild_bytes = RebuildSharedBytes(l.rank, l.head_dim);
   const int64_t graduate_bytes = GraduateSharedBytes(l);
+  const int64_t coefficient_bytes = GraduateCoefficientsSharedBytes(l);
   if (select_bytes > limit || rebuild_bytes > limit || graduate_bytes > limit ||
+      coefficient_bytes > limit || l.chunk_size > kSkvMaxGraduateChunk ||
       l.max_budget > kSkvMaxBudgetChunks || l.rank % 8 != 0 ||
       (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > 8) {
     return cudaErrorInvalidValue;
@@ -638,6 +666,10 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   const int64_t dynamic_select = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
   if ((e = raise(reinterpret_cast<const void*>(SkvSelectKernel), dynamic_select)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateKernel), graduate_bytes)) != cudaSuccess) return e;
+  if ((e = raise(reinterpret_cast<const void*>(SkvGraduateCoefficientsKernel),
+                 coefficient_bytes)) != cudaSuccess) {
+    return e;
+  }
   const void* rebuild = l.head_dim == 128 ? reinterpret_cast<const void*>(SkvRebuildKernel<128>)
                                           : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
   if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
@@ -651,6 +683,10 @@ cudaError_t LaunchSkvGraduate(const SkvDecodeParams& p, cudaStream_t stream) {
   SkvGraduateKernel<<<p.rows, kGraduateThreads, GraduateSharedBytes(l), stream>>>(p);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
+  const dim3 coefficient_grid(p.rows, (l.rank + kGraduateBasisRows - 1) / kGraduateBasisRows);
+  SkvGraduateCoefficientsKernel<<<coefficient_grid, kGraduateThreads,
+                                  GraduateCoefficientsSharedBytes(l), stream>>>(p);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
   const size_t shift_bytes = 3ull * (l.recent_capacity - l.chunk_size) * l.head_dim * sizeof(Bf16);
   SkvShiftKernel<<<dim3(p.rows, l.num_kv_heads), kGraduateThreads, shift_bytes, stream>>>(p);
   return cudaGetLastError();
