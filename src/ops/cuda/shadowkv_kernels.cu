@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/cuda/device_utils.cuh"
+#include "ops/cuda/kernel_attributes.h"
 #include "ops/cuda/mma_utils.cuh"
 #include "ops/cuda/shadowkv_fast_kernels.cuh"
 #include "ops/cuda/shadowkv_fp8.cuh"
@@ -659,9 +660,10 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
       (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > 8) {
     return cudaErrorInvalidValue;
   }
+  // Never lowers a limit another layout of this process raised (an FP8 model's graduation asks
+  // for more than a bf16 one's).
   auto raise = [&](const void* kernel, int64_t bytes) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(bytes));
+    return AllowDynamicSharedMemory(kernel, static_cast<int>(bytes));
   };
   const int64_t dynamic_select = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
   if ((e = raise(reinterpret_cast<const void*>(SkvSelectKernel), dynamic_select)) != cudaSuccess) return e;
