@@ -616,7 +616,8 @@ __global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
   }
 }
 
-// Pre-RoPE keys of the graduating chunk, and under FP8 landmarks their means before quantising.
+// Dynamic shared memory of the graduation kernel (FP8 landmarks: the means before quantising)
+// and of its A-row kernel (the chunk's pre-RoPE keys as fp32).
 int64_t GraduateSharedBytes(const SkvLayout& l) {
   return l.fp8_landmarks ? static_cast<int64_t>(l.kv_width()) * 4 : 0;
 }
