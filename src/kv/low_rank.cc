@@ -77,7 +77,22 @@ double LowRankBasis::discarded_energy() const {
   return std::max(0.0, total_energy - kept);
 }
 
-Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, int rank) {
+namespace {
+
+lapack_int Syevr(int width, double* matrix, int first, int last, lapack_int* found, double* values,
+                 double* vectors, lapack_int* support) {
+  return LAPACKE_dsyevr(LAPACK_COL_MAJOR, 'V', 'I', 'U', width, matrix, width, 0.0, 0.0, first,
+                        last, 0.0, found, values, vectors, width, support);
+}
+
+lapack_int Syevr(int width, float* matrix, int first, int last, lapack_int* found, float* values,
+                 float* vectors, lapack_int* support) {
+  return LAPACKE_ssyevr(LAPACK_COL_MAJOR, 'V', 'I', 'U', width, matrix, width, 0.0f, 0.0f, first,
+                        last, 0.0f, found, values, vectors, width, support);
+}
+
+template <typename T>
+Result<LowRankBasis> FitTopEigenvectors(std::span<const T> gram, int width, int rank) {
   if (rank <= 0 || rank > width) {
     return Error(ErrorCode::kInvalidArgument, "rank {} is not in [1, {}]", rank, width);
   }
@@ -90,15 +105,14 @@ Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, in
   fit.rank = rank;
   for (int i = 0; i < width; ++i) fit.total_energy += gram[static_cast<size_t>(i) * width + i];
 
-  // dsyevr overwrites its input; G is symmetric, so row- and column-major read the same.
-  std::vector<double> work(gram.begin(), gram.end());
-  std::vector<double> values(width);
-  std::vector<double> vectors(static_cast<size_t>(width) * rank);  // column-major [width, rank]
+  // syevr overwrites its input; G is symmetric, so row- and column-major read the same.
+  std::vector<T> work(gram.begin(), gram.end());
+  std::vector<T> values(width);
+  std::vector<T> vectors(static_cast<size_t>(width) * rank);  // column-major [width, rank]
   std::vector<lapack_int> support(2 * static_cast<size_t>(rank));
   lapack_int found = 0;
-  const lapack_int info = LAPACKE_dsyevr(LAPACK_COL_MAJOR, 'V', 'I', 'U', width, work.data(), width,
-                                         0.0, 0.0, width - rank + 1, width, 0.0, &found,
-                                         values.data(), vectors.data(), width, support.data());
+  const lapack_int info = Syevr(width, work.data(), width - rank + 1, width, &found, values.data(),
+                                vectors.data(), support.data());
   if (info != 0 || found != rank) {
     return Error(
         ErrorCode::kInternal,
@@ -111,11 +125,21 @@ Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, in
   for (int i = 0; i < rank; ++i) {
     const int source = rank - 1 - i;
     fit.eigenvalues[i] = values[source];
-    const double* column = vectors.data() + static_cast<size_t>(source) * width;
+    const T* column = vectors.data() + static_cast<size_t>(source) * width;
     float* row = fit.basis.data() + static_cast<size_t>(i) * width;
     for (int j = 0; j < width; ++j) row[j] = static_cast<float>(column[j]);
   }
   return fit;
+}
+
+}  // namespace
+
+Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, int rank) {
+  return FitTopEigenvectors(gram, width, rank);
+}
+
+Result<LowRankBasis> FitLowRankBasis(std::span<const float> gram, int width, int rank) {
+  return FitTopEigenvectors(gram, width, rank);
 }
 
 int RankPerGroup(int rank, int groups) {

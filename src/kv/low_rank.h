@@ -39,6 +39,10 @@ struct LowRankBasis {
 
 // The top-`rank` eigenvectors of `gram` ([width, width], as GramMatrix gives it).
 Result<LowRankBasis> FitLowRankBasis(std::span<const double> gram, int width, int rank);
+// The same solver in fp32, for a Gram matrix that was summed in fp32 (the GPU's): half the
+// memory traffic and about half the time of the fp64 solve (a 1024-wide Gram, rank 160: 100
+// against 184 ms on one core); the fitted subspace agrees to the fp32 Gram's own precision.
+Result<LowRankBasis> FitLowRankBasis(std::span<const float> gram, int width, int rank);
 
 // Factorising `groups` groups of KV heads separately (what tensor-parallel ranks do, each with
 // its own heads): an explicit rank r becomes ceil8(r / groups) per group; 0 (rank from the

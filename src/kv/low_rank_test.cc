@@ -125,6 +125,37 @@ TEST(LowRankTest, LongContextKeepsDiscardedEnergyAccurate) {
   EXPECT_NEAR(fit->discarded_energy(), residual, 1e-3 * residual);
 }
 
+TEST(LowRankTest, Fp32SolverFitsTheSameSubspace) {
+  // The GPU's Gram is summed in fp32 and solved in fp32: the basis must span what the fp64
+  // solver's does (‖B32·B64ᵀ‖²_F = rank when the subspaces agree) with the same eigenvalues.
+  const int64_t rows = 4000;
+  // (The rank inside the signal: past it the directions are noise of equal weight, which no two
+  // solvers need agree on.)
+  const int width = 128, rank = 16;
+  auto x = LowRankPlusNoise(rows, width, 24, 0.1f, 13);
+  const std::vector<double> gram = GramMatrix(x.data(), rows, width, width);
+  const std::vector<float> gram32(gram.begin(), gram.end());
+  auto fit64 = FitLowRankBasis(gram, width, rank);
+  auto fit32 = FitLowRankBasis(std::span<const float>(gram32), width, rank);
+  ASSERT_TRUE(fit64.ok()) << fit64.status().ToString();
+  ASSERT_TRUE(fit32.ok()) << fit32.status().ToString();
+  double overlap = 0;
+  for (int a = 0; a < rank; ++a) {
+    for (int b = 0; b < rank; ++b) {
+      double dot = 0;
+      for (int j = 0; j < width; ++j)
+        dot += double(fit32->basis[a * width + j]) * fit64->basis[b * width + j];
+      overlap += dot * dot;
+    }
+  }
+  EXPECT_NEAR(overlap, rank, 1e-4);
+  for (int i = 0; i < rank; ++i)
+    EXPECT_NEAR(fit32->eigenvalues[i], fit64->eigenvalues[i], 1e-5 * fit64->eigenvalues[0]);
+  EXPECT_NEAR(ResidualEnergy(x, rows, *fit32), ResidualEnergy(x, rows, *fit64),
+              1e-3 * ResidualEnergy(x, rows, *fit64));
+  EXPECT_FALSE(FitLowRankBasis(std::span<const float>(gram32), width, width + 1).ok());
+}
+
 TEST(LowRankTest, BasisIsOrthonormalAndFullRankRebuildsExactly) {
   const int64_t rows = 200;
   const int width = 48;

@@ -298,9 +298,10 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   gram.Reset();
 
-  // 2. Top-r eigenvectors per layer on the CPU (the reference's own solver), layers in parallel
-  //    threads. OpenBLAS runs single-threaded meanwhile: concurrent callers of its threaded
-  //    server serialise (measured: 12 s for 32 layers of width 1024 on 16 cores).
+  // 2. Top-r eigenvectors per layer on the CPU (the reference's solver, in fp32 like the Gram
+  //    it is given), layers in parallel threads. OpenBLAS runs single-threaded meanwhile:
+  //    concurrent callers of its threaded server serialise (measured: 12 s for 32 layers of
+  //    width 1024 on 16 cores).
   std::vector<uint16_t> basis_host(static_cast<size_t>(layers) * rank * width);
   std::vector<Status> fits(layers, Status::Ok());
   const int blas_threads = openblas_get_num_threads();
@@ -310,11 +311,11 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
-        std::vector<double> gram_double(static_cast<size_t>(width) * width);
         for (int layer = t; layer < layers; layer += threads) {
-          const float* source = gram_host.data() + static_cast<size_t>(layer) * width * width;
-          for (size_t i = 0; i < gram_double.size(); ++i) gram_double[i] = source[i];
-          auto fit = kv::FitLowRankBasis(gram_double, width, rank);
+          const std::span<const float> layer_gram(
+              gram_host.data() + static_cast<size_t>(layer) * width * width,
+              static_cast<size_t>(width) * width);
+          auto fit = kv::FitLowRankBasis(layer_gram, width, rank);
           if (!fit.ok()) {
             fits[layer] = fit.status();
             continue;
