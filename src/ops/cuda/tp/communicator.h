@@ -4,8 +4,10 @@
 //  - NCCL: one GPU per rank (devices 0..N-1), the communicators made together by ncclCommInitAll.
 //    NCCL is loaded at run time (dlopen), so a binary without it still runs everything else.
 //  - local: every rank on one device (NCCL refuses two ranks on one GPU), for testing and
-//    measuring the sharded model on a single GPU. The reduction is a kernel that meets the other
-//    ranks' kernels through flags in device memory and sums their buffers in rank order.
+//    measuring the sharded model on a single GPU. Each rank stages its buffer and sums every
+//    rank's staged copy in rank order: outside graph capture in two kernels ordered by events
+//    (the call returns once every rank has enqueued its stage), in a graph as one kernel that
+//    meets the other ranks' kernels through flags in device memory.
 // Every rank must issue the same collectives in the same order with the same sizes.
 // Internal to the CUDA backend (CUDA types).
 #pragma once

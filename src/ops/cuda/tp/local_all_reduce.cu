@@ -9,6 +9,11 @@
 // every other rank's block b reaches only after it finished reading generation g: one barrier per
 // all-reduce suffices. The waiting blocks spin, so the grid is kept small (kBlocks per rank) to
 // leave the device to the kernels the other ranks still run before their all-reduce.
+//
+// Outside graph capture the same kernel runs in two launches instead (kStage, then kSum once
+// events say every rank staged), and nothing spins: the parity argument is the same, with the
+// events in place of the flags' barrier (a rank's kStage of g + 1 follows its kSum of g on its
+// stream, and every kSum of g + 1 waits on every kStage of g + 1).
 #include <cuda_bf16.h>
 
 #include "ops/cuda/tp/local_all_reduce.cuh"
@@ -33,7 +38,11 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) LocalAllReduceKernel(LocalReduceParams p) {
   __shared__ unsigned int generation;
   unsigned int* own_flag = p.flags + p.rank * kBlocks + blockIdx.x;
-  if (threadIdx.x == 0) generation = *reinterpret_cast<volatile unsigned int*>(own_flag) + 1;
+  const bool stage = p.phase != LocalReducePhase::kSum;
+  // kSum: the generation this rank's kStage published, earlier on the same stream.
+  if (threadIdx.x == 0) {
+    generation = *reinterpret_cast<volatile unsigned int*>(own_flag) + (stage ? 1u : 0u);
+  }
   __syncthreads();
   const unsigned int gen = generation;
   auto stage_of = [&](int rank) {
@@ -44,14 +53,17 @@ __global__ void __launch_bounds__(kThreads) LocalAllReduceKernel(LocalReducePara
   T* own_stage = stage_of(p.rank);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(kBlocks) * kThreads;
-  for (int64_t i = first; i < p.count; i += stride) own_stage[i] = buffer[i];
-  __threadfence();  // the staged values are visible device-wide before the flag says so
-  __syncthreads();
-  if (threadIdx.x == 0) atomicExch(own_flag, gen);
+  if (stage) {
+    for (int64_t i = first; i < p.count; i += stride) own_stage[i] = buffer[i];
+    __threadfence();  // the staged values are visible device-wide before the flag says so
+    __syncthreads();
+    if (threadIdx.x == 0) atomicExch(own_flag, gen);
+    if (p.phase == LocalReducePhase::kStage) return;
+  }
   __shared__ int aborted;
   if (threadIdx.x == 0) aborted = 0;
   __syncthreads();
-  if (threadIdx.x < p.size) {
+  if (p.phase == LocalReducePhase::kWhole && threadIdx.x < p.size) {
     const volatile unsigned int* flag = p.flags + threadIdx.x * kBlocks + blockIdx.x;
     const unsigned long long start = GlobalNanoseconds();
     // Wrap-safe "flag < gen".

@@ -10,6 +10,12 @@ namespace shadowkv::cuda::tp {
 constexpr int kLocalAllReduceBlocks = 32;  // per rank; the flags hold one slot per block
 constexpr int kLocalAllReduceMaxRanks = 64;
 
+// What one launch does. kWhole: stage, publish, wait on the device for every rank's block, sum
+// (capturable into a graph, but a rendezvous that spins: see local_communicator.cc). kStage:
+// stage and publish only; kSum: sum what every rank staged at this rank's last published
+// generation, once stream-ordered events say every rank's kStage has run.
+enum class LocalReducePhase : int { kWhole, kStage, kSum };
+
 struct LocalReduceParams {
   void* buffer;            // this rank's [count] fp32 or bf16, summed in place
   int64_t count;
@@ -19,10 +25,11 @@ struct LocalReduceParams {
   int size;
   int rank;
   const volatile int* abort;  // host-mapped; non-zero: stop waiting and leave the buffer as is
+  LocalReducePhase phase;
 };
 
-// Every rank launches it on its own stream with the same count; it returns (on the device)
-// when all ranks' kernels have met.
+// Every rank launches it on its own stream with the same count; with kWhole it returns (on the
+// device) when all ranks' kernels have met.
 cudaError_t LaunchLocalAllReduce(const LocalReduceParams& params, bool bf16, cudaStream_t stream);
 
 // Loads both kernel instances into the current context now (see CreateLocalCommunicators).

@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "core/group_barrier.h"
 #include "ops/cuda/device_buffer.h"
@@ -26,7 +27,9 @@ struct LocalShared {
   const volatile int* abort_device = nullptr;
   bool used = false;  // an all-reduce was enqueued: the staging area can no longer move
   std::unique_ptr<GroupBarrier> barrier;  // the ranks' host threads
+  std::vector<cudaEvent_t> staged;        // per rank: its last kStage launch (eager all-reduces)
   ~LocalShared() {
+    for (cudaEvent_t event : staged) (void)cudaEventDestroy(event);
     if (abort_host) (void)cudaFreeHost(const_cast<int*>(abort_host));
   }
 };
@@ -79,9 +82,29 @@ class LocalCommunicator final : public Communicator {
     }
     const int64_t call = CountIssued();
     if (TraceEnabled()) Trace(rank_, fmt::format("local all-reduce {} of {} elements", call, count));
-    const LocalReduceParams p{buffer, count, s.staging.get(), s.capacity_bytes, s.flags.get(),
-                              s.size, rank_, s.abort_device};
-    SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, type == ReduceType::kBfloat16, stream));
+    LocalReduceParams p{buffer, count, s.staging.get(), s.capacity_bytes, s.flags.get(),
+                        s.size, rank_, s.abort_device, LocalReducePhase::kWhole};
+    const bool bf16 = type == ReduceType::kBfloat16;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) {
+      // Into a graph: the one kernel that meets the others on the device.
+      SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, bf16, stream));
+      return Status::Ok();
+    }
+    // Eager: a rendezvous that spins on the device stops the group whenever a rank's kernel
+    // waits in the same hardware queue behind work that waits on the all-reduce (the driver puts
+    // the streams of a process on at most 32 queues). Stream-ordered events cannot stop it: a
+    // wait only ever names a record already enqueued, which is ahead of it in any queue.
+    p.phase = LocalReducePhase::kStage;
+    SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, bf16, stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(s.staged[rank_], stream));
+    SKV_RETURN_IF_ERROR(s.barrier->Arrive());  // every rank's stage is enqueued
+    for (int r = 0; r < s.size; ++r) {
+      if (r != rank_) SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, s.staged[r], 0));
+    }
+    p.phase = LocalReducePhase::kSum;
+    SKV_CUDA_RETURN_IF_ERROR(LaunchLocalAllReduce(p, bf16, stream));
     return Status::Ok();
   }
 
@@ -110,6 +133,10 @@ Result<Communicators> CreateLocalCommunicators(int size, int device) {
   shared->barrier = std::make_unique<GroupBarrier>(size);
   SKV_RETURN_IF_ERROR(shared->flags.Allocate(static_cast<int64_t>(size) * kLocalAllReduceBlocks));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(shared->flags.get(), 0, shared->flags.bytes()));
+  shared->staged.resize(size, nullptr);
+  for (cudaEvent_t& event : shared->staged) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
   void* abort_word = nullptr;
   SKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&abort_word, sizeof(int), cudaHostAllocMapped));
   shared->abort_host = static_cast<volatile int*>(abort_word);
