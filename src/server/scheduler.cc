@@ -253,7 +253,8 @@ void Scheduler::Admit() {
                                                      need,
                                                      {},
                                                      w.arrival,
-                                                     w.arrival});
+                                                     w.arrival,
+                                                     {}});
     if (held) {
       running->prompt_done = static_cast<int64_t>(held->tokens.size());
       running->reused = true;
