@@ -194,12 +194,12 @@ int RunBench(const BenchOptions& o) {
 
 // --device cuda: the same flags, run by cmd_bench_cuda.cc ("auto" batches allowed there).
 void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
-  cmd.add_option("--device", o.device, "cpu | cuda")
+  cmd.add_option("--device", o.device, "cpu | cuda (default cuda with --synthetic)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd.add_option("--synthetic", o.synthetic,
                  "cuda: random weights with a named model's shapes (e.g. llama3-8b), "
-                 "throughput only");
+                 "throughput only; implies --device cuda");
   cmd.add_option("--max-batch", o.max_batch, "cuda: the largest batch --batch auto may pick")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -255,7 +255,8 @@ Command AddBenchCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--context", options->contexts, "prompt lengths, comma-separated (k = 1024)")
       ->capture_default_str();
-  cmd->add_option("--batch", options->batches, "decode batch sizes, comma-separated")
+  cmd->add_option("--batch", options->batches,
+                  "decode batch sizes, comma-separated (cuda: default auto, each policy's best)")
       ->capture_default_str();
   cmd->add_option("--gen", options->gen_tokens, "decode steps per measurement")
       ->capture_default_str()->check(CLI::PositiveNumber);
@@ -265,7 +266,13 @@ Command AddBenchCommand(CLI::App& app) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--json", options->json_path, "also write the results as JSON here");
   AddCudaBenchOptions(*cmd, *options);
-  return [options] { return RunBenchOnDevice(*options); };
+  return [options, cmd] {
+    // Random weights exist only on the GPU, and there each policy runs at its best batch
+    // unless told otherwise: `bench --synthetic llama3-8b --kv full,shadowkv` needs no more.
+    if (!options->synthetic.empty() && cmd->count("--device") == 0) options->device = "cuda";
+    if (options->device == "cuda" && cmd->count("--batch") == 0) options->batches = "auto";
+    return RunBenchOnDevice(*options);
+  };
 }
 
 }  // namespace shadowkv::app

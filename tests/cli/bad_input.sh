@@ -58,6 +58,10 @@ expect_error bad_bench_fp8 "fp8_values must be 0 or 1" "$bin" bench -m "$model" 
 # Tensor parallelism is CUDA-only: on the CPU paths it is refused, naming what is missing.
 expect_error tp_generate_cpu "needs --device cuda" "$bin" generate -m "$model" -p hi --tensor-parallel 2
 expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tensor-parallel 2
+expect_error synthetic_bench_cpu "needs --device cuda" "$bin" bench --synthetic llama3-8b --device cpu
+# Without --device, --synthetic takes the GPU path: a build without CUDA says so, a CUDA build
+# stops at the bad context before touching a GPU.
+expect_error synthetic_bench_default "without CUDA|not a number" "$bin" bench --synthetic llama3-8b --context 12x
 expect_error tp_serve_cpu "needs --device cuda" "$bin" serve -m "$model" --tensor-parallel 2
 expect_error serve_pool_cpu "GPU's pool" "$bin" serve -m "$model" --ctx-size 512
 expect_error serve_prefill_slots_full "prefill-slots sizes ShadowKV" "$bin" serve -m "$model" --device cuda --kv full --prefill-slots 2
