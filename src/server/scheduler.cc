@@ -365,9 +365,11 @@ bool Scheduler::Step() {
 }
 
 void Scheduler::Finish(Running& r, EndReason reason, Status status) {
-  // A state's statistics are cumulative over its turns: the metrics take this turn's part.
+  // A state's statistics are cumulative over its turns: the metrics take this turn's part. (Read
+  // once: a GPU sequence's counts come from the device.)
+  const kv::PolicyStats stats = r.kv->stats();
   if (metrics_) {
-    kv::PolicyStats turn = r.kv->stats();
+    kv::PolicyStats turn = stats;
     turn -= r.reported;
     metrics_->AddPolicyStats(r.request.policy->name(), turn);
   }
@@ -383,7 +385,7 @@ void Scheduler::Finish(Running& r, EndReason reason, Status status) {
     held.tokens = std::move(r.request.prompt);
     held.tokens.insert(held.tokens.end(), r.generated.begin(), r.generated.end() - 1);
     if (static_cast<int64_t>(held.tokens.size()) == r.kv->num_tokens()) {
-      held.reported = r.kv->stats();
+      held.reported = stats;
       held.kv = std::move(r.kv);
       held_.Put(std::move(held));
     }

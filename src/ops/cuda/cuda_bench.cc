@@ -19,7 +19,6 @@
 namespace shadowkv::cuda {
 namespace {
 
-
 constexpr int64_t kReserveBytes = 1ll << 30;
 constexpr int kProfiledSteps = 2;  // the first warms the un-graphed path up; the second counts
 
