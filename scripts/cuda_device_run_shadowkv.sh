@@ -40,6 +40,17 @@ unpack_cuda_bundle .devrun/skv/shadowkv_cuda.tar.xz "$stage" || exit 1
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
+# The headline bench: full, ShadowKV and ShadowKV with FP8 values and landmarks at 60K and 122K,
+# each at its best batch. Usage: accept_bench NAME TIMEOUT [flags on value placement...]
+accept_bench() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+    --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
+    --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 "$@" \
+    --json "$out/$name.json" > "$out/$name.log" 2>&1
+}
+
 declare -A status
 for step in "${steps[@]}"; do
   start=$(date +%s)
@@ -123,19 +134,8 @@ for step in "${steps[@]}"; do
         "$stage/bin/shadowkv_gpu_tests" --gtest_filter='CudaTensorParallelTest.*' \
         > "$out/tp_alone${TP_CONNECTIONS:+_$TP_CONNECTIONS}.log" 2>&1
       ;;
-    accept-host)
-      timeout 560 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
-        --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
-        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
-        --max-host-sequences "${ACCEPT_HOST:-4}" \
-        --json "$out/bench_accept_host.json" > "$out/bench_accept_host.log" 2>&1
-      ;;
-    accept)
-      timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
-        --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
-        --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 --no-host-values \
-        --json "$out/bench_accept.json" > "$out/bench_accept.log" 2>&1
-      ;;
+    accept-host) accept_bench bench_accept_host 560 --max-host-sequences "${ACCEPT_HOST:-4}" ;;
+    accept) accept_bench bench_accept 420 --no-host-values ;;
     *) echo "unknown step $step"; continue ;;
   esac
   status[$step]="exit $? in $(( $(date +%s) - start )) s"
