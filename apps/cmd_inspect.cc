@@ -29,10 +29,14 @@ struct InspectOptions {
 };
 
 // Full attention that also keeps each layer's pre-RoPE keys, post-RoPE keys and values.
-class RecordingSequence final : public kv::SequenceKv {
+class RecordingSequence final : public kv::ForwardingSequenceKv {
  public:
   RecordingSequence(std::unique_ptr<kv::SequenceKv> inner, int layers, int width)
-      : k_pre(layers), k_post(layers), values(layers), inner_(std::move(inner)), width_(width) {}
+      : ForwardingSequenceKv(std::move(inner)),
+        k_pre(layers),
+        k_post(layers),
+        values(layers),
+        width_(width) {}
   Status Append(int layer, const kv::TokenBlock& block) override {
     SKV_RETURN_IF_ERROR(inner_->Append(layer, block));
     const size_t n = static_cast<size_t>(block.num_tokens) * width_;
@@ -41,18 +45,10 @@ class RecordingSequence final : public kv::SequenceKv {
     values[layer].insert(values[layer].end(), block.values, block.values + n);
     return Status::Ok();
   }
-  Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
-    return inner_->Prepare(layer, q, n, out);
-  }
-  Status FinishPrefill(int layer) override { return inner_->FinishPrefill(layer); }
-  int64_t num_tokens() const override { return inner_->num_tokens(); }
-  kv::MemoryUsage memory() const override { return inner_->memory(); }
-  const kv::PolicyStats& stats() const override { return inner_->stats(); }
 
   std::vector<std::vector<float>> k_pre, k_post, values;  // [layer][token * kv_width]
 
  private:
-  std::unique_ptr<kv::SequenceKv> inner_;
   int width_;
 };
 

@@ -7,10 +7,10 @@ namespace shadowkv::eval {
 namespace {
 
 // Full attention that copies each appended block into a PrefillRecord.
-class RecordingSequence final : public kv::SequenceKv {
+class RecordingSequence final : public kv::ForwardingSequenceKv {
  public:
   RecordingSequence(std::unique_ptr<kv::SequenceKv> inner, PrefillRecord* record)
-      : inner_(std::move(inner)), record_(record) {}
+      : ForwardingSequenceKv(std::move(inner)), record_(record) {}
 
   Status Append(int layer, const kv::TokenBlock& block) override {
     SKV_RETURN_IF_ERROR(inner_->Append(layer, block));
@@ -25,17 +25,8 @@ class RecordingSequence final : public kv::SequenceKv {
     add(record_->queries[layer], block.queries, q_count);
     return Status::Ok();
   }
-  Status Prepare(int layer, const float* queries, int num_queries,
-                 kv::AttentionInput* out) override {
-    return inner_->Prepare(layer, queries, num_queries, out);
-  }
-  Status FinishPrefill(int layer) override { return inner_->FinishPrefill(layer); }
-  int64_t num_tokens() const override { return inner_->num_tokens(); }
-  kv::MemoryUsage memory() const override { return inner_->memory(); }
-  const kv::PolicyStats& stats() const override { return inner_->stats(); }
 
  private:
-  std::unique_ptr<kv::SequenceKv> inner_;
   PrefillRecord* record_;
 };
 

@@ -126,6 +126,27 @@ class SequenceKv {
   virtual std::vector<PolicyStats> layer_stats() const { return {}; }
 };
 
+// A sequence that passes every call to another: the base of wrappers that add to one or two of
+// them (recording what is appended, counting, freeing a slot when destroyed).
+class ForwardingSequenceKv : public SequenceKv {
+ public:
+  explicit ForwardingSequenceKv(std::unique_ptr<SequenceKv> inner) : inner_(std::move(inner)) {}
+  Status Append(int layer, const TokenBlock& block) override {
+    return inner_->Append(layer, block);
+  }
+  Status Prepare(int layer, const float* queries, int num_queries, AttentionInput* out) override {
+    return inner_->Prepare(layer, queries, num_queries, out);
+  }
+  Status FinishPrefill(int layer) override { return inner_->FinishPrefill(layer); }
+  int64_t num_tokens() const override { return inner_->num_tokens(); }
+  MemoryUsage memory() const override { return inner_->memory(); }
+  const PolicyStats& stats() const override { return inner_->stats(); }
+  std::vector<PolicyStats> layer_stats() const override { return inner_->layer_stats(); }
+
+ protected:
+  std::unique_ptr<SequenceKv> inner_;
+};
+
 class KvPolicy {
  public:
   virtual ~KvPolicy() = default;

@@ -180,22 +180,6 @@ TEST_F(SchedulerTest, SecondTurnReusesTheHeldStateForEveryPolicy) {
   }
 }
 
-// A sequence that forwards to another (the test policies below wrap the real ones).
-struct ForwardingKv : kv::SequenceKv {
-  explicit ForwardingKv(std::unique_ptr<kv::SequenceKv> inner) : kv(std::move(inner)) {}
-  Status Append(int layer, const kv::TokenBlock& block) override {
-    return kv->Append(layer, block);
-  }
-  Status Prepare(int layer, const float* q, int n, kv::AttentionInput* out) override {
-    return kv->Prepare(layer, q, n, out);
-  }
-  Status FinishPrefill(int layer) override { return kv->FinishPrefill(layer); }
-  int64_t num_tokens() const override { return kv->num_tokens(); }
-  kv::MemoryUsage memory() const override { return kv->memory(); }
-  const kv::PolicyStats& stats() const override { return kv->stats(); }
-  std::unique_ptr<kv::SequenceKv> kv;
-};
-
 // A policy with room for `slots` live sequences (as the GPU's fixed slots): NewSequence answers
 // kResourceExhausted beyond them.
 class SlottedPolicy : public kv::KvPolicy {
@@ -215,9 +199,9 @@ class SlottedPolicy : public kv::KvPolicy {
   int free() const { return *free_; }
 
  private:
-  struct Slot : ForwardingKv {
+  struct Slot : kv::ForwardingSequenceKv {
     Slot(std::unique_ptr<kv::SequenceKv> kv, std::shared_ptr<int> free)
-        : ForwardingKv(std::move(kv)), free(std::move(free)) {}
+        : ForwardingSequenceKv(std::move(kv)), free(std::move(free)) {}
     ~Slot() override { ++*free; }
     std::shared_ptr<int> free;
   };
@@ -239,10 +223,10 @@ class TokenCountingPolicy : public kv::KvPolicy {
   }
 
  private:
-  struct Counted : ForwardingKv {
-    using ForwardingKv::ForwardingKv;
+  struct Counted : kv::ForwardingSequenceKv {
+    using ForwardingSequenceKv::ForwardingSequenceKv;
     const kv::PolicyStats& stats() const override {
-      counted.chunk_selections = kv->num_tokens();
+      counted.chunk_selections = inner_->num_tokens();
       return counted;
     }
     mutable kv::PolicyStats counted;
