@@ -328,8 +328,8 @@ int RunCudaBench(const CudaBenchOptions& o) {
   }
   if (!shadowkv_lines.empty()) {
     std::printf("\nShadowKV decode step (un-graphed, the mean of one graduation cycle of steps), "
-                "measured ms | floor ms (SPEC §3 bytes at %.2f TB/s device, %.1f GB/s host reads, "
-                "measured hit rate):\n",
+                "measured ms | floor ms (DESIGN.md bytes at %.2f TB/s device, %.1f GB/s host "
+                "reads, measured hit rate):\n",
                 cuda::kFloorBytesPerSecond / 1e12, cuda::kHostReadBytesPerSecond / 1e9);
     std::printf("context batch dev/host   hits | score+topk    | key rebuild   | value fetch   | "
                 "attention     | dense (GEMM+other) | grad.  | step (profiled, floor)\n");

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 LLAMA3_8B = dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
                  vocab=128256, theta=500000.0)
-FLOOR_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device rate (SPEC section 6)
+FLOOR_BYTES_PER_S = 4.27e12  # the H200's measured device-to-device rate (docs/DESIGN.md)
 LABEL = "SYNTHETIC WEIGHTS (random values, real shapes): throughput only, outputs are meaningless"
 
 

@@ -21,7 +21,7 @@ struct KvPolicyConfig {
   double budget_fraction = 0.015625;  // 1.56% (ShadowKV's default: 2048 of 131072)
   int64_t budget_min_tokens = 256;    // floor for short contexts
 
-  // ShadowKV (SPEC §3).
+  // ShadowKV (docs/DESIGN.md, "ShadowKV").
   int chunk_size = 8;
   int rank = 0;                 // r; 0 = from rank_ratio
   double rank_ratio = 1 / 6.4;  // r = ceil8(ratio * num_kv_heads * head_dim)
@@ -32,7 +32,7 @@ struct KvPolicyConfig {
   // ranks do on the GPU, emulated on the CPU to compare with one basis for all heads (1).
   int basis_groups = 1;
   // Select each top chunk's successor with it (SelectTopKWithSuccessors), within the same budget;
-  // off by default (SPEC §3 selects the top K alone).
+  // off by default (the method selects the top K alone).
   int select_successors = 0;
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
@@ -44,7 +44,7 @@ struct KvPolicyConfig {
   int fp8_landmarks = 0;
   std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)
 
-  // SnapKV (SPEC §4).
+  // SnapKV (docs/DESIGN.md, "Baselines").
   int snap_window = 32;
   int snap_kernel = 7;
   std::string snap_pooling = "max";  // max | avg

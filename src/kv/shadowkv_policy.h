@@ -1,4 +1,4 @@
-// The ShadowKV KV policy (SPEC §3): low-rank pre-RoPE keys, offloaded values, top-k chunks.
+// The ShadowKV KV policy (docs/DESIGN.md): low-rank pre-RoPE keys, offloaded values, top-k chunks.
 //
 // Per layer a sequence keeps, once compressed at FinishPrefill:
 //   fast tier: A [chunked tokens, rank] and B [rank, kv_width] (K_pre ≈ A·B), one landmark per

@@ -16,7 +16,7 @@ struct NamedShape {
   bool tied_embeddings;
 };
 
-// Llama-3-8B: the SPEC §7 shapes (Llama-3.1-8B differs only in context and RoPE scaling).
+// Llama-3-8B: shapes as in DESIGN.md (Llama-3.1-8B differs only in context and RoPE scaling).
 // Llama-3-70B: its published shapes (141 GB of bf16 weights: one H200 holds it only split).
 // SmolLM2-135M: as its GGUF metadata gives it (the project's default small model).
 constexpr NamedShape kShapes[] = {

@@ -1,4 +1,4 @@
-// Synthetic model shapes against the numbers SPEC §7 and the SmolLM2 GGUF metadata give.
+// Synthetic model shapes against docs/DESIGN.md's numbers and the SmolLM2 GGUF metadata give.
 #include "model/synthetic.h"
 
 #include <gtest/gtest.h>

@@ -374,7 +374,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
       run.breakdown.Add(step, 1.0 / cycle);
     }
 
-    // Floors (SPEC §3): bytes each part must move at least, per step, per GPU (a rank's heads
+    // Floors (DESIGN.md): bytes each part must move at least, per step, per GPU (a rank's heads
     // rebuild from its own rank-r/N factors).
     const double layers = config.num_layers, d = config.head_dim;
     const double heads = static_cast<double>(config.num_kv_heads) / devices;

@@ -13,7 +13,7 @@
 
 namespace shadowkv::cuda {
 
-// The H200's device-to-device copy rate measured on the lent machine (SPEC §6), the bandwidth
+// The H200's device-to-device copy rate measured on the lent machine (DESIGN.md), the bandwidth
 // the "floor" of a decode step is computed with.
 constexpr double kFloorBytesPerSecond = 4.27e12;
 
@@ -51,7 +51,7 @@ struct BenchResult {
 // Under tensor parallelism: on every GPU, each holding its ranks' share of the cache.
 Result<int> LargestBatch(CudaModelGroup& model, int64_t capacity, int64_t reserve_bytes);
 
-// ShadowKV (SPEC §3) on the GPU: one prompt prefilled into a temporary full-cache slot (with
+// ShadowKV on the GPU: one prompt prefilled into a temporary full-cache slot (with
 // pre-RoPE keys), compressed, copied to every admitted sequence, then decoded.
 struct ShadowKvBenchCase {
   int64_t context = 0;
@@ -74,13 +74,13 @@ struct ShadowKvBenchCase {
 std::vector<int> SpreadHostRows(const std::vector<int>& device_seqs,
                                 const std::vector<int>& host_seqs);
 
-// Per-step byte floors of SPEC §3's equivalent-bandwidth model with the measured hit rate:
+// Per-step byte floors of DESIGN.md's equivalent-bandwidth model with the measured hit rate:
 // device bytes at kFloorBytesPerSecond, host (pinned) reads at kHostReadBytesPerSecond.
 struct ShadowKvFloors {
   double dense_ms = 0, scoring_ms = 0, rebuild_ms = 0, fetch_ms = 0, attention_ms = 0;
   double total_ms = 0;
 };
-constexpr double kHostReadBytesPerSecond = 50.7e9;  // SPEC §6: random 2 KiB runs, pinned host
+constexpr double kHostReadBytesPerSecond = 50.7e9;  // measured: random 2 KiB runs, pinned host
 
 struct ShadowKvBenchRun {
   int batch = 0;

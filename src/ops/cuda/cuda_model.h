@@ -161,7 +161,7 @@ class CudaModel {
   // DecodeStep without the graph, timing its parts (greedy). Advances the sequences the same way.
   Result<StepBreakdown> ProfileDecodeStep(std::span<const int> slots, std::span<int32_t> tokens);
 
-  // ShadowKV (SPEC §3) sequences, separate from the full cache's slots: a prompt is prefilled
+  // ShadowKV sequences, separate from the full cache's slots: a prompt is prefilled
   // into a full-cache slot (with pre-RoPE keys), compressed into a ShadowKV sequence, then
   // decoded with sparse attention over outliers + selected chunks + the exact recent window.
   // Allocates `num_sequences` sequences of up to `capacity` tokens (no values yet). Budget,

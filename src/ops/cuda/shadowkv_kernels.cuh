@@ -1,4 +1,4 @@
-// ShadowKV decode and compression kernels (SPEC §3): landmark scoring, top-k with gather-slot
+// ShadowKV decode and compression kernels (DESIGN.md): landmark scoring, top-k with gather-slot
 // reuse, value fetch, low-rank key rebuild with RoPE, graduation of generated chunks, and the
 // per-chunk landmarks / outliers of a freshly prefilled sequence.
 #pragma once
