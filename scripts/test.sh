@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-export SHADOWKV_MODEL=$(python3 scripts/fetch_model.py)
+# Assigned before export: `export X=$(...)` takes export's status, so a failed fetch would not
+# stop the run and every model test would skip.
+SHADOWKV_MODEL=$(python3 scripts/fetch_model.py)
+[ -f "$SHADOWKV_MODEL" ] || { echo "test.sh: no model at '$SHADOWKV_MODEL'" >&2; exit 1; }
+export SHADOWKV_MODEL
 ctest --preset release -j "$(nproc)" --no-tests=error "$@"
 if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
