@@ -11,6 +11,10 @@ bash scripts/build.sh
 SHADOWKV_MODEL=$(python3 scripts/fetch_model.py)
 [ -f "$SHADOWKV_MODEL" ] || { echo "test.sh: no model at '$SHADOWKV_MODEL'" >&2; exit 1; }
 export SHADOWKV_MODEL
+# llama.cpp's vocabulary-only files and chat templates, for the tokenizer goldens.
+SHADOWKV_VOCAB_DIR=$(python3 scripts/fetch_model.py --reference-vocab)
+[ -d "$SHADOWKV_VOCAB_DIR" ] || { echo "test.sh: no vocab dir '$SHADOWKV_VOCAB_DIR'" >&2; exit 1; }
+export SHADOWKV_VOCAB_DIR
 ctest --preset release -j "$(nproc)" --no-tests=error "$@"
 if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
