@@ -1,5 +1,4 @@
-// SKIP_UNLESS_CI: a gtest skip outside CI, a failure in CI, where scripts/setup.sh and
-// scripts/test.sh have provided what the test looks for.
+// SKIP_UNLESS_CI: a gtest skip outside CI, a failure in CI (where setup.sh and test.sh ran).
 #pragma once
 
 #include <gtest/gtest.h>
