@@ -4,6 +4,10 @@
 The wheel is only downloaded and opened as a zip: nothing is installed or imported.
 Usage: scripts/fetch_model.py [--model NAME] [--cache-dir DIR] [--list]
 Prints the path of the cached .gguf on stdout.
+
+With --reference-vocab it instead fetches llama.cpp's vocabulary-only GGUF files and three chat
+templates (what the tokenizer goldens were made from, scripts/goldens/tokenizer_goldens.py) out of
+the llama-cpp-python sdist, and prints the directory that holds them (SHADOWKV_VOCAB_DIR).
 """
 import argparse
 import hashlib
@@ -11,7 +15,9 @@ import json
 import os
 import shutil
 import sys
+import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 
@@ -58,6 +64,31 @@ MODELS = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PYPI_JSON = "https://pypi.org/pypi/{package}/json"
 
+# llama.cpp as vendored in this sdist (the copy scripts/goldens/README.md builds the goldens
+# with); only these members are extracted, each checked against its sha256.
+REFERENCE_VOCAB = {
+    "package": "llama-cpp-python",
+    "version": "0.3.36",
+    "wheel": "llama_cpp_python-0.3.36.tar.gz",
+    "wheel_sha256": "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    "prefix": "llama_cpp_python-0.3.36/vendor/llama.cpp/models/",
+    "dir": "llamacpp-0.3.36-models",
+    "members": {
+        "ggml-vocab-gpt-2.gguf":
+            "cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac",
+        "ggml-vocab-llama-bpe.gguf":
+            "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
+        "ggml-vocab-qwen2.gguf":
+            "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c",
+        "templates/Qwen-Qwen2.5-7B-Instruct.jinja":
+            "cd8e9439f0570856fd70470bf8889ebd8b5d1107207f67a5efb46e342330527f",
+        "templates/meta-llama-Llama-3.1-8B-Instruct.jinja":
+            "e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e2816b2d404d4b65",
+        "templates/meta-llama-Llama-3.2-3B-Instruct.jinja":
+            "5816fce10444e03c2e9ee1ef8a4a1ea61ae7e69e438613f3b17b69d0426223a4",
+    },
+}
+
 
 def sha256_of(path):
     digest = hashlib.sha256()
@@ -68,11 +99,13 @@ def sha256_of(path):
 
 
 def wheel_url(spec):
-    with urllib.request.urlopen(PYPI_JSON.format(**spec), timeout=60) as response:
+    index = PYPI_JSON.format(**spec)
+    with urllib.request.urlopen(index, timeout=60) as response:
         release = json.load(response)
     for entry in release["releases"].get(spec["version"], []):
         if entry["filename"] == spec["wheel"]:
-            return entry["url"]
+            # A mirror of the index may give the file's address relative to the index page.
+            return urllib.parse.urljoin(index, entry["url"])
     raise RuntimeError(f"{spec['package']} {spec['version']} has no file {spec['wheel']}")
 
 
@@ -82,6 +115,19 @@ def parts_of(spec):
         return spec["parts"]
     return [(spec["package"], spec["version"], spec["wheel"], spec["wheel_sha256"],
              spec["member"])]
+
+
+def download(package, version, file_name, file_sha256, directory):
+    """One release file of a PyPI package into directory, checked against its sha256."""
+    path = os.path.join(directory, file_name)
+    url = wheel_url({"package": package, "version": version, "wheel": file_name})
+    print(f"downloading {url}", file=sys.stderr)
+    with urllib.request.urlopen(url, timeout=600) as response, open(path, "wb") as out:
+        shutil.copyfileobj(response, out, 1 << 20)
+    got = sha256_of(path)
+    if got != file_sha256:
+        raise RuntimeError(f"{file_name}: sha256 {got}, expected {file_sha256}")
+    return path
 
 
 def fetch(name, cache_dir):
@@ -94,15 +140,7 @@ def fetch(name, cache_dir):
         partial = os.path.join(tmp, spec["file"])
         with open(partial, "wb") as out:
             for package, version, wheel_name, wheel_sha256, member in parts_of(spec):
-                wheel = os.path.join(tmp, wheel_name)
-                url = wheel_url({"package": package, "version": version, "wheel": wheel_name})
-                print(f"downloading {url}", file=sys.stderr)
-                with urllib.request.urlopen(url, timeout=600) as response, \
-                        open(wheel, "wb") as wheel_out:
-                    shutil.copyfileobj(response, wheel_out, 1 << 20)
-                got = sha256_of(wheel)
-                if got != wheel_sha256:
-                    raise RuntimeError(f"{wheel_name}: sha256 {got}, expected {wheel_sha256}")
+                wheel = download(package, version, wheel_name, wheel_sha256, tmp)
                 with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
                     shutil.copyfileobj(src, out, 1 << 20)
                 os.remove(wheel)
@@ -113,21 +151,59 @@ def fetch(name, cache_dir):
     return target
 
 
+def fetch_reference_vocab(cache_dir):
+    spec = REFERENCE_VOCAB
+    target = os.path.join(cache_dir, spec["dir"])
+    members = spec["members"]
+
+    def complete(directory):
+        return all(os.path.isfile(os.path.join(directory, m)) and
+                   sha256_of(os.path.join(directory, m)) == digest for m, digest in members.items())
+
+    if complete(target):
+        return target
+    os.makedirs(cache_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        sdist = download(spec["package"], spec["version"], spec["wheel"], spec["wheel_sha256"],
+                         tmp)
+        partial = os.path.join(tmp, spec["dir"])
+        with tarfile.open(sdist, "r:gz") as archive:
+            for member in members:
+                src = archive.extractfile(spec["prefix"] + member)
+                if src is None:
+                    raise RuntimeError(f"{spec['wheel']}: {member} is not a regular file")
+                path = os.path.join(partial, member)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with src, open(path, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+        if not complete(partial):
+            raise RuntimeError(f"{spec['wheel']}: a member's sha256 differs from the expected one")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(partial, target)
+    return target
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(MODELS))
     parser.add_argument("--cache-dir", default=os.environ.get(
         "SHADOWKV_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "shadowkv")))
     parser.add_argument("--list", action="store_true", help="list the known models")
+    parser.add_argument("--reference-vocab", action="store_true",
+                        help="fetch llama.cpp's vocabulary-only files instead of a model")
     args = parser.parse_args()
     if args.list:
         for name, spec in sorted(MODELS.items()):
             print(f"{name}\t{spec['about']}")
         return 0
+    what = "reference vocabularies" if args.reference_vocab else args.model
     try:
-        print(fetch(args.model, args.cache_dir))
+        if args.reference_vocab:
+            print(fetch_reference_vocab(args.cache_dir))
+        else:
+            print(fetch(args.model, args.cache_dir))
     except Exception as error:  # report any failure as one line, exit non-zero
-        print(f"fetch_model: {args.model}: {error}", file=sys.stderr)
+        print(f"fetch_model: {what}: {error}", file=sys.stderr)
         return 1
     return 0
 

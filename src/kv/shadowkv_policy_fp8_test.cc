@@ -116,8 +116,10 @@ TEST(ShadowKvTest, Fp8ValuesAttendWithinTheFormatsBound) {
     for (Runner* r : {&exact, &fp8, &bound_runner}) r->Step(1);
     check("decode");
   }
-  EXPECT_GT(worst_error, 0.0);  // the FP8 values were read
-  EXPECT_LT(worst_ratio, 1.0);
+  // Every element is within the bound (checked above); the bound is also tight: the worst error
+  // takes a good part of it (0.23 here), so the values were read as e4m3, not at a finer precision
+  // (bf16's rounding, 2^-8 of a value, would use about 1/70 of it, fp16's about 1/560).
+  EXPECT_GT(worst_ratio, 1.0 / 16);
   EXPECT_GT(fp8.shadow().Inspect(0).num_chunks, 33);
 }
 
