@@ -3,7 +3,6 @@
 #include <signal.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -27,6 +26,7 @@ struct ServeOptions {
   double fast_limit_mib = 4096;
   double slow_limit_mib = 16384;
   double max_body_kib = 1024;
+  double max_header_kib = 32;
   double shutdown_grace_seconds = 10;
   std::string device = "cpu";  // cpu | cuda
   int64_t context = 0;         // cuda: tokens per sequence (0: the model's context)
@@ -110,6 +110,7 @@ int RunServe(ServeOptions& o) {
     config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
   }  // on the GPU the pool made at load time is the limit
   config.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
+  config.max_header_bytes = static_cast<size_t>(o.max_header_kib * 1024);
   if (config.model_id.empty()) {
     config.model_id = std::filesystem::path(ResolveModelPath(o.model)).stem().string();
   }
@@ -187,7 +188,36 @@ Command AddServeCommand(CLI::App& app) {
                   "chat max_tokens when a request gives none")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--http-threads", s.http_threads, "connections served at once")
+  cmd->add_option("--http-threads", s.http_threads,
+                  "generation requests served at once (each open stream holds one; more: 503)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-header", o->max_header_kib,
+                  "largest request line plus headers in KiB (more: 431)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--header-timeout", s.header_timeout_seconds,
+                  "seconds for a whole request head to arrive, from its first byte (then 408)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--body-timeout", s.body_timeout_seconds,
+                  "seconds for a whole request body to arrive, after the head (then 408)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--idle-timeout", s.idle_timeout_seconds,
+                  "seconds a kept-alive connection may wait for its next request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--send-timeout", s.send_timeout_seconds,
+                  "seconds each write of a response may wait on a client that does not read")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", s.max_connections,
+                  "open connections; past it idle ones are closed, else 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-client-connections", s.max_client_connections,
+                  "open connections per client address; past it idle ones are closed, else 429")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--shutdown-grace", o->shutdown_grace_seconds,
