@@ -34,3 +34,23 @@ add_test(NAME fuzz_gguf
                  ${GGUF_FUZZ_BINARY} ${GGUF_FUZZ_CORPUS} ${CMAKE_BINARY_DIR}/fuzz/artifacts
                  ${CMAKE_SOURCE_DIR}/tests/fuzz/gguf_corpus)
 set_tests_properties(fuzz_gguf PROPERTIES LABELS fuzz TIMEOUT 180)
+
+# The HTTP request parser's fuzzer http_request_fuzz and its bounded ctest fuzz_http_request.
+set(HTTP_FUZZ_SOURCES ${CMAKE_SOURCE_DIR}/src/server/http/request_parser_fuzz.cc
+                      ${CMAKE_SOURCE_DIR}/src/server/http/request_parser.cc)
+set(HTTP_FUZZ_BINARY ${CMAKE_BINARY_DIR}/http_request_fuzz)
+add_custom_command(
+  OUTPUT ${HTTP_FUZZ_BINARY}
+  COMMAND ${SHADOWKV_CLANGXX} -std=c++20 -fsanitize=fuzzer,address,undefined
+          -fno-sanitize-recover=all -O1 -g -I${CMAKE_SOURCE_DIR}/src ${HTTP_FUZZ_SOURCES} -lfmt
+          -o ${HTTP_FUZZ_BINARY}
+  DEPENDS ${HTTP_FUZZ_SOURCES} ${CMAKE_SOURCE_DIR}/src/server/http/request_parser.h
+  COMMENT "Building the HTTP request parser's libFuzzer target with clang++"
+  VERBATIM)
+add_custom_target(http_request_fuzz ALL DEPENDS ${HTTP_FUZZ_BINARY})
+set(HTTP_FUZZ_CORPUS ${CMAKE_BINARY_DIR}/fuzz/http_request_corpus)
+add_test(NAME fuzz_http_request
+         COMMAND bash -c "mkdir -p \"$1\" \"$2\" && cp -f \"$3\"/* \"$1\"/ && \"$0\" -max_total_time=30 -rss_limit_mb=2048 -timeout=10 -artifact_prefix=\"$2\"/ \"$1\""
+                 ${HTTP_FUZZ_BINARY} ${HTTP_FUZZ_CORPUS} ${CMAKE_BINARY_DIR}/fuzz/artifacts
+                 ${CMAKE_SOURCE_DIR}/tests/fuzz/http_request_corpus)
+set_tests_properties(fuzz_http_request PROPERTIES LABELS fuzz TIMEOUT 180)

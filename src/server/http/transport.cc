@@ -469,7 +469,7 @@ void Transport::Refuse(Connection* c, int status, std::string_view code, std::st
   if (retry_after) res.headers.emplace_back("Retry-After", "1");
   SendSome(c->fd,
            ResponseHead(res, static_cast<int64_t>(res.body.size()), false, false) + res.body);
-  if (logger_) logger_(c->parser.head_complete() ? c->parser.request().path : "", status);
+  if (logger_) logger_(c->parser.request().path, status);  // "" before a request line
   // Half-close and read what the client still sends: closing with unread bytes would reset
   // the connection, and the client might lose the refusal.
   ::shutdown(c->fd, SHUT_WR);
