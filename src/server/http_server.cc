@@ -171,6 +171,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServingModel& model, Serv
                  config.scheduler.max_batch, config.scheduler.prefill_chunk, config.http_threads,
                  config.scheduler.max_queue);
   }
+  if (config.max_connections < 1 || config.max_client_connections < 1 ||
+      config.max_header_bytes < 1 || config.max_body_bytes < 1 ||
+      !(config.header_timeout_seconds > 0) || !(config.body_timeout_seconds > 0) ||
+      !(config.idle_timeout_seconds > 0) || !(config.send_timeout_seconds > 0)) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "HTTP limits (connections, header and body sizes, timeouts) must be positive");
+  }
   std::unique_ptr<HttpServer> server(new HttpServer(model, std::move(config)));
   server->policies_[""] = std::move(policy);
   return server;
