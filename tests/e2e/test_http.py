@@ -255,6 +255,44 @@ def test_slow_clients(server_args):
         check(server.healthy(), "unhealthy after the slow clients")
 
 
+def test_streams_holding_every_worker(server_args):
+    threads = 2
+    with Server(sys.argv[1], "--http-threads", str(threads)) as server:
+        body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 4000, "stream": True,
+                           "ignore_eos": True, "temperature": 0}).encode()
+        streams = []
+        for _ in range(threads):
+            s = socket.create_connection((server.host, server.port), timeout=60)
+            s.sendall(post_bytes(body))
+            received = b""
+            while b"data: " not in received:
+                received += s.recv(4096)
+            streams.append(s)
+        try:
+            # Every generation worker holds a stream: the cheap routes still answer, and a
+            # further generation request is refused at once instead of waiting on its socket.
+            start = time.time()
+            check(server.healthy(), "/health not ok while streams hold every worker")
+            check(time.time() - start < 2, f"/health took {time.time() - start:.1f} s")
+            status, headers, data = server.request("POST", "/v1/completions", SHORT_COMPLETION,
+                                                   timeout=30)
+            check(status == 503 and int(headers["retry-after"]) >= 1, f"busy workers: {status}")
+            check_error(status, headers, data, "busy workers", "server_busy")
+        finally:
+            for s in streams:
+                s.close()
+        # The closed streams free their workers (noticed at their next write).
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            status, _, data = server.request("POST", "/v1/completions", SHORT_COMPLETION)
+            if status == 200:
+                break
+            time.sleep(0.5)
+        check(status == 200, f"generation did not come back after the streams closed: {status}")
+        key = 'shadowkv_requests_total{endpoint="/v1/completions",status="503"}'
+        check(server.metrics().get(key, 0) >= 1, "the 503 was not counted")
+
+
 def partial_heads(server, source, count):
     sockets = []
     for _ in range(count):
@@ -312,7 +350,8 @@ def main():
         result = run_tests([test_corpus, test_oversized_heads, test_chunked_body_past_max_body,
                             test_pipelining, test_http10_stream, test_keep_alive_and_head,
                             test_second_server_on_the_port], server)
-    more = run_tests([test_slow_clients, test_connection_caps], None)
+    more = run_tests([test_slow_clients, test_connection_caps, test_streams_holding_every_worker],
+                     None)
     finish(result[0] + more[0], result[1] + more[1])
 
 
