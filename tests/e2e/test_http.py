@@ -293,36 +293,50 @@ def test_streams_holding_every_worker(server_args):
         check(server.metrics().get(key, 0) >= 1, "the 503 was not counted")
 
 
-def partial_heads(server, source, count):
+def partial_requests(server, source, count, data=b"GET /health HTTP/1.1\r\n"):
     sockets = []
     for _ in range(count):
         s = socket.create_connection((server.host, server.port), timeout=20,
                                      source_address=(source, 0))
-        s.sendall(b"GET /health HTTP/1.1\r\n")
+        s.sendall(data)
         sockets.append(s)
     return sockets
 
 
+def get_health_from(server, source):
+    reply = raw_exchange(server.host, server.port, b"GET /health HTTP/1.1\r\n\r\n",
+                         source=source)
+    return parse_responses(reply)[0]
+
+
 def test_connection_caps(server_args):
+    partial_body = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"
     with Server(sys.argv[1], "--max-client-connections", "4", "--max-connections", "8") as server:
         # Per client: a fifth connection from an address with four requests under way: 429.
-        busy = partial_heads(server, "127.0.0.2", 4)
+        heads = partial_requests(server, "127.0.0.2", 4)
         time.sleep(0.3)
-        reply = raw_exchange(server.host, server.port, b"GET /health HTTP/1.1\r\n\r\n",
-                             source="127.0.0.2")
-        status, headers, body = parse_responses(reply)[0]
+        status, headers, body = get_health_from(server, "127.0.0.2")
         check(status == 429 and int(headers["retry-after"]) >= 1, f"per-client cap: {status}")
         check_error(status, headers, body, "per-client cap", "too_many_connections")
         check(server.healthy(), "another address is refused by the per-client cap")
-        # In all: eight connections from other addresses leave none for a ninth: 503.
-        others = partial_heads(server, "127.0.0.3", 4)
-        time.sleep(2.5)  # the refused connection above has drained and closed
-        reply = raw_exchange(server.host, server.port, b"GET /health HTTP/1.1\r\n\r\n",
-                             source="127.0.0.4")
-        status, headers, body = parse_responses(reply)[0]
+        # In all: with eight open, a ninth client gets the slot of the head arriving longest.
+        bodies = partial_requests(server, "127.0.0.3", 4, partial_body)
+        time.sleep(2.5)  # the refused connection above has drained; the heads are old
+        status, _, _ = get_health_from(server, "127.0.0.4")
+        check(status == 200, f"a new client at the total cap with slow heads open: {status}")
+        status, headers, body = parse_responses(read_reply(heads[0], 10))[0]
+        check(status == 408, f"the oldest slow head got {status}")
+        check_error(status, headers, body, "evicted head", "request_timeout")
+        # Eight requests whose bodies are under way leave nothing to close: 503.
+        for s in heads:
+            s.close()
+        time.sleep(0.5)
+        bodies += partial_requests(server, "127.0.0.2", 4, partial_body)
+        time.sleep(0.3)
+        status, headers, body = get_health_from(server, "127.0.0.4")
         check(status == 503 and int(headers["retry-after"]) >= 1, f"total cap: {status}")
         check_error(status, headers, body, "total cap", "too_many_connections")
-        for s in busy + others:
+        for s in bodies:
             s.close()
         time.sleep(2.5)
         # Idle kept-alive connections are closed first to make room.
@@ -333,10 +347,8 @@ def test_connection_caps(server_args):
             c.request("GET", "/health")
             check(c.getresponse().read(), "health on an idle-to-be connection")
             idle.append(c)
-        reply = raw_exchange(server.host, server.port,
-                             b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n",
-                             source="127.0.0.2")
-        check(parse_responses(reply)[0][0] == 200, "no room made from idle connections")
+        status, _, _ = get_health_from(server, "127.0.0.2")
+        check(status == 200, "no room made from idle connections")
         oldest = idle[0].sock
         oldest.settimeout(5)
         check(oldest.recv(1) == b"", "the oldest idle connection was not the one closed")

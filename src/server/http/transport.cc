@@ -33,6 +33,8 @@ constexpr auto kLinger = std::chrono::seconds(2);
 constexpr auto kSweepEvery = std::chrono::milliseconds(50);
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 constexpr size_t kLightQueue = 256;
+// A head still arriving after this long may be closed to make room when the server is full.
+constexpr auto kSlowHead = std::chrono::seconds(1);
 
 std::chrono::steady_clock::duration Seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -408,7 +410,7 @@ void Transport::AcceptAll() {
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event);
     const int mine = ++s.per_client[c->peer];
     const bool full = static_cast<int>(s.connections.size()) > options_.max_connections;
-    if (full && !EvictIdle(nullptr, c)) {
+    if (full && !EvictIdle(nullptr, c) && !EvictSlowestHead(c)) {
       Refuse(c, 503, "too_many_connections",
              fmt::format("the server has its limit of {} connections open; retry later",
                          options_.max_connections),
@@ -437,6 +439,32 @@ bool Transport::EvictIdle(const std::string* peer, const Connection* except) {
   }
   if (oldest == nullptr) return false;
   Close(oldest);
+  return true;
+}
+
+bool Transport::EvictSlowestHead(const Connection* except) {
+  State& s = *state_;
+  const Clock::time_point now = Clock::now();
+  Connection* slowest = nullptr;
+  for (auto& [fd, c] : s.connections) {
+    const bool in_head = c->phase == Connection::Phase::kReading && c->parser.started() &&
+                         !c->parser.head_complete() && c.get() != except &&
+                         now - c->head_started >= kSlowHead;
+    if (in_head && (slowest == nullptr || c->head_started < slowest->head_started)) {
+      slowest = c.get();
+    }
+  }
+  if (slowest == nullptr) return false;
+  // No lingering here: the point is to free the slot now.
+  Response res;
+  res.status = 408;
+  res.body = ErrorText(408, "request_timeout",
+                       "the request head was still arriving while the server had its limit of "
+                       "connections open; closed to make room");
+  SendSome(slowest->fd,
+           ResponseHead(res, static_cast<int64_t>(res.body.size()), false, false) + res.body);
+  if (logger_) logger_(slowest->parser.request().path, 408);
+  Close(slowest);
   return true;
 }
 

@@ -2,17 +2,18 @@
 // limits and deadlines, two worker pools answer them.
 //
 // Design. The loop thread owns every connection while a request is being read: non-blocking
-// sockets, a RequestParser per connection, a deadline for the whole head and another for the whole
-// body (408), caps on open connections in all and per client address (idle keep-alive
-// connections are closed first to make room). A slow client therefore costs a socket and a few
-// bytes, never a thread. Only complete requests leave the loop: generation routes go to a pool
-// of `generation_threads` workers (a stream holds one; when none is free the request is refused
-// at once with 503 and Retry-After), every other route to a small pool of its own so that
-// /health and /metrics answer while generation is saturated. A worker writes the response with a
-// send deadline and hands the connection back; bytes already read past the request (pipelining)
-// are parsed next, so answers leave in order. Refusals made by the loop (limits, deadlines) are
-// sent, then the connection is half-closed and drained for a moment so that the client reads the
-// refusal instead of a reset.
+// sockets, a RequestParser per connection, a deadline for the whole head and another for the
+// whole body (408), caps on open connections in all and per client address. To make room, idle
+// keep-alive connections are closed first, then (for the total cap) the head that has been
+// arriving longest. A slow client therefore costs a socket and a few bytes, never a thread.
+// Only complete requests leave the loop: generation routes go to a pool of `generation_threads`
+// workers (a stream holds one; when none is free the request is refused at once with 503 and
+// Retry-After), every other route to a small pool of its own so that /health and /metrics
+// answer while generation is saturated. A worker writes the response with a send deadline and
+// hands the connection back; bytes already read past the request (pipelining) are parsed next,
+// so answers leave in order. Refusals made by the loop (limits, deadlines) are sent, then the
+// connection is half-closed and drained for a moment so that the client reads the refusal
+// instead of a reset.
 #pragma once
 
 #include <atomic>
@@ -111,6 +112,9 @@ class Transport {
               bool retry_after = false);
   // Closes the idle connection (of `peer`, if given) that waited longest; false when none.
   bool EvictIdle(const std::string* peer, const Connection* except);
+  // Closes (with 408) the connection whose request head has been arriving longest, if over a
+  // second: when the server is full, a slow sender gives way to a new client.
+  bool EvictSlowestHead(const Connection* except);
   void Close(Connection* c);
   std::string ErrorText(int status, std::string_view code, std::string_view message) const;
   std::string Allowed(const std::string& path) const;
