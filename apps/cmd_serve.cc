@@ -1,6 +1,7 @@
 // `shadowkv serve`: the OpenAI-compatible HTTP server (see docs/SERVER.md).
 #include <semaphore.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -99,6 +100,12 @@ int RunServe(ServeOptions& o) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client closing its socket must not kill the process
+  // Every connection is a descriptor: the usual soft limit of 1024 is below --max-connections'
+  // default plus the server's own files (the server uses epoll and poll, never select).
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   auto loaded = LoadServingModel(o);
   if (!loaded.ok()) return Fail(loaded.status().ToString());
