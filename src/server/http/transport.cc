@@ -614,6 +614,10 @@ void Transport::RunRequest(Connection* c, const Route* route) {
       res = Response();
       res.status = 500;
       res.body = ErrorText(500, "internal_error", fmt::format("internal error: {}", error.what()));
+    } catch (...) {
+      res = Response();
+      res.status = 500;
+      res.body = ErrorText(500, "internal_error", "internal error");
     }
   }
   const bool http10 = req.minor_version == 0;
@@ -623,8 +627,16 @@ void Transport::RunRequest(Connection* c, const Route* route) {
   if (res.stream) {
     if (http10) keep_alive = false;  // the body ends where the connection does
     writer.Send(ResponseHead(res, -1, !http10, keep_alive));
-    if (!writer.failed()) res.stream(writer);
-    if (!http10) writer.Send("0\r\n\r\n");
+    bool finished = false;
+    if (!writer.failed()) {
+      try {
+        res.stream(writer);
+        finished = true;
+      } catch (...) {  // the head is out: all that is left is to cut the stream short
+      }
+    }
+    if (finished && !http10) writer.Send("0\r\n\r\n");
+    if (!finished) keep_alive = false;
   } else {
     std::string out = ResponseHead(res, static_cast<int64_t>(res.body.size()), false, keep_alive);
     if (req.method != "HEAD") out += res.body;
