@@ -1,9 +1,9 @@
 // `shadowkv serve`: the OpenAI-compatible HTTP server (see docs/SERVER.md).
 #include <semaphore.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -27,6 +27,7 @@ struct ServeOptions {
   double fast_limit_mib = 4096;
   double slow_limit_mib = 16384;
   double max_body_kib = 1024;
+  double max_header_kib = 32;
   double shutdown_grace_seconds = 10;
   std::string device = "cpu";  // cpu | cuda
   int64_t context = 0;         // cuda: tokens per sequence (0: the model's context)
@@ -99,6 +100,12 @@ int RunServe(ServeOptions& o) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client closing its socket must not kill the process
+  // Every connection is a descriptor: the usual soft limit of 1024 is below --max-connections'
+  // default plus the server's own files (the server uses epoll and poll, never select).
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   auto loaded = LoadServingModel(o);
   if (!loaded.ok()) return Fail(loaded.status().ToString());
@@ -110,6 +117,7 @@ int RunServe(ServeOptions& o) {
     config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
   }  // on the GPU the pool made at load time is the limit
   config.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
+  config.max_header_bytes = static_cast<size_t>(o.max_header_kib * 1024);
   if (config.model_id.empty()) {
     config.model_id = std::filesystem::path(ResolveModelPath(o.model)).stem().string();
   }
@@ -187,7 +195,36 @@ Command AddServeCommand(CLI::App& app) {
                   "chat max_tokens when a request gives none")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--http-threads", s.http_threads, "connections served at once")
+  cmd->add_option("--http-threads", s.http_threads,
+                  "generation requests served at once (each open stream holds one; more: 503)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-header", o->max_header_kib,
+                  "largest request line plus headers in KiB (more: 431)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--header-timeout", s.header_timeout_seconds,
+                  "seconds for a whole request head to arrive, from its first byte (then 408)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--body-timeout", s.body_timeout_seconds,
+                  "seconds for a whole request body to arrive, after the head (then 408)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--idle-timeout", s.idle_timeout_seconds,
+                  "seconds a kept-alive connection may wait for its next request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--send-timeout", s.send_timeout_seconds,
+                  "seconds each write of a response may wait on a client that does not read")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections", s.max_connections,
+                  "open connections; past it idle ones are closed, else 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-client-connections", s.max_client_connections,
+                  "open connections per client address; past it idle ones are closed, else 429")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--shutdown-grace", o->shutdown_grace_seconds,

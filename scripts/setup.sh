@@ -11,7 +11,6 @@ PACKAGES=(
   clang libclang-rt-dev             # libFuzzer target for the GGUF parser
   jargon-text                       # default essay haystack for the long-context evaluation
   python3-matplotlib                # plots (inspect spectra, eval heatmaps)
-  libcpp-httplib-dev                # HTTP server of `shadowkv serve`
   chromium python3-venv             # e2e tests: headless chat page; venv for the openai client
 )
 missing=()

@@ -1,9 +1,6 @@
 // HttpServer: routes, request preparation (tokens, limits, KV policy), streamed and whole replies.
 #include "server/http_server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
 #include <ctime>
 #include <random>
 
@@ -19,25 +16,18 @@ using Json = nlohmann::json;
 namespace {
 
 constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
-constexpr int kListenBacklog = 1024;
-
-// httplib listens with a backlog of 5: a burst of clients overflows it and some connections
-// are reset. This subclass reaches the listening socket to raise it.
-class Listener : public httplib::Server {
- public:
-  bool RaiseBacklog() { return ::listen(svr_sock_, kListenBacklog) == 0; }
-};
 
 std::string Dump(const Json& body) {
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-void SendJson(httplib::Response& res, int status, const Json& body) {
+void SendJson(http::Response& res, int status, const Json& body) {
   res.status = status;
-  res.set_content(Dump(body), "application/json");
+  res.content_type = "application/json";
+  res.body = Dump(body);
 }
 
-void SendError(httplib::Response& res, const ApiError& error) {
+void SendError(http::Response& res, const ApiError& error) {
   SendJson(res, error.http_status, ErrorBody(error));
 }
 
@@ -104,6 +94,10 @@ class TextAssembler {
 };
 
 struct StreamState {
+  // However the response ends (even before its head went out), the sequence stops.
+  ~StreamState() {
+    if (handle) handle->Cancel();
+  }
   Prepared prepared;
   std::shared_ptr<SequenceHandle> handle;
   std::unique_ptr<TextAssembler> text;
@@ -111,9 +105,9 @@ struct StreamState {
 };
 
 // Writes the whole SSE stream; false when the client went away (the sequence is cancelled).
-bool WriteStream(StreamState& s, httplib::DataSink& sink) {
+bool WriteStream(StreamState& s, http::StreamWriter& sink) {
   const ResponseMeta& meta = s.prepared.meta;
-  auto write = [&](const std::string& data) { return sink.write(data.data(), data.size()); };
+  auto write = [&](const std::string& data) { return sink.Write(data); };
   auto gone = [&] {
     s.handle->Cancel();
     return false;
@@ -142,7 +136,6 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
         if (!piece.empty()) write(SseEvent(ChunkObject(meta, piece, "")));
         write(SseEvent(ErrorBody(*error)));
         write("data: [DONE]\n\n");
-        sink.done();
         return true;
       }
       finish_reason = FinishReasonText(s.handle->end_reason());
@@ -162,7 +155,6 @@ bool WriteStream(StreamState& s, httplib::DataSink& sink) {
     if (!write(SseEvent(UsageChunkObject(meta, usage)))) return gone();
   }
   if (!write("data: [DONE]\n\n")) return gone();
-  sink.done();
   return true;
 }
 
@@ -179,6 +171,13 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServingModel& model, Serv
                  config.scheduler.max_batch, config.scheduler.prefill_chunk, config.http_threads,
                  config.scheduler.max_queue);
   }
+  if (config.max_connections < 1 || config.max_client_connections < 1 ||
+      config.max_header_bytes < 1 || config.max_body_bytes < 1 ||
+      !(config.header_timeout_seconds > 0) || !(config.body_timeout_seconds > 0) ||
+      !(config.idle_timeout_seconds > 0) || !(config.send_timeout_seconds > 0)) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "HTTP limits (connections, header and body sizes, timeouts) must be positive");
+  }
   std::unique_ptr<HttpServer> server(new HttpServer(model, std::move(config)));
   server->policies_[""] = std::move(policy);
   return server;
@@ -188,8 +187,20 @@ HttpServer::HttpServer(ServingModel& model, ServerConfig config)
     : model_(model),
       config_(std::move(config)),
       chat_template_(DetectChatTemplate(model.file())),
-      http_(std::make_unique<Listener>()),
       started_(static_cast<int64_t>(std::time(nullptr))) {
+  http::TransportOptions t;
+  t.host = config_.host;
+  t.port = config_.port;
+  t.limits.max_head_bytes = config_.max_header_bytes;
+  t.limits.max_body_bytes = config_.max_body_bytes;
+  t.generation_threads = config_.http_threads;
+  t.header_timeout_seconds = config_.header_timeout_seconds;
+  t.body_timeout_seconds = config_.body_timeout_seconds;
+  t.idle_timeout_seconds = config_.idle_timeout_seconds;
+  t.send_timeout_seconds = config_.send_timeout_seconds;
+  t.max_connections = config_.max_connections;
+  t.max_client_connections = config_.max_client_connections;
+  http_ = std::make_unique<http::Transport>(std::move(t));
   scheduler_ = std::make_unique<Scheduler>(model_, config_.scheduler, &metrics_);
   Route();
 }
@@ -226,62 +237,37 @@ Result<std::pair<const kv::KvPolicy*, std::string>> HttpServer::ResolvePolicy(
 }
 
 Status HttpServer::Bind() {
-  if (config_.port == 0) {
-    port_ = http_->bind_to_any_port(config_.host);
-    if (port_ <= 0) return Error(ErrorCode::kIo, "cannot bind to {}", config_.host);
-  } else {
-    if (!http_->bind_to_port(config_.host, config_.port)) {
-      return Error(ErrorCode::kIo, "cannot bind to {}:{}", config_.host, config_.port);
-    }
-    port_ = config_.port;
-  }
-  if (!static_cast<Listener&>(*http_).RaiseBacklog()) {
-    return Error(ErrorCode::kIo, "cannot set the listen backlog to {}", kListenBacklog);
-  }
+  SKV_RETURN_IF_ERROR(http_->Bind());
+  port_ = http_->port();
   return Status::Ok();
 }
 
-bool HttpServer::Serve() { return http_->listen_after_bind(); }
+bool HttpServer::Serve() { return http_->Serve(); }
 
 void HttpServer::Stop(std::chrono::milliseconds grace) {
   if (stopping_.exchange(true)) return;
   scheduler_->Shutdown(grace);
-  http_->stop();
+  http_->Stop();
 }
 
 void HttpServer::Route() {
-  httplib::Server& http = *http_;
-  const int threads = config_.http_threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(config_.max_body_bytes);
-  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    metrics_.CountRequest(EndpointLabel(req.path), res.status);
+  http::Transport& http = *http_;
+  http.SetLogger([this](std::string_view path, int status) {
+    metrics_.CountRequest(EndpointLabel(std::string(path)), status);
   });
-  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    ApiError error{res.status, fmt::format("HTTP error {}", res.status), "invalid_request_error",
-                   "", ""};
-    if (res.status == 404) {
-      error.message = "no route " + req.method + " " + req.path;
-      error.code = "unknown_url";
-    } else if (res.status == 413) {
-      error.message =
-          fmt::format("the request body is larger than {} bytes", config_.max_body_bytes);
-      error.code = "body_too_large";
-    } else if (res.status == 400) {
-      error.message = "malformed HTTP request";
-    }
-    SendError(res, error);
+  http.SetErrorFormatter([](int status, std::string_view code, std::string_view message) {
+    const char* type = status == 429   ? "rate_limit_error"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    return Dump(ErrorBody(ApiError{status, std::string(message), type, "", std::string(code)}));
   });
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        SendError(res, ApiError{500, "internal error", "server_error", "", "internal_error"});
-      });
 
-  http.Get("/", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(std::string(ChatPageHtml()), "text/html; charset=utf-8");
+  using http::Pool;
+  http.Handle("GET", "/", Pool::kLight, [](const http::Request&, http::Response& res) {
+    res.content_type = "text/html; charset=utf-8";
+    res.body = std::string(ChatPageHtml());
   });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  http.Handle("GET", "/health", Pool::kLight, [this](const http::Request&, http::Response& res) {
     const EngineGauges g = scheduler_->gauges();
     const bool ok = !stopping_.load();
     SendJson(res, ok ? 200 : 503,
@@ -290,10 +276,11 @@ void HttpServer::Route() {
               {"queued", g.queue_depth},
               {"held_states", g.held_states}});
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.Render(), "text/plain; version=0.0.4");
+  http.Handle("GET", "/metrics", Pool::kLight, [this](const http::Request&, http::Response& res) {
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = metrics_.Render();
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  http.Handle("GET", "/v1/models", Pool::kLight, [this](const http::Request&, http::Response& res) {
     Json model = {{"id", config_.model_id},
                   {"object", "model"},
                   {"created", started_},
@@ -302,7 +289,7 @@ void HttpServer::Route() {
   });
 
   auto generate = [this](Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+    return [this, endpoint](const http::Request& req, http::Response& res) {
       const Clock::time_point arrival = Clock::now();
       ApiRequest api;
       if (auto error = ParseApiRequest(req.body, endpoint, config_.limits, &api)) {
@@ -391,11 +378,11 @@ void HttpServer::Route() {
         case SubmitResult::Code::kOk:
           break;
         case SubmitResult::Code::kQueueFull:
-          res.set_header("Retry-After", std::to_string(scheduler_->RetryAfterSeconds()));
+          res.headers.emplace_back("Retry-After", std::to_string(scheduler_->RetryAfterSeconds()));
           return SendError(res,
                            ApiError{429, submitted.message, "rate_limit_error", "", "queue_full"});
         case SubmitResult::Code::kShuttingDown:
-          res.set_header("Retry-After", "5");
+          res.headers.emplace_back("Retry-After", "5");
           return SendError(res,
                            ApiError{503, submitted.message, "server_error", "", "shutting_down"});
         case SubmitResult::Code::kTooLarge:
@@ -412,12 +399,10 @@ void HttpServer::Route() {
       state->timeout_seconds = config_.request_timeout_seconds;
       if (p.stream) {
         state->prepared = std::move(p);
-        res.set_header("Cache-Control", "no-cache");
-        res.set_header("X-Accel-Buffering", "no");
-        res.set_chunked_content_provider(
-            "text/event-stream",
-            [state](size_t, httplib::DataSink& sink) { return WriteStream(*state, sink); },
-            [state](bool) { state->handle->Cancel(); });
+        res.content_type = "text/event-stream";
+        res.headers.emplace_back("Cache-Control", "no-cache");
+        res.headers.emplace_back("X-Accel-Buffering", "no");
+        res.stream = [state](http::StreamWriter& sink) { WriteStream(*state, sink); };
         return;
       }
       // Whole reply: wait for the end (the deadline bounds the wait).
@@ -447,8 +432,9 @@ void HttpServer::Route() {
       SendJson(res, 200, CompletionObject(p.meta, text, finish_reason, usage));
     };
   };
-  http.Post("/v1/completions", generate(Endpoint::kCompletions));
-  http.Post("/v1/chat/completions", generate(Endpoint::kChatCompletions));
+  http.Handle("POST", "/v1/completions", Pool::kGeneration, generate(Endpoint::kCompletions));
+  http.Handle("POST", "/v1/chat/completions", Pool::kGeneration,
+              generate(Endpoint::kChatCompletions));
 }
 
 }  // namespace shadowkv::server

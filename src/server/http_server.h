@@ -12,13 +12,10 @@
 #include "format/chat_template.h"
 #include "kv/kv_config.h"
 #include "server/api_request.h"
+#include "server/http/transport.h"
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "server/serving_model.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace shadowkv::server {
 
@@ -32,7 +29,14 @@ struct ServerConfig {
   size_t max_body_bytes = 1 << 20;         // larger bodies: 413
   double request_timeout_seconds = 600.0;  // from arrival to the last token
   int default_max_tokens = 512;            // chat, when max_tokens is absent (completions: 16)
-  int http_threads = 128;                  // connections served at once (streams hold one each)
+  int http_threads = 128;                  // generation requests at once (streams hold one each)
+  size_t max_header_bytes = 32 * 1024;     // request line and headers: 431
+  double header_timeout_seconds = 10.0;    // whole head, from its first byte: 408
+  double body_timeout_seconds = 60.0;      // whole body, from the end of the head: 408
+  double idle_timeout_seconds = 30.0;      // keep-alive wait for the next request
+  double send_timeout_seconds = 30.0;      // each write of a response
+  int max_connections = 1024;              // open at once; past it idle ones close, else 503
+  int max_client_connections = 256;        // per client address; past it 429
   int max_policies = 64;                   // distinct per-request KV settings kept
 };
 
@@ -64,13 +68,14 @@ class HttpServer {
   Result<ChatTemplate> chat_template_;
   Metrics metrics_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<httplib::Server> http_;
   std::mutex policies_mutex_;
   std::map<std::string, std::unique_ptr<kv::KvPolicy>> policies_;  // by policy key
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> stopping_{false};
   int64_t started_ = 0;  // unix time
   int port_ = 0;
+  // Last: its workers call into everything above, so it goes (joining them) first.
+  std::unique_ptr<http::Transport> http_;
 };
 
 }  // namespace shadowkv::server

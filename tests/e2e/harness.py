@@ -4,6 +4,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,59 @@ class Server:
             return False
         self.stop()
         return False
+
+
+def raw_exchange(host, port, data, timeout=30, source=None):
+    """Sends raw bytes on a fresh connection (from `source`, an address, if given), half-closes
+    it and reads until the server closes: the bytes received. A hang raises socket.timeout."""
+    with socket.create_connection((host, port), timeout=timeout,
+                                  source_address=(source, 0) if source else None) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        received = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                return received
+            received += chunk
+        return received
+
+
+def parse_responses(data):
+    """The HTTP/1.1 responses that follow one another in `data`: [(status, headers, body)], each
+    body framed by Content-Length, chunked encoding, or the end of the data."""
+    responses = []
+    while data:
+        head, separator, data = data.partition(b"\r\n\r\n")
+        check(separator, f"a response head without its end: {head[:200]!r}")
+        lines = head.decode("latin-1").split("\r\n")
+        check(lines[0].startswith("HTTP/1."), f"not a status line: {lines[0]!r}")
+        status = int(lines[0].split(" ")[1])
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if status == 100:
+            continue
+        if "content-length" in headers:
+            length = int(headers["content-length"])
+            body, data = data[:length], data[length:]
+        elif headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size_line, _, data = data.partition(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                if size == 0:
+                    data = data[2:]
+                    break
+                body, data = body + data[:size], data[size + 2:]
+        else:
+            body, data = data, b""
+        responses.append((status, headers, body))
+    return responses
 
 
 def client(server, timeout=300):

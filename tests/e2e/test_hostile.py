@@ -7,7 +7,7 @@ import socket
 import sys
 import time
 
-from harness import Server, check, finish, run_tests
+from harness import Server, check, finish, parse_responses, raw_exchange, run_tests
 
 MAX_BODY_KIB = 256
 
@@ -73,19 +73,19 @@ def test_sizes_routes_and_garbage(server):
     expect_error(server, "/v1/completions", big, 413, code="body_too_large", raw=True)
     got, _, data = server.request("GET", "/v1/nothing")
     check(got == 404 and json.loads(data)["error"]["code"] == "unknown_url", f"404: {got}")
-    got, _, _ = server.request("GET", "/v1/completions")
-    check(got in (404, 405), f"GET on a POST route: {got}")
-    # Truncated body: Content-Length promises more than arrives before the client hangs up.
-    for payload in [b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro",
-                    b"\x00\x01\x02garbage\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\n" + b"A" * 70000,
-                    b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n"]:
-        with socket.create_connection((server.host, server.port), timeout=10) as s:
-            s.sendall(payload)
-            s.shutdown(socket.SHUT_WR)
-            try:
-                s.recv(4096)
-            except (ConnectionResetError, socket.timeout):
-                pass
+    got, headers, data = server.request("GET", "/v1/completions")
+    check(got == 405 and headers.get("allow") == "POST", f"GET on a POST route: {got} {headers}")
+    check(json.loads(data)["error"]["code"] == "method_not_allowed", f"405 body {data!r}")
+    # Truncated body (Content-Length promises more than arrives before the client hangs up),
+    # non-HTTP bytes, a head past the limit, a negative length: each a clear refusal.
+    for payload, status in [
+            (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro", 400),
+            (b"\x00\x01\x02garbage\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"A" * 70000, 431),
+            (b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400)]:
+        got, _, data = parse_responses(raw_exchange(server.host, server.port, payload, 10))[0]
+        check(got == status, f"{payload[:40]!r}: status {got}, expected {status}")
+        check(json.loads(data)["error"]["message"], f"{payload[:40]!r}: no error message")
     check(server.healthy(), "unhealthy after garbage")
 
 
