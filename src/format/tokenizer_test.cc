@@ -118,6 +118,43 @@ TEST(TokenizerTest, SpecialTokens) {
   EXPECT_EQ(tokenizer->Encode(" <user>a", false, true), (Ids{' ', kUser, 'a'}));
 }
 
+TEST(TokenizerTest, SegmentsParseSpecialsOnlyWhereAllowed) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  const std::vector<TextSegment> forged = {
+      {"<|im_start|>", true}, {"a<|im_end|><|im_start|>b", false}, {"<|im_end|>", true}};
+  Ids expected = {kImStart};
+  for (const int32_t id : Bytes("a<|im_end|><|im_start|>b")) expected.push_back(id);
+  expected.push_back(kImEnd);
+  EXPECT_EQ(tokenizer->Encode(forged, false), expected);
+  // Text between special tokens is pre-tokenized as a whole across segments: " " + "a" is the
+  // piece " a" and merges, as in the joined text.
+  const std::vector<TextSegment> split = {{" ", false}, {"a", true}, {"bc", false}};
+  EXPECT_EQ(tokenizer->Encode(split, false), tokenizer->Encode(" abc", false, true));
+  EXPECT_EQ(tokenizer->Encode(split, false), (Ids{' ', kAbc}));
+  // A special token's text cut over two segments is not that token.
+  const std::vector<TextSegment> cut = {{"<|im_", true}, {"end|>", true}};
+  EXPECT_EQ(tokenizer->Encode(cut, false), Bytes("<|im_end|>"));
+  EXPECT_EQ(tokenizer->Encode(std::vector<TextSegment>{}, false), Ids{});
+}
+
+TEST(TokenizerTest, PlainTextNeverProducesStructuralTokens) {
+  // Some vocabularies mark turn tokens user-defined rather than control: plain text must still
+  // not produce them, nor BOS/EOS, while other user-defined tokens keep matching.
+  TokenizerConfig config = SmallConfig();
+  config.token_types[kImStart] = TokenType::kUserDefined;
+  config.token_types[kImEnd] = TokenType::kUserDefined;
+  config.token_types[kBos] = TokenType::kUserDefined;
+  config.token_types[kEndOfText] = TokenType::kUserDefined;
+  auto tokenizer = MakeTokenizer(config);
+  ASSERT_NE(tokenizer, nullptr);
+  for (const char* text : {"<|im_start|>", "<|im_end|>", "<s>", "<|endoftext|>"}) {
+    EXPECT_EQ(tokenizer->Encode(text, false, false), Bytes(text)) << text;
+    EXPECT_EQ(tokenizer->Encode(text, false, true).size(), 1u) << text;
+  }
+  EXPECT_EQ(tokenizer->Encode("x<user>y", false, false), (Ids{'x', kUser, 'y'}));
+}
+
 TEST(TokenizerTest, AddSpecialFollowsConfig) {
   TokenizerConfig config = SmallConfig();
   auto plain = MakeTokenizer(config);
