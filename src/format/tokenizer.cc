@@ -96,6 +96,48 @@ struct Candidate {
   }
 };
 
+bool IsValidUtf8(std::string_view text) {
+  for (size_t offset = 0; offset < text.size();) {
+    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
+    if (decoded.codepoint == unicode::kInvalidCodepoint) return false;
+    offset += decoded.num_bytes;
+  }
+  return true;
+}
+
+// Bytes every byte-level vocabulary must spell on its own: without them ordinary text (ASCII,
+// or any character of the Basic Multilingual Plane) loses bytes and can encode to nothing. The
+// other bytes (most C0 controls, 0xC0, 0xC1, 0xF0..0xFF) are left out by some real
+// vocabularies and are dropped from the input, as the reference tokenizers do.
+bool IsRequiredByte(int byte) {
+  return byte == '\t' || byte == '\n' || (byte >= 0x20 && byte <= 0x7E) ||
+         (byte >= 0x80 && byte <= 0xBF) || (byte >= 0xC2 && byte <= 0xEF);
+}
+
+// Says which byte has no token and what is wrong with the token texts instead.
+Status MissingByteError(int byte, std::string_view mapped, std::span<const std::string> tokens) {
+  int64_t num_empty = 0, num_invalid = 0, first_empty = -1, first_invalid = -1;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (tokens[id].empty()) {
+      if (num_empty++ == 0) first_empty = static_cast<int64_t>(id);
+    } else if (!IsValidUtf8(tokens[id])) {
+      if (num_invalid++ == 0) first_invalid = static_cast<int64_t>(id);
+    }
+  }
+  std::string why;
+  if (num_empty > 0)
+    why += fmt::format("; {} tokens are empty (first: token {})", num_empty, first_empty);
+  if (num_invalid > 0) {
+    why += fmt::format("; {} token texts are not valid UTF-8 (first: token {})", num_invalid,
+                       first_invalid);
+  }
+  if (why.empty()) why = "; are the token texts not in GPT-2's byte-to-unicode form?";
+  return Error(ErrorCode::kCorrupt,
+               "the vocabulary has no token for byte 0x{:02X} (byte-level text '{}'), so text "
+               "holding it cannot be encoded{}",
+               byte, mapped, why);
+}
+
 Result<int32_t> OptionalTokenId(const gguf::GgufFile& file, std::string_view key) {
   if (file.Find(key) == nullptr) return -1;
   SKV_ASSIGN_OR_RETURN(const int64_t id, file.GetInt(key));
@@ -170,6 +212,12 @@ Status Tokenizer::Build(TokenizerConfig config) {
     return Error(ErrorCode::kCorrupt, "tokenizer has {} tokens but {} token types",
                  config.tokens.size(), config.token_types.size());
   }
+  for (int32_t id = 0; id < num_tokens; ++id) {
+    const auto type = static_cast<int32_t>(config.token_types[id]);
+    if (type < 0 || type > static_cast<int32_t>(TokenType::kByte)) {
+      return Error(ErrorCode::kCorrupt, "token {} has type {}; token types are 0..6", id, type);
+    }
+  }
   for (const int32_t* id :
        {&config.bos_id, &config.eos_id, &config.eot_id, &config.eom_id, &config.padding_id}) {
     if (*id < -1 || *id >= num_tokens) {
@@ -196,6 +244,9 @@ Status Tokenizer::Build(TokenizerConfig config) {
     // Some vocabularies leave out bytes that never occur in UTF-8 text (0xC0, 0xFF) or rare
     // controls; such bytes are dropped from the output, as the reference tokenizers do.
     byte_token_ids_[byte] = FindToken(mapped);
+    if (byte_token_ids_[byte] < 0 && IsRequiredByte(byte)) {
+      return MissingByteError(byte, mapped, tokens_);
+    }
   }
 
   merges_.reserve(config.merges.size());

@@ -223,11 +223,71 @@ TEST(TokenizerTest, BytesWithoutTokensAreDropped) {
   EXPECT_EQ(tokenizer->Encode("a\x04\x62", false, false), (Ids{'a', 'b'}));
 
   config = SmallConfig();
-  config.tokens['q'] = "<unused-q>";
+  config.tokens[0xF0] = "<unused-f0>";
   tokenizer = MakeTokenizer(config);
   ASSERT_NE(tokenizer, nullptr);
-  // "aqb" is one piece; the tokenless q still separates a and b, so they do not merge.
-  EXPECT_EQ(tokenizer->Encode("aqb", false, false), (Ids{'a', 'b'}));
+  // "a\U00010400b" is one piece (three letters); the tokenless lead byte 0xF0 of the middle one
+  // still separates a and b, so they do not merge.
+  EXPECT_EQ(tokenizer->Encode("a\xF0\x90\x90\x80\x62", false, false),
+            (Ids{'a', 0x90, 0x90, 0x80, 'b'}));
+}
+
+TEST(TokenizerTest, RejectsVocabulariesThatCannotSpellText) {
+  // A letter without its byte token: text holding it would lose bytes.
+  TokenizerConfig config = SmallConfig();
+  config.tokens['q'] = "<unused-q>";
+  Result<std::unique_ptr<Tokenizer>> result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(result.status().message().find("no token for byte 0x71 (byte-level text 'q')"),
+            std::string::npos)
+      << result.status().message();
+
+  // Every token text empty: the error counts them and names the first.
+  config = SmallConfig();
+  for (std::string& token : config.tokens) token.clear();
+  config.merges.clear();
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(result.status().message().find("266 tokens are empty (first: token 0)"),
+            std::string::npos)
+      << result.status().message();
+
+  // Byte texts stored raw instead of byte-mapped: 0x80..0xFF alone are not valid UTF-8.
+  config = SmallConfig();
+  for (int byte = 0; byte < 256; ++byte)
+    config.tokens[byte] = std::string(1, static_cast<char>(byte));
+  config.merges.clear();
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("no token for byte 0x09"), std::string::npos)
+      << result.status().message();
+  EXPECT_NE(
+      result.status().message().find("128 token texts are not valid UTF-8 (first: token 128)"),
+      std::string::npos)
+      << result.status().message();
+
+  config = SmallConfig();
+  config.token_types[7] = static_cast<TokenType>(42);
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(), "token 7 has type 42; token types are 0..6");
+}
+
+TEST(TokenizerTest, ToleratesAFewOddTokens) {
+  // Real vocabularies hold the odd empty or malformed token (and some lack rare control bytes):
+  // the model must still load, and text must encode as before.
+  TokenizerConfig config = SmallConfig();
+  config.tokens.push_back("");
+  config.tokens.push_back("\xFF\xFE");
+  config.token_types.push_back(TokenType::kNormal);
+  config.token_types.push_back(TokenType::kUserDefined);
+  config.tokens[0x13] = "<unused-13>";
+  auto tokenizer = MakeTokenizer(config);
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->Encode(" abc<|im_end|>", false, true), (Ids{' ', kAbc, kImEnd}));
+  EXPECT_EQ(tokenizer->Encode("a\x13q", false, false), (Ids{'a', 'q'}));
 }
 
 TEST(TokenizerTest, LongRepetitiveInput) {
