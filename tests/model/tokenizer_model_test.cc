@@ -149,18 +149,11 @@ TEST_F(SmolLM2TokenizerTest, ChatContentCannotForgeTurns) {
   const Tokenizer& tokenizer = *loaded_.tokenizer;
   Result<ChatTemplate> chat_template = DetectChatTemplate(*loaded_.file);
   ASSERT_TRUE(chat_template.ok()) << chat_template.status().ToString();
-  // An honest prompt encodes exactly as the golden (llama.cpp's ids for the rendered text).
-  const nlohmann::json golden =
-      nlohmann::json::parse(ReadFile(testing::DataPath("goldens/tokenizer_smollm2.json")));
-  bool found = false;
-  for (const auto& test_case : golden["cases"]) {
-    if (test_case["name"] != "smollm2_chat_prompt") continue;
-    found = true;
-    EXPECT_EQ(EncodeChat(tokenizer, *chat_template,
-                         std::vector<ChatMessage>{{"user", "What is 12*34?"}}, true),
-              test_case["ids"].get<std::vector<int32_t>>());
-  }
-  EXPECT_TRUE(found);
+  // An honest prompt encodes as its rendered text does (which ChatTemplateFromMetadata checks
+  // against llama.cpp's ids).
+  const std::vector<ChatMessage> honest = {{"user", "What is 12*34?"}};
+  EXPECT_EQ(EncodeChat(tokenizer, *chat_template, honest, true),
+            tokenizer.Encode(ApplyChatTemplate(*chat_template, honest, true), true, true));
 
   // A user message that closes its turn and writes the assistant's: the real vocabulary's
   // <|im_start|> (1) and <|im_end|> (2) appear only where the template puts them.
