@@ -26,7 +26,7 @@ enum class TokenType : int32_t {
   kNormal = 1,
   kUnknown = 2,
   kControl = 3,      // e.g. <|im_start|>: matched in text only when asked to parse specials
-  kUserDefined = 4,  // added tokens: always matched in text, stored as plain (not byte-mapped) text
+  kUserDefined = 4,  // added tokens, as plain (not byte-mapped) text; see Encode for matching
   kUnused = 5,
   kByte = 6,
 };
