@@ -35,7 +35,7 @@ Result<std::vector<int32_t>> GenerationPrompt(const gguf::GgufFile& file,
   std::vector<ChatMessage> messages;
   if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", text});
-  return tokenizer.Encode(ApplyChatTemplate(chat_template, messages, true), true, true);
+  return EncodeChat(tokenizer, chat_template, messages, true);
 }
 
 void AddModelOptions(CLI::App& app, ModelOptions& options) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "format/gguf.h"
+#include "format/tokenizer.h"
 #include "format/unicode.h"
 
 namespace shadowkv {
@@ -69,12 +70,28 @@ std::string ExtractDefaultSystemPrompt(std::string_view text) {
   return "";
 }
 
-void AppendLlama3Turn(std::string_view role, std::string_view content, std::string& out) {
-  out += "<|start_header_id|>";
-  out += role;
-  out += "<|end_header_id|>\n\n";
-  out += Trim(content);
-  out += "<|eot_id|>";
+// Builds the pieces, merging neighbours of the same kind.
+class PieceWriter {
+ public:
+  void Markup(std::string_view text) { Append(text, true); }
+  void Content(std::string_view text) { Append(text, false); }
+  std::vector<ChatPiece> Take() { return std::move(pieces_); }
+
+ private:
+  void Append(std::string_view text, bool markup) {
+    if (text.empty()) return;
+    if (pieces_.empty() || pieces_.back().markup != markup) pieces_.push_back({"", markup});
+    pieces_.back().text += text;
+  }
+  std::vector<ChatPiece> pieces_;
+};
+
+void AppendLlama3Turn(std::string_view role, std::string_view content, PieceWriter& out) {
+  out.Markup("<|start_header_id|>");
+  out.Markup(role);
+  out.Markup("<|end_header_id|>\n\n");
+  out.Content(Trim(content));
+  out.Markup("<|eot_id|>");
 }
 
 }  // namespace
@@ -142,31 +159,32 @@ Result<ChatFormat> DetectChatFormat(const gguf::GgufFile& file) {
   return chat_template.format;
 }
 
-std::string ApplyChatTemplate(const ChatTemplate& chat_template,
-                              std::span<const ChatMessage> messages, bool add_generation_prompt) {
-  std::string out;
+std::vector<ChatPiece> RenderChat(const ChatTemplate& chat_template,
+                                  std::span<const ChatMessage> messages,
+                                  bool add_generation_prompt) {
+  PieceWriter out;
   switch (chat_template.format) {
     case ChatFormat::kChatML: {
       const auto append_turn = [&](std::string_view role, std::string_view content) {
-        out += "<|im_start|>";
-        out += role;
-        out += '\n';
-        out += content;
-        out += "<|im_end|>\n";
+        out.Markup("<|im_start|>");
+        out.Markup(role);
+        out.Markup("\n");
+        out.Content(content);
+        out.Markup("<|im_end|>\n");
       };
       if (!chat_template.default_system_prompt.empty() && !messages.empty() &&
           messages[0].role != "system") {
         append_turn("system", chat_template.default_system_prompt);
       }
       for (const ChatMessage& message : messages) append_turn(message.role, message.content);
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      if (add_generation_prompt) out.Markup("<|im_start|>assistant\n");
       break;
     }
     case ChatFormat::kLlama3:
       for (const ChatMessage& message : messages) {
         AppendLlama3Turn(message.role, message.content, out);
       }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      if (add_generation_prompt) out.Markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
       break;
     case ChatFormat::kLlama31: {
       // The system turn is always there; a system message's text goes after the dates.
@@ -175,16 +193,34 @@ std::string ApplyChatTemplate(const ChatTemplate& chat_template,
         system_prompt = messages[0].content;
         messages = messages.subspan(1);
       }
-      out += "<|start_header_id|>system<|end_header_id|>\n\n";
-      out += "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
-      out += Trim(system_prompt);
-      out += "<|eot_id|>";
+      out.Markup("<|start_header_id|>system<|end_header_id|>\n\n");
+      out.Markup("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+      out.Content(Trim(system_prompt));
+      out.Markup("<|eot_id|>");
       for (const ChatMessage& message : messages) {
         AppendLlama3Turn(message.role, message.content, out);
       }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      if (add_generation_prompt) out.Markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
       break;
     }
+  }
+  return out.Take();
+}
+
+std::vector<int32_t> EncodeChat(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  const std::vector<ChatPiece> pieces = RenderChat(chat_template, messages, add_generation_prompt);
+  std::vector<TextSegment> segments;
+  segments.reserve(pieces.size());
+  for (const ChatPiece& piece : pieces) segments.push_back({piece.text, piece.markup});
+  return tokenizer.Encode(segments, /*add_special=*/true);
+}
+
+std::string ApplyChatTemplate(const ChatTemplate& chat_template,
+                              std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  std::string out;
+  for (const ChatPiece& piece : RenderChat(chat_template, messages, add_generation_prompt)) {
+    out += piece.text;
   }
   return out;
 }

@@ -1,9 +1,11 @@
 // Chat prompt formats (ChatML, Llama 3): detection from GGUF metadata and rendering.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -12,6 +14,7 @@ namespace shadowkv {
 namespace gguf {
 class GgufFile;
 }
+class Tokenizer;
 
 enum class ChatFormat {
   // <|im_start|>{role}\n{content}<|im_end|>\n ... then <|im_start|>assistant\n
@@ -49,9 +52,27 @@ Result<ChatTemplate> DetectChatTemplate(std::string_view template_text);
 Result<ChatTemplate> DetectChatTemplate(const gguf::GgufFile& file);
 Result<ChatFormat> DetectChatFormat(const gguf::GgufFile& file);
 
-// The prompt text for `messages`, ending with the assistant header when
-// `add_generation_prompt`. It holds no BOS: encode it with add_special = true (so the
-// tokenizer adds BOS where the model wants one) and parse_special = true.
+// One stretch of a rendered chat prompt: the template's own markup, whose special-token texts
+// stand for those tokens, or a message's content, which is only ever text.
+struct ChatPiece {
+  std::string text;
+  bool markup = false;
+};
+
+// The prompt for `messages` as markup and content pieces in order, ending with the assistant
+// header when `add_generation_prompt`. It holds no BOS.
+std::vector<ChatPiece> RenderChat(const ChatTemplate& chat_template,
+                                  std::span<const ChatMessage> messages,
+                                  bool add_generation_prompt);
+
+// The prompt's token ids, with BOS where the model wants one. Special tokens come only from the
+// template: "<|im_end|>" or "<|eot_id|>" written in a message is encoded as the characters, so
+// content cannot close its turn or open another.
+std::vector<int32_t> EncodeChat(const Tokenizer& tokenizer, const ChatTemplate& chat_template,
+                                std::span<const ChatMessage> messages, bool add_generation_prompt);
+
+// RenderChat's pieces joined: for display and for comparing with a reference rendering. Encoding
+// this text with parse_special = true would let content forge turns; encode with EncodeChat.
 std::string ApplyChatTemplate(const ChatTemplate& chat_template,
                               std::span<const ChatMessage> messages, bool add_generation_prompt);
 std::string ApplyChatTemplate(ChatFormat format, std::span<const ChatMessage> messages,

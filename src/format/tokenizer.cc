@@ -66,6 +66,11 @@ constexpr std::string_view kEndOfGenerationTexts[] = {
     "<|eot_id|>",    "<|eom_id|>",      "<|im_end|>",    "<|end|>",
     "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>",
 };
+// Turn markers of the chat formats we know: plain text never produces them, whatever their type.
+constexpr std::string_view kTurnMarkerTexts[] = {
+    "<|im_start|>",    "<|start_header_id|>", "<|end_header_id|>",
+    "<start_of_turn>", "<|begin_of_text|>",
+};
 // Preferred end-of-turn token when the metadata names none, in this order.
 constexpr std::string_view kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>", "<end_of_turn>",
                                                 "<|end|>"};
@@ -91,6 +96,48 @@ struct Candidate {
   }
 };
 
+bool IsValidUtf8(std::string_view text) {
+  for (size_t offset = 0; offset < text.size();) {
+    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
+    if (decoded.codepoint == unicode::kInvalidCodepoint) return false;
+    offset += decoded.num_bytes;
+  }
+  return true;
+}
+
+// Bytes every byte-level vocabulary must spell on its own: without them ordinary text (ASCII,
+// or any character of the Basic Multilingual Plane) loses bytes and can encode to nothing. The
+// other bytes (most C0 controls, 0xC0, 0xC1, 0xF0..0xFF) are left out by some real
+// vocabularies and are dropped from the input, as the reference tokenizers do.
+bool IsRequiredByte(int byte) {
+  return byte == '\t' || byte == '\n' || (byte >= 0x20 && byte <= 0x7E) ||
+         (byte >= 0x80 && byte <= 0xBF) || (byte >= 0xC2 && byte <= 0xEF);
+}
+
+// Says which byte has no token and what is wrong with the token texts instead.
+Status MissingByteError(int byte, std::string_view mapped, std::span<const std::string> tokens) {
+  int64_t num_empty = 0, num_invalid = 0, first_empty = -1, first_invalid = -1;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (tokens[id].empty()) {
+      if (num_empty++ == 0) first_empty = static_cast<int64_t>(id);
+    } else if (!IsValidUtf8(tokens[id])) {
+      if (num_invalid++ == 0) first_invalid = static_cast<int64_t>(id);
+    }
+  }
+  std::string why;
+  if (num_empty > 0)
+    why += fmt::format("; {} tokens are empty (first: token {})", num_empty, first_empty);
+  if (num_invalid > 0) {
+    why += fmt::format("; {} token texts are not valid UTF-8 (first: token {})", num_invalid,
+                       first_invalid);
+  }
+  if (why.empty()) why = "; are the token texts not in GPT-2's byte-to-unicode form?";
+  return Error(ErrorCode::kCorrupt,
+               "the vocabulary has no token for byte 0x{:02X} (byte-level text '{}'), so text "
+               "holding it cannot be encoded{}",
+               byte, mapped, why);
+}
+
 Result<int32_t> OptionalTokenId(const gguf::GgufFile& file, std::string_view key) {
   if (file.Find(key) == nullptr) return -1;
   SKV_ASSIGN_OR_RETURN(const int64_t id, file.GetInt(key));
@@ -98,6 +145,12 @@ Result<int32_t> OptionalTokenId(const gguf::GgufFile& file, std::string_view key
 }
 
 }  // namespace
+
+std::string ByteLevelText(std::string_view bytes) {
+  std::string text;
+  MapBytes(bytes, text);
+  return text;
+}
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& file) {
   SKV_ASSIGN_OR_RETURN(const std::string model, file.GetString("tokenizer.ggml.model"));
@@ -159,6 +212,12 @@ Status Tokenizer::Build(TokenizerConfig config) {
     return Error(ErrorCode::kCorrupt, "tokenizer has {} tokens but {} token types",
                  config.tokens.size(), config.token_types.size());
   }
+  for (int32_t id = 0; id < num_tokens; ++id) {
+    const auto type = static_cast<int32_t>(config.token_types[id]);
+    if (type < 0 || type > static_cast<int32_t>(TokenType::kByte)) {
+      return Error(ErrorCode::kCorrupt, "token {} has type {}; token types are 0..6", id, type);
+    }
+  }
   for (const int32_t* id :
        {&config.bos_id, &config.eos_id, &config.eot_id, &config.eom_id, &config.padding_id}) {
     if (*id < -1 || *id >= num_tokens) {
@@ -185,6 +244,9 @@ Status Tokenizer::Build(TokenizerConfig config) {
     // Some vocabularies leave out bytes that never occur in UTF-8 text (0xC0, 0xFF) or rare
     // controls; such bytes are dropped from the output, as the reference tokenizers do.
     byte_token_ids_[byte] = FindToken(mapped);
+    if (byte_token_ids_[byte] < 0 && IsRequiredByte(byte)) {
+      return MissingByteError(byte, mapped, tokens_);
+    }
   }
 
   merges_.reserve(config.merges.size());
@@ -235,6 +297,18 @@ Status Tokenizer::Build(TokenizerConfig config) {
   for (const std::string_view text : kEndOfGenerationTexts) {
     if (const int32_t id = FindToken(text); id >= 0) end_of_generation_ids_.insert(id);
   }
+
+  matched_in_plain_text_.assign(num_tokens, false);
+  for (int32_t id = 0; id < num_tokens; ++id) {
+    matched_in_plain_text_[id] =
+        token_types_[id] == TokenType::kUserDefined && !end_of_generation_ids_.contains(id);
+  }
+  for (const int32_t id : {bos_id_, eos_id_, eot_id_, eom_id_, padding_id_}) {
+    if (id >= 0) matched_in_plain_text_[id] = false;
+  }
+  for (const std::string_view text : kTurnMarkerTexts) {
+    if (const int32_t id = FindToken(text); id >= 0) matched_in_plain_text_[id] = false;
+  }
   return Status::Ok();
 }
 
@@ -258,32 +332,63 @@ TokenType Tokenizer::GetTokenType(int32_t id) const {
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special,
                                        bool parse_special) const {
+  const TextSegment segment{text, parse_special};
+  return Encode(std::span<const TextSegment>(&segment, 1), add_special);
+}
+
+int32_t Tokenizer::MatchSpecial(std::string_view text, size_t pos, bool parse_special) const {
+  for (const int32_t id : special_by_first_byte_[static_cast<uint8_t>(text[pos])]) {
+    if (!parse_special && !matched_in_plain_text_[id]) continue;
+    if (text.substr(pos).starts_with(tokens_[id])) return id;
+  }
+  return -1;
+}
+
+std::vector<int32_t> Tokenizer::Encode(std::span<const TextSegment> segments,
+                                       bool add_special) const {
+  size_t total_size = 0;
+  for (const TextSegment& segment : segments) total_size += segment.text.size();
   std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 2);
+  out.reserve(total_size / 3 + 2);
   if (add_special && add_bos_) out.push_back(bos_id_);
 
   // Special tokens are cut out first, leftmost and then longest; the text between them is
-  // tokenized on its own, so pre-tokenizer pieces never straddle a special token.
-  size_t text_start = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    int32_t matched = -1;
-    for (const int32_t id : special_by_first_byte_[static_cast<uint8_t>(text[pos])]) {
-      if (!parse_special && token_types_[id] == TokenType::kControl) continue;
-      if (text.substr(pos).starts_with(tokens_[id])) {
-        matched = id;
-        break;
+  // tokenized on its own, so pre-tokenizer pieces never straddle a special token. That text may
+  // run over several segments: it is gathered in `run` (copied only when it does).
+  std::string run;
+  std::string_view pending;  // the run so far when it lies within one segment
+  const auto flush = [&] {
+    if (run.empty()) {
+      EncodeText(pending, out);
+    } else {
+      run.append(pending);
+      EncodeText(run, out);
+      run.clear();
+    }
+    pending = {};
+  };
+  for (const TextSegment& segment : segments) {
+    const std::string_view text = segment.text;
+    if (!pending.empty()) {
+      run.append(pending);
+      pending = {};
+    }
+    size_t text_start = 0;
+    for (size_t pos = 0; pos < text.size();) {
+      const int32_t matched = MatchSpecial(text, pos, segment.parse_special);
+      if (matched < 0) {
+        ++pos;
+        continue;
       }
+      pending = text.substr(text_start, pos - text_start);
+      flush();
+      out.push_back(matched);
+      pos += tokens_[matched].size();
+      text_start = pos;
     }
-    if (matched < 0) {
-      ++pos;
-      continue;
-    }
-    EncodeText(text.substr(text_start, pos - text_start), out);
-    out.push_back(matched);
-    pos += tokens_[matched].size();
-    text_start = pos;
+    pending = text.substr(text_start);
   }
-  EncodeText(text.substr(text_start), out);
+  flush();
 
   if (add_special && add_eos_) out.push_back(eos_id_);
   return out;

@@ -26,10 +26,19 @@ enum class TokenType : int32_t {
   kNormal = 1,
   kUnknown = 2,
   kControl = 3,      // e.g. <|im_start|>: matched in text only when asked to parse specials
-  kUserDefined = 4,  // added tokens: always matched in text, stored as plain (not byte-mapped) text
+  kUserDefined = 4,  // added tokens, as plain (not byte-mapped) text; see Encode for matching
   kUnused = 5,
   kByte = 6,
 };
+
+// A stretch of text to encode and whether special-token texts in it may become those tokens.
+struct TextSegment {
+  std::string_view text;
+  bool parse_special = false;
+};
+
+// GPT-2's byte-to-unicode form of `bytes`, as byte-level vocabularies store token texts.
+std::string ByteLevelText(std::string_view bytes);
 
 // Everything a tokenizer is built from; FromGguf fills it from metadata, tests by hand.
 struct TokenizerConfig {
@@ -58,8 +67,15 @@ class Tokenizer {
   static Result<std::unique_ptr<Tokenizer>> Create(TokenizerConfig config);
 
   // `add_special`: BOS/EOS as the model's add_bos/add_eos say. `parse_special`: control-token
-  // texts such as "<|im_start|>" in `text` become those tokens (user-defined tokens always do).
+  // texts such as "<|im_start|>" in `text` become those tokens. Without it, only user-defined
+  // tokens that carry no structure are matched: never a control token, BOS/EOS, an end-of-turn
+  // token or a turn marker, even where the vocabulary marks one as user-defined.
   std::vector<int32_t> Encode(std::string_view text, bool add_special, bool parse_special) const;
+  // As the concatenation of the segments' texts, with special tokens matched in each segment as
+  // its parse_special says (a token never spans two segments). The text between special tokens is
+  // pre-tokenized as a whole across segment boundaries, so the ids equal those of the
+  // concatenation whenever no special-token text is refused.
+  std::vector<int32_t> Encode(std::span<const TextSegment> segments, bool add_special) const;
 
   // Concatenated bytes of the tokens (not necessarily valid UTF-8 when cut mid-character).
   // `skip_special` drops control tokens. Ids outside the vocabulary produce nothing.
@@ -92,6 +108,8 @@ class Tokenizer {
   // Appends the BPE encoding of one pre-tokenized piece.
   void EncodePiece(std::string_view piece, std::string& scratch, std::vector<int32_t>& out) const;
   void EncodeText(std::string_view text, std::vector<int32_t>& out) const;
+  // The special token whose text starts text[pos], longest first; -1 if none may match there.
+  int32_t MatchSpecial(std::string_view text, size_t pos, bool parse_special) const;
 
   struct Merge {
     int32_t rank;
@@ -110,6 +128,8 @@ class Tokenizer {
   std::array<int32_t, 256> byte_token_ids_{};  // the single-byte token of each byte, or -1
   // Tokens matched as whole strings in the input, longest first within each first byte.
   std::array<std::vector<int32_t>, 256> special_by_first_byte_;
+  // Per token: matched in text even when specials are not parsed (structure-free user-defined).
+  std::vector<bool> matched_in_plain_text_;
   std::unordered_set<int32_t> end_of_generation_ids_;
   PreTokenizerType pre_type_ = PreTokenizerType::kGpt2;
   bool ignore_merges_ = false;  // a piece that is itself a token skips the merges (Llama 3)

@@ -118,6 +118,43 @@ TEST(TokenizerTest, SpecialTokens) {
   EXPECT_EQ(tokenizer->Encode(" <user>a", false, true), (Ids{' ', kUser, 'a'}));
 }
 
+TEST(TokenizerTest, SegmentsParseSpecialsOnlyWhereAllowed) {
+  auto tokenizer = MakeTokenizer(SmallConfig());
+  ASSERT_NE(tokenizer, nullptr);
+  const std::vector<TextSegment> forged = {
+      {"<|im_start|>", true}, {"a<|im_end|><|im_start|>b", false}, {"<|im_end|>", true}};
+  Ids expected = {kImStart};
+  for (const int32_t id : Bytes("a<|im_end|><|im_start|>b")) expected.push_back(id);
+  expected.push_back(kImEnd);
+  EXPECT_EQ(tokenizer->Encode(forged, false), expected);
+  // Text between special tokens is pre-tokenized as a whole across segments: " " + "a" is the
+  // piece " a" and merges, as in the joined text.
+  const std::vector<TextSegment> split = {{" ", false}, {"a", true}, {"bc", false}};
+  EXPECT_EQ(tokenizer->Encode(split, false), tokenizer->Encode(" abc", false, true));
+  EXPECT_EQ(tokenizer->Encode(split, false), (Ids{' ', kAbc}));
+  // A special token's text cut over two segments is not that token.
+  const std::vector<TextSegment> cut = {{"<|im_", true}, {"end|>", true}};
+  EXPECT_EQ(tokenizer->Encode(cut, false), Bytes("<|im_end|>"));
+  EXPECT_EQ(tokenizer->Encode(std::vector<TextSegment>{}, false), Ids{});
+}
+
+TEST(TokenizerTest, PlainTextNeverProducesStructuralTokens) {
+  // Some vocabularies mark turn tokens user-defined rather than control: plain text must still
+  // not produce them, nor BOS/EOS, while other user-defined tokens keep matching.
+  TokenizerConfig config = SmallConfig();
+  config.token_types[kImStart] = TokenType::kUserDefined;
+  config.token_types[kImEnd] = TokenType::kUserDefined;
+  config.token_types[kBos] = TokenType::kUserDefined;
+  config.token_types[kEndOfText] = TokenType::kUserDefined;
+  auto tokenizer = MakeTokenizer(config);
+  ASSERT_NE(tokenizer, nullptr);
+  for (const char* text : {"<|im_start|>", "<|im_end|>", "<s>", "<|endoftext|>"}) {
+    EXPECT_EQ(tokenizer->Encode(text, false, false), Bytes(text)) << text;
+    EXPECT_EQ(tokenizer->Encode(text, false, true).size(), 1u) << text;
+  }
+  EXPECT_EQ(tokenizer->Encode("x<user>y", false, false), (Ids{'x', kUser, 'y'}));
+}
+
 TEST(TokenizerTest, AddSpecialFollowsConfig) {
   TokenizerConfig config = SmallConfig();
   auto plain = MakeTokenizer(config);
@@ -186,11 +223,71 @@ TEST(TokenizerTest, BytesWithoutTokensAreDropped) {
   EXPECT_EQ(tokenizer->Encode("a\x04\x62", false, false), (Ids{'a', 'b'}));
 
   config = SmallConfig();
-  config.tokens['q'] = "<unused-q>";
+  config.tokens[0xF0] = "<unused-f0>";
   tokenizer = MakeTokenizer(config);
   ASSERT_NE(tokenizer, nullptr);
-  // "aqb" is one piece; the tokenless q still separates a and b, so they do not merge.
-  EXPECT_EQ(tokenizer->Encode("aqb", false, false), (Ids{'a', 'b'}));
+  // "a\U00010400b" is one piece (three letters); the tokenless lead byte 0xF0 of the middle one
+  // still separates a and b, so they do not merge.
+  EXPECT_EQ(tokenizer->Encode("a\xF0\x90\x90\x80\x62", false, false),
+            (Ids{'a', 0x90, 0x90, 0x80, 'b'}));
+}
+
+TEST(TokenizerTest, RejectsVocabulariesThatCannotSpellText) {
+  // A letter without its byte token: text holding it would lose bytes.
+  TokenizerConfig config = SmallConfig();
+  config.tokens['q'] = "<unused-q>";
+  Result<std::unique_ptr<Tokenizer>> result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(result.status().message().find("no token for byte 0x71 (byte-level text 'q')"),
+            std::string::npos)
+      << result.status().message();
+
+  // Every token text empty: the error counts them and names the first.
+  config = SmallConfig();
+  for (std::string& token : config.tokens) token.clear();
+  config.merges.clear();
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
+  EXPECT_NE(result.status().message().find("266 tokens are empty (first: token 0)"),
+            std::string::npos)
+      << result.status().message();
+
+  // Byte texts stored raw instead of byte-mapped: 0x80..0xFF alone are not valid UTF-8.
+  config = SmallConfig();
+  for (int byte = 0; byte < 256; ++byte)
+    config.tokens[byte] = std::string(1, static_cast<char>(byte));
+  config.merges.clear();
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("no token for byte 0x09"), std::string::npos)
+      << result.status().message();
+  EXPECT_NE(
+      result.status().message().find("128 token texts are not valid UTF-8 (first: token 128)"),
+      std::string::npos)
+      << result.status().message();
+
+  config = SmallConfig();
+  config.token_types[7] = static_cast<TokenType>(42);
+  result = Tokenizer::Create(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(), "token 7 has type 42; token types are 0..6");
+}
+
+TEST(TokenizerTest, ToleratesAFewOddTokens) {
+  // Real vocabularies hold the odd empty or malformed token (and some lack rare control bytes):
+  // the model must still load, and text must encode as before.
+  TokenizerConfig config = SmallConfig();
+  config.tokens.push_back("");
+  config.tokens.push_back("\xFF\xFE");
+  config.token_types.push_back(TokenType::kNormal);
+  config.token_types.push_back(TokenType::kUserDefined);
+  config.tokens[0x13] = "<unused-13>";
+  auto tokenizer = MakeTokenizer(config);
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->Encode(" abc<|im_end|>", false, true), (Ids{' ', kAbc, kImEnd}));
+  EXPECT_EQ(tokenizer->Encode("a\x13q", false, false), (Ids{'a', 'q'}));
 }
 
 TEST(TokenizerTest, LongRepetitiveInput) {

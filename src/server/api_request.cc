@@ -116,13 +116,22 @@ std::optional<ApiError> ReadContent(const Json& content, const std::string& para
   }
   if (content.is_array()) {
     out->clear();
-    for (const Json& part : content) {
-      if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
-          !part.contains("text") || !part["text"].is_string()) {
-        return Invalid(param, "content parts must be {\"type\": \"text\", \"text\": string}",
+    for (size_t i = 0; i < content.size(); ++i) {
+      const Json& part = content[i];
+      const std::string part_param = fmt::format("{}[{}]", param, i);
+      const Json* type = part.is_object() ? Field(part, "type") : nullptr;
+      if (type && type->is_string() && *type != "text") {
+        return Invalid(part_param,
+                       fmt::format("content parts of type '{}' are not supported (only text)",
+                                   type->get<std::string>()),
+                       "unsupported");
+      }
+      const Json* text = part.is_object() ? Field(part, "text") : nullptr;
+      if (!type || !text || !text->is_string()) {
+        return Invalid(part_param, "content parts must be {\"type\": \"text\", \"text\": string}",
                        "invalid_type");
       }
-      *out += part["text"].get<std::string>();
+      *out += text->get<std::string>();
     }
     return std::nullopt;
   }
@@ -154,10 +163,22 @@ std::optional<ApiError> ReadMessages(const Json& body, const ParseLimits& limits
       return Invalid(param + ".role", "each message needs a string 'role'", "invalid_type");
     }
     const std::string r = role->get<std::string>();
+    if (r == "tool" || r == "function") {
+      return Invalid(param + ".role",
+                     fmt::format("role '{}' is not supported: this server does not call tools", r),
+                     "unsupported");
+    }
     if (r != "system" && r != "user" && r != "assistant" && r != "developer") {
       return Invalid(param + ".role",
                      fmt::format("role '{}' is not one of system, developer, user, assistant", r),
                      "invalid_value");
+    }
+    // Fields the templates have no place for: dropping them would change the conversation.
+    for (const char* name : {"name", "tool_calls", "function_call", "tool_call_id", "audio"}) {
+      if (Field(m, name)) {
+        return Invalid(param + "." + name, fmt::format("message field '{}' is not supported", name),
+                       "unsupported");
+      }
     }
     ChatMessage message;
     message.role = r == "developer" ? "system" : r;
@@ -226,6 +247,87 @@ std::optional<ApiError> ReadStop(const Json& body, const ParseLimits& limits,
   return std::nullopt;
 }
 
+// A field this server does not implement, with the values that ask for nothing.
+struct UnsupportedField {
+  const char* name;
+  bool (*is_neutral)(const Json& value);
+  const char* neutral;  // the accepted values, for the message; nullptr: only null
+};
+
+bool IsZero(const Json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool IsOne(const Json& v) { return v.is_number() && v.get<double>() == 1.0; }
+bool IsFalse(const Json& v) { return v == false || (v.is_number_integer() && v == 0); }
+// Json::empty() is false for every string, so strings are checked by their text.
+bool IsEmpty(const Json& v) {
+  if (v.is_string()) return v.get_ref<const std::string&>().empty();
+  return (v.is_array() || v.is_object()) && v.empty();
+}
+bool IsNothing(const Json&) { return false; }
+
+// Each refused by name unless it asks for nothing: ignoring it would answer 200 with something
+// other than what was asked. Sampling fields of other servers are listed too, for the same
+// reason. Null means absent, as for every field.
+constexpr UnsupportedField kUnsupportedFields[] = {
+    {"n", IsOne, "1"},
+    {"best_of", IsOne, "1"},
+    {"presence_penalty", IsZero, "0"},
+    {"frequency_penalty", IsZero, "0"},
+    {"logprobs", IsFalse, "false or 0"},
+    {"top_logprobs", IsZero, "0"},
+    {"echo", IsFalse, "false"},
+    {"suffix", IsEmpty, "\"\""},
+    {"logit_bias", IsEmpty, "{}"},
+    {"response_format",
+     [](const Json& v) { return v.is_object() && v.size() == 1 && v.value("type", "") == "text"; },
+     "{\"type\": \"text\"}"},
+    {"tools", IsEmpty, "[]"},
+    {"functions", IsEmpty, "[]"},
+    {"tool_choice", [](const Json& v) { return v == "none" || v == "auto"; },
+     "\"none\" or \"auto\" (with no tools)"},
+    {"function_call", [](const Json& v) { return v == "none" || v == "auto"; },
+     "\"none\" or \"auto\" (with no functions)"},
+    {"parallel_tool_calls", [](const Json& v) { return v.is_boolean(); },
+     "a boolean (with no tools)"},
+    {"modalities", [](const Json& v) { return v == Json::array({"text"}); }, "[\"text\"]"},
+    {"store", IsFalse, "false"},
+    {"audio", IsNothing, nullptr},
+    {"prediction", IsNothing, nullptr},
+    {"web_search_options", IsNothing, nullptr},
+    {"reasoning_effort", IsNothing, nullptr},
+    {"verbosity", IsNothing, nullptr},
+    {"min_p", IsZero, "0"},
+    {"typical_p", IsOne, "1"},
+    {"repetition_penalty", IsOne, "1"},
+    {"min_tokens", IsZero, "0"},
+    {"grammar", IsNothing, nullptr},
+    {"json_schema", IsNothing, nullptr},
+    {"guided_json", IsNothing, nullptr},
+    {"guided_regex", IsNothing, nullptr},
+    {"guided_choice", IsNothing, nullptr},
+    {"guided_grammar", IsNothing, nullptr},
+};
+
+std::optional<ApiError> RefuseUnsupportedFields(const Json& body) {
+  for (const UnsupportedField& field : kUnsupportedFields) {
+    const Json* v = Field(body, field.name);
+    if (!v || field.is_neutral(*v)) continue;
+    return Invalid(field.name,
+                   field.neutral ? fmt::format("'{}' is not supported (accepted only as {})",
+                                               field.name, field.neutral)
+                                 : fmt::format("'{}' is not supported", field.name),
+                   "unsupported");
+  }
+  // Metadata that does not change the output: accepted, but only in its documented type.
+  for (const char* name : {"user", "service_tier", "prompt_cache_key", "safety_identifier"}) {
+    std::optional<std::string> ignored;
+    if (auto e = ReadString(body, name, &ignored)) return e;
+  }
+  if (const Json* metadata = Field(body, "metadata"); metadata && !metadata->is_object()) {
+    return Invalid("metadata", "'metadata' must be an object", "invalid_type");
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> ParseObject(const Json& body, Endpoint endpoint, const ParseLimits& limits,
                                     ApiRequest* r) {
   r->endpoint = endpoint;
@@ -251,33 +353,19 @@ std::optional<ApiError> ParseObject(const Json& body, Endpoint endpoint, const P
   if (auto e = ReadNumber(body, "temperature", 0.0, 2.0, &temperature)) return e;
   if (auto e = ReadNumber(body, "top_p", 0.0, 1.0, &top_p)) return e;
   if (top_p && *top_p <= 0.0) return Invalid("top_p", "'top_p' must be above 0");
-  std::optional<int64_t> top_k, seed, n;
+  std::optional<int64_t> top_k, seed;
   if (auto e = ReadInteger(body, "top_k", 0, 1 << 30, &top_k)) return e;
   if (auto e = ReadInteger(body, "seed", INT64_MIN, INT64_MAX, &seed)) return e;
-  if (auto e = ReadInteger(body, "n", 1, 1, &n)) return e;
   r->sampling.temperature = static_cast<float>(temperature.value_or(1.0));
   r->sampling.top_p = static_cast<float>(top_p.value_or(1.0));
   r->sampling.top_k = static_cast<int>(top_k.value_or(0));
   r->seed_given = seed.has_value();
   r->sampling.seed = static_cast<uint64_t>(seed.value_or(0));
-  // Penalties are accepted at their neutral value only: refusing beats silently ignoring.
   for (const char* name : {"presence_penalty", "frequency_penalty"}) {
     std::optional<double> penalty;
     if (auto e = ReadNumber(body, name, -2.0, 2.0, &penalty)) return e;
-    if (penalty && *penalty != 0.0) {
-      return Invalid(name, fmt::format("'{}' is not supported (only 0)", name), "unsupported");
-    }
   }
-  for (const char* name : {"logprobs", "echo"}) {
-    const Json* v = Field(body, name);
-    if (!v) continue;
-    if (!v->is_boolean() && !v->is_number_integer()) {
-      return Invalid(name, fmt::format("'{}' must be a boolean, not {}", name, v->type_name()),
-                     "invalid_type");
-    }
-    const bool asked = v->is_boolean() ? v->get<bool>() : v->get<int64_t>() != 0;
-    if (asked) return Invalid(name, fmt::format("'{}' is not supported", name), "unsupported");
-  }
+  if (auto e = RefuseUnsupportedFields(body)) return e;
   if (auto e = ReadStop(body, limits, &r->stop)) return e;
   if (auto e = ReadBool(body, "stream", &r->stream)) return e;
   if (const Json* options = Field(body, "stream_options")) {

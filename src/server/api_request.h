@@ -56,7 +56,9 @@ struct ParseLimits {
 };
 
 // Parses `body` into *request; returns the error to send instead when it is not acceptable.
-// Unknown fields are ignored; known fields of the wrong type or out of range are errors.
+// Known fields of the wrong type or out of range are errors, and so are OpenAI fields this server
+// does not implement unless their value asks for nothing (code "unsupported", docs/SERVER.md
+// lists them); fields it does not know at all are ignored.
 std::optional<ApiError> ParseApiRequest(std::string_view body, Endpoint endpoint,
                                         const ParseLimits& limits, ApiRequest* request);
 

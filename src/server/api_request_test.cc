@@ -165,6 +165,120 @@ TEST(ApiRequestTest, ErrorCodesTellRangeFromType) {
   EXPECT_EQ(Fails(R"({"prompt": "a", "temperature": 3})").code, "number_out_of_range");
 }
 
+TEST(ApiRequestTest, UnsupportedFieldsAreRefusedByName) {
+  struct Case {
+    const char* field;
+    const char* value;
+  } cases[] = {
+      {"tools", R"([{"type": "function", "function": {"name": "f"}}])"},
+      {"tool_choice", R"("required")"},
+      {"tool_choice", R"({"type": "function", "function": {"name": "f"}})"},
+      {"functions", R"([{"name": "f"}])"},
+      {"function_call", R"({"name": "f"})"},
+      {"parallel_tool_calls", R"("yes")"},
+      {"response_format", R"({"type": "json_object"})"},
+      {"response_format", R"({"type": "json_schema", "json_schema": {}})"},
+      {"response_format", R"("text")"},
+      {"logit_bias", R"({"50256": -100})"},
+      {"best_of", "2"},
+      {"suffix", R"("tail")"},
+      {"top_logprobs", "3"},
+      {"logprobs", "true"},
+      {"logprobs", "2"},
+      {"logprobs", R"("yes")"},
+      {"echo", "true"},
+      {"n", "2"},
+      {"n", R"("1")"},
+      {"presence_penalty", "0.5"},
+      {"frequency_penalty", "-1"},
+      {"modalities", R"(["text", "audio"])"},
+      {"audio", R"({"voice": "alloy"})"},
+      {"store", "true"},
+      {"prediction", R"({"type": "content", "content": "x"})"},
+      {"reasoning_effort", R"("low")"},
+      {"web_search_options", "{}"},
+      {"min_p", "0.1"},
+      {"repetition_penalty", "1.2"},
+      {"grammar", R"("root ::= \"a\"")"},
+  };
+  for (const Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const std::string head = endpoint == Endpoint::kCompletions
+                                 ? R"({"prompt": "a", ")"
+                                 : R"({"messages": [{"role": "user", "content": "a"}], ")";
+    for (const Case& c : cases) {
+      const std::string body = head + c.field + "\": " + c.value + "}";
+      const ApiError e = Fails(body, endpoint);
+      EXPECT_EQ(e.http_status, 400) << body;
+      EXPECT_EQ(e.param, c.field) << body;
+      EXPECT_EQ(e.code, "unsupported") << body;
+      EXPECT_NE(e.message.find(std::string("'") + c.field + "'"), std::string::npos) << e.message;
+    }
+  }
+  EXPECT_EQ(Fails(R"({"prompt": "a", "response_format": {"type": "json_object"}})").message,
+            "'response_format' is not supported (accepted only as {\"type\": \"text\"})");
+}
+
+TEST(ApiRequestTest, NeutralValuesOfUnsupportedFieldsAreAccepted) {
+  ApiRequest r;
+  const auto error = Parse(R"({"messages": [{"role": "user", "content": "a"}],
+      "n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": false,
+      "top_logprobs": 0, "echo": false, "suffix": "", "logit_bias": {},
+      "response_format": {"type": "text"}, "tools": [], "functions": [], "tool_choice": "none",
+      "function_call": "auto", "parallel_tool_calls": false, "modalities": ["text"],
+      "store": false, "audio": null, "reasoning_effort": null, "min_p": 0,
+      "repetition_penalty": 1, "user": "u-1", "service_tier": "auto", "metadata": {"k": "v"}})",
+                           Endpoint::kChatCompletions, &r);
+  EXPECT_FALSE(error.has_value()) << error->message;
+  EXPECT_FALSE(Parse(R"({"prompt": "a", "logprobs": 0, "echo": 0, "tool_choice": "auto"})",
+                     Endpoint::kCompletions, &r));
+  // Metadata is accepted only in its documented type.
+  EXPECT_EQ(Fails(R"({"prompt": "a", "user": 5})").param, "user");
+  EXPECT_EQ(Fails(R"({"prompt": "a", "metadata": "x"})").param, "metadata");
+}
+
+TEST(ApiRequestTest, SeedMustBeAnInteger) {
+  ApiRequest r;
+  ASSERT_FALSE(Parse(R"({"prompt": "a", "seed": -7})", Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.sampling.seed, static_cast<uint64_t>(-7));
+  for (const char* seed : {R"("42")", "1.5", "true", "[1]", "18446744073709551615"}) {
+    const ApiError e = Fails(std::string(R"({"prompt": "a", "seed": )") + seed + "}");
+    EXPECT_EQ(e.param, "seed") << seed;
+  }
+}
+
+TEST(ApiRequestTest, ToolTurnsAndNonTextPartsAreRefused) {
+  struct Case {
+    const char* messages;
+    const char* param;
+    const char* code;
+  } cases[] = {
+      {R"([{"role": "tool", "content": "42", "tool_call_id": "c"}])", "messages[0].role",
+       "unsupported"},
+      {R"([{"role": "user", "content": "a"}, {"role": "function", "content": "x"}])",
+       "messages[1].role", "unsupported"},
+      {R"([{"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}])",
+       "messages[0].tool_calls", "unsupported"},
+      {R"([{"role": "user", "content": "a", "name": "alice"}])", "messages[0].name", "unsupported"},
+      {R"([{"role": "user", "content": [{"type": "text", "text": "a"},
+           {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])",
+       "messages[0].content[1]", "unsupported"},
+      {R"([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}])",
+       "messages[0].content[0]", "unsupported"},
+      {R"([{"role": "user", "content": [{"type": "text"}]}])", "messages[0].content[0]",
+       "invalid_type"},
+      {R"([{"role": "user", "content": ["a"]}])", "messages[0].content[0]", "invalid_type"},
+  };
+  for (const Case& c : cases) {
+    const std::string body = std::string(R"({"messages": )") + c.messages + "}";
+    const ApiError e = Fails(body, Endpoint::kChatCompletions);
+    EXPECT_EQ(e.param, c.param) << body;
+    EXPECT_EQ(e.code, c.code) << body;
+  }
+  EXPECT_NE(Fails(R"({"messages": [{"role": "tool", "content": "x"}]})", Endpoint::kChatCompletions)
+                .message.find("role 'tool' is not supported"),
+            std::string::npos);
+}
+
 TEST(ApiRequestTest, ErrorBodyHasOpenAiShape) {
   const nlohmann::json body =
       ErrorBody(ApiError{429, "full", "rate_limit_error", "", "queue_full"});

@@ -308,8 +308,7 @@ void HttpServer::Route() {
                                              chat_template_.status().message(),
                                          "invalid_request_error", "messages", "unsupported"});
         }
-        const std::string text = ApplyChatTemplate(*chat_template_, api.messages, true);
-        seq.prompt = tokenizer.Encode(text, /*add_special=*/true, /*parse_special=*/true);
+        seq.prompt = EncodeChat(tokenizer, *chat_template_, api.messages, true);
       } else if (!api.prompt_tokens.empty()) {
         for (int32_t id : api.prompt_tokens) {
           if (id >= model_.config().vocab_size) {
