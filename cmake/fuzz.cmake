@@ -1,5 +1,6 @@
 # libFuzzer targets, built directly with clang++ (the main build may use g++): the GGUF reader
-# fuzzer gguf_fuzz, and the ctest fuzz_gguf (label fuzz) that runs it for a bounded time.
+# and model-config fuzzer gguf_fuzz, and the ctest fuzz_gguf (label fuzz) that runs it for a
+# bounded time.
 find_program(SHADOWKV_CLANGXX NAMES clang++ clang++-14)
 if(NOT SHADOWKV_CLANGXX)
   message(STATUS "shadowkv: clang++ not found; not building gguf_fuzz or adding the fuzz_gguf test")
@@ -11,9 +12,11 @@ set(GGUF_FUZZ_SOURCES
     ${CMAKE_SOURCE_DIR}/src/format/gguf_fuzz.cc
     ${CMAKE_SOURCE_DIR}/src/format/gguf.cc
     ${CMAKE_SOURCE_DIR}/src/format/quants.cc
+    ${CMAKE_SOURCE_DIR}/src/model/config.cc
     ${CMAKE_SOURCE_DIR}/src/core/status.cc)
 file(GLOB GGUF_FUZZ_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/core/*.h
-     ${CMAKE_SOURCE_DIR}/src/format/*.h)
+     ${CMAKE_SOURCE_DIR}/src/format/*.h ${CMAKE_SOURCE_DIR}/src/model/config.h
+     ${CMAKE_SOURCE_DIR}/src/ops/cpu/rope.h)
 set(GGUF_FUZZ_BINARY ${CMAKE_BINARY_DIR}/gguf_fuzz)
 
 # UB reports abort (no recovery) so that libFuzzer records them as crashes.
