@@ -113,18 +113,26 @@ TEST(DequantizeTest, RejectsUnsupportedTypesAndPartialBlocks) {
       << status.message();
 }
 
+// A tensor over bytes held by the test: `bytes` must outlive it.
+TensorInfo HostTensor(std::string name, std::vector<int64_t> shape, GgmlType type,
+                      const void* bytes, size_t size) {
+  TensorInfo tensor;
+  tensor.name = std::move(name);
+  tensor.shape = std::move(shape);
+  tensor.type = type;
+  tensor.num_elements = 1;
+  for (int64_t extent : tensor.shape) tensor.num_elements *= extent;
+  tensor.size_bytes = size;
+  tensor.data = static_cast<const uint8_t*>(bytes);
+  return tensor;
+}
+
 TEST(DequantizeTest, RowsOfATensor) {
   // A 3-row F16 tensor of length 4 pointing at a local buffer.
   const uint16_t halves[12] = {0x3c00, 0x4000, 0x4200, 0x4400,   // 1 2 3 4
                                0xbc00, 0xc000, 0xc200, 0xc400,   // -1 -2 -3 -4
                                0x3800, 0x3400, 0x0000, 0x8000};  // 0.5 0.25 0 -0
-  TensorInfo tensor;
-  tensor.name = "t";
-  tensor.shape = {4, 3};
-  tensor.type = GgmlType::kF16;
-  tensor.num_elements = 12;
-  tensor.size_bytes = sizeof(halves);
-  tensor.data = reinterpret_cast<const uint8_t*>(halves);
+  const TensorInfo tensor = HostTensor("t", {4, 3}, GgmlType::kF16, halves, sizeof(halves));
   EXPECT_EQ(tensor.rows(), 3);
   EXPECT_EQ(tensor.row_length(), 4);
   EXPECT_EQ(tensor.row_bytes(), 8u);
@@ -149,13 +157,8 @@ TEST(DequantizeTest, RowsOfATensor) {
 TEST(DequantizeTest, RefusesNonFiniteValuesNamingWhere) {
   uint16_t halves[12] = {0x3c00, 0x4000, 0x4200, 0x4400, 0xbc00, 0xc000,
                          0xc200, 0xc400, 0x3800, 0x3400, 0x0000, 0x8000};
-  TensorInfo tensor;
-  tensor.name = "blk.3.ffn_norm.weight";
-  tensor.shape = {4, 3};
-  tensor.type = GgmlType::kF16;
-  tensor.num_elements = 12;
-  tensor.size_bytes = sizeof(halves);
-  tensor.data = reinterpret_cast<const uint8_t*>(halves);
+  const TensorInfo tensor =
+      HostTensor("blk.3.ffn_norm.weight", {4, 3}, GgmlType::kF16, halves, sizeof(halves));
   EXPECT_TRUE(CheckTensorFinite(tensor).ok());
   for (uint16_t bad : {uint16_t{0x7e00}, uint16_t{0x7c00}, uint16_t{0xfc00}}) {  // NaN, +inf, -inf
     halves[6] = bad;
@@ -178,13 +181,8 @@ TEST(DequantizeTest, RefusesNonFiniteValuesNamingWhere) {
   ASSERT_TRUE(QuantizeRow(GgmlType::kQ8_0, values.data(), packed.data(), 64).ok());
   const uint16_t nan_half = 0x7e00;
   std::memcpy(packed.data() + sizeof(BlockQ8_0), &nan_half, sizeof(nan_half));
-  TensorInfo q8;
-  q8.name = "attn_k.weight";
-  q8.shape = {32, 2};
-  q8.type = GgmlType::kQ8_0;
-  q8.num_elements = 64;
-  q8.size_bytes = packed.size();
-  q8.data = packed.data();
+  const TensorInfo q8 =
+      HostTensor("attn_k.weight", {32, 2}, GgmlType::kQ8_0, packed.data(), packed.size());
   const Status status = CheckTensorFinite(q8);
   EXPECT_EQ(status.code(), ErrorCode::kCorrupt);
   EXPECT_NE(status.message().find("'attn_k.weight' holds a non-finite block scale (nan) at row 1, "
@@ -196,11 +194,8 @@ TEST(DequantizeTest, RefusesNonFiniteValuesNamingWhere) {
   // The min of Q4_1 is checked too, and a check of the scales agrees with decoding everything.
   std::vector<uint8_t> q4(2 * sizeof(BlockQ4_1));
   ASSERT_TRUE(QuantizeRow(GgmlType::kQ4_1, values.data(), q4.data(), 64).ok());
-  TensorInfo q4_1 = q8;
-  q4_1.type = GgmlType::kQ4_1;
-  q4_1.shape = {64, 1};
-  q4_1.size_bytes = q4.size();
-  q4_1.data = q4.data();
+  const TensorInfo q4_1 =
+      HostTensor("attn_k.weight", {64, 1}, GgmlType::kQ4_1, q4.data(), q4.size());
   EXPECT_TRUE(CheckTensorFinite(q4_1).ok());
   EXPECT_TRUE(DequantizeTensor(q4_1).ok());
   const uint16_t inf_half = 0x7c00;
