@@ -1,7 +1,8 @@
 // shadowkv: command-line entry point; dispatches to the subcommands.
 #include <CLI/CLI.hpp>
-
+#include <exception>
 #include <map>
+#include <string>
 
 #include "commands.h"
 
@@ -26,7 +27,16 @@ int main(int argc, char** argv) {
     return app.exit(error) == 0 ? 0 : 2;  // usage errors exit 2, --help exits 0
   }
   for (auto& [subcommand, command] : commands) {
-    if (subcommand->parsed()) return command();
+    if (!subcommand->parsed()) continue;
+    // Errors travel as Status; an exception reaching here is a bug, but it must still end in a
+    // message and an error exit rather than an abort.
+    try {
+      return command();
+    } catch (const std::exception& error) {
+      return shadowkv::app::Fail(std::string("internal error: ") + error.what());
+    } catch (...) {
+      return shadowkv::app::Fail("internal error: unknown exception");
+    }
   }
   return 2;
 }

@@ -1,6 +1,6 @@
 # libFuzzer targets, built directly with clang++ (the main build may use g++), each with a ctest
-# (label fuzz) that runs it for a bounded time: the GGUF reader fuzzer gguf_fuzz (fuzz_gguf) and
-# the HTTP request parser's http_request_fuzz (fuzz_http_request).
+# (label fuzz) that runs it for a bounded time: the GGUF reader and model-config fuzzer gguf_fuzz
+# (fuzz_gguf) and the HTTP request parser's http_request_fuzz (fuzz_http_request).
 find_program(SHADOWKV_CLANGXX NAMES clang++ clang++-14)
 if(NOT SHADOWKV_CLANGXX)
   # Still tests, so that the gap shows: skipped (exit 77) with the reason, or failed in CI,
@@ -42,10 +42,12 @@ function(shadowkv_add_fuzzer target test seeds)
 endfunction()
 
 file(GLOB GGUF_FUZZ_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/core/*.h
-     ${CMAKE_SOURCE_DIR}/src/format/*.h)
+     ${CMAKE_SOURCE_DIR}/src/format/*.h ${CMAKE_SOURCE_DIR}/src/model/config.h
+     ${CMAKE_SOURCE_DIR}/src/ops/cpu/rope.h)
 shadowkv_add_fuzzer(gguf_fuzz fuzz_gguf gguf_corpus
   SOURCES ${CMAKE_SOURCE_DIR}/src/format/gguf_fuzz.cc ${CMAKE_SOURCE_DIR}/src/format/gguf.cc
-          ${CMAKE_SOURCE_DIR}/src/format/quants.cc ${CMAKE_SOURCE_DIR}/src/core/status.cc
+          ${CMAKE_SOURCE_DIR}/src/format/quants.cc ${CMAKE_SOURCE_DIR}/src/model/config.cc
+          ${CMAKE_SOURCE_DIR}/src/core/status.cc
   HEADERS ${GGUF_FUZZ_HEADERS})
 shadowkv_add_fuzzer(http_request_fuzz fuzz_http_request http_request_corpus
   SOURCES ${CMAKE_SOURCE_DIR}/src/server/http/request_parser_fuzz.cc

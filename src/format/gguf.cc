@@ -534,8 +534,9 @@ Status GgufFile::Parse() {
       SKV_RETURN_IF_ERROR(
           cursor.Read(&dim, [&] { return fmt::format("tensor '{}' dimension {}", name, d); }));
       if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Error(ErrorCode::kCorrupt, "tensor '{}': dimension {} is {} (must be positive)",
-                     name, d, static_cast<int64_t>(dim));
+        return Error(ErrorCode::kCorrupt,
+                     "tensor '{}': dimension {} is {} (must be positive and at most 2^63 - 1)",
+                     name, d, dim);
       }
       const auto extent = static_cast<int64_t>(dim);
       if (num_elements > std::numeric_limits<int64_t>::max() / extent) {

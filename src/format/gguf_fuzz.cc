@@ -1,11 +1,13 @@
-// libFuzzer entry point: parse arbitrary bytes as GGUF, then read every value and dequantise the
-// first rows of every tensor the parse accepted.
+// libFuzzer entry point: parse arbitrary bytes as GGUF, then read every value, dequantise the
+// first rows of every tensor the parse accepted and scan it for non-finite values, and validate
+// the model hyper-parameters.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "format/gguf.h"
 #include "format/quants.h"
+#include "model/config.h"
 
 namespace {
 
@@ -23,7 +25,7 @@ void ReadAllMetadata(const GgufFile& file) {
   }
 }
 
-void DequantiseFirstRows(const GgufFile& file) {
+void DecodeTensors(const GgufFile& file) {
   constexpr int64_t kMaxRows = 2;
   std::vector<float> rows;
   for (const shadowkv::gguf::TensorInfo& tensor : file.tensors()) {
@@ -32,6 +34,8 @@ void DequantiseFirstRows(const GgufFile& file) {
     // The parse checked the tensor lies inside the input, so this is bounded by its size.
     rows.resize(static_cast<size_t>(num_rows * tensor.row_length()));
     (void)shadowkv::gguf::DequantizeRows(tensor, 0, num_rows, rows.data());
+    // The load-time scan of weights used as stored reads every unit of the tensor.
+    (void)shadowkv::gguf::CheckTensorFinite(tensor);
   }
 }
 
@@ -41,6 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto file = GgufFile::FromBytes({data, size});
   if (!file.ok()) return 0;
   ReadAllMetadata(**file);
-  DequantiseFirstRows(**file);
+  DecodeTensors(**file);
+  // Every range check of the config, on whatever the fuzzer makes of the seeds' metadata.
+  (void)shadowkv::ModelConfig::FromGguf(**file);
   return 0;
 }

@@ -275,6 +275,9 @@ TEST(GgufReaderTest, RejectsBadTensorInfos) {
               {"tensor 'w': row length 48 is not a multiple of the Q4_0 block size 32"});
   ExpectError(TensorFile(one("w", {8, 0}, T::kF32, 0), 1, 64), ErrorCode::kCorrupt,
               {"tensor 'w': dimension 1 is 0"});
+  // Printed as read, not wrapped to a negative number.
+  ExpectError(TensorFile(one("w", {8, 1ull << 63}, T::kF32, 0), 1, 64), ErrorCode::kCorrupt,
+              {"tensor 'w': dimension 1 is 9223372036854775808 (must be positive"});
   ExpectError(TensorFile(one("w", {1, 1, 1, 1, 1}, T::kF32, 0), 1, 64), ErrorCode::kCorrupt,
               {"tensor 'w' has 5 dimensions"});
   ExpectError(TensorFile(one("w", {1ull << 32, 1ull << 32}, T::kF32, 0), 1, 64),

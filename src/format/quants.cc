@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <span>
 #include <string>
@@ -227,6 +228,39 @@ Status CheckBlockMultiple(GgmlType type, int64_t count) {
   return Status::Ok();
 }
 
+// Index of the first NaN or infinity in values[0, count), or count. Tests the exponent bits so
+// that the common all-finite case is one vectorisable pass.
+int64_t FirstNonFinite(const float* values, int64_t count) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  constexpr int64_t kStride = 4096;
+  for (int64_t begin = 0; begin < count; begin += kStride) {
+    const int64_t end = std::min(count, begin + kStride);
+    bool any = false;
+    for (int64_t i = begin; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, values + i, sizeof(bits));
+      any |= (bits & kExponent) == kExponent;
+    }
+    if (!any) continue;
+    for (int64_t i = begin; i < end; ++i) {
+      if (!std::isfinite(values[i])) return i;
+    }
+  }
+  return count;
+}
+
+Status RequireData(const TensorInfo& tensor) {
+  if (tensor.data != nullptr) return Status::Ok();
+  return Error(ErrorCode::kInvalidArgument, "tensor '{}' has no data", tensor.name);
+}
+
+Status RequireDequantizable(const TensorInfo& tensor) {
+  if (CanDequantize(tensor.type)) return Status::Ok();
+  return Error(ErrorCode::kUnsupported,
+               "tensor '{}': cannot dequantize {} data; supported types: {}", tensor.name,
+               TypeName(tensor.type), TypeList(kDequantizable));
+}
+
 }  // namespace
 
 bool CanDequantize(GgmlType type) {
@@ -296,28 +330,115 @@ Status DequantizeRow(GgmlType type, const uint8_t* src, float* dst, int64_t coun
 }
 
 Status DequantizeRows(const TensorInfo& tensor, int64_t first_row, int64_t num_rows, float* dst) {
-  if (tensor.data == nullptr) {
-    return Error(ErrorCode::kInvalidArgument, "tensor '{}' has no data", tensor.name);
-  }
+  SKV_RETURN_IF_ERROR(RequireData(tensor));
   const int64_t rows = tensor.rows();
   if (first_row < 0 || num_rows < 0 || first_row > rows || num_rows > rows - first_row) {
     return Error(ErrorCode::kOutOfRange, "tensor '{}': rows [{}, {}) are outside its {} rows",
                  tensor.name, first_row, first_row + num_rows, rows);
   }
   const uint8_t* src = tensor.data + static_cast<size_t>(first_row) * tensor.row_bytes();
-  const Status status = DequantizeRow(tensor.type, src, dst, num_rows * tensor.row_length());
+  const int64_t count = num_rows * tensor.row_length();
+  const Status status = DequantizeRow(tensor.type, src, dst, count);
   if (!status.ok()) {
     return Status(status.code(), fmt::format("tensor '{}': {}", tensor.name, status.message()));
+  }
+  // One NaN or infinite weight turns every activation it reaches into NaN, and the model then
+  // writes garbage without any error: a file's weights must be numbers.
+  const int64_t bad = FirstNonFinite(dst, count);
+  if (bad < count) {
+    const int64_t row_length = tensor.row_length();
+    return Error(ErrorCode::kCorrupt,
+                 "tensor '{}' holds a non-finite weight ({}) at row {}, column {}", tensor.name,
+                 dst[bad], first_row + bad / row_length, bad % row_length);
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// How to find non-finite values in a type without decoding it. Float types are checked element
+// by element; a block format's elements are a finite fp16 scale times a small integer (plus a
+// finite fp16 min), so it is enough to check the block's scales.
+struct FiniteProbe {
+  int64_t unit_bytes;     // an element or a block
+  int64_t unit_elements;  // elements per unit
+  int fields[2];          // byte offsets of the fields to test in a unit (-1: none)
+  bool is_f32;            // 32-bit fields; otherwise 16-bit
+  uint32_t exponent;      // the all-ones exponent of the field's format
+  bool is_bf16;
+  const char* what;
+};
+
+FiniteProbe ProbeOf(GgmlType type) {
+  auto block = [](int64_t bytes, int64_t elements, int d, int m) {
+    return FiniteProbe{bytes, elements, {d, m}, false, 0x7c00u, false, "block scale"};
+  };
+  switch (type) {
+    case GgmlType::kF32:
+      return {4, 1, {0, -1}, true, 0x7f800000u, false, "weight"};
+    case GgmlType::kF16:
+      return {2, 1, {0, -1}, false, 0x7c00u, false, "weight"};
+    case GgmlType::kBF16:
+      return {2, 1, {0, -1}, false, 0x7f80u, true, "weight"};
+    case GgmlType::kQ4_0:
+      return block(sizeof(BlockQ4_0), kQk, offsetof(BlockQ4_0, d), -1);
+    case GgmlType::kQ4_1:
+      return block(sizeof(BlockQ4_1), kQk, offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m));
+    case GgmlType::kQ5_0:
+      return block(sizeof(BlockQ5_0), kQk, offsetof(BlockQ5_0, d), -1);
+    case GgmlType::kQ5_1:
+      return block(sizeof(BlockQ5_1), kQk, offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m));
+    case GgmlType::kQ8_0:
+      return block(sizeof(BlockQ8_0), kQk, offsetof(BlockQ8_0, d), -1);
+    case GgmlType::kQ2_K:
+      return block(sizeof(BlockQ2_K), kQkK, offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin));
+    case GgmlType::kQ3_K:
+      return block(sizeof(BlockQ3_K), kQkK, offsetof(BlockQ3_K, d), -1);
+    case GgmlType::kQ4_K:
+      return block(sizeof(BlockQ4_K), kQkK, offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin));
+    case GgmlType::kQ5_K:
+      return block(sizeof(BlockQ5_K), kQkK, offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin));
+    case GgmlType::kQ6_K:
+      return block(sizeof(BlockQ6_K), kQkK, offsetof(BlockQ6_K, d), -1);
+    default:
+      return {0, 0, {-1, -1}, false, 0, false, ""};
+  }
+}
+
+}  // namespace
+
+Status CheckTensorFinite(const TensorInfo& tensor) {
+  SKV_RETURN_IF_ERROR(RequireDequantizable(tensor));
+  SKV_RETURN_IF_ERROR(RequireData(tensor));
+  const FiniteProbe probe = ProbeOf(tensor.type);
+  const int64_t units = tensor.num_elements / probe.unit_elements;
+  for (int64_t unit = 0; unit < units; ++unit) {
+    const uint8_t* base = tensor.data + unit * probe.unit_bytes;
+    for (int field : probe.fields) {
+      if (field < 0) continue;
+      uint32_t bits = 0;
+      float value = 0.0f;
+      if (probe.is_f32) {
+        std::memcpy(&bits, base + field, sizeof(uint32_t));
+        std::memcpy(&value, &bits, sizeof(value));
+      } else {
+        uint16_t half = 0;
+        std::memcpy(&half, base + field, sizeof(half));
+        bits = half;
+        value = probe.is_bf16 ? Bf16ToFp32(half) : Fp16ToFp32(half);
+      }
+      if ((bits & probe.exponent) != probe.exponent) continue;
+      const int64_t element = unit * probe.unit_elements;
+      return Error(ErrorCode::kCorrupt,
+                   "tensor '{}' holds a non-finite {} ({}) at row {}, column {}", tensor.name,
+                   probe.what, value, element / tensor.row_length(), element % tensor.row_length());
+    }
   }
   return Status::Ok();
 }
 
 Result<std::vector<float>> DequantizeTensor(const TensorInfo& tensor) {
-  if (!CanDequantize(tensor.type)) {
-    return Error(ErrorCode::kUnsupported,
-                 "tensor '{}': cannot dequantize {} data; supported types: {}", tensor.name,
-                 TypeName(tensor.type), TypeList(kDequantizable));
-  }
+  SKV_RETURN_IF_ERROR(RequireDequantizable(tensor));
   std::vector<float> values(static_cast<size_t>(tensor.num_elements));
   SKV_RETURN_IF_ERROR(DequantizeRows(tensor, 0, tensor.rows(), values.data()));
   return values;

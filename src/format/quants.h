@@ -139,11 +139,18 @@ bool CanDequantize(GgmlType type);
 // multiply-add), so they are reproducible across machines.
 Status DequantizeRow(GgmlType type, const uint8_t* src, float* dst, int64_t count);
 
-// dst[num_rows, row_length] = rows [first_row, first_row + num_rows) of `tensor`.
+// dst[num_rows, row_length] = rows [first_row, first_row + num_rows) of `tensor`. These read a
+// model's weights at load time, so a NaN or infinite value is an error naming the tensor, row and
+// column (dst then holds the rows as decoded).
 Status DequantizeRows(const TensorInfo& tensor, int64_t first_row, int64_t num_rows, float* dst);
 
-// The whole tensor as fp32, [rows, row_length].
+// The whole tensor as fp32, [rows, row_length]; non-finite values are refused as above.
 Result<std::vector<float>> DequantizeTensor(const TensorInfo& tensor);
+
+// Refuses non-finite values in weights that are used as stored (never dequantised at load),
+// without decoding them: every element of F32/F16/BF16, the fp16 scales of block formats (whose
+// values are finite exactly when their scales are). The error names the tensor, row and column.
+Status CheckTensorFinite(const TensorInfo& tensor);
 
 // Quantisers for building test models; count must be a multiple of 32. They round as the gguf
 // Python package does: Q8_0 d = max|x| / 127, q = round(x / d) (halves away from zero); Q4_0

@@ -113,18 +113,26 @@ TEST(DequantizeTest, RejectsUnsupportedTypesAndPartialBlocks) {
       << status.message();
 }
 
+// A tensor over bytes held by the test: `bytes` must outlive it.
+TensorInfo HostTensor(std::string name, std::vector<int64_t> shape, GgmlType type,
+                      const void* bytes, size_t size) {
+  TensorInfo tensor;
+  tensor.name = std::move(name);
+  tensor.shape = std::move(shape);
+  tensor.type = type;
+  tensor.num_elements = 1;
+  for (int64_t extent : tensor.shape) tensor.num_elements *= extent;
+  tensor.size_bytes = size;
+  tensor.data = static_cast<const uint8_t*>(bytes);
+  return tensor;
+}
+
 TEST(DequantizeTest, RowsOfATensor) {
   // A 3-row F16 tensor of length 4 pointing at a local buffer.
   const uint16_t halves[12] = {0x3c00, 0x4000, 0x4200, 0x4400,   // 1 2 3 4
                                0xbc00, 0xc000, 0xc200, 0xc400,   // -1 -2 -3 -4
                                0x3800, 0x3400, 0x0000, 0x8000};  // 0.5 0.25 0 -0
-  TensorInfo tensor;
-  tensor.name = "t";
-  tensor.shape = {4, 3};
-  tensor.type = GgmlType::kF16;
-  tensor.num_elements = 12;
-  tensor.size_bytes = sizeof(halves);
-  tensor.data = reinterpret_cast<const uint8_t*>(halves);
+  const TensorInfo tensor = HostTensor("t", {4, 3}, GgmlType::kF16, halves, sizeof(halves));
   EXPECT_EQ(tensor.rows(), 3);
   EXPECT_EQ(tensor.row_length(), 4);
   EXPECT_EQ(tensor.row_bytes(), 8u);
@@ -143,6 +151,60 @@ TEST(DequantizeTest, RowsOfATensor) {
   ASSERT_EQ(all->size(), 12u);
   EXPECT_EQ((*all)[3], 4.0f);
   EXPECT_EQ((*all)[9], 0.25f);
+}
+
+// A NaN or infinite weight makes every output it reaches NaN; decoding for a load refuses it.
+TEST(DequantizeTest, RefusesNonFiniteValuesNamingWhere) {
+  uint16_t halves[12] = {0x3c00, 0x4000, 0x4200, 0x4400, 0xbc00, 0xc000,
+                         0xc200, 0xc400, 0x3800, 0x3400, 0x0000, 0x8000};
+  const TensorInfo tensor =
+      HostTensor("blk.3.ffn_norm.weight", {4, 3}, GgmlType::kF16, halves, sizeof(halves));
+  EXPECT_TRUE(CheckTensorFinite(tensor).ok());
+  for (uint16_t bad : {uint16_t{0x7e00}, uint16_t{0x7c00}, uint16_t{0xfc00}}) {  // NaN, +inf, -inf
+    halves[6] = bad;
+    float rows[12];
+    for (const Status& status : {DequantizeRows(tensor, 0, 3, rows),
+                                 DequantizeTensor(tensor).status(), CheckTensorFinite(tensor)}) {
+      EXPECT_EQ(status.code(), ErrorCode::kCorrupt);
+      EXPECT_NE(status.message().find("tensor 'blk.3.ffn_norm.weight' holds a non-finite weight"),
+                std::string::npos)
+          << status.message();
+      EXPECT_NE(status.message().find("at row 1, column 2"), std::string::npos) << status.message();
+    }
+    // Rows that do not hold it still decode.
+    EXPECT_TRUE(DequantizeRows(tensor, 2, 1, rows).ok());
+  }
+
+  // In a block format the scale carries it: a NaN d makes the whole Q8_0 block NaN.
+  std::vector<float> values(64, 0.5f);
+  std::vector<uint8_t> packed(2 * sizeof(BlockQ8_0));
+  ASSERT_TRUE(QuantizeRow(GgmlType::kQ8_0, values.data(), packed.data(), 64).ok());
+  const uint16_t nan_half = 0x7e00;
+  std::memcpy(packed.data() + sizeof(BlockQ8_0), &nan_half, sizeof(nan_half));
+  const TensorInfo q8 =
+      HostTensor("attn_k.weight", {32, 2}, GgmlType::kQ8_0, packed.data(), packed.size());
+  const Status status = CheckTensorFinite(q8);
+  EXPECT_EQ(status.code(), ErrorCode::kCorrupt);
+  EXPECT_NE(status.message().find("'attn_k.weight' holds a non-finite block scale (nan) at row 1, "
+                                  "column 0"),
+            std::string::npos)
+      << status.message();
+  EXPECT_FALSE(DequantizeTensor(q8).ok());
+
+  // The min of Q4_1 is checked too, and a check of the scales agrees with decoding everything.
+  std::vector<uint8_t> q4(2 * sizeof(BlockQ4_1));
+  ASSERT_TRUE(QuantizeRow(GgmlType::kQ4_1, values.data(), q4.data(), 64).ok());
+  const TensorInfo q4_1 =
+      HostTensor("attn_k.weight", {64, 1}, GgmlType::kQ4_1, q4.data(), q4.size());
+  EXPECT_TRUE(CheckTensorFinite(q4_1).ok());
+  EXPECT_TRUE(DequantizeTensor(q4_1).ok());
+  const uint16_t inf_half = 0x7c00;
+  std::memcpy(q4.data() + sizeof(BlockQ4_1) + offsetof(BlockQ4_1, m), &inf_half, 2);
+  const Status min_status = CheckTensorFinite(q4_1);
+  EXPECT_NE(min_status.message().find("non-finite block scale (inf) at row 0, column 32"),
+            std::string::npos)
+      << min_status.message();
+  EXPECT_FALSE(DequantizeTensor(q4_1).ok());
 }
 
 TEST(QuantizeTest, MatchesReferenceQuantiser) {

@@ -1,7 +1,10 @@
-// ModelConfig::FromGguf: metadata keys per architecture, checked for consistency.
+// ModelConfig::FromGguf: metadata keys per architecture, each range-checked in the type it is
+// stored in, and checked for consistency with each other and the token embedding.
 #include "model/config.h"
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 namespace shadowkv {
 
@@ -9,13 +12,65 @@ const char* SupportedArchitectures() { return "llama, qwen2"; }
 
 namespace {
 
-Result<int64_t> PositiveInt(const gguf::GgufFile& file, const std::string& key) {
+// An integer key as an int within [min, max]; a value outside is refused before it is narrowed.
+Result<int> IntIn(const gguf::GgufFile& file, const std::string& key, int64_t min, int64_t max) {
   SKV_ASSIGN_OR_RETURN(int64_t value, file.GetInt(key));
-  if (value <= 0 || value > (int64_t{1} << 31)) {
-    return Error(ErrorCode::kCorrupt, "metadata '{}' = {} is not a sensible positive size", key,
-                 value);
+  if (value < min || value > max) {
+    return Error(ErrorCode::kCorrupt, "metadata '{}' = {} is outside the supported range [{}, {}]",
+                 key, value, min, max);
   }
-  return value;
+  return static_cast<int>(value);
+}
+
+// As IntIn, or `fallback` when the key is absent (a key of the wrong type is still an error).
+Result<int> OptionalIntIn(const gguf::GgufFile& file, const std::string& key, int64_t min,
+                          int64_t max, int fallback) {
+  if (file.Find(key) == nullptr) return fallback;
+  return IntIn(file, key, min, max);
+}
+
+// A float key within [min, max] (NaN and infinities never are).
+Result<float> FloatIn(const gguf::GgufFile& file, const std::string& key, double min, double max) {
+  SKV_ASSIGN_OR_RETURN(double value, file.GetFloat(key));
+  if (!std::isfinite(value) || value < min || value > max) {
+    return Error(ErrorCode::kCorrupt, "metadata '{}' = {} is outside the supported range [{}, {}]",
+                 key, value, min, max);
+  }
+  return static_cast<float>(value);
+}
+
+Result<std::string> OptionalString(const gguf::GgufFile& file, const std::string& key) {
+  if (file.Find(key) == nullptr) return std::string();
+  return file.GetString(key);
+}
+
+bool IsFloatType(gguf::ValueType type) {
+  return type == gguf::ValueType::kFloat32 || type == gguf::ValueType::kFloat64;
+}
+
+// Hyper-parameters this engine does not read (logit scales, yarn factors...) still describe the
+// model; a non-finite one means the file is broken, so every float under the architecture's
+// prefix, arrays included, must be finite.
+Status CheckArchitectureFloatsFinite(const gguf::GgufFile& file, const std::string& prefix) {
+  for (const auto& [key, value] : file.metadata()) {
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    if (IsFloatType(value.type)) {
+      const double number = std::get<double>(value.data);
+      if (!std::isfinite(number)) {
+        return Error(ErrorCode::kCorrupt, "metadata '{}' = {} is not a finite number", key, number);
+      }
+    } else if (value.type == gguf::ValueType::kArray && IsFloatType(value.element_type)) {
+      const auto& elements = std::get<std::vector<gguf::Value>>(value.data);
+      for (size_t i = 0; i < elements.size(); ++i) {
+        const double number = std::get<double>(elements[i].data);
+        if (!std::isfinite(number)) {
+          return Error(ErrorCode::kCorrupt,
+                       "metadata '{}' element [{}] = {} is not a finite number", key, i, number);
+        }
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -28,80 +83,94 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                  c.architecture, SupportedArchitectures());
   }
   const std::string& a = c.architecture;
-  if (auto name = file.GetString("general.name"); name.ok()) c.name = name.value();
-  SKV_ASSIGN_OR_RETURN(int64_t layers, PositiveInt(file, a + ".block_count"));
-  SKV_ASSIGN_OR_RETURN(int64_t hidden, PositiveInt(file, a + ".embedding_length"));
-  SKV_ASSIGN_OR_RETURN(int64_t heads, PositiveInt(file, a + ".attention.head_count"));
-  int64_t kv_heads = heads;
-  if (file.Find(a + ".attention.head_count_kv")) {
-    SKV_ASSIGN_OR_RETURN(kv_heads, PositiveInt(file, a + ".attention.head_count_kv"));
+  SKV_ASSIGN_OR_RETURN(c.name, OptionalString(file, "general.name"));
+  SKV_RETURN_IF_ERROR(CheckArchitectureFloatsFinite(file, a + "."));
+  SKV_ASSIGN_OR_RETURN(c.num_layers, IntIn(file, a + ".block_count", 1, kMaxLayers));
+  SKV_ASSIGN_OR_RETURN(c.hidden_size, IntIn(file, a + ".embedding_length", 1, kMaxHidden));
+  SKV_ASSIGN_OR_RETURN(c.num_query_heads, IntIn(file, a + ".attention.head_count", 1, kMaxHeads));
+  SKV_ASSIGN_OR_RETURN(c.num_kv_heads, OptionalIntIn(file, a + ".attention.head_count_kv", 1,
+                                                     c.num_query_heads, c.num_query_heads));
+  SKV_ASSIGN_OR_RETURN(c.ffn_size, IntIn(file, a + ".feed_forward_length", 1, kMaxFfn));
+  SKV_ASSIGN_OR_RETURN(c.context_length, IntIn(file, a + ".context_length", 1, kMaxContext));
+  SKV_ASSIGN_OR_RETURN(c.rms_norm_eps,
+                       FloatIn(file, a + ".attention.layer_norm_rms_epsilon", kMinNormEps, 1.0));
+  SKV_ASSIGN_OR_RETURN(const int experts,
+                       OptionalIntIn(file, a + ".expert_count", 0, kMaxHeads, 0));
+  if (experts > 0) {
+    return Error(ErrorCode::kUnsupported,
+                 "mixture-of-experts models are not supported ('{}.expert_count' = {})", a,
+                 experts);
   }
-  SKV_ASSIGN_OR_RETURN(int64_t ffn, PositiveInt(file, a + ".feed_forward_length"));
-  SKV_ASSIGN_OR_RETURN(int64_t context, PositiveInt(file, a + ".context_length"));
-  SKV_ASSIGN_OR_RETURN(double eps, file.GetFloat(a + ".attention.layer_norm_rms_epsilon"));
-  c.num_layers = static_cast<int>(layers);
-  c.hidden_size = static_cast<int>(hidden);
-  c.num_query_heads = static_cast<int>(heads);
-  c.num_kv_heads = static_cast<int>(kv_heads);
-  c.ffn_size = static_cast<int>(ffn);
-  c.context_length = context;
-  c.rms_norm_eps = static_cast<float>(eps);
-  if (hidden % heads != 0) {
-    return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads", hidden,
-                 heads);
+  if (c.hidden_size % c.num_query_heads != 0) {
+    return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
+                 c.hidden_size, c.num_query_heads);
   }
-  c.head_dim = static_cast<int>(hidden / heads);
-  if (file.Find(a + ".attention.key_length")) {
-    SKV_ASSIGN_OR_RETURN(int64_t key_length, PositiveInt(file, a + ".attention.key_length"));
-    if (key_length != c.head_dim) {
-      return Error(ErrorCode::kUnsupported, "key length {} differs from hidden/heads = {}",
-                   key_length, c.head_dim);
+  c.head_dim = c.hidden_size / c.num_query_heads;
+  for (const char* length_key : {".attention.key_length", ".attention.value_length"}) {
+    SKV_ASSIGN_OR_RETURN(const int length,
+                         OptionalIntIn(file, a + length_key, 1, kMaxHidden, c.head_dim));
+    if (length != c.head_dim) {
+      return Error(ErrorCode::kUnsupported, "metadata '{}{}' = {} differs from hidden/heads = {}",
+                   a, length_key, length, c.head_dim);
     }
   }
-  if (heads % kv_heads != 0) {
-    return Error(ErrorCode::kCorrupt, "{} query heads are not a multiple of {} KV heads", heads,
-                 kv_heads);
+  if (c.num_query_heads % c.num_kv_heads != 0) {
+    return Error(ErrorCode::kCorrupt, "{} query heads are not a multiple of {} KV heads",
+                 c.num_query_heads, c.num_kv_heads);
   }
 
   const gguf::TensorInfo* embd = file.FindTensor("token_embd.weight");
   if (!embd) return Error(ErrorCode::kNotFound, "tensor 'token_embd.weight' is missing");
-  if (embd->shape.size() != 2 || embd->shape[0] != hidden) {
-    return Error(ErrorCode::kCorrupt, "tensor 'token_embd.weight' has shape [{}], expected [{}, vocab]",
-                 fmt::join(embd->shape, ", "), hidden);
+  if (embd->shape.size() != 2 || embd->shape[0] != c.hidden_size) {
+    return Error(ErrorCode::kCorrupt,
+                 "tensor 'token_embd.weight' has shape [{}], expected [{}, vocab]",
+                 fmt::join(embd->shape, ", "), c.hidden_size);
   }
   c.vocab_size = embd->shape[1];
-  if (auto v = file.GetInt(a + ".vocab_size"); v.ok() && v.value() != c.vocab_size) {
-    return Error(ErrorCode::kCorrupt, "vocab_size {} differs from token_embd rows {}", v.value(),
-                 c.vocab_size);
+  if (c.vocab_size > kMaxVocab) {
+    return Error(ErrorCode::kCorrupt,
+                 "tensor 'token_embd.weight' has {} rows, more than the {} tokens supported",
+                 c.vocab_size, kMaxVocab);
+  }
+  if (file.Find(a + ".vocab_size") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(const int vocab, IntIn(file, a + ".vocab_size", 1, kMaxVocab));
+    if (vocab != c.vocab_size) {
+      return Error(ErrorCode::kCorrupt, "vocab_size {} differs from token_embd rows {}", vocab,
+                   c.vocab_size);
+    }
   }
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
   c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
 
   // RoPE.
-  c.rope.rotary_dim = c.head_dim;
-  if (file.Find(a + ".rope.dimension_count")) {
-    SKV_ASSIGN_OR_RETURN(int64_t dims, PositiveInt(file, a + ".rope.dimension_count"));
-    if (dims > c.head_dim || dims % 2 != 0) {
-      return Error(ErrorCode::kCorrupt, "rope dimension count {} is invalid for head dim {}", dims,
-                   c.head_dim);
-    }
-    c.rope.rotary_dim = static_cast<int>(dims);
+  SKV_ASSIGN_OR_RETURN(c.rope.rotary_dim,
+                       OptionalIntIn(file, a + ".rope.dimension_count", 1, kMaxHidden, c.head_dim));
+  if (c.rope.rotary_dim > c.head_dim || c.rope.rotary_dim % 2 != 0) {
+    return Error(ErrorCode::kCorrupt,
+                 "rope dimension count {} is invalid for head dim {} (it must be even and at "
+                 "most the head dim)",
+                 c.rope.rotary_dim, c.head_dim);
   }
   c.rope.theta_base = 10000.0f;
   if (file.Find(a + ".rope.freq_base")) {
-    SKV_ASSIGN_OR_RETURN(double base, file.GetFloat(a + ".rope.freq_base"));
-    if (!(base > 1.0)) return Error(ErrorCode::kCorrupt, "rope freq_base {} is invalid", base);
-    c.rope.theta_base = static_cast<float>(base);
+    SKV_ASSIGN_OR_RETURN(c.rope.theta_base,
+                         FloatIn(file, a + ".rope.freq_base", kMinFreqBase, kMaxFreqBase));
+    if (!(c.rope.theta_base > 1.0f)) {
+      return Error(ErrorCode::kCorrupt, "metadata '{}.rope.freq_base' = {} must exceed 1", a,
+                   c.rope.theta_base);
+    }
   }
   c.rope.style = a == "qwen2" ? RopeConfig::Style::kHalves : RopeConfig::Style::kPairs;
-  if (auto type = file.GetString(a + ".rope.scaling.type"); type.ok() && type.value() != "none") {
-    if (type.value() != "linear") {
-      return Error(ErrorCode::kUnsupported, "rope scaling '{}' is not supported (supported: none, "
-                   "linear, llama3 via rope_freqs)", type.value());
+  SKV_ASSIGN_OR_RETURN(const std::string scaling, OptionalString(file, a + ".rope.scaling.type"));
+  if (!scaling.empty() && scaling != "none") {
+    if (scaling != "linear") {
+      return Error(ErrorCode::kUnsupported,
+                   "rope scaling '{}' is not supported (supported: none, linear, llama3 via "
+                   "rope_freqs)",
+                   scaling);
     }
-    SKV_ASSIGN_OR_RETURN(double factor, file.GetFloat(a + ".rope.scaling.factor"));
-    if (!(factor >= 1.0)) return Error(ErrorCode::kCorrupt, "rope scaling factor {}", factor);
-    c.rope.linear_scale = static_cast<float>(factor);
+    SKV_ASSIGN_OR_RETURN(c.rope.linear_scale,
+                         FloatIn(file, a + ".rope.scaling.factor", 1.0, kMaxRopeFactor));
   }
   if (const gguf::TensorInfo* freqs = file.FindTensor("rope_freqs.weight")) {
     // Llama 3.1-style scaling is stored as per-frequency divisors.
@@ -109,11 +178,16 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
       return Error(ErrorCode::kCorrupt, "tensor 'rope_freqs.weight' must be F32 [{}]",
                    c.rope.rotary_dim / 2);
     }
-    const float* data = reinterpret_cast<const float*>(freqs->data);
-    c.rope.freq_factors.assign(data, data + freqs->num_elements);
-    for (float f : c.rope.freq_factors) {
-      if (!(f > 0.0f) || !std::isfinite(f)) {
-        return Error(ErrorCode::kCorrupt, "tensor 'rope_freqs.weight' holds {}", f);
+    // The mapping aligns tensors only as general.alignment says, so copy rather than cast.
+    c.rope.freq_factors.resize(static_cast<size_t>(freqs->num_elements));
+    std::memcpy(c.rope.freq_factors.data(), freqs->data, freqs->size_bytes);
+    for (size_t i = 0; i < c.rope.freq_factors.size(); ++i) {
+      const float f = c.rope.freq_factors[i];
+      if (!std::isfinite(f) || f < 1.0f / kMaxRopeFactor || f > kMaxRopeFactor) {
+        return Error(ErrorCode::kCorrupt,
+                     "tensor 'rope_freqs.weight' element [{}] = {} is outside the supported range "
+                     "[{}, {}]",
+                     i, f, 1.0f / kMaxRopeFactor, kMaxRopeFactor);
       }
     }
   }
@@ -121,11 +195,11 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
 }
 
 std::string ModelConfig::Summary() const {
-  return fmt::format("{} ({}): {} layers, hidden {}, {} heads / {} KV heads x {}, FFN {}, vocab {}, "
-                     "context {}",
-                     name.empty() ? "model" : name, architecture, num_layers, hidden_size,
-                     num_query_heads, num_kv_heads, head_dim, ffn_size, vocab_size,
-                     context_length);
+  return fmt::format(
+      "{} ({}): {} layers, hidden {}, {} heads / {} KV heads x {}, FFN {}, vocab {}, "
+      "context {}",
+      name.empty() ? "model" : name, architecture, num_layers, hidden_size, num_query_heads,
+      num_kv_heads, head_dim, ffn_size, vocab_size, context_length);
 }
 
 }  // namespace shadowkv

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "core/status.h"
@@ -9,6 +10,24 @@
 #include "ops/cpu/rope.h"
 
 namespace shadowkv {
+
+// What FromGguf accepts. The bounds are far above any released model yet keep every product the
+// engine forms from them (KV bytes = context x KV width x layers, activations = tokens x FFN)
+// well inside int64, and every count inside the int it is held in.
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxHidden = int64_t{1} << 18;  // embedding length, head and rope dims
+inline constexpr int64_t kMaxHeads = 4096;               // query heads (KV heads: at most these)
+inline constexpr int64_t kMaxFfn = int64_t{1} << 20;
+inline constexpr int64_t kMaxContext = int64_t{1} << 24;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;  // token ids are int32
+// rms_norm_eps must be a positive normal float (so 1/sqrt(eps) stays finite) and at most 1.
+inline constexpr double kMinNormEps = std::numeric_limits<float>::min();
+// rope.freq_base must exceed 1 and be a finite float.
+inline constexpr double kMinFreqBase = 1.0;
+inline constexpr double kMaxFreqBase = std::numeric_limits<float>::max();
+// Linear rope scaling factors lie in [1, kMaxRopeFactor], llama3 frequency divisors in
+// [1 / kMaxRopeFactor, kMaxRopeFactor].
+inline constexpr double kMaxRopeFactor = 1e6;
 
 struct ModelConfig {
   std::string architecture;  // "llama" or "qwen2"
@@ -26,7 +45,10 @@ struct ModelConfig {
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
   RopeConfig rope;
 
-  // Reads and checks the metadata (and, for llama3 rope scaling, the rope_freqs tensor).
+  // Reads and checks the metadata (and, for llama3 rope scaling, the rope_freqs tensor): every
+  // integer within the bounds above before it is narrowed, every float finite and in range
+  // (non-finite floats anywhere under the architecture's prefix are refused too); errors name
+  // the key and the range.
   static Result<ModelConfig> FromGguf(const gguf::GgufFile& file);
   std::string Summary() const;
 };

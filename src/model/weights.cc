@@ -43,13 +43,18 @@ Result<LinearWeight> LoadLinear(const gguf::GgufFile& file, const std::string& n
   SKV_ASSIGN_OR_RETURN(linear.matrix, BindMatrix(*t));
   if (!QuantMatVecSupports(linear.matrix.type)) {
     if (in % 32 != 0) {
-      return Error(ErrorCode::kUnsupported, "tensor '{}': type {} with row length {} (not a "
-                   "multiple of 32) cannot be repacked", t->name, gguf::TypeName(t->type), in);
+      return Error(ErrorCode::kUnsupported,
+                   "tensor '{}': type {} with row length {} (not a multiple of 32) cannot be "
+                   "repacked",
+                   t->name, gguf::TypeName(t->type), in);
     }
     SKV_ASSIGN_OR_RETURN(std::vector<float> dense, gguf::DequantizeTensor(*t));
     linear.repacked = QuantizeRowsQ8_0(dense.data(), out, in);
     linear.matrix = QuantMatrix{gguf::GgmlType::kQ8_0, linear.repacked.data(), out, in,
                                 QuantRowBytes(gguf::GgmlType::kQ8_0, in)};
+  } else {
+    // Used as stored, so nothing else decodes it before the first step reads it.
+    SKV_RETURN_IF_ERROR(gguf::CheckTensorFinite(*t));
   }
   if (with_bias) {
     SKV_ASSIGN_OR_RETURN(linear.bias, LoadVector(file, name + ".bias", out));
@@ -68,8 +73,10 @@ Result<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, const ModelC
                        FindShaped(file, "token_embd.weight", {hidden, c.vocab_size}));
   SKV_ASSIGN_OR_RETURN(w.token_embd, BindMatrix(*embd));
   if (c.tied_embeddings) {
+    // Loading it as the output layer checks its values too.
     SKV_ASSIGN_OR_RETURN(w.output, LoadLinear(file, "token_embd", hidden, c.vocab_size, false));
   } else {
+    SKV_RETURN_IF_ERROR(gguf::CheckTensorFinite(*embd));
     SKV_ASSIGN_OR_RETURN(w.output, LoadLinear(file, "output", hidden, c.vocab_size, false));
   }
   SKV_ASSIGN_OR_RETURN(w.output_norm, LoadVector(file, "output_norm.weight", hidden));

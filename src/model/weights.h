@@ -24,13 +24,13 @@ struct LinearWeight {
 struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
   std::vector<float> ffn_norm;   // [hidden]
-  LinearWeight q;     // [num_query_heads*head_dim, hidden]
-  LinearWeight k;     // [num_kv_heads*head_dim, hidden]
-  LinearWeight v;     // [num_kv_heads*head_dim, hidden]
-  LinearWeight o;     // [hidden, num_query_heads*head_dim]
-  LinearWeight gate;  // [ffn, hidden]
-  LinearWeight up;    // [ffn, hidden]
-  LinearWeight down;  // [hidden, ffn]
+  LinearWeight q;                // [num_query_heads*head_dim, hidden]
+  LinearWeight k;                // [num_kv_heads*head_dim, hidden]
+  LinearWeight v;                // [num_kv_heads*head_dim, hidden]
+  LinearWeight o;                // [hidden, num_query_heads*head_dim]
+  LinearWeight gate;             // [ffn, hidden]
+  LinearWeight up;               // [ffn, hidden]
+  LinearWeight down;             // [hidden, ffn]
 };
 
 struct ModelWeights {
@@ -39,7 +39,8 @@ struct ModelWeights {
   std::vector<float> output_norm;  // [hidden]
   std::vector<LayerWeights> layers;
 
-  // Binds and checks every tensor (presence, type, shape). The file must outlive the weights.
+  // Binds and checks every tensor (presence, type, shape, and that every value is finite). The
+  // file must outlive the weights.
   static Result<ModelWeights> Load(const gguf::GgufFile& file, const ModelConfig& config);
   // Bytes of weights as stored (what one decode step reads).
   int64_t ByteSize() const;

@@ -1,0 +1,236 @@
+// ModelConfig::FromGguf on hostile metadata: integers out of range in the type they are held in,
+// non-finite or out-of-range floats, keys of the wrong type; each refused naming the key.
+#include "model/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "format/gguf_writer.h"
+
+namespace shadowkv {
+namespace {
+
+using gguf::MakeFloat;
+using gguf::MakeInt;
+using gguf::MakeString;
+using gguf::MakeUint;
+using gguf::Value;
+using gguf::ValueType;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Entry {
+  std::string key;
+  Value value;
+};
+
+// A llama model's metadata (hidden 16, 2 heads of 8, 1 KV head) and its [16, 5] embedding; the
+// metadata is what FromGguf reads, the one tensor what it checks the vocabulary against.
+class ConfigFile {
+ public:
+  ConfigFile() {
+    Set("general.architecture", MakeString("llama"));
+    Set("general.name", MakeString("config-test"));
+    Set("llama.block_count", MakeUint(ValueType::kUint32, 3));
+    Set("llama.embedding_length", MakeUint(ValueType::kUint32, 16));
+    Set("llama.attention.head_count", MakeUint(ValueType::kUint32, 2));
+    Set("llama.attention.head_count_kv", MakeUint(ValueType::kUint32, 1));
+    Set("llama.feed_forward_length", MakeUint(ValueType::kUint32, 48));
+    Set("llama.context_length", MakeUint(ValueType::kUint32, 4096));
+    Set("llama.attention.layer_norm_rms_epsilon", MakeFloat(ValueType::kFloat32, 1e-6));
+    Set("llama.rope.freq_base", MakeFloat(ValueType::kFloat32, 500000.0));
+  }
+
+  ConfigFile& Set(const std::string& key, Value value) {
+    for (Entry& entry : entries_) {
+      if (entry.key == key) {
+        entry.value = std::move(value);
+        return *this;
+      }
+    }
+    entries_.push_back({key, std::move(value)});
+    return *this;
+  }
+  ConfigFile& Tensor(const std::string& name, std::vector<int64_t> shape,
+                     std::vector<float> values) {
+    tensors_.push_back({name, std::move(shape), std::move(values)});
+    return *this;
+  }
+
+  Result<ModelConfig> Parse() const {
+    gguf::GgufWriter writer;
+    for (const Entry& entry : entries_) EXPECT_TRUE(writer.AddValue(entry.key, entry.value).ok());
+    EXPECT_TRUE(writer
+                    .AddTensorFromFloats("token_embd.weight", {16, 5}, gguf::GgmlType::kF32,
+                                         std::vector<float>(80, 0.5f))
+                    .ok());
+    for (const PendingTensor& t : tensors_) {
+      EXPECT_TRUE(writer.AddTensorFromFloats(t.name, t.shape, gguf::GgmlType::kF32, t.values).ok());
+    }
+    auto file = gguf::GgufFile::FromBytes(writer.Finish());
+    if (!file.ok()) return file.status();
+    return ModelConfig::FromGguf(**file);
+  }
+
+ private:
+  struct PendingTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::vector<float> values;
+  };
+  std::vector<Entry> entries_;
+  std::vector<PendingTensor> tensors_;
+};
+
+// FromGguf must fail with `code` and a message containing every one of `fragments`.
+void ExpectRefused(const ConfigFile& file, ErrorCode code,
+                   std::initializer_list<std::string> fragments) {
+  Result<ModelConfig> config = file.Parse();
+  ASSERT_FALSE(config.ok()) << "accepted: " << config->Summary();
+  EXPECT_EQ(config.status().code(), code) << config.status().ToString();
+  for (const std::string& fragment : fragments) {
+    EXPECT_NE(config.status().message().find(fragment), std::string::npos)
+        << "'" << fragment << "' not in: " << config.status().message();
+  }
+}
+
+TEST(ModelConfigTest, ReadsAValidFile) {
+  Result<ModelConfig> config = ConfigFile().Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->num_layers, 3);
+  EXPECT_EQ(config->hidden_size, 16);
+  EXPECT_EQ(config->num_query_heads, 2);
+  EXPECT_EQ(config->num_kv_heads, 1);
+  EXPECT_EQ(config->head_dim, 8);
+  EXPECT_EQ(config->ffn_size, 48);
+  EXPECT_EQ(config->context_length, 4096);
+  EXPECT_EQ(config->vocab_size, 5);
+  EXPECT_FLOAT_EQ(config->rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(config->rope.theta_base, 500000.0f);
+  EXPECT_EQ(config->rope.rotary_dim, 8);
+}
+
+// The case: 2^31 layers passed a `> 2^31` check and wrapped to INT_MIN in the int.
+TEST(ModelConfigTest, RefusesEveryIntegerOutsideItsRangeBeforeNarrowing) {
+  const std::vector<std::string> keys = {
+      "llama.block_count",          "llama.embedding_length",
+      "llama.attention.head_count", "llama.attention.head_count_kv",
+      "llama.feed_forward_length",  "llama.context_length",
+      "llama.rope.dimension_count", "llama.attention.key_length",
+      "llama.vocab_size",           "llama.expert_count"};
+  const std::vector<Value> values = {
+      MakeUint(ValueType::kUint32, uint64_t{1} << 31),
+      MakeUint(ValueType::kUint32, (uint64_t{1} << 32) - 1),
+      MakeUint(ValueType::kUint64, uint64_t{1} << 40), MakeInt(ValueType::kInt32, -1),
+      MakeInt(ValueType::kInt64, std::numeric_limits<int64_t>::min())};
+  for (const std::string& key : keys) {
+    for (const Value& value : values) {
+      SCOPED_TRACE(key);
+      ExpectRefused(ConfigFile().Set(key, value), ErrorCode::kCorrupt,
+                    {"'" + key + "'", "outside the supported range"});
+    }
+  }
+  ExpectRefused(ConfigFile().Set("llama.block_count", MakeUint(ValueType::kUint32, 0)),
+                ErrorCode::kCorrupt, {"'llama.block_count' = 0 is outside"});
+  ExpectRefused(
+      ConfigFile().Set("llama.block_count", MakeUint(ValueType::kUint64, uint64_t{1} << 63)),
+      ErrorCode::kOutOfRange, {"'llama.block_count'", "does not fit in int64"});
+  // More KV heads than query heads, and the upper bound itself.
+  ExpectRefused(ConfigFile().Set("llama.attention.head_count_kv", MakeUint(ValueType::kUint32, 3)),
+                ErrorCode::kCorrupt, {"'llama.attention.head_count_kv' = 3", "[1, 2]"});
+  ExpectRefused(ConfigFile().Set("llama.block_count", MakeUint(ValueType::kUint32, kMaxLayers + 1)),
+                ErrorCode::kCorrupt, {"'llama.block_count'"});
+  EXPECT_TRUE(
+      ConfigFile().Set("llama.block_count", MakeUint(ValueType::kUint32, kMaxLayers)).Parse().ok());
+}
+
+TEST(ModelConfigTest, RefusesNonFiniteAndOutOfRangeFloats) {
+  const std::string eps = "llama.attention.layer_norm_rms_epsilon";
+  const std::string base = "llama.rope.freq_base";
+  for (double bad : {kNaN, kInf, -kInf}) {
+    for (ValueType type : {ValueType::kFloat32, ValueType::kFloat64}) {
+      ExpectRefused(ConfigFile().Set(eps, MakeFloat(type, bad)), ErrorCode::kCorrupt,
+                    {"'" + eps + "'", "not a finite number"});
+      ExpectRefused(ConfigFile().Set(base, MakeFloat(type, bad)), ErrorCode::kCorrupt,
+                    {"'" + base + "'", "not a finite number"});
+      // Keys the engine does not read are still part of the model.
+      ExpectRefused(ConfigFile().Set("llama.attention.scale", MakeFloat(type, bad)),
+                    ErrorCode::kCorrupt, {"'llama.attention.scale'", "not a finite number"});
+    }
+  }
+  for (double bad : {-1e-5, 0.0, 2.0, 1e-40}) {
+    ExpectRefused(ConfigFile().Set(eps, MakeFloat(ValueType::kFloat64, bad)), ErrorCode::kCorrupt,
+                  {"'" + eps + "'", "outside the supported range"});
+  }
+  for (double bad : {-10000.0, 0.0, 0.5, 1e300}) {
+    ExpectRefused(ConfigFile().Set(base, MakeFloat(ValueType::kFloat64, bad)), ErrorCode::kCorrupt,
+                  {"'" + base + "'", "outside the supported range"});
+  }
+  ExpectRefused(ConfigFile().Set(base, MakeFloat(ValueType::kFloat32, 1.0)), ErrorCode::kCorrupt,
+                {"freq_base", "must exceed 1"});
+  ExpectRefused(ConfigFile().Set(
+                    "llama.rope.scaling_factors",
+                    gguf::MakeArray(ValueType::kFloat32, {MakeFloat(ValueType::kFloat32, 1.0),
+                                                          MakeFloat(ValueType::kFloat32, kNaN)})),
+                ErrorCode::kCorrupt,
+                {"'llama.rope.scaling_factors' element [1]", "not a finite number"});
+
+  const std::string factor = "llama.rope.scaling.factor";
+  for (double bad : {kNaN, 0.5, -2.0, 1e9}) {
+    ExpectRefused(ConfigFile()
+                      .Set("llama.rope.scaling.type", MakeString("linear"))
+                      .Set(factor, MakeFloat(ValueType::kFloat32, bad)),
+                  ErrorCode::kCorrupt, {"'" + factor + "'"});
+  }
+  Result<ModelConfig> scaled = ConfigFile()
+                                   .Set("llama.rope.scaling.type", MakeString("linear"))
+                                   .Set(factor, MakeFloat(ValueType::kFloat32, 4.0))
+                                   .Parse();
+  ASSERT_TRUE(scaled.ok()) << scaled.status().ToString();
+  EXPECT_EQ(scaled->rope.linear_scale, 4.0f);
+}
+
+TEST(ModelConfigTest, RefusesBadRopeFrequencyFactors) {
+  for (float bad : {std::nanf(""), 0.0f, -1.0f, std::numeric_limits<float>::infinity(), 1e-30f}) {
+    ExpectRefused(ConfigFile().Tensor("rope_freqs.weight", {4}, {1.0f, 2.0f, bad, 4.0f}),
+                  ErrorCode::kCorrupt, {"'rope_freqs.weight' element [2]"});
+  }
+  Result<ModelConfig> config =
+      ConfigFile().Tensor("rope_freqs.weight", {4}, {1.0f, 2.0f, 3.0f, 4.0f}).Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->rope.freq_factors, (std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f}));
+}
+
+TEST(ModelConfigTest, RefusesOptionalKeysOfTheWrongType) {
+  // These were skipped when not of the expected type, so a broken file loaded with defaults.
+  ExpectRefused(ConfigFile().Set("llama.vocab_size", MakeString("5")), ErrorCode::kCorrupt,
+                {"'llama.vocab_size'", "expected an integer"});
+  ExpectRefused(ConfigFile().Set("llama.rope.scaling.type", MakeUint(ValueType::kUint32, 1)),
+                ErrorCode::kCorrupt, {"'llama.rope.scaling.type'", "expected a string"});
+  ExpectRefused(ConfigFile().Set("general.name", MakeUint(ValueType::kUint32, 1)),
+                ErrorCode::kCorrupt, {"'general.name'", "expected a string"});
+  ExpectRefused(ConfigFile().Set("llama.attention.head_count_kv", MakeString("1")),
+                ErrorCode::kCorrupt, {"'llama.attention.head_count_kv'", "expected an integer"});
+}
+
+TEST(ModelConfigTest, RefusesInconsistentShapes) {
+  ExpectRefused(ConfigFile().Set("llama.expert_count", MakeUint(ValueType::kUint32, 8)),
+                ErrorCode::kUnsupported, {"mixture-of-experts", "= 8"});
+  EXPECT_TRUE(ConfigFile().Set("llama.expert_count", MakeUint(ValueType::kUint32, 0)).Parse().ok());
+  ExpectRefused(ConfigFile().Set("llama.attention.head_count", MakeUint(ValueType::kUint32, 3)),
+                ErrorCode::kCorrupt, {"not a multiple of 3 heads"});
+  ExpectRefused(ConfigFile().Set("llama.rope.dimension_count", MakeUint(ValueType::kUint32, 3)),
+                ErrorCode::kCorrupt, {"rope dimension count 3"});
+  ExpectRefused(ConfigFile().Set("llama.attention.value_length", MakeUint(ValueType::kUint32, 4)),
+                ErrorCode::kUnsupported, {"'llama.attention.value_length' = 4 differs"});
+  ExpectRefused(ConfigFile().Set("llama.vocab_size", MakeUint(ValueType::kUint32, 6)),
+                ErrorCode::kCorrupt, {"vocab_size 6 differs from token_embd rows 5"});
+}
+
+}  // namespace
+}  // namespace shadowkv
