@@ -7,7 +7,8 @@ Usage: scripts/plot_eval.py REPORT.json OUT.png
               (red 0 .. green 100), as in the ShadowKV paper's NIAH figure;
   multi_turn: accuracy per turn, one line per policy, one panel per context length, as in the
               paper's multi-turn NIAH figure;
-  tasks:      grouped bars, task x policy, one panel per context length.
+  tasks:      grouped bars, task x policy, one panel per context length, with the report's
+              95% bootstrap intervals as error bars where it has them.
 """
 import json
 import math
@@ -85,9 +86,16 @@ def plot_tasks(report, out):
         rows = list(scores[length])
         policies = list(scores[length][rows[0]])
         width = 0.8 / len(policies)
+        intervals = report.get("intervals", {}).get(length)  # reports before intervals: none
         for p, policy in enumerate(policies):
             values = [scores[length][r][policy] or 0.0 for r in rows]
-            ax.bar([x + p * width for x in range(len(rows))], values, width, label=policy)
+            error = None
+            if intervals:
+                bounds = [intervals[r][policy] or [v, v] for r, v in zip(rows, values)]
+                error = [[v - b[0] for v, b in zip(values, bounds)],
+                         [b[1] - v for v, b in zip(values, bounds)]]
+            ax.bar([x + p * width for x in range(len(rows))], values, width, label=policy,
+                   yerr=error, capsize=2, error_kw={"elinewidth": 0.8})
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], rows, rotation=30,
                       ha="right")
         ax.set_ylabel("score (%)")

@@ -1,4 +1,5 @@
-// Eval report summaries and their text, JSON and CSV forms.
+// Eval report summaries (means, bootstrap intervals, attended tokens) and their text, JSON and
+// CSV forms.
 #include "eval/report.h"
 
 #include <fmt/format.h>
@@ -7,6 +8,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
+
+#include "format/unicode.h"
 
 namespace shadowkv::eval {
 namespace {
@@ -58,12 +61,72 @@ std::string KvConfigText(const kv::KvPolicyConfig& c) {
       c.quest_page_size, c.quest_dense_layers, c.sink_tokens);
 }
 
+// `text` with every malformed UTF-8 byte replaced by U+FFFD: a model's answer can stop inside
+// a character or be raw byte tokens, and JSON text must be valid UTF-8 (dump() throws on it).
+std::string ValidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t offset = 0; offset < text.size();) {
+    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
+    if (decoded.codepoint == unicode::kInvalidCodepoint) {
+      out += "\xEF\xBF\xBD";
+    } else {
+      out.append(text.substr(offset, decoded.num_bytes));
+    }
+    offset += decoded.num_bytes;
+  }
+  return out;
+}
+
 // JSON number, or null for NaN.
 nlohmann::ordered_json Number(double value) {
   return std::isnan(value) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(value);
 }
 
+// The table's footer at one length: every policy's attended tokens per query and layer, and
+// how far apart the sparse policies are, so that "at equal attended tokens" can be checked.
+std::string AttendedFooter(const std::vector<kv::KvPolicyConfig>& policies,
+                           const std::vector<double>& attended) {
+  std::string listed, missing;
+  double least = kNaN, most = kNaN;
+  int sparse = 0;
+  for (size_t p = 0; p < policies.size() && p < attended.size(); ++p) {
+    if (std::isnan(attended[p])) {
+      missing += (missing.empty() ? "" : ", ") + policies[p].display_name();
+      continue;
+    }
+    listed += fmt::format("{}{} {:.1f}", listed.empty() ? "" : ", ", policies[p].display_name(),
+                          attended[p]);
+    if (policies[p].policy == "full") continue;
+    least = sparse ? std::min(least, attended[p]) : attended[p];
+    most = sparse ? std::max(most, attended[p]) : attended[p];
+    sparse++;
+  }
+  if (listed.empty()) return "attended tokens per query and layer: not reported by this backend\n";
+  std::string out = "attended tokens per query and layer (mean over questions): " + listed +
+                    (missing.empty() ? "" : "; not reported: " + missing) + "\n";
+  if (sparse > 1) {
+    out += fmt::format(
+        "sparse policies attend {:.1f} to {:.1f} tokens (the most {:.1f}% above the "
+        "least)\n",
+        least, most, 100.0 * (most - least) / least);
+  }
+  return out;
+}
+
+nlohmann::ordered_json IntervalJson(const Interval& ci) {
+  if (std::isnan(ci.low)) return nullptr;
+  return nlohmann::ordered_json::array({ci.low, ci.high});
+}
+
 }  // namespace
+
+double AttendedTokensPerQuery(const PolicyOutput& output) {
+  // A policy always reads at least the current token, so zero means "not counted" (the CUDA
+  // backend counts chunk selections only).
+  if (output.stats.prepare_calls <= 0 || output.stats.attended_tokens <= 0) return kNaN;
+  return static_cast<double>(output.stats.attended_tokens) / output.stats.prepare_calls;
+}
 
 ScoreSummary Summarize(const EvalReport& report) {
   const EvalMode mode = report.settings.mode;
@@ -83,34 +146,64 @@ ScoreSummary Summarize(const EvalReport& report) {
       s.row_values.push_back(RowValue(mode, q));
     }
   }
+  const size_t num_lengths = s.lengths.size(), num_rows = s.rows.size();
   const size_t num_policies = s.policies.size();
-  std::vector<std::vector<std::vector<double>>> sums(
-      s.lengths.size(),
-      std::vector<std::vector<double>>(s.rows.size(), std::vector<double>(num_policies, 0.0)));
-  s.counts.assign(s.lengths.size(),
-                  std::vector<std::vector<int>>(s.rows.size(), std::vector<int>(num_policies, 0)));
+  // Scores in percent and differences to the first policy, [length][policy][row][question].
+  using Strata = std::vector<std::vector<double>>;
+  std::vector<std::vector<Strata>> values(num_lengths,
+                                          std::vector<Strata>(num_policies, Strata(num_rows)));
+  std::vector<std::vector<Strata>> deltas = values;
+  std::vector<std::vector<double>> attended_sum(num_lengths, std::vector<double>(num_policies, 0));
+  std::vector<std::vector<int>> attended_count(num_lengths, std::vector<int>(num_policies, 0));
   for (const QuestionOutcome& q : report.questions) {
     const size_t l = length_index[q.length], r = row_index[RowLabel(mode, q)];
     for (size_t p = 0; p < q.outputs.size() && p < num_policies; ++p) {
-      sums[l][r][p] += 100.0 * q.outputs[p].score;
-      s.counts[l][r][p]++;
+      values[l][p][r].push_back(100.0 * q.outputs[p].score);
+      if (p > 0) deltas[l][p][r].push_back(100.0 * (q.outputs[p].score - q.outputs[0].score));
+      const double attended = AttendedTokensPerQuery(q.outputs[p]);
+      if (!std::isnan(attended)) {
+        attended_sum[l][p] += attended;
+        attended_count[l][p]++;
+      }
     }
   }
-  s.scores = sums;
-  s.averages.assign(s.lengths.size(), std::vector<double>(num_policies, kNaN));
-  for (size_t l = 0; l < s.lengths.size(); ++l) {
+  auto grid = [&](auto value) {
+    using T = decltype(value);
+    return std::vector<std::vector<std::vector<T>>>(
+        num_lengths, std::vector<std::vector<T>>(num_rows, std::vector<T>(num_policies, value)));
+  };
+  s.scores = grid(kNaN);
+  s.counts = grid(0);
+  s.intervals = grid(Interval{});
+  s.differences = grid(kNaN);
+  s.difference_intervals = grid(Interval{});
+  s.averages.assign(num_lengths, std::vector<double>(num_policies, kNaN));
+  s.average_differences = s.averages;
+  s.attended_tokens = s.averages;
+  s.average_intervals.assign(num_lengths, std::vector<Interval>(num_policies));
+  s.average_difference_intervals = s.average_intervals;
+  for (size_t l = 0; l < num_lengths; ++l) {
+    const uint64_t average_seed = BootstrapSeed(report.settings.seed, s.lengths[l], "");
     for (size_t p = 0; p < num_policies; ++p) {
-      double total = 0;
-      int rows = 0;
-      for (size_t r = 0; r < s.rows.size(); ++r) {
-        const int count = s.counts[l][r][p];
-        s.scores[l][r][p] = count ? sums[l][r][p] / count : kNaN;
-        if (count) {
-          total += s.scores[l][r][p];
-          rows++;
-        }
+      for (size_t r = 0; r < num_rows; ++r) {
+        // Every policy of a row draws the same resamples: their intervals move together.
+        const uint64_t seed = BootstrapSeed(report.settings.seed, s.lengths[l], s.rows[r]);
+        const Strata row = {values[l][p][r]};
+        s.counts[l][r][p] = static_cast<int>(row[0].size());
+        s.scores[l][r][p] = MeanOfMeans(row);
+        s.intervals[l][r][p] = BootstrapMeanOfMeans(row, seed);
+        if (p == 0) continue;
+        const Strata delta = {deltas[l][p][r]};
+        s.differences[l][r][p] = MeanOfMeans(delta);
+        s.difference_intervals[l][r][p] = BootstrapMeanOfMeans(delta, seed);
       }
-      if (rows) s.averages[l][p] = total / rows;
+      s.averages[l][p] = MeanOfMeans(values[l][p]);
+      s.average_intervals[l][p] = BootstrapMeanOfMeans(values[l][p], average_seed);
+      if (p > 0) {
+        s.average_differences[l][p] = MeanOfMeans(deltas[l][p]);
+        s.average_difference_intervals[l][p] = BootstrapMeanOfMeans(deltas[l][p], average_seed);
+      }
+      if (attended_count[l][p]) s.attended_tokens[l][p] = attended_sum[l][p] / attended_count[l][p];
     }
   }
   return s;
@@ -121,35 +214,52 @@ std::string FormatTables(const EvalReport& report) {
   const char* row_title = report.settings.mode == EvalMode::kTasks      ? "task"
                           : report.settings.mode == EvalMode::kNiahGrid ? "needle depth"
                                                                         : "question";
-  size_t width = std::string_view(row_title).size();
+  const std::string difference_row =
+      s.policies.empty() ? std::string() : fmt::format("average - {}", s.policies[0]);
+  size_t width = std::max(std::string_view(row_title).size(), difference_row.size());
   for (const auto& row : s.rows) width = std::max(width, row.size());
   width = std::max<size_t>(width, 7) + 2;
   std::string out;
   for (size_t l = 0; l < s.lengths.size(); ++l) {
-    out += fmt::format("context {} tokens (prompt + answer), {} sample(s) per row, score %:\n",
-                       s.lengths[l], report.settings.samples);
+    out +=
+        fmt::format("context {} tokens (prompt + answer), {} sample(s) per row, score % [95%]:\n",
+                    s.lengths[l], report.settings.samples);
     // Each column as wide as its policy's name (variants such as shadowkv:budget=1024 are
-    // long), at least 11, with two spaces before it.
+    // long) or a cell with its interval, "100.0 [100.0, 100.0]", with two spaces before it.
     std::vector<size_t> columns;
     out += fmt::format("{:<{}}", row_title, width);
     for (const auto& policy : s.policies) {
-      columns.push_back(std::max<size_t>(11, policy.size() + 2));
+      columns.push_back(std::max<size_t>(22, policy.size() + 2));
       out += fmt::format("{:>{}}", policy, columns.back());
     }
     out += "\n";
-    auto add_row = [&](const std::string& label, const std::vector<double>& values) {
+    auto add_row = [&](const std::string& label, const std::vector<double>& values,
+                       const std::vector<Interval>& intervals) {
       out += fmt::format("{:<{}}", label, width);
       for (size_t p = 0; p < values.size(); ++p) {
         const double v = values[p];
-        out += std::isnan(v) ? fmt::format("{:>{}}", "-", columns[p])
-                             : fmt::format("{:>{}.1f}", v, columns[p]);
+        const Interval& ci = intervals[p];
+        const std::string cell = std::isnan(v) ? "-"
+                                 : std::isnan(ci.low)
+                                     ? fmt::format("{:.1f}", v)
+                                     : fmt::format("{:.1f} [{:.1f}, {:.1f}]", v, ci.low, ci.high);
+        out += fmt::format("{:>{}}", cell, columns[p]);
       }
       out += "\n";
     };
-    for (size_t r = 0; r < s.rows.size(); ++r) add_row(s.rows[r], s.scores[l][r]);
-    add_row("average", s.averages[l]);
+    for (size_t r = 0; r < s.rows.size(); ++r)
+      add_row(s.rows[r], s.scores[l][r], s.intervals[l][r]);
+    add_row("average", s.averages[l], s.average_intervals[l]);
+    if (s.policies.size() > 1)
+      add_row(difference_row, s.average_differences[l], s.average_difference_intervals[l]);
+    out += AttendedFooter(report.settings.policies, s.attended_tokens[l]);
     out += "\n";
   }
+  out += fmt::format(
+      "[95%]: percentile bootstrap over the questions, {} resamples seeded from the report's "
+      "seed; the average resamples within each row; \"{}\": each policy minus {} on the same "
+      "questions (paired).\n",
+      kBootstrapResamples, difference_row, s.policies.empty() ? "" : s.policies[0]);
   if (report.settings.mode == EvalMode::kTasks) out += std::string(kUnavailableTasksNote) + "\n";
   return out;
 }
@@ -201,21 +311,52 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
   if (st.mode == EvalMode::kNiahGrid) settings["grid_depths"] = st.grid_depths;
   if (st.mode == EvalMode::kMultiTurn) settings["turns"] = st.turns;
 
-  nlohmann::ordered_json scores = nlohmann::ordered_json::object();
-  for (size_t l = 0; l < s.lengths.size(); ++l) {
-    nlohmann::ordered_json by_row = nlohmann::ordered_json::object();
-    for (size_t r = 0; r < s.rows.size(); ++r) {
-      nlohmann::ordered_json by_policy = nlohmann::ordered_json::object();
-      for (size_t p = 0; p < s.policies.size(); ++p) {
-        by_policy[s.policies[p]] = Number(s.scores[l][r][p]);
+  settings["bootstrap"] = {
+      {"method", "percentile bootstrap over questions; the average resamples within each row"},
+      {"resamples", kBootstrapResamples},
+      {"level", kBootstrapLevel},
+      {"seed", "derived from settings.seed per length and row"}};
+
+  // {length: {row..., "average": {policy: cell(l, r, p)}}}, r == rows.size() being the average.
+  auto by_length = [&](auto cell, size_t first_policy) {
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+    for (size_t l = 0; l < s.lengths.size(); ++l) {
+      nlohmann::ordered_json by_row = nlohmann::ordered_json::object();
+      for (size_t r = 0; r <= s.rows.size(); ++r) {
+        nlohmann::ordered_json by_policy = nlohmann::ordered_json::object();
+        for (size_t p = first_policy; p < s.policies.size(); ++p)
+          by_policy[s.policies[p]] = cell(l, r, p);
+        by_row[r < s.rows.size() ? s.rows[r] : std::string("average")] = by_policy;
       }
-      by_row[s.rows[r]] = by_policy;
+      out[std::to_string(s.lengths[l])] = by_row;
     }
-    nlohmann::ordered_json average = nlohmann::ordered_json::object();
+    return out;
+  };
+  const size_t num_rows = s.rows.size();
+  const nlohmann::ordered_json scores = by_length(
+      [&](size_t l, size_t r, size_t p) {
+        return Number(r < num_rows ? s.scores[l][r][p] : s.averages[l][p]);
+      },
+      0);
+  const nlohmann::ordered_json intervals = by_length(
+      [&](size_t l, size_t r, size_t p) {
+        return IntervalJson(r < num_rows ? s.intervals[l][r][p] : s.average_intervals[l][p]);
+      },
+      0);
+  const nlohmann::ordered_json differences = by_length(
+      [&](size_t l, size_t r, size_t p) {
+        const double mean = r < num_rows ? s.differences[l][r][p] : s.average_differences[l][p];
+        const Interval& ci =
+            r < num_rows ? s.difference_intervals[l][r][p] : s.average_difference_intervals[l][p];
+        return nlohmann::ordered_json{{"mean", Number(mean)}, {"interval", IntervalJson(ci)}};
+      },
+      1);
+  nlohmann::ordered_json attended = nlohmann::ordered_json::object();
+  for (size_t l = 0; l < s.lengths.size(); ++l) {
+    nlohmann::ordered_json by_policy = nlohmann::ordered_json::object();
     for (size_t p = 0; p < s.policies.size(); ++p)
-      average[s.policies[p]] = Number(s.averages[l][p]);
-    by_row["average"] = average;
-    scores[std::to_string(s.lengths[l])] = by_row;
+      by_policy[s.policies[p]] = Number(s.attended_tokens[l][p]);
+    attended[std::to_string(s.lengths[l])] = by_policy;
   }
 
   nlohmann::ordered_json questions = nlohmann::ordered_json::array();
@@ -223,8 +364,8 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
     nlohmann::ordered_json outputs = nlohmann::ordered_json::array();
     for (const PolicyOutput& o : q.outputs) {
       nlohmann::ordered_json out = {
-          {"policy", o.policy},
-          {"text", o.text},
+          {"policy", ValidUtf8(o.policy)},
+          {"text", ValidUtf8(o.text)},
           {"score", o.score},
           {"generated_tokens", o.generated_tokens},
           {"truncated", o.truncated},
@@ -233,16 +374,19 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
           {"attended_fraction",
            o.stats.context_tokens
                ? static_cast<double>(o.stats.attended_tokens) / o.stats.context_tokens
-               : 1.0}};
+               : 1.0},
+          {"attended_tokens_per_query", Number(AttendedTokensPerQuery(o))}};
       if (o.policy != "full") out["budget_tokens"] = o.budget_tokens;
       if (o.stats.chunk_selections > 0) out["chunk_hit_rate"] = o.stats.hit_rate();
       outputs.push_back(out);
     }
+    nlohmann::ordered_json answers = nlohmann::ordered_json::array();
+    for (const std::string& answer : q.answers) answers.push_back(ValidUtf8(answer));
     nlohmann::ordered_json item = {{"task", q.task},
                                    {"length", q.length},
                                    {"sample", q.index},
                                    {"prompt_tokens", q.prompt_tokens},
-                                   {"answers", q.answers},
+                                   {"answers", answers},
                                    {"outputs", outputs},
                                    {"prefill_seconds", q.prefill_seconds},
                                    {"decode_seconds", q.decode_seconds}};
@@ -251,14 +395,19 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
     questions.push_back(item);
   }
 
-  nlohmann::ordered_json out = {{"model",
-                                 {{"path", report.model_path},
-                                  {"summary", report.model_summary},
-                                  {"numerics", report.numerics}}},
-                                {"settings", settings},
-                                {"scores", scores},
-                                {"questions", questions},
-                                {"seconds", report.seconds}};
+  nlohmann::ordered_json out = {
+      {"model",
+       {{"path", ValidUtf8(report.model_path)},
+        {"summary", ValidUtf8(report.model_summary)},
+        {"numerics", report.numerics}}},
+      {"settings", settings},
+      {"scores", scores},
+      {"intervals", intervals},
+      {"differences",
+       {{"baseline", s.policies.empty() ? "" : s.policies[0]}, {"scores", differences}}},
+      {"attended_tokens_per_query", attended},
+      {"questions", questions},
+      {"seconds", report.seconds}};
   if (!report.model_sha256.empty()) out["model"]["sha256"] = report.model_sha256;
   if (st.mode == EvalMode::kTasks) out["unavailable"] = std::string(kUnavailableTasksNote);
   if (st.mode != EvalMode::kTasks) {
@@ -286,6 +435,7 @@ std::string ReportToCsv(const EvalReport& report) {
   const ScoreSummary s = Summarize(report);
   std::string out =
       "mode,model,numerics,seed,samples,length,row,policy,budget_tokens,score,questions,"
+      "score_low,score_high,diff_to_first,diff_low,diff_high,attended_tokens_per_query,"
       "kv_settings\n";
   auto quote = [](const std::string& text) {
     std::string q = "\"";
@@ -297,19 +447,26 @@ std::string ReportToCsv(const EvalReport& report) {
       const kv::KvPolicyConfig& config = st.policies[p];
       const std::string budget =
           config.policy == "full" ? "" : std::to_string(config.BudgetTokens(s.lengths[l]));
-      auto line = [&](const std::string& row, double score, int count) {
-        out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", EvalModeName(st.mode),
-                           quote(report.model_path), report.numerics, st.seed, st.samples,
-                           s.lengths[l], quote(row), config.display_name(), budget,
-                           std::isnan(score) ? "" : fmt::format("{:.2f}", score), count,
-                           quote(KvConfigText(config)));
+      auto number = [](double v) {
+        return std::isnan(v) ? std::string() : fmt::format("{:.2f}", v);
+      };
+      auto line = [&](const std::string& row, double score, int count, const Interval& ci,
+                      double diff, const Interval& diff_ci) {
+        out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                           EvalModeName(st.mode), quote(report.model_path), report.numerics,
+                           st.seed, st.samples, s.lengths[l], quote(row), config.display_name(),
+                           budget, number(score), count, number(ci.low), number(ci.high),
+                           number(diff), number(diff_ci.low), number(diff_ci.high),
+                           number(s.attended_tokens[l][p]), quote(KvConfigText(config)));
       };
       int total = 0;
       for (size_t r = 0; r < s.rows.size(); ++r) {
-        line(s.rows[r], s.scores[l][r][p], s.counts[l][r][p]);
+        line(s.rows[r], s.scores[l][r][p], s.counts[l][r][p], s.intervals[l][r][p],
+             s.differences[l][r][p], s.difference_intervals[l][r][p]);
         total += s.counts[l][r][p];
       }
-      line("average", s.averages[l][p], total);
+      line("average", s.averages[l][p], total, s.average_intervals[l][p],
+           s.average_differences[l][p], s.average_difference_intervals[l][p]);
     }
   }
   return out;

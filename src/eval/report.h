@@ -1,5 +1,5 @@
-// Eval reports: mean scores per context length, row (task, needle depth or turn) and policy,
-// as text tables, JSON (settings, summaries, every answer) and CSV.
+// Eval reports: mean scores per context length, row (task, needle depth or turn) and policy
+// with bootstrap intervals, as text tables, JSON (settings, summaries, every answer) and CSV.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/bootstrap.h"
 #include "eval/runner.h"
 
 namespace shadowkv::eval {
@@ -21,7 +22,23 @@ struct ScoreSummary {
   std::vector<std::vector<std::vector<int>>> counts;  // questions behind each mean
   // Mean over the rows that have a score, [length][policy] (RULER's average over tasks).
   std::vector<std::vector<double>> averages;
+  // 95% bootstrap intervals of `scores` and `averages` (bootstrap.h; the average's resamples
+  // stay within each row). Seeded from the report's seed: the same report, the same intervals.
+  std::vector<std::vector<std::vector<Interval>>> intervals;
+  std::vector<std::vector<Interval>> average_intervals;
+  // Each policy minus the first on the questions both answered (points), with its paired
+  // interval; the first policy's own entry is NaN. Shapes as `scores` and `averages`.
+  std::vector<std::vector<std::vector<double>>> differences;
+  std::vector<std::vector<std::vector<Interval>>> difference_intervals;
+  std::vector<std::vector<double>> average_differences;
+  std::vector<std::vector<Interval>> average_difference_intervals;
+  // Tokens each decode query read per layer (PolicyStats attended / prepare calls), mean over
+  // questions, [length][policy]; NaN where the backend reports no attended tokens.
+  std::vector<std::vector<double>> attended_tokens;
 };
+
+// A policy output's attended tokens per decode query and layer; NaN where not reported.
+double AttendedTokensPerQuery(const PolicyOutput& output);
 
 ScoreSummary Summarize(const EvalReport& report);
 
