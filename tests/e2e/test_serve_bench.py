@@ -1,0 +1,150 @@
+"""bench/serve_bench.py end to end, briefly: a fixed-concurrency run comparing two KV policies
+on a server it starts itself, and a Poisson passkey run against a running server. Checks that
+the JSON's numbers agree with its own per-request records and that the PNG was drawn; no
+timing is asserted."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from harness import Server, check, finish, model_path, run_tests
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "bench", "serve_bench.py")
+OUTPUT_TOKENS = 12
+
+
+def run_bench(*args, expect_ok=True):
+    command = [sys.executable, BENCH, *args]
+    print("e2e: running", " ".join(command), flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-3000:], flush=True)
+    if expect_ok:
+        check(done.returncode == 0, f"serve_bench exited {done.returncode}: {done.stderr[-2000:]}")
+    return done
+
+
+def ordered(d, name):
+    check(d["count"] > 0, f"{name}: no values")
+    check(d["p50"] <= d["p90"] <= d["p99"] <= d["max"], f"{name}: percentiles out of order {d}")
+    check(d["p50"] >= 0, f"{name}: negative")
+
+
+def close(a, b, name):
+    check(abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b)), f"{name}: {a} != {b}")
+
+
+def check_run(run, requests, scored):
+    s, records = run["summary"], run["records"]
+    check(s["requests"] == requests and len(records) == requests, "request count")
+    check(sorted(r["index"] for r in records) == list(range(requests)), "indices")
+    check(s["failed"] == 0 and s["errors_by_status"] == {}, f"errors: {s['errors_by_status']}")
+    check(s["completed"] == requests, "completed count")
+    for r in records:
+        check(r["status"] == "200", f"request {r['index']}: {r['status']} {r['error']}")
+        # ignore_eos: every request generates exactly what it asked for.
+        check(r["completion_tokens"] == OUTPUT_TOKENS, f"request {r['index']} tokens")
+        check(r["prompt_tokens"] > 0, "prompt tokens")
+        times = r["chunk_times_s"]
+        check(0 < len(times) <= r["completion_tokens"], "chunks vs tokens")
+        check(times == sorted(times), "chunk times out of order")
+        check(r["arrival_s"] <= r["start_s"] <= r["first_token_s"] == times[0] <= times[-1]
+              <= r["end_s"], f"request {r['index']}: times out of order")
+    check(s["output_tokens"] == sum(r["completion_tokens"] for r in records), "output tokens")
+    check(s["prompt_tokens"] == sum(r["prompt_tokens"] for r in records), "prompt tokens")
+    close(s["duration_s"], max(r["end_s"] for r in records) - min(r["start_s"] for r in records),
+          "duration")
+    close(s["requests_per_s"], requests / s["duration_s"], "requests/s")
+    close(s["output_tokens_per_s"], s["output_tokens"] / s["duration_s"], "output tok/s")
+    for key in ("ttft_s", "e2e_s", "itl_s", "tpot_s"):
+        ordered(s[key], key)
+    check(s["ttft_s"]["count"] == requests and s["e2e_s"]["count"] == requests, "counts")
+    check(s["itl_s"]["count"] == sum(len(r["chunk_times_s"]) - 1 for r in records), "ITL count")
+    steady = s["steady_state"]
+    if steady is None:
+        check(bool(s["steady_state_note"]), "no steady state and no reason")
+    else:
+        check(steady["window_s"] > 0, "steady window")
+        close(steady["window_s"], sum(b - a for a, b in steady["segments"]), "window length")
+        for a, b in steady["segments"]:
+            middle = (a + b) / 2
+            decoding = sum(1 for r in records if r["first_token_s"] <= middle
+                           <= r["chunk_times_s"][-1])
+            check(decoding >= steady["decoders"], f"only {decoding} decoding in {a}..{b}")
+        check(0 < steady["output_tokens"] <= s["output_tokens"], "steady tokens")
+        check(steady["itl_count"] <= s["itl_s"]["count"], "steady ITL count")
+        if steady["itl_count"]:
+            check(steady["itl_p50_s"] >= 0, "steady ITL")
+    check(s["scored"] == scored, f"scored {s['scored']}, expected {scored}")
+    if scored:
+        for r in records:
+            check(r["correct"] == all(a in r["text"] for a in r["answers"]), "scoring")
+        check(s["correct"] == sum(1 for r in records if r["correct"]), "correct count")
+        close(s["share_right"], s["correct"] / scored, "share right")
+
+
+def check_png(path):
+    with open(path, "rb") as f:
+        check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG")
+
+
+def test_concurrency_two_policies(binary, work):
+    out = os.path.join(work, "fixed.json")
+    run_bench("--binary", binary, "--model", model_path(), "--kv", "full,shadowkv",
+              "--num-requests", "6", "--concurrency", "2", "--prompt-tokens", "96",
+              "--output-tokens", str(OUTPUT_TOKENS), "--json", out, "--", "--max-batch", "4")
+    with open(out) as f:
+        result = json.load(f)
+    check([s["exit_status"] for s in result["servers"]] == [0], "the server did not exit 0")
+    check([r["kv_policy"] for r in result["runs"]] == ["full", "shadowkv"], "runs")
+    for run in result["runs"]:
+        check_run(run, 6, scored=0)
+        check(all(r["kv_policy"] == run["kv_policy"] for r in run["records"]), "policy label")
+    check(set(result["ratios"]) == {"shadowkv/full"}, f"ratios {result['ratios']}")
+    close(result["ratios"]["shadowkv/full"]["output_tokens_per_s"],
+          result["runs"][1]["summary"]["output_tokens_per_s"] /
+          result["runs"][0]["summary"]["output_tokens_per_s"], "ratio")
+    check_png(os.path.join(work, "fixed.png"))
+
+
+def test_poisson_passkey(binary, work):
+    out = os.path.join(work, "poisson.json")
+    with Server(binary, "--max-batch", "8") as server:
+        run_bench("--base-url", server.base_url, "--workload", "passkey", "--endpoint",
+                  "completions", "--num-requests", "6", "--request-rate", "4", "--seed", "3",
+                  "--prompt-tokens", "160", "--output-tokens", str(OUTPUT_TOKENS),
+                  "--keep-text", "100000", "--json", out, "--png",
+                  os.path.join(work, "poisson_plot.png"))
+        check(server.healthy(), "server unhealthy after the run")
+    with open(out) as f:
+        result = json.load(f)
+    run = result["runs"][0]
+    check_run(run, 6, scored=6)
+    arrivals = [r["arrival_s"] for r in sorted(run["records"], key=lambda r: r["index"])]
+    check(arrivals[0] == 0 and arrivals == sorted(arrivals) and arrivals[-1] > 0, "arrivals")
+    check(result["calibration"]["units"] >= 1, "calibration")
+    check_png(os.path.join(work, "poisson_plot.png"))
+
+
+def test_bad_arguments(binary, work):
+    done = run_bench("--concurrency", "0", expect_ok=False)
+    check(done.returncode != 0 and "--concurrency" in done.stderr, "--concurrency 0 accepted")
+    bad = os.path.join(work, "bad.jsonl")
+    with open(bad, "w") as f:
+        f.write('{"prompt": "fine"}\n{"prompt": 3}\n')
+    # Refused before any server starts: the binary is never run.
+    done = run_bench("--binary", "/nonexistent", "--prompts-file", bad, expect_ok=False)
+    check(done.returncode != 0 and "bad.jsonl:2" in done.stderr, f"bad file: {done.stderr}")
+
+
+def main():
+    binary = sys.argv[1]
+    with tempfile.TemporaryDirectory(prefix="serve-bench-") as work:
+        result = run_tests([test_bad_arguments, test_concurrency_two_policies,
+                            test_poisson_passkey], binary, work)
+    finish(*result)
+
+
+if __name__ == "__main__":
+    main()
