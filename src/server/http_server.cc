@@ -325,8 +325,14 @@ void HttpServer::Route() {
       }
       const int64_t prompt_size = static_cast<int64_t>(seq.prompt.size());
       if (prompt_size == 0) {
-        return SendError(res, ApiError{400, "the prompt is empty", "invalid_request_error",
-                                       prompt_param, "empty_prompt"});
+        // Text that encodes to nothing is not empty to its sender: its bytes have no token in
+        // this vocabulary (a vocabulary missing rare bytes still loads).
+        const bool had_text = endpoint == Endpoint::kCompletions && !api.prompt.empty();
+        return SendError(res, ApiError{400,
+                                       had_text ? "the prompt's text has no tokens in this "
+                                                  "model's vocabulary (its bytes are not in it)"
+                                                : "the prompt is empty",
+                                       "invalid_request_error", prompt_param, "empty_prompt"});
       }
       if (prompt_size >= context) {
         return SendError(

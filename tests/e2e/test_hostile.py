@@ -66,6 +66,12 @@ def test_context_limits(server):
     expect_error(server, "/v1/completions", {"prompt": "a", "max_tokens": 9000}, 400,
                  "max_tokens", "context_length_exceeded")
     expect_error(server, "/v1/completions", {"prompt": [49152]}, 400, "prompt")
+    expect_error(server, "/v1/completions", {"prompt": ""}, 400, "prompt", "empty_prompt")
+    # A byte the default vocabulary has no token for encodes to nothing: the refusal says so
+    # rather than calling the prompt empty.
+    got, _, data = server.request("POST", "/v1/completions", json.dumps({"prompt": "\x04"}))
+    message = json.loads(data)["error"]["message"] if got == 400 else ""
+    check(got == 400 and "vocabulary" in message, f"unspellable prompt: {got} {data[:200]!r}")
 
 
 def test_sizes_routes_and_garbage(server):
