@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include "core/rope.h"
 #include "core/status.h"
 #include "format/gguf.h"
-#include "ops/cpu/rope.h"
 
 namespace shadowkv {
 

@@ -55,7 +55,7 @@ void CheckDecode(int head_dim, int group, int num_splits, int variant) {
 
   const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale};
   std::vector<float> want(got.size());
-  std::vector<kv::AttentionInput> inputs;
+  std::vector<AttentionInput> inputs;
   for (int r = 0; r < rows; ++r) {
     inputs.push_back(cache.Segments(slots[r], layer, positions[r] + 1, false));
   }

@@ -58,7 +58,7 @@ void CheckPrefillVariant(int head_dim, int group, const std::vector<Chunk>& chun
 
   const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale};
   std::vector<float> want(got.size());
-  std::vector<kv::AttentionInput> inputs;
+  std::vector<AttentionInput> inputs;
   for (const Chunk& c : chunks) {
     inputs.push_back(cache.Segments(c.slot, layer, c.first_position + c.num_queries, true));
   }

@@ -2,9 +2,9 @@
 // styles, partial rotary dims and large positions.
 #include "ops/cuda/qkv_rope.cuh"
 
+#include "core/rope.h"
 #include "gpu_test_util.h"
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/rope.h"
 
 namespace shadowkv::cuda {
 namespace {

@@ -1,5 +1,5 @@
 // Tests of RoPE: hand-computed rotations for both layouts, inverse, relative-position property.
-#include "ops/cpu/rope.h"
+#include "core/rope.h"
 
 #include <gtest/gtest.h>
 

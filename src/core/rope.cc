@@ -1,5 +1,5 @@
 // Rope implementation.
-#include "ops/cpu/rope.h"
+#include "core/rope.h"
 
 #include <cmath>
 
