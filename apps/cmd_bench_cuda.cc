@@ -18,11 +18,11 @@
 #include "kv/kv_config.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
+#include "gpu/bench/cuda_bench.h"
+#include "gpu/model/cuda_model.h"
+#include "gpu/tp/cuda_model_group.h"
 #include "model/synthetic.h"
-#include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/cuda_bench.h"
-#include "ops/cuda/cuda_model.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "ops/cuda/common/cuda_backend.h"
 #endif
 
 namespace shadowkv::app {

@@ -15,7 +15,7 @@
 #include "engine/sampler.h"
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
-#include "ops/cuda/cuda_model.h"
+#include "gpu/model/cuda_model.h"
 #endif
 
 namespace shadowkv::app {

@@ -13,13 +13,13 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "options.h"
 #include "core/status.h"
+#include "options.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
 #include "format/gguf.h"
 #include "format/tokenizer.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "gpu/tp/cuda_model_group.h"
 #endif
 
 namespace shadowkv::app {

@@ -13,8 +13,8 @@
 #include "server/http_server.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
-#include "ops/cuda/cuda_serving_model.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "gpu/serving/cuda_serving_model.h"
+#include "gpu/tp/cuda_model_group.h"
 #endif
 
 namespace shadowkv::app {

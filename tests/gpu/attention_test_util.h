@@ -7,7 +7,7 @@
 
 #include "core/attention_input.h"
 #include "gpu_test_util.h"
-#include "ops/cuda/kv_cache_view.cuh"
+#include "ops/cuda/common/kv_cache_view.cuh"
 
 namespace shadowkv::cuda::testing {
 
@@ -47,7 +47,7 @@ class RandomKvCache {
     input.Reset(view_.num_kv_heads);
     for (int h = 0; h < view_.num_kv_heads; ++h) {
       const int64_t base = view_.HeadOffset(slot, layer, h);
-      input.heads[h].push_back(kv::KvSegment{keys_.data() + base, values_.data() + base,
+      input.heads[h].push_back(KvSegment{keys_.data() + base, values_.data() + base,
                                              num_tokens, view_.head_dim, causal, 0});
     }
     return input;

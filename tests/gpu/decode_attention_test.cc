@@ -1,7 +1,7 @@
 // GPU split-KV decode attention against the CPU attention op: every kernel variant, head dims
 // 64/128, GQA groups 1-8, one split or many, sequences of different lengths in one launch. With
 // SKV_GPU_BENCH=1 a micro-benchmark also times the variants at Llama-3-8B decode shapes.
-#include "ops/cuda/decode_attention.cuh"
+#include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,7 +9,7 @@
 
 #include "attention_test_util.h"
 #include "ops/cpu/attention.h"
-#include "ops/cuda/fill_random.cuh"
+#include "ops/cuda/elementwise/fill_random.cuh"
 
 namespace shadowkv::cuda {
 namespace {

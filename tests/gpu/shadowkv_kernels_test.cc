@@ -11,7 +11,7 @@
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
-#include "ops/cuda/shadowkv_kernels.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {
