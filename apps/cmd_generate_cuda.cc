@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "cuda_environment.h"
 #include "core/status.h"
 #include "options.h"
 
@@ -118,10 +119,17 @@ int RunCudaGenerate(const CudaGenerateOptions& o) {
   if (!prompt.ok()) return Fail(prompt.status().ToString());
   if (prompt->empty()) return Fail("the prompt has no tokens");
 
+  TensorParallelOptions tensor_parallel = o.tensor_parallel;
+  if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
+    return Fail(s.ToString());
+  }
+  auto kernels = KernelOptionsFromEnvironment();
+  if (!kernels.ok()) return Fail(kernels.status().ToString());
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = std::max(1, o.prefill_chunk);
-  auto model = cuda::CudaModelGroup::Load(o.model_path, options, o.tensor_parallel);
+  options.kernels = *kernels;
+  auto model = cuda::CudaModelGroup::Load(o.model_path, options, tensor_parallel);
   if (!model.ok()) return Fail(model.status().ToString());
   if ((*tokenizer)->vocab_size() != (*model)->config().vocab_size) {
     return Fail(fmt::format("the tokenizer has {} tokens, the model {}",

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "cuda_environment.h"
 #include "options.h"
 #include "server/http_server.h"
 
@@ -62,6 +63,8 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     c.prefill_slots = o.prefill_slots;
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
+    SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(c.kernels, KernelOptionsFromEnvironment());
     SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaServingModel::Load(ResolveModelPath(o.model), c));
     loaded.pool = model->Describe();
     loaded.serving = std::move(model);

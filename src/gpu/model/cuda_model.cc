@@ -339,11 +339,28 @@ int64_t CudaModel::Impl::ActivationBytes() const {
          partial_lse.bytes() + meta_block.bytes() + cublas_workspace.bytes();
 }
 
+namespace {
+
+// A variant a launcher does not know would fail at the first step; it is refused at load.
+Status CheckKernelOptions(const CudaKernelOptions& k) {
+  auto check = [](const char* what, int variant, int count) {
+    if (variant >= -1 && variant < count) return Status::Ok();
+    return Error(ErrorCode::kInvalidArgument, "{} variant {} does not exist (0 to {}, -1: the "
+                 "default)", what, variant, count - 1);
+  };
+  SKV_RETURN_IF_ERROR(check("decode attention", k.decode_attention_variant, kDecodeNumVariants));
+  SKV_RETURN_IF_ERROR(check("prefill attention", k.prefill_attention_variant, kPrefillNumVariants));
+  return check("GEMM", k.gemm_variant, kGemmNumVariants);
+}
+
+}  // namespace
+
 CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaModel::~CudaModel() = default;
 
 Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
                                                    const CudaModelOptions& options) {
+  SKV_RETURN_IF_ERROR(CheckKernelOptions(options.kernels));
   std::string why;
   if (!CudaAvailable(&why)) return Error(ErrorCode::kUnsupported, "no usable CUDA GPU: {}", why);
   SKV_ASSIGN_OR_RETURN(std::unique_ptr<gguf::GgufFile> file, gguf::GgufFile::Open(path));
@@ -424,6 +441,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
 Result<std::unique_ptr<CudaModel>> CudaModel::CreateSynthetic(const ModelConfig& config,
                                                               uint64_t seed,
                                                               const CudaModelOptions& options) {
+  SKV_RETURN_IF_ERROR(CheckKernelOptions(options.kernels));
   std::string why;
   if (!CudaAvailable(&why)) return Error(ErrorCode::kUnsupported, "no usable CUDA GPU: {}", why);
   auto impl = std::make_unique<Impl>();

@@ -20,6 +20,25 @@ namespace tp {
 class Communicator;
 }
 
+// Which kernel each op runs, and the ShadowKV decode step's tuning. The defaults are the
+// production kernels; the others are kept to compare against (ops/cuda/NOTES.md), and apps/
+// set them from the SKV_* environment variables (apps/cuda_environment.h).
+struct CudaKernelOptions {
+  int decode_attention_variant = -1;   // kDecodeVariant* (-1: the default)
+  int prefill_attention_variant = -1;  // kPrefillVariant* (-1: the default)
+  int gemm_variant = -1;               // kGemmVariant* (-1: the default, cuBLAS)
+  // ShadowKV decode (shadowkv_decode.cc): 0 the first kernels, 1 the fast ones (kSkvKernels*).
+  int shadowkv_kernels = 1;
+  int coarse_select = 1;     // 0: the four-digit select over every key
+  int select_registers = 0;  // 32: the coarse select's 32-register forms (0: 64 registers)
+  bool split_rows = true;    // false: one selection for all rows of a step
+  int split_share = 50;      // percent of a split step's rows in its first part, 10 to 90
+  int rebuild_slots = 0;     // gather slots per rebuild block, 64 or 128 (0: 32)
+  // Split count of the sparse attention, 1 to kDecodeMaxSplits; 0: the full attention's rule
+  // for the step's rows (DecodeNumSplits).
+  int attention_splits = 0;
+};
+
 struct CudaModelOptions {
   int max_batch = 16;          // sequences in one Forward or DecodeStep
   int max_step_tokens = 2048;  // tokens in one Forward (prefill chunks plus decode rows)
@@ -29,6 +48,7 @@ struct CudaModelOptions {
   // units; config() then gives the shard's shapes) and sums its attention-output and FFN-down
   // products with the other ranks'. Not owned; null = the whole model on one GPU.
   tp::Communicator* communicator = nullptr;
+  CudaKernelOptions kernels;
 };
 
 // One sequence's share of a Forward call: new tokens at the positions that follow what its slot

@@ -114,24 +114,18 @@ struct ShadowKvState {
   void DropGraphs();
 };
 
-// The ShadowKV decode step's kernel settings, read from the environment once (each to compare a
-// variant; shadowkv_decode.cc): SKV_SHADOWKV_KERNELS=0 the first kernels (else the fast ones);
-// SKV_SELECT_COARSE=0 the four-digit select; SKV_SELECT_REGISTERS=32 the coarse select's
-// 32-register forms (else 512 threads with 64 registers); SKV_SPLIT_ROWS=0 one selection for all
-// rows; SKV_REBUILD_SLOTS=64 or 128 gather slots per rebuild block (32).
+// The ShadowKV decode step's kernel settings from the model's CudaKernelOptions, each brought
+// into its range (shadowkv_decode.cc).
 struct SkvDecodeSettings {
   int kernel_variant = kSkvKernelsFast;
   int coarse_select = 1;
   int select_registers = 0;
   bool split_rows = true;
-  // Percent of a split step's rows in its first part (SKV_SPLIT_SHARE, 10 to 90; default 50).
   int split_share = 50;
   int rebuild_slots = 0;
-  // Split count of the sparse attention (SKV_ATTN_SPLITS, 1 to kDecodeMaxSplits); 0: the full
-  // attention's rule for the step's rows (DecodeNumSplits).
   int attention_splits = 0;
 };
-const SkvDecodeSettings& ShadowKvDecodeSettings();
+SkvDecodeSettings ShadowKvDecodeSettings(const CudaKernelOptions& options);
 
 // Events between ops of an un-graphed step.
 class StepProfiler {

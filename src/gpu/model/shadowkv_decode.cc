@@ -11,31 +11,23 @@
 
 namespace shadowkv::cuda {
 
-const SkvDecodeSettings& ShadowKvDecodeSettings() {
-  static const SkvDecodeSettings settings = [] {
-    auto read = [](const char* name, int fallback) {
-      const char* text = std::getenv(name);
-      return text != nullptr ? std::atoi(text) : fallback;
-    };
-    SkvDecodeSettings d;
-    if (read("SKV_SHADOWKV_KERNELS", kSkvKernelsFast) == kSkvKernelsFirst) {
-      d.kernel_variant = kSkvKernelsFirst;
-    }
-    d.coarse_select = read("SKV_SELECT_COARSE", 1) == 0 ? 0 : 1;
-    d.select_registers = read("SKV_SELECT_REGISTERS", 0);
-    d.split_rows = read("SKV_SPLIT_ROWS", 1) != 0;
-    d.split_share = std::clamp(read("SKV_SPLIT_SHARE", 50), 10, 90);
-    d.rebuild_slots = read("SKV_REBUILD_SLOTS", 0);
-    d.attention_splits = std::clamp(read("SKV_ATTN_SPLITS", 0), 0, kDecodeMaxSplits);
-    return d;
-  }();
-  return settings;
+SkvDecodeSettings ShadowKvDecodeSettings(const CudaKernelOptions& options) {
+  SkvDecodeSettings d;
+  if (options.shadowkv_kernels == kSkvKernelsFirst) d.kernel_variant = kSkvKernelsFirst;
+  d.coarse_select = options.coarse_select == 0 ? 0 : 1;
+  d.select_registers = options.select_registers;
+  d.split_rows = options.split_rows;
+  d.split_share = std::clamp(options.split_share, 10, 90);
+  d.rebuild_slots = options.rebuild_slots;
+  d.attention_splits = std::clamp(options.attention_splits, 0, kDecodeMaxSplits);
+  return d;
 }
 
 Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
                                              StepProfiler* profiler) {
   ShadowKvState& s = *skv;
   const ModelConfig& c = config;
+  const SkvDecodeSettings settings = ShadowKvDecodeSettings(options.kernels);
   auto mark = [&](OpKind kind) { return profiler ? profiler->Mark(kind, stream) : Status::Ok(); };
   SkvDecodeParams p;
   p.layout = s.layout;
@@ -50,10 +42,10 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.rotary_dim = c.rope.rotary_dim;
   p.halves = c.rope.style == RopeConfig::Style::kHalves;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  p.kernel_variant = ShadowKvDecodeSettings().kernel_variant;
-  p.coarse_select = ShadowKvDecodeSettings().coarse_select;
-  p.select_registers = ShadowKvDecodeSettings().select_registers;
-  p.rebuild_slots = ShadowKvDecodeSettings().rebuild_slots;
+  p.kernel_variant = settings.kernel_variant;
+  p.coarse_select = settings.coarse_select;
+  p.select_registers = settings.select_registers;
+  p.rebuild_slots = settings.rebuild_slots;
   p.select_successors = s.config.select_successors;
   if (plan.skv_graduates) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
@@ -61,7 +53,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   auto attend = [&](int first, int count, cudaStream_t on) {
     const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;
     // The whole step's split count, so a row's sums run in the same order split or not.
-    const int fixed = ShadowKvDecodeSettings().attention_splits;
+    const int fixed = settings.attention_splits;
     const int splits =
         fixed > 0 ? fixed : DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
     DecodeAttentionParams d;
@@ -80,6 +72,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     d.head_dim = c.head_dim;
     d.num_splits = splits;
     d.scale = p.scale;
+    d.variant = options.kernels.decode_attention_variant;
     return LaunchDecodeAttention(d, on);
   };
   const int rows = plan.decode_rows;
@@ -109,14 +102,14 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     SKV_CUDA_RETURN_IF_ERROR(attend(first, part.rows, on));
     return Status::Ok();
   };
-  if (rows < kSkvSplitMinRows || !ShadowKvDecodeSettings().split_rows) {
+  if (rows < kSkvSplitMinRows || !settings.split_rows) {
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
     return select_gather_attend(p, 0, stream, s.side_stream, s.fork, s.join);
   }
   // Two halves of the rows, the second's scoring after the first's: the first half's select (a
   // few blocks, latency-bound) runs beside the second half's scoring, the second half's select
   // beside the first half's rebuild, and the first half's attention beside the second's rebuild.
-  const int half = std::clamp(rows * ShadowKvDecodeSettings().split_share / 100, 1, rows - 1);
+  const int half = std::clamp(rows * settings.split_share / 100, 1, rows - 1);
   const SkvDecodeParams first = SkvDecodeRows(p, 0, half);
   const SkvDecodeParams second = SkvDecodeRows(p, half, rows - half);
   SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(first, stream));

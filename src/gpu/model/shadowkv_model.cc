@@ -81,11 +81,12 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
                                                       c.head_dim, capacity));
   auto s = std::make_unique<ShadowKvState>();
-  if (config.select_successors != 0 && ShadowKvDecodeSettings().kernel_variant != kSkvKernelsFast) {
+  const bool fast = ShadowKvDecodeSettings(m.options.kernels).kernel_variant == kSkvKernelsFast;
+  if (config.select_successors != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
                  "the fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
   }
-  if (config.fp8_landmarks != 0 && ShadowKvDecodeSettings().kernel_variant != kSkvKernelsFast) {
+  if (config.fp8_landmarks != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "
                  "fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
   }
@@ -348,6 +349,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     gp.rows = chunked;
     gp.in = width;
     gp.out = rank;
+    gp.variant = m.options.kernels.gemm_variant;
     SKV_RETURN_IF_ERROR(RunGemm(m.cublas, gp));
     SkvLandmarkParams lp;
     lp.layout = l;

@@ -110,6 +110,7 @@ Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Load(
   CudaModelOptions model_options;
   model_options.max_batch = o.max_batch;
   model_options.max_step_tokens = o.prefill_chunk + o.max_batch;
+  model_options.kernels = o.kernels;
   SKV_ASSIGN_OR_RETURN(m->group_, CudaModelGroup::Load(path, model_options, o.tensor_parallel));
   m->config_ = m->group_->config();
   if (m->tokenizer_->vocab_size() != m->config_.vocab_size) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "gpu/model/cuda_model.h"
 #include "kv/kv_config.h"
 #include "model/tensor_parallel.h"
 #include "server/serving_model.h"
@@ -38,6 +39,7 @@ struct CudaServingOptions {
   int prefill_slots = 0;     // shadowkv: full-cache slots for prompts (0: as many as sequences)
   int64_t context = 0;       // tokens per sequence, prompt plus new ones (0: the model's)
   TensorParallelOptions tensor_parallel;
+  CudaKernelOptions kernels;
 };
 
 class CudaServingModel final : public server::ServingModel {

@@ -78,15 +78,22 @@ Result<Communicators> CreateNcclCommunicators(const std::vector<int>& devices);
 // Whether NCCL can be loaded here; `why` (if not null) says why not.
 bool NcclAvailable(std::string* why);
 
-// SHADOWKV_TP_TRACE=1: every rank's tasks and collectives are written to stderr as they are
-// issued (for finding where a group stops).
-inline bool TraceEnabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SHADOWKV_TP_TRACE");
-    return value != nullptr && std::atoi(value) == 1;
-  }();
-  return enabled;
-}
+// Process-wide settings of tensor parallelism, set before any group is made (apps/ takes them
+// from SHADOWKV_TP_TRACE, SHADOWKV_TP_STEP_TIMEOUT_S and SHADOWKV_NCCL_LIBRARY).
+struct ProcessSettings {
+  // Every rank's tasks and collectives written to stderr as they are issued (for finding where a
+  // group stops).
+  bool trace = false;
+  // How long one forward or decode step of a group may take before it is taken for a hang and
+  // the group aborted: far beyond a real step (seconds for a 70B prefill chunk at 244K), so it
+  // never cuts one short. 0: wait forever.
+  int step_timeout_s = 300;
+  std::string nccl_library;  // tried first where libnccl is loaded (empty: the usual places)
+};
+ProcessSettings& MutableProcessSettings();
+inline const ProcessSettings& Settings() { return MutableProcessSettings(); }
+
+inline bool TraceEnabled() { return Settings().trace; }
 inline void Trace(int rank, const std::string& what) {
   std::fprintf(stderr, "[tp] rank %d: %s\n", rank, what.c_str());
   std::fflush(stderr);

@@ -23,18 +23,11 @@ namespace {
 
 Status Ok() { return Status::Ok(); }
 
-// How long one forward or decode step of a group may take before it is taken for a hang and the
-// group aborted: far beyond a real step (seconds for a 70B prefill chunk at 244K), so it never
-// cuts one short. SHADOWKV_TP_STEP_TIMEOUT_S changes it (0: wait forever).
 std::chrono::milliseconds CollectiveTimeout() {
-  static const std::chrono::milliseconds timeout = [] {
-    const char* value = std::getenv("SHADOWKV_TP_STEP_TIMEOUT_S");
-    return std::chrono::milliseconds(1000ll * (value != nullptr && *value ? std::atoi(value) : 300));
-  }();
-  return timeout;
+  return std::chrono::milliseconds(1000ll * tp::Settings().step_timeout_s);
 }
 
-// task(rank), written to the trace (SHADOWKV_TP_TRACE=1) as it starts and ends.
+// task(rank), written to the trace (tp::ProcessSettings::trace) as it starts and ends.
 Status Traced(int rank, const std::function<Status(int)>& task) {
   if (!tp::TraceEnabled()) return task(rank);
   static std::atomic<uint64_t> counter{0};
@@ -46,6 +39,11 @@ Status Traced(int rank, const std::function<Status(int)>& task) {
 }
 
 }  // namespace
+
+tp::ProcessSettings& tp::MutableProcessSettings() {
+  static ProcessSettings settings;
+  return settings;
+}
 
 void PrepareProcessForTensorParallel(int size) {
   if (size > 1) {
@@ -161,9 +159,7 @@ Result<std::unique_ptr<CudaModelGroup::State>> MakeState(const ModelConfig& conf
     state->models.push_back(std::move(model));
     return state;
   }
-  // SHADOWKV_TP_LOCAL=1 asks for the single-device communicator wherever a group is made.
-  const char* env = std::getenv("SHADOWKV_TP_LOCAL");
-  state->local = tp.local || (env != nullptr && std::atoi(env) == 1);
+  state->local = tp.local;
   if (state->local) {
     int device = 0;
     SKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));

@@ -56,11 +56,11 @@ struct NcclApi {
   int version = 0;
 };
 
-// Where libnccl may be: $SHADOWKV_NCCL_LIBRARY, the loader's path, the CUDA toolkit, and the
+// Where libnccl may be: ProcessSettings::nccl_library, the loader's path, the CUDA toolkit, and the
 // wheel PyTorch installs (nvidia-nccl-*).
 std::vector<std::string> CandidateLibraries() {
   std::vector<std::string> names;
-  if (const char* path = std::getenv("SHADOWKV_NCCL_LIBRARY"); path && *path) names.push_back(path);
+  if (!Settings().nccl_library.empty()) names.push_back(Settings().nccl_library);
   names.insert(names.end(), {"libnccl.so.2", "libnccl.so", "/usr/local/cuda/lib64/libnccl.so.2",
                              "/usr/local/cuda/lib/libnccl.so.2"});
   for (const char* pattern : {"/usr/local/lib/python3*/*-packages/nvidia/nccl/lib/libnccl.so.2",

@@ -495,15 +495,6 @@ cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, int group, int vari
   return cudaGetLastError();
 }
 
-int DefaultVariant() {
-  static const int variant = [] {
-    const char* text = std::getenv("SKV_DECODE_VARIANT");
-    const int value = text != nullptr ? std::atoi(text) : kDecodeVariantMmaNoPrefetch;
-    return value >= 0 && value < kDecodeNumVariants ? value : kDecodeVariantMmaNoPrefetch;
-  }();
-  return variant;
-}
-
 }  // namespace
 
 bool DecodeAttentionSupports(int head_dim, int group_size) {
@@ -524,7 +515,7 @@ cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t s
   }
   const int group = p.num_query_heads / p.num_kv_heads;
   if (!DecodeAttentionSupports(p.head_dim, group)) return cudaErrorInvalidValue;
-  const int variant = p.variant == kDecodeVariantAuto ? DefaultVariant() : p.variant;
+  const int variant = p.variant == kDecodeVariantAuto ? kDecodeVariantMmaNoPrefetch : p.variant;
   const cudaError_t error = p.head_dim == 64 ? LaunchForHeadDim<64>(p, group, variant, stream)
                                              : LaunchForHeadDim<128>(p, group, variant, stream);
   if (error != cudaSuccess) return error;

@@ -32,8 +32,8 @@ struct DecodeAttentionParams {
   int num_splits = 1;  // in [1, kDecodeMaxSplits]; a row of length L uses splits of
                        // max(kDecodeMinSplitTokens, ceil(L / num_splits) rounded up to 16) keys
   float scale = 0.0f;  // usually 1/sqrt(head_dim)
-  // Which kernel (kDecodeVariant*); kDecodeVariantAuto reads SKV_DECODE_VARIANT from the
-  // environment once, else takes the default. Every variant computes the same function.
+  // Which kernel (kDecodeVariant*); kDecodeVariantAuto takes the default. Every variant
+  // computes the same function.
   int variant = -1;
 };
 

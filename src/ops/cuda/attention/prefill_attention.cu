@@ -502,15 +502,6 @@ cudaError_t LaunchForHeadDim(const PrefillAttentionParams& p, int group, int var
   }
 }
 
-int DefaultVariant() {
-  static const int variant = [] {
-    const char* text = std::getenv("SKV_PREFILL_VARIANT");
-    const int value = text != nullptr ? std::atoi(text) : kPrefillVariantWgmma;
-    return value >= 0 && value < kPrefillNumVariants ? value : kPrefillVariantWgmma;
-  }();
-  return variant;
-}
-
 }  // namespace
 
 bool PrefillAttentionSupports(int head_dim) { return head_dim == 64 || head_dim == 128; }
@@ -522,7 +513,7 @@ cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t
     return cudaErrorInvalidValue;
   }
   const int group = p.num_query_heads / p.num_kv_heads;
-  const int variant = p.variant == kPrefillVariantAuto ? DefaultVariant() : p.variant;
+  const int variant = p.variant == kPrefillVariantAuto ? kPrefillVariantWgmma : p.variant;
   return p.head_dim == 64 ? LaunchForHeadDim<64>(p, group, variant, stream)
                           : LaunchForHeadDim<128>(p, group, variant, stream);
 }

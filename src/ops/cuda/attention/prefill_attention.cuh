@@ -32,8 +32,8 @@ struct PrefillAttentionParams {
   int num_kv_heads = 0;
   int head_dim = 0;  // 64 or 128
   float scale = 0.0f;
-  // Which kernel (kPrefillVariant*); kPrefillVariantAuto reads SKV_PREFILL_VARIANT from the
-  // environment once, else takes the default. Every variant computes the same function.
+  // Which kernel (kPrefillVariant*); kPrefillVariantAuto takes the default. Every variant
+  // computes the same function.
   int variant = -1;
 };
 

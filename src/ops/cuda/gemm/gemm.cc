@@ -3,26 +3,12 @@
 #include "ops/cuda/gemm/gemm.h"
 
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 
 #include "ops/cuda/common/cuda_check.h"
 #include "ops/cuda/gemm/gemm.cuh"
 
 namespace shadowkv::cuda {
-namespace {
-
-int DefaultGemmVariant() {
-  static const int variant = [] {
-    const char* text = std::getenv("SKV_GEMM_VARIANT");
-    const int value = text != nullptr ? std::atoi(text) : kGemmVariantCublas;
-    return value >= 0 && value < kGemmNumVariants ? value : kGemmVariantCublas;
-  }();
-  return variant;
-}
-
-}  // namespace
-
 Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
   const ErrorCode code = status == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::kResourceExhausted
@@ -38,7 +24,7 @@ Status RunGemm(cublasHandle_t handle, const GemmParams& p) {
     return Error(ErrorCode::kInvalidArgument, "GEMM of [{} x {}] by [{} x {}]ᵀ is out of range",
                  p.rows, p.in, p.out, p.in);
   }
-  const int variant = p.variant == kGemmVariantAuto ? DefaultGemmVariant() : p.variant;
+  const int variant = p.variant == kGemmVariantAuto ? kGemmVariantCublas : p.variant;
   const bool aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p.weight) % 16 == 0;
   // On the H200 cuBLAS streams the large decode weights faster (3.5 vs 3.2 TB/s over a

@@ -22,7 +22,7 @@ struct GemmParams {
   int64_t in = 0;
   int64_t out = 0;
   float beta = 0.0f;  // 1 accumulates into y (e.g. a residual)
-  // kGemmVariantAuto reads SKV_GEMM_VARIANT from the environment once, else the default.
+  // Which kernel (kGemmVariant*); kGemmVariantAuto takes the default.
   int variant = -1;
 };
 

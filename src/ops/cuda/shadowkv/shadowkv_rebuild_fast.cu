@@ -18,7 +18,7 @@ using Bf16 = __nv_bfloat16;
 constexpr int kRebuildWarps = 4;
 // Gather slots per block (the basis is staged once for these), both fast kernels: 32 by
 // default, which the kernel bench measured fastest for the first of them on the H200 (more,
-// shorter blocks: no half-empty last wave); SkvDecodeParams::rebuild_slots (SKV_REBUILD_SLOTS)
+// shorter blocks: no half-empty last wave); SkvDecodeParams::rebuild_slots
 // = 64 or 128 takes more per block.
 constexpr int kRebuildSlotsDefault = 32;
 int RebuildSlots(int asked) { return asked == 64 || asked == 128 ? asked : kRebuildSlotsDefault; }
@@ -396,8 +396,7 @@ const void* RebuildFastKernel(int head_dim, bool halves, int slots) {
 }
 
 // The register-basis kernel for (halves, rank steps), or null where it does not apply: head_dim
-// 128, chunks of 8 tokens (the mma's N), rank padded to 80 or 160. SKV_REBUILD_REGS=0 turns it
-// off (to compare).
+// 128, chunks of 8 tokens (the mma's N), rank padded to 80 or 160.
 template <int kSlots>
 const void* RebuildRegKernelOf(int k_steps, bool halves) {
   switch (k_steps) {
@@ -410,11 +409,7 @@ const void* RebuildRegKernelOf(int k_steps, bool halves) {
 }
 
 const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SKV_REBUILD_REGS");
-    return value == nullptr || std::atoi(value) != 0;
-  }();
-  if (!enabled || l.head_dim != 128 || l.chunk_size != 8) return nullptr;
+  if (l.head_dim != 128 || l.chunk_size != 8) return nullptr;
   const int k_steps = RankPadded(l.rank) / 16;
   switch (RebuildSlots(slots)) {
     case 64: return RebuildRegKernelOf<64>(k_steps, halves);
