@@ -11,9 +11,9 @@
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/kernel_attributes.h"
 #include "ops/cuda/common/mma_utils.cuh"
-#include "ops/cuda/shadowkv/shadowkv_fast_kernels.cuh"
+#include "ops/cuda/shadowkv/gather_slots.cuh"
+#include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 #include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
-#include "ops/cuda/shadowkv/shadowkv_select.cuh"
 
 namespace shadowkv::cuda {
 namespace {

@@ -15,8 +15,7 @@ bool SkvRebuildFastApplies(const SkvDecodeParams& params);
 int64_t SkvRebuildFastSharedBytes(int rank, int head_dim);
 // Raises the shared-memory limits of the fast select (`select_dynamic_bytes`) and rebuild.
 cudaError_t SkvConfigureFastKernels(const SkvLayout& layout, int64_t select_dynamic_bytes);
-// The select's and the rebuild's parts of that (shadowkv_select_fast.cu,
-// shadowkv_rebuild_fast.cu).
+// The select's and the rebuild's parts of that (select.cu, rebuild.cu).
 cudaError_t SkvConfigureSelectFast(const SkvLayout& layout, int64_t dynamic_bytes);
 cudaError_t SkvConfigureRebuildFast(const SkvLayout& layout);
 

@@ -6,8 +6,8 @@
 #include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/common/device_utils.cuh"
-#include "ops/cuda/shadowkv/shadowkv_fast_kernels.cuh"
-#include "ops/cuda/shadowkv/shadowkv_select.cuh"
+#include "ops/cuda/shadowkv/gather_slots.cuh"
+#include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 
 namespace shadowkv::cuda {
 namespace {

@@ -1,12 +1,11 @@
 // ShadowKV decode kernels, second version (kSkvKernelsFast): landmark scoring with several
 // landmark loads in flight per thread, or on the tensor cores, that also leaves each block's
-// softmax statistics for the select. The select is in shadowkv_select_fast.cu, the key rebuild
-// in shadowkv_rebuild_fast.cu.
+// softmax statistics for the select. The select is in select.cu, the key rebuild in rebuild.cu.
 #include <cmath>
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/mma_utils.cuh"
-#include "ops/cuda/shadowkv/shadowkv_fast_kernels.cuh"
+#include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 #include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
 
 namespace shadowkv::cuda {

@@ -6,7 +6,7 @@
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/mma_utils.cuh"
-#include "ops/cuda/shadowkv/shadowkv_fast_kernels.cuh"
+#include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 
 namespace shadowkv::cuda {
 namespace {
