@@ -16,6 +16,7 @@
 #include "eval/report.h"
 #include "eval/runner.h"
 #include "format/chat_template.h"
+#include "kv/policies.h"
 #include "options.h"
 
 namespace shadowkv::app {
@@ -193,7 +194,7 @@ int RunEvalCommand(const EvalOptions& o) {
                format.name().c_str());
   for (const auto& config : settings.policies) {
     std::fprintf(stderr, " %s", config.display_name().c_str());
-    if (config.policy == "full") continue;
+    if (kv::IsPolicy(config, kv::PolicyKind::kFull)) continue;
     std::string budgets;
     for (int64_t length : settings.lengths) {
       budgets += fmt::format("{}{}", budgets.empty() ? "" : "/", config.BudgetTokens(length));

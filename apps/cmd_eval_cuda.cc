@@ -17,6 +17,7 @@
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
 #include "gpu/model/cuda_model.h"
+#include "kv/policies.h"
 #endif
 
 namespace shadowkv::app {
@@ -35,7 +36,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 bool OnGpu(const kv::KvPolicyConfig& config) {
-  return config.policy == "full" || config.policy == "shadowkv";
+  return kv::IsPolicy(config, kv::PolicyKind::kFull) ||
+         kv::IsPolicy(config, kv::PolicyKind::kShadowKv);
 }
 
 class CudaEvalBackend final : public eval::AnswerBackend {
@@ -58,9 +60,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     int full = 0;
     cpu_policies_ = 0;
     for (const kv::KvPolicyConfig& config : policies) {
-      if (config.policy == "full") {
+      if (kv::IsPolicy(config, kv::PolicyKind::kFull)) {
         ++full;
-      } else if (config.policy == "shadowkv") {
+      } else if (kv::IsPolicy(config, kv::PolicyKind::kShadowKv)) {
         SKV_RETURN_IF_ERROR(model_->ShadowKvBytesPerSequence(config, capacity_).status());
       } else {
         SKV_RETURN_IF_ERROR(kv::MakeKvPolicy(config, cpu_model_.kv_geometry()).status());
@@ -96,7 +98,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     int full_index = -1;
     for (size_t p = 0; p < policies.size(); ++p) {
       if (!OnGpu(policies[p])) continue;
-      if (policies[p].policy == "full") {
+      if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) {
         full_index = static_cast<int>(p);
         continue;
       }
@@ -130,7 +132,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     for (const kv::KvPolicyConfig& config : policies) {
       if (OnGpu(config)) continue;
       cpu.push_back(config);
-      if (config.policy == "snapkv") tail = std::max<int64_t>(tail, config.snap_window);
+      if (kv::IsPolicy(config, kv::PolicyKind::kSnapKv))
+        tail = std::max<int64_t>(tail, config.snap_window);
     }
     if (cpu.empty()) return Status::Ok();
     tail = std::min<int64_t>(tail, static_cast<int64_t>(prompt.size()));

@@ -21,6 +21,7 @@
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "gpu/tp/cuda_model_group.h"
+#include "kv/policies.h"
 #endif
 
 namespace shadowkv::app {
@@ -50,7 +51,7 @@ template <typename Emit>
 Result<Generated> Generate(cuda::CudaModelGroup& model, const CudaGenerateOptions& o,
                            const Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
                            Emit emit) {
-  const bool shadowkv = o.kv.policy == "shadowkv";
+  const bool shadowkv = kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv);
   const int64_t length = static_cast<int64_t>(prompt.size());
   const int64_t capacity = length + o.max_new_tokens;
   if (capacity > model.config().context_length) {
@@ -103,7 +104,8 @@ Result<Generated> Generate(cuda::CudaModelGroup& model, const CudaGenerateOption
 
 int RunCudaGenerate(const CudaGenerateOptions& o) {
   cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
-  if (o.kv.policy != "full" && o.kv.policy != "shadowkv") {
+  if (!kv::IsPolicy(o.kv, kv::PolicyKind::kFull) &&
+      !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
     return Fail(fmt::format("--device cuda generates with --kv full or shadowkv, not '{}'",
                             o.kv.policy));
   }

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "cuda_environment.h"
+#include "kv/policies.h"
 #include "options.h"
 #include "server/http_server.h"
 
@@ -47,7 +48,7 @@ struct LoadedModel {
 Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   LoadedModel loaded;
   if (o.device == "cuda") {
-    if (o.prefill_slots > 0 && o.kv.policy != "shadowkv") {
+    if (o.prefill_slots > 0 && !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
       return Error(ErrorCode::kInvalidArgument,
                    "--prefill-slots sizes ShadowKV's prompt slots; with --kv {} every sequence "
                    "is a full-cache slot (--max-seqs)",

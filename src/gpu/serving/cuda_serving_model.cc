@@ -89,7 +89,8 @@ class CudaServingModel::Policy final : public kv::KvPolicy {
 Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Load(
     const std::string& path, const CudaServingOptions& options) {
   const CudaServingOptions& o = options;
-  if (o.kv.policy != "full" && o.kv.policy != "shadowkv") {
+  if (!kv::IsPolicy(o.kv, kv::PolicyKind::kFull) &&
+      !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
     return Error(ErrorCode::kUnsupported,
                  "--device cuda serves --kv full or shadowkv, not '{}' (the other policies run "
                  "on the CPU)",

@@ -24,6 +24,7 @@
 #include "core/status.h"
 #include "gpu/model/cuda_model.h"
 #include "kv/kv_config.h"
+#include "kv/policies.h"
 #include "model/tensor_parallel.h"
 #include "server/serving_model.h"
 
@@ -73,7 +74,7 @@ class CudaServingModel final : public server::ServingModel {
   Result<std::unique_ptr<kv::SequenceKv>> NewSequence();
   void Release(Sequence& sequence);
   Status Compress(Sequence& sequence);
-  bool shadowkv() const { return options_.kv.policy == "shadowkv"; }
+  bool shadowkv() const { return kv::IsPolicy(options_.kv, kv::PolicyKind::kShadowKv); }
 
   CudaServingOptions options_;
   std::unique_ptr<gguf::GgufFile> file_;
