@@ -30,7 +30,7 @@ struct ServeOptions {
   double slow_limit_mib = 16384;
   double max_body_kib = 1024;
   double shutdown_grace_seconds = 10;
-  std::string device = "cpu";  // cpu | cuda
+  Device device = Device::kCpu;
   int64_t context = 0;         // cuda: tokens per sequence (0: the model's context)
   int sequences = 0;           // cuda: sequences held at once (0: --max-batch)
   int prefill_slots = 0;       // cuda, shadowkv: full-cache slots for prompts (0: --max-seqs)
@@ -47,7 +47,7 @@ struct LoadedModel {
 
 Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   LoadedModel loaded;
-  if (o.device == "cuda") {
+  if (o.device == Device::kCuda) {
     if (o.prefill_slots > 0 && !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
       return Error(ErrorCode::kInvalidArgument,
                    "--prefill-slots sizes ShadowKV's prompt slots; with --kv {} every sequence "
@@ -109,7 +109,7 @@ int RunServe(ServeOptions& o) {
   server::ServingModel& model = *loaded->serving;
   server::ServerConfig config = o.server;
   config.kv = o.kv;
-  if (o.device == "cpu") {
+  if (o.device == Device::kCpu) {
     config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
     config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
   }  // on the GPU the pool made at load time is the limit
@@ -198,11 +198,9 @@ Command AddServeCommand(CLI::App& app) {
                   "seconds running requests get to finish after SIGTERM")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--device", o->device,
+  AddDeviceOption(*cmd, o->device,
                   "cpu (every KV policy), or cuda (full or shadowkv, from a pool of sequences "
-                  "made at start: --ctx-size, --max-seqs, --prefill-slots)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "made at start: --ctx-size, --max-seqs, --prefill-slots)");
   cmd->add_option("--ctx-size", o->context,
                   "cuda: tokens per sequence, prompt plus new ones (0 = the model's context)")
       ->capture_default_str()
