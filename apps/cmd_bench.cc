@@ -26,7 +26,7 @@ struct BenchOptions {
   int prefill_chunk = 512;
   int repeat = 1;
   std::string json_path;
-  std::string device = "cpu";  // cpu | cuda
+  Device device = Device::kCpu;
   std::string synthetic;       // cuda only: random weights with a named model's shapes
   int max_batch = 64;          // cuda only: the largest batch "auto" may pick
   bool host_values = true;     // cuda shadowkv: also values in pinned host memory
@@ -194,9 +194,7 @@ int RunBench(const BenchOptions& o) {
 
 // --device cuda: the same flags, run by cmd_bench_cuda.cc ("auto" batches allowed there).
 void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
-  cmd.add_option("--device", o.device, "cpu | cuda (default cuda with --synthetic)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  AddDeviceOption(cmd, o.device, "cpu | cuda (cuda with --synthetic)");
   cmd.add_option("--synthetic", o.synthetic,
                  "cuda: random weights with a named model's shapes (e.g. llama3-8b), "
                  "throughput only; implies --device cuda");
@@ -234,7 +232,7 @@ int RunCudaBenchFrom(const BenchOptions& o) {
 }
 
 int RunBenchOnDevice(const BenchOptions& o) {
-  if (o.device == "cuda") return RunCudaBenchFrom(o);
+  if (o.device == Device::kCuda) return RunCudaBenchFrom(o);
   if (!o.synthetic.empty()) return Fail("--synthetic needs --device cuda");
   if (Status tp = TensorParallelNeedsCuda(o.tensor_parallel); !tp.ok()) return Fail(tp.message());
   return RunBench(o);
@@ -269,8 +267,8 @@ Command AddBenchCommand(CLI::App& app) {
   return [options, cmd] {
     // Random weights exist only on the GPU, and there each policy runs at its best batch
     // unless told otherwise: `bench --synthetic llama3-8b --kv full,shadowkv` needs no more.
-    if (!options->synthetic.empty() && cmd->count("--device") == 0) options->device = "cuda";
-    if (options->device == "cuda" && cmd->count("--batch") == 0) options->batches = "auto";
+    if (!options->synthetic.empty() && cmd->count("--device") == 0) options->device = Device::kCuda;
+    if (options->device == Device::kCuda && cmd->count("--batch") == 0) options->batches = "auto";
     return RunBenchOnDevice(*options);
   };
 }

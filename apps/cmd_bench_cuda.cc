@@ -14,15 +14,16 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "cuda_environment.h"
 #include "core/status.h"
 #include "kv/kv_config.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
+#include "gpu/bench/cuda_bench.h"
+#include "gpu/model/cuda_model.h"
+#include "gpu/tp/cuda_model_group.h"
 #include "model/synthetic.h"
-#include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/cuda_bench.h"
-#include "ops/cuda/cuda_model.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "ops/cuda/common/cuda_backend.h"
 #endif
 
 namespace shadowkv::app {
@@ -101,9 +102,16 @@ int RunCudaBench(const CudaBenchOptions& o) {
   auto device = cuda::QueryDevice();
   if (!device.ok()) return Fail(device.status().ToString());
 
+  TensorParallelOptions tensor_parallel = o.tensor_parallel;
+  if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
+    return Fail(s.ToString());
+  }
+  auto kernels = KernelOptionsFromEnvironment();
+  if (!kernels.ok()) return Fail(kernels.status().ToString());
   cuda::CudaModelOptions options;
   options.max_batch = o.max_batch;
   options.max_step_tokens = std::max(o.prefill_chunk, o.max_batch);
+  options.kernels = *kernels;
   Result<std::unique_ptr<cuda::CudaModelGroup>> model_or = Status(ErrorCode::kInternal, "unset");
   const bool synthetic = !o.synthetic.empty();
   if (synthetic) {
@@ -120,9 +128,9 @@ int RunCudaBench(const CudaBenchOptions& o) {
                    static_cast<long long>(needed));
       config->context_length = needed;
     }
-    model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, o.tensor_parallel);
+    model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, tensor_parallel);
   } else {
-    model_or = cuda::CudaModelGroup::Load(o.model_path, options, o.tensor_parallel);
+    model_or = cuda::CudaModelGroup::Load(o.model_path, options, tensor_parallel);
   }
   if (!model_or.ok()) return Fail(model_or.status().ToString());
   cuda::CudaModelGroup& model = **model_or;

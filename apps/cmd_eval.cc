@@ -16,6 +16,7 @@
 #include "eval/report.h"
 #include "eval/runner.h"
 #include "format/chat_template.h"
+#include "kv/policies.h"
 #include "options.h"
 
 namespace shadowkv::app {
@@ -34,7 +35,7 @@ struct EvalOptions {
   int grid_depths = 10;
   int multi_turn = 0;
   int prefill_chunk = 512;
-  std::string device = "cpu";  // cpu | cuda (full and shadowkv answered on the GPU)
+  Device device = Device::kCpu;  // with cuda, full and shadowkv are answered on the GPU
   bool plain = false;
   bool quiet = false;
   std::string json_path;
@@ -169,7 +170,7 @@ int RunEvalCommand(const EvalOptions& o) {
       eval::MakeTaskContext(model, format, corpus.words.empty() ? nullptr : &corpus, &vocabulary);
 
   std::unique_ptr<eval::AnswerBackend> backend;
-  if (o.device == "cuda") {
+  if (o.device == Device::kCuda) {
     int64_t longest = 0;
     for (int64_t length : settings.lengths) longest = std::max(longest, length);
     auto made = MakeCudaEvalBackend(model_path, model,
@@ -182,8 +183,6 @@ int RunEvalCommand(const EvalOptions& o) {
     if (Status checked = backend->Check(settings.policies); !checked.ok()) {
       return Fail(checked.ToString());
     }
-  } else if (o.device != "cpu") {
-    return Fail(fmt::format("--device must be cpu or cuda, not '{}'", o.device));
   }
 
   std::fprintf(stderr, "eval: %s; model %s (%s; %s numerics); prompts: %s; policies:",
@@ -193,7 +192,7 @@ int RunEvalCommand(const EvalOptions& o) {
                format.name().c_str());
   for (const auto& config : settings.policies) {
     std::fprintf(stderr, " %s", config.display_name().c_str());
-    if (config.policy == "full") continue;
+    if (kv::IsPolicy(config, kv::PolicyKind::kFull)) continue;
     std::string budgets;
     for (int64_t length : settings.lengths) {
       budgets += fmt::format("{}{}", budgets.empty() ? "" : "/", config.BudgetTokens(length));
@@ -302,11 +301,11 @@ Command AddEvalCommand(CLI::App& app) {
   cmd->add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens per forward step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--device", options->device,
-                  "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16), the "
-                  "other policies decode on the CPU from the GPU's prefill (tasks and NIAH grid; "
-                  "multi-turn runs on the CPU)")
-      ->capture_default_str();
+  AddDeviceOption(
+      *cmd, options->device,
+      "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16), the "
+      "other policies decode on the CPU from the GPU's prefill (tasks and NIAH grid; "
+      "multi-turn runs on the CPU)");
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");
   cmd->add_option("--json", options->json_path, "write the full report as JSON");

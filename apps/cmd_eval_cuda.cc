@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "commands.h"
+#include "cuda_environment.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
 #include "engine/sampler.h"
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
-#include "ops/cuda/cuda_model.h"
+#include "gpu/model/cuda_model.h"
+#include "kv/policies.h"
 #endif
 
 namespace shadowkv::app {
@@ -34,7 +36,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 bool OnGpu(const kv::KvPolicyConfig& config) {
-  return config.policy == "full" || config.policy == "shadowkv";
+  return kv::IsPolicy(config, kv::PolicyKind::kFull) ||
+         kv::IsPolicy(config, kv::PolicyKind::kShadowKv);
 }
 
 class CudaEvalBackend final : public eval::AnswerBackend {
@@ -57,9 +60,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     int full = 0;
     cpu_policies_ = 0;
     for (const kv::KvPolicyConfig& config : policies) {
-      if (config.policy == "full") {
+      if (kv::IsPolicy(config, kv::PolicyKind::kFull)) {
         ++full;
-      } else if (config.policy == "shadowkv") {
+      } else if (kv::IsPolicy(config, kv::PolicyKind::kShadowKv)) {
         SKV_RETURN_IF_ERROR(model_->ShadowKvBytesPerSequence(config, capacity_).status());
       } else {
         SKV_RETURN_IF_ERROR(kv::MakeKvPolicy(config, cpu_model_.kv_geometry()).status());
@@ -95,7 +98,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     int full_index = -1;
     for (size_t p = 0; p < policies.size(); ++p) {
       if (!OnGpu(policies[p])) continue;
-      if (policies[p].policy == "full") {
+      if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) {
         full_index = static_cast<int>(p);
         continue;
       }
@@ -129,7 +132,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     for (const kv::KvPolicyConfig& config : policies) {
       if (OnGpu(config)) continue;
       cpu.push_back(config);
-      if (config.policy == "snapkv") tail = std::max<int64_t>(tail, config.snap_window);
+      if (kv::IsPolicy(config, kv::PolicyKind::kSnapKv))
+        tail = std::max<int64_t>(tail, config.snap_window);
     }
     if (cpu.empty()) return Status::Ok();
     tail = std::min<int64_t>(tail, static_cast<int64_t>(prompt.size()));
@@ -199,6 +203,7 @@ Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::stri
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = prefill_chunk;
+  SKV_ASSIGN_OR_RETURN(options.kernels, KernelOptionsFromEnvironment());
   SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaModel::Load(model_path, options));
   SKV_RETURN_IF_ERROR(model->AllocateKvCache(1, max_tokens, /*keep_pre_rope_keys=*/true));
   return std::unique_ptr<eval::AnswerBackend>(

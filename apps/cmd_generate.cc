@@ -33,7 +33,7 @@ struct GenerateOptions {
   int prefill_chunk = 512;
   bool ignore_eos = false;
   bool quiet = false;
-  std::string device = "cpu";  // cpu | cuda
+  Device device = Device::kCpu;
   TensorParallelOptions tensor_parallel;  // cuda only
 };
 
@@ -52,7 +52,7 @@ int RunGenerate(const GenerateOptions& o) {
   auto prompt_text = ReadPromptText(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) return Fail(prompt_text.status().message());
   const std::string& text = *prompt_text;
-  if (o.device == "cuda") {
+  if (o.device == Device::kCuda) {
     CudaGenerateOptions c;
     c.model_path = ResolveModelPath(o.model);
     c.kv = o.kv;
@@ -161,10 +161,8 @@ Command AddGenerateCommand(CLI::App& app) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--ignore-eos", options->ignore_eos, "keep generating past end-of-text tokens");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress line or summary");
-  cmd->add_option("--device", options->device,
-                  "cpu, or cuda (full and shadowkv KV; --temp and --seed sampling)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  AddDeviceOption(*cmd, options->device,
+                  "cpu, or cuda (full and shadowkv KV; --temp and --seed sampling)");
   AddTensorParallelOptions(*cmd, options->tensor_parallel);
   return [options] { return RunGenerate(*options); };
 }

@@ -13,13 +13,15 @@
 #include <fmt/format.h>
 
 #include "commands.h"
-#include "options.h"
+#include "cuda_environment.h"
 #include "core/status.h"
+#include "options.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
 #include "format/gguf.h"
 #include "format/tokenizer.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "gpu/tp/cuda_model_group.h"
+#include "kv/policies.h"
 #endif
 
 namespace shadowkv::app {
@@ -49,7 +51,7 @@ template <typename Emit>
 Result<Generated> Generate(cuda::CudaModelGroup& model, const CudaGenerateOptions& o,
                            const Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
                            Emit emit) {
-  const bool shadowkv = o.kv.policy == "shadowkv";
+  const bool shadowkv = kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv);
   const int64_t length = static_cast<int64_t>(prompt.size());
   const int64_t capacity = length + o.max_new_tokens;
   if (capacity > model.config().context_length) {
@@ -102,7 +104,8 @@ Result<Generated> Generate(cuda::CudaModelGroup& model, const CudaGenerateOption
 
 int RunCudaGenerate(const CudaGenerateOptions& o) {
   cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
-  if (o.kv.policy != "full" && o.kv.policy != "shadowkv") {
+  if (!kv::IsPolicy(o.kv, kv::PolicyKind::kFull) &&
+      !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
     return Fail(fmt::format("--device cuda generates with --kv full or shadowkv, not '{}'",
                             o.kv.policy));
   }
@@ -118,10 +121,17 @@ int RunCudaGenerate(const CudaGenerateOptions& o) {
   if (!prompt.ok()) return Fail(prompt.status().ToString());
   if (prompt->empty()) return Fail("the prompt has no tokens");
 
+  TensorParallelOptions tensor_parallel = o.tensor_parallel;
+  if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
+    return Fail(s.ToString());
+  }
+  auto kernels = KernelOptionsFromEnvironment();
+  if (!kernels.ok()) return Fail(kernels.status().ToString());
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = std::max(1, o.prefill_chunk);
-  auto model = cuda::CudaModelGroup::Load(o.model_path, options, o.tensor_parallel);
+  options.kernels = *kernels;
+  auto model = cuda::CudaModelGroup::Load(o.model_path, options, tensor_parallel);
   if (!model.ok()) return Fail(model.status().ToString());
   if ((*tokenizer)->vocab_size() != (*model)->config().vocab_size) {
     return Fail(fmt::format("the tokenizer has {} tokens, the model {}",

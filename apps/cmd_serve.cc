@@ -9,12 +9,14 @@
 #include <thread>
 
 #include "commands.h"
+#include "cuda_environment.h"
+#include "kv/policies.h"
 #include "options.h"
 #include "server/http_server.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
-#include "ops/cuda/cuda_serving_model.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "gpu/serving/cuda_serving_model.h"
+#include "gpu/tp/cuda_model_group.h"
 #endif
 
 namespace shadowkv::app {
@@ -29,7 +31,7 @@ struct ServeOptions {
   double max_body_kib = 1024;
   double max_header_kib = 32;
   double shutdown_grace_seconds = 10;
-  std::string device = "cpu";  // cpu | cuda
+  Device device = Device::kCpu;
   int64_t context = 0;         // cuda: tokens per sequence (0: the model's context)
   int sequences = 0;           // cuda: sequences held at once (0: --max-batch)
   int prefill_slots = 0;       // cuda, shadowkv: full-cache slots for prompts (0: --max-seqs)
@@ -46,8 +48,8 @@ struct LoadedModel {
 
 Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   LoadedModel loaded;
-  if (o.device == "cuda") {
-    if (o.prefill_slots > 0 && o.kv.policy != "shadowkv") {
+  if (o.device == Device::kCuda) {
+    if (o.prefill_slots > 0 && !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
       return Error(ErrorCode::kInvalidArgument,
                    "--prefill-slots sizes ShadowKV's prompt slots; with --kv {} every sequence "
                    "is a full-cache slot (--max-seqs)",
@@ -63,6 +65,8 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     c.prefill_slots = o.prefill_slots;
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
+    SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(c.kernels, KernelOptionsFromEnvironment());
     SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaServingModel::Load(ResolveModelPath(o.model), c));
     loaded.pool = model->Describe();
     loaded.serving = std::move(model);
@@ -112,7 +116,7 @@ int RunServe(ServeOptions& o) {
   server::ServingModel& model = *loaded->serving;
   server::ServerConfig config = o.server;
   config.kv = o.kv;
-  if (o.device == "cpu") {
+  if (o.device == Device::kCpu) {
     config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
     config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
   }  // on the GPU the pool made at load time is the limit
@@ -231,11 +235,9 @@ Command AddServeCommand(CLI::App& app) {
                   "seconds running requests get to finish after SIGTERM")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--device", o->device,
+  AddDeviceOption(*cmd, o->device,
                   "cpu (every KV policy), or cuda (full or shadowkv, from a pool of sequences "
-                  "made at start: --ctx-size, --max-seqs, --prefill-slots)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "made at start: --ctx-size, --max-seqs, --prefill-slots)");
   cmd->add_option("--ctx-size", o->context,
                   "cuda: tokens per sequence, prompt plus new ones (0 = the model's context)")
       ->capture_default_str()

@@ -9,6 +9,18 @@
 
 namespace shadowkv::app {
 
+CLI::Option* AddDeviceOption(CLI::App& app, Device& device, const std::string& help) {
+  // Parsed as its name so that a bad one is reported by name, not by the enum's numbers.
+  return app
+      .add_option_function<std::string>(
+          "--device",
+          [&device](const std::string& name) {
+            device = name == "cuda" ? Device::kCuda : Device::kCpu;
+          },
+          help + " (default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
 void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags) {
   app.add_option("--tensor-parallel", flags.size,
                  "split the model over N GPUs of this host (attention heads and FFN units, NCCL; "

@@ -25,6 +25,11 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& config);
 // Registers --temp, --top-k, --top-p, --seed.
 void AddSamplingOptions(CLI::App& app, SamplingParams& params);
 
+// Which backend a subcommand runs on.
+enum class Device { kCpu, kCuda };
+// Registers --device cpu|cuda into `device` (any other value is a usage error), with `help`.
+CLI::Option* AddDeviceOption(CLI::App& app, Device& device, const std::string& help);
+
 // Registers --tensor-parallel N and the hidden --tp-local.
 void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags);
 // `--tensor-parallel` on a command's CPU path: Ok for size 1, else an error naming --device cuda.

@@ -42,8 +42,7 @@ function(shadowkv_add_fuzzer target test seeds)
 endfunction()
 
 file(GLOB GGUF_FUZZ_HEADERS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/core/*.h
-     ${CMAKE_SOURCE_DIR}/src/format/*.h ${CMAKE_SOURCE_DIR}/src/model/config.h
-     ${CMAKE_SOURCE_DIR}/src/ops/cpu/rope.h)
+     ${CMAKE_SOURCE_DIR}/src/format/*.h ${CMAKE_SOURCE_DIR}/src/model/config.h)
 shadowkv_add_fuzzer(gguf_fuzz fuzz_gguf gguf_corpus
   SOURCES ${CMAKE_SOURCE_DIR}/src/format/gguf_fuzz.cc ${CMAKE_SOURCE_DIR}/src/format/gguf.cc
           ${CMAKE_SOURCE_DIR}/src/format/quants.cc ${CMAKE_SOURCE_DIR}/src/model/config.cc

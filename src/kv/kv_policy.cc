@@ -1,6 +1,8 @@
 // MakeKvPolicy: the one place that maps a policy name to its implementation.
 #include "kv/kv_policy.h"
 
+#include <iterator>
+
 #include "kv/policies.h"
 
 namespace shadowkv::kv {
@@ -25,6 +27,16 @@ PolicyStats& PolicyStats::operator-=(const PolicyStats& o) {
   return *this;
 }
 
+std::optional<PolicyKind> PolicyKindOf(std::string_view name) {
+  constexpr PolicyKind kKinds[] = {PolicyKind::kFull, PolicyKind::kShadowKv, PolicyKind::kSnapKv,
+                                   PolicyKind::kQuest, PolicyKind::kStreaming};
+  const std::vector<std::string>& names = KnownKvPolicies();
+  for (size_t i = 0; i < names.size() && i < std::size(kKinds); ++i) {
+    if (names[i] == name) return kKinds[i];
+  }
+  return std::nullopt;
+}
+
 Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
                                                 const KvGeometry& geometry) {
   SKV_RETURN_IF_ERROR(config.Validate());
@@ -32,11 +44,20 @@ Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
     return Error(ErrorCode::kInvalidArgument, "{} query heads do not group over {} KV heads",
                  geometry.num_query_heads, geometry.num_kv_heads);
   }
-  if (config.policy == "full") return MakeFullPolicy(config, geometry);
-  if (config.policy == "shadowkv") return MakeShadowKvPolicy(config, geometry);
-  if (config.policy == "snapkv") return MakeSnapKvPolicy(config, geometry);
-  if (config.policy == "quest") return MakeQuestPolicy(config, geometry);
-  if (config.policy == "streaming") return MakeStreamingPolicy(config, geometry);
+  if (const std::optional<PolicyKind> kind = PolicyKindOf(config.policy)) {
+    switch (*kind) {
+      case PolicyKind::kFull:
+        return MakeFullPolicy(config, geometry);
+      case PolicyKind::kShadowKv:
+        return MakeShadowKvPolicy(config, geometry);
+      case PolicyKind::kSnapKv:
+        return MakeSnapKvPolicy(config, geometry);
+      case PolicyKind::kQuest:
+        return MakeQuestPolicy(config, geometry);
+      case PolicyKind::kStreaming:
+        return MakeStreamingPolicy(config, geometry);
+    }
+  }
   return Error(ErrorCode::kUnsupported, "KV policy '{}' is not built into this binary",
                config.policy);
 }

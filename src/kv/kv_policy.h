@@ -18,9 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/attention_input.h"
+#include "core/rope.h"
 #include "core/status.h"
 #include "kv/kv_config.h"
-#include "ops/cpu/rope.h"
 
 namespace shadowkv::kv {
 
@@ -48,33 +49,9 @@ struct TokenBlock {
   const float* queries = nullptr;        // [num_tokens, num_query_heads * head_dim] post-RoPE
 };
 
-// A run of exact post-RoPE keys/values of one KV head. Row t: keys + t * row_stride.
-struct KvSegment {
-  const float* keys = nullptr;    // [num_tokens, row_stride], first head_dim floats used
-  const float* values = nullptr;  // [num_tokens, row_stride]
-  int32_t num_tokens = 0;
-  int32_t row_stride = 0;
-  // When causal, row t sits at position first_position + t and is hidden from queries at
-  // earlier positions (the segment holding the tokens just appended). Otherwise every row
-  // precedes every query.
-  bool causal = false;
-  int64_t first_position = 0;
-};
-
-// What the attention op reads for one layer of one sequence.
-struct AttentionInput {
-  std::vector<std::vector<KvSegment>> heads;  // [num_kv_heads][segments]
-
-  void Reset(int num_kv_heads) {
-    heads.resize(num_kv_heads);
-    for (auto& segments : heads) segments.clear();
-  }
-  int64_t num_tokens(int kv_head) const {
-    int64_t total = 0;
-    for (const auto& s : heads[kv_head]) total += s.num_tokens;
-    return total;
-  }
-};
+// The attention op's input types live below both kv and ops; the policies speak of them as kv's.
+using ::shadowkv::AttentionInput;
+using ::shadowkv::KvSegment;
 
 // Bytes held per memory tier (fast: GPU memory or RAM next to compute; slow: host RAM or file).
 struct MemoryUsage {

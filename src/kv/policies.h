@@ -1,11 +1,24 @@
-// Factories of the KV policies (one per policy file); MakeKvPolicy dispatches to them.
+// Factories of the KV policies (one per policy file); MakeKvPolicy dispatches to them. Also the
+// policies by kind, for code that branches on which one a setting names.
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "kv/kv_policy.h"
 
 namespace shadowkv::kv {
+
+// One per name of KnownKvPolicies(), in its order.
+enum class PolicyKind { kFull, kShadowKv, kSnapKv, kQuest, kStreaming };
+
+// The kind a policy name (KvPolicyConfig::policy) names; nullopt for a name that is not known.
+std::optional<PolicyKind> PolicyKindOf(std::string_view name);
+// Whether `config` names the policy of `kind`.
+inline bool IsPolicy(const KvPolicyConfig& config, PolicyKind kind) {
+  return PolicyKindOf(config.policy) == kind;
+}
 
 Result<std::unique_ptr<KvPolicy>> MakeFullPolicy(const KvPolicyConfig&, const KvGeometry&);
 Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig&, const KvGeometry&);

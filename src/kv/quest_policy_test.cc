@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kv/policy_test_util.h"
+#include "support/policy_test_util.h"
 
 namespace shadowkv::kv {
 namespace {

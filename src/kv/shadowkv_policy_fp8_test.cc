@@ -8,7 +8,7 @@
 #include <set>
 
 #include "core/fp8.h"
-#include "kv/shadowkv_test_util.h"
+#include "support/shadowkv_test_util.h"
 
 namespace shadowkv::kv {
 namespace {

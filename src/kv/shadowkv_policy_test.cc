@@ -11,8 +11,7 @@
 #include <thread>
 
 #include "kv/policies.h"
-#include "kv/shadowkv_test_util.h"
-#include "ops/cpu/attention.h"
+#include "support/shadowkv_test_util.h"
 
 namespace shadowkv::kv {
 namespace {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "kv/policy_test_util.h"
+#include "support/policy_test_util.h"
 
 namespace shadowkv::kv {
 namespace {

@@ -2,7 +2,7 @@
 // and the recent window after many appends, bounded memory.
 #include <gtest/gtest.h>
 
-#include "kv/policy_test_util.h"
+#include "support/policy_test_util.h"
 
 namespace shadowkv::kv {
 namespace {

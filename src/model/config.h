@@ -5,9 +5,9 @@
 #include <limits>
 #include <string>
 
+#include "core/rope.h"
 #include "core/status.h"
 #include "format/gguf.h"
-#include "ops/cpu/rope.h"
 
 namespace shadowkv {
 

@@ -65,6 +65,10 @@ expect_error synthetic_bench_default "without CUDA|not a number" "$bin" bench --
 expect_error tp_serve_cpu "needs --device cuda" "$bin" serve -m "$model" --tensor-parallel 2
 expect_error serve_pool_cpu "GPU's pool" "$bin" serve -m "$model" --ctx-size 512
 expect_error serve_prefill_slots_full "prefill-slots sizes ShadowKV" "$bin" serve -m "$model" --device cuda --kv full --prefill-slots 2
+for command in generate bench eval serve; do
+  expect_error "device_$command" "device: gpu not in \{cpu,cuda\}" "$bin" "$command" -m "$model" \
+    --device gpu
+done
 expect_error tp_zero "tensor-parallel" "$bin" generate -m "$model" -p hi --tensor-parallel 0
 
 echo "$passes passed, $failures failed"

@@ -1,13 +1,13 @@
 // A random bf16 KV cache for the attention tests, on both sides: device buffers for the kernels,
-// fp32 copies and kv::AttentionInput segments for the CPU op. Rows past each slot's length hold
+// fp32 copies and AttentionInput segments for the CPU op. Rows past each slot's length hold
 // NaN, so a kernel that reads them (even to multiply by zero) fails its comparison.
 #pragma once
 
 #include <vector>
 
+#include "core/attention_input.h"
 #include "gpu_test_util.h"
-#include "kv/kv_policy.h"
-#include "ops/cuda/kv_cache_view.cuh"
+#include "ops/cuda/common/kv_cache_view.cuh"
 
 namespace shadowkv::cuda::testing {
 
@@ -42,12 +42,12 @@ class RandomKvCache {
   const KvCacheView& view() const { return view_; }
 
   // The first `num_tokens` tokens of (slot, layer) as one segment per KV head.
-  kv::AttentionInput Segments(int slot, int layer, int32_t num_tokens, bool causal) const {
-    kv::AttentionInput input;
+  AttentionInput Segments(int slot, int layer, int32_t num_tokens, bool causal) const {
+    AttentionInput input;
     input.Reset(view_.num_kv_heads);
     for (int h = 0; h < view_.num_kv_heads; ++h) {
       const int64_t base = view_.HeadOffset(slot, layer, h);
-      input.heads[h].push_back(kv::KvSegment{keys_.data() + base, values_.data() + base,
+      input.heads[h].push_back(KvSegment{keys_.data() + base, values_.data() + base,
                                              num_tokens, view_.head_dim, causal, 0});
     }
     return input;

@@ -1,7 +1,7 @@
 // Whole-model parity: CudaModel against CpuModel (logits) on tiny random GGUF models: chunked
 // prefill, several sequences of different lengths, mixed prefill + decode steps, graph-replayed
 // decode steps; and the model's errors (out of memory, bad inputs) as Status values.
-#include "ops/cuda/cuda_model.h"
+#include "gpu/model/cuda_model.h"
 
 #include <cstdio>
 

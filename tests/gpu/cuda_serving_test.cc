@@ -1,7 +1,7 @@
 // The server's GPU model (CudaServingModel): its steps against the CPU model's on the same
 // inputs (one GPU, and split over two ranks on it), the scheduler over a pool smaller than the
 // requests, and ShadowKV serving that compresses long prompts and keeps short ones exact.
-#include "ops/cuda/cuda_serving_model.h"
+#include "gpu/serving/cuda_serving_model.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/tp/cuda_model_group.h"
 #include "gpu_test_util.h"
-#include "ops/cuda/tp/cuda_model_group.h"
 #include "server/scheduler.h"
 #include "tiny_model.h"
 

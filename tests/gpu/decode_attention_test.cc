@@ -1,7 +1,7 @@
 // GPU split-KV decode attention against the CPU attention op: every kernel variant, head dims
 // 64/128, GQA groups 1-8, one split or many, sequences of different lengths in one launch. With
 // SKV_GPU_BENCH=1 a micro-benchmark also times the variants at Llama-3-8B decode shapes.
-#include "ops/cuda/decode_attention.cuh"
+#include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -9,7 +9,7 @@
 
 #include "attention_test_util.h"
 #include "ops/cpu/attention.h"
-#include "ops/cuda/fill_random.cuh"
+#include "ops/cuda/elementwise/fill_random.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -55,7 +55,7 @@ void CheckDecode(int head_dim, int group, int num_splits, int variant) {
 
   const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale};
   std::vector<float> want(got.size());
-  std::vector<kv::AttentionInput> inputs;
+  std::vector<AttentionInput> inputs;
   for (int r = 0; r < rows; ++r) {
     inputs.push_back(cache.Segments(slots[r], layer, positions[r] + 1, false));
   }

@@ -1,5 +1,5 @@
 // GPU embedding lookup against the CPU op (DequantRow of a BF16 table): exact.
-#include "ops/cuda/embedding.cuh"
+#include "ops/cuda/elementwise/embedding.cuh"
 
 #include "gpu_test_util.h"
 #include "ops/cpu/gemm.h"

@@ -1,5 +1,5 @@
 // Device-side random weights: in range, uniform moments, the same values for the same seed.
-#include "ops/cuda/fill_random.cuh"
+#include "ops/cuda/elementwise/fill_random.cuh"
 
 #include "gpu_test_util.h"
 

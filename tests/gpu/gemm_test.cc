@@ -1,7 +1,7 @@
 // bf16 GEMMs (cuBLAS and the skinny decode kernel) against the CPU op (DequantGemm of a BF16
 // weight), fp32 and bf16 outputs. With SKV_GPU_BENCH=1 a micro-benchmark times a Llama-3-8B decode
 // step's GEMMs (32 layers and the head, 16 rows) per variant.
-#include "ops/cuda/gemm.h"
+#include "ops/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
 
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "ops/cuda/fill_random.cuh"
+#include "ops/cuda/elementwise/fill_random.cuh"
 
 #include "core/thread_pool.h"
 #include "gpu_test_util.h"

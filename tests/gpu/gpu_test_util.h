@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/half.h"
-#include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/device_buffer.h"
+#include "ops/cuda/common/cuda_backend.h"
+#include "ops/cuda/common/device_buffer.h"
 
 // First statement of every GPU test: skips, saying why, where no usable GPU is present.
 #define SKV_SKIP_WITHOUT_GPU()                                     \

@@ -2,7 +2,7 @@
 // prompts and later chunks (a cached prefix), several sequences in one launch, GQA groups that do
 // and do not divide the row tile, head dims 64 and 128. With SKV_GPU_BENCH=1 a micro-benchmark
 // also times the variants on the last 4096-query chunk of a 32K and of a 122K prompt.
-#include "ops/cuda/prefill_attention.cuh"
+#include "ops/cuda/attention/prefill_attention.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 
 #include "attention_test_util.h"
 #include "ops/cpu/attention.h"
-#include "ops/cuda/fill_random.cuh"
+#include "ops/cuda/elementwise/fill_random.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -58,7 +58,7 @@ void CheckPrefillVariant(int head_dim, int group, const std::vector<Chunk>& chun
 
   const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale};
   std::vector<float> want(got.size());
-  std::vector<kv::AttentionInput> inputs;
+  std::vector<AttentionInput> inputs;
   for (const Chunk& c : chunks) {
     inputs.push_back(cache.Segments(c.slot, layer, c.first_position + c.num_queries, true));
   }

@@ -1,10 +1,10 @@
 // GPU bias + RoPE + KV-cache append against the CPU ops (AddBias, Rope::Apply), both rotation
 // styles, partial rotary dims and large positions.
-#include "ops/cuda/qkv_rope.cuh"
+#include "ops/cuda/rope/qkv_rope.cuh"
 
+#include "core/rope.h"
 #include "gpu_test_util.h"
 #include "ops/cpu/elementwise.h"
-#include "ops/cpu/rope.h"
 
 namespace shadowkv::cuda {
 namespace {

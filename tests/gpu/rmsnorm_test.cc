@@ -1,5 +1,5 @@
 // GPU RMSNorm (with the fused residual add and the row gather) against the CPU ops.
-#include "ops/cuda/rmsnorm.cuh"
+#include "ops/cuda/norm/rmsnorm.cuh"
 
 #include "gpu_test_util.h"
 #include "ops/cpu/elementwise.h"

@@ -1,6 +1,6 @@
 // GPU next-token choice: argmax against the CPU Argmax (ties, NaN), and temperature sampling
 // against the softmax probabilities it must draw from.
-#include "ops/cuda/sampling.cuh"
+#include "ops/cuda/sampling/sampling.cuh"
 
 #include "engine/sampler.h"
 #include "gpu_test_util.h"

@@ -7,7 +7,7 @@
 
 #include "core/fp8.h"
 #include "gpu_test_util.h"
-#include "ops/cuda/shadowkv_kernels.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "ops/cuda/fill_random.cuh"
-#include "ops/cuda/shadowkv_kernels.cuh"
+#include "ops/cuda/elementwise/fill_random.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {

@@ -7,11 +7,11 @@
 #include <set>
 
 #include "core/fp8.h"
+#include "core/rope.h"
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
-#include "ops/cpu/rope.h"
-#include "ops/cuda/shadowkv_kernels.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {

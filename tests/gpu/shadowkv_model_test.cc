@@ -8,13 +8,13 @@
 #include <set>
 
 #include "engine/sampler.h"
+#include "gpu/bench/cuda_bench.h"
+#include "gpu/model/cuda_model.h"
+#include "gpu/model/shadowkv_plan.h"
 #include "gpu_test_util.h"
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
 #include "model/cpu_model.h"
-#include "ops/cuda/cuda_bench.h"
-#include "ops/cuda/cuda_model.h"
-#include "ops/cuda/shadowkv_plan.h"
 #include "tiny_model.h"
 
 namespace shadowkv::cuda {

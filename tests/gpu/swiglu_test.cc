@@ -1,5 +1,5 @@
 // GPU SwiGLU against the CPU op.
-#include "ops/cuda/swiglu.cuh"
+#include "ops/cuda/elementwise/swiglu.cuh"
 
 #include "gpu_test_util.h"
 #include "ops/cpu/elementwise.h"

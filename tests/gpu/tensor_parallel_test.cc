@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "gpu/tp/communicator.h"
 #include "gpu_test_util.h"
-#include "ops/cuda/tp/communicator.h"
 #include "tp_test_util.h"
 
 namespace shadowkv::cuda {

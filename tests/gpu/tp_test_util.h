@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "engine/sampler.h"
-#include "ops/cuda/cuda_model.h"
-#include "ops/cuda/tp/cuda_model_group.h"
+#include "gpu/model/cuda_model.h"
+#include "gpu/tp/cuda_model_group.h"
 #include "tiny_model.h"
 
 namespace shadowkv::cuda::tp_testing {

@@ -38,7 +38,7 @@ inline float Dot(const float* a, const float* b, int d) {
 
 // scores[r * ld + t] = scale * q_r · k_t for t < columns. Few rows (decode): direct loops that
 // stream the keys once; many rows (prefill): BLAS.
-void ScoreRows(const float* q, int q_stride, int rows, const kv::KvSegment& s, int64_t columns,
+void ScoreRows(const float* q, int q_stride, int rows, const KvSegment& s, int64_t columns,
                int d, float scale, float* scores, int64_t ld) {
   if (rows > 8) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, static_cast<int>(columns), d, scale,
@@ -52,7 +52,7 @@ void ScoreRows(const float* q, int q_stride, int rows, const kv::KvSegment& s, i
 }
 
 // out_r (+)= Σ_t p[r * ld + t] · v_t for t < columns.
-void AccumulateValues(const float* p, int64_t ld, int rows, const kv::KvSegment& s, int64_t columns,
+void AccumulateValues(const float* p, int64_t ld, int rows, const KvSegment& s, int64_t columns,
                       int d, bool overwrite, float* out, int out_stride) {
   if (rows > 8) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, static_cast<int>(columns), 1.0f,

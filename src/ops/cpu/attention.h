@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/attention_input.h"
 #include "core/thread_pool.h"
-#include "kv/kv_policy.h"
 
 namespace shadowkv {
 
@@ -15,7 +15,7 @@ struct AttentionJob {
   float* out = nullptr;            // [num_queries, num_query_heads * head_dim]
   int num_queries = 0;
   int64_t first_position = 0;      // position of query 0 (queries are consecutive)
-  const kv::AttentionInput* input = nullptr;
+  const AttentionInput* input = nullptr;
 };
 
 struct AttentionShape {

@@ -28,7 +28,7 @@ void CheckAgainstReference(int num_queries, int64_t first_position, int prefix_t
   auto values = RandomVector(static_cast<size_t>(total) * width, rng);
   auto queries = RandomVector(static_cast<size_t>(num_queries) * q_width, rng);
 
-  kv::AttentionInput input;
+  AttentionInput input;
   input.Reset(shape.num_kv_heads);
   for (int h = 0; h < shape.num_kv_heads; ++h) {
     // A non-causal prefix split in two segments, then the causal tail holding the queries' keys.
@@ -61,7 +61,7 @@ TEST(AttentionTest, FirstChunkIsCausalOnly) { CheckAgainstReference(70, 0, 0, 1)
 TEST(AttentionTest, SingleKeyReturnsItsValue) {
   AttentionShape shape{2, 1, 4, 1.0f};
   std::vector<float> k = {1, 2, 3, 4}, v = {5, 6, 7, 8}, q(8, 0.5f), out(8);
-  kv::AttentionInput input;
+  AttentionInput input;
   input.Reset(1);
   input.heads[0].push_back({k.data(), v.data(), 1, 4, true, 9});
   AttentionJob job{q.data(), out.data(), 1, 9, &input};

@@ -1,0 +1,233 @@
+// CudaModel's state: device weights, step buffers, the KV cache, stream, cuBLAS and graphs.
+// Internal to the CUDA backend.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "gpu/model/cuda_model.h"
+#include "gpu/model/shadowkv_plan.h"
+#include "model/tensor_parallel.h"
+#include "ops/cuda/attention/prefill_attention.cuh"
+#include "ops/cuda/common/device_buffer.h"
+#include "ops/cuda/common/kv_cache_view.cuh"
+#include "ops/cuda/gemm/gemm.h"
+#include "ops/cuda/sampling/sampling.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
+
+namespace shadowkv::cuda {
+
+using Bf16 = __nv_bfloat16;
+
+struct DeviceLayer {
+  DeviceBuffer<Bf16> qkv;       // [q_width + 2 * kv_width, hidden]: q rows, then k, then v
+  DeviceBuffer<float> qkv_bias;  // [q_width + 2 * kv_width] (qwen2) or empty
+  DeviceBuffer<Bf16> o;         // [hidden, q_width]
+  DeviceBuffer<Bf16> gate_up;   // [2 * ffn, hidden]: gate rows, then up rows
+  DeviceBuffer<Bf16> down;      // [hidden, ffn]
+  DeviceBuffer<float> attn_norm;  // [hidden]
+  DeviceBuffer<float> ffn_norm;   // [hidden]
+};
+
+// Per-step metadata, mirrored in pinned host memory and uploaded as one block before each step
+// (a replayed graph reads the fresh values from the same addresses).
+struct StepMeta {
+  int32_t* tokens = nullptr;     // [max_rows] token of each row
+  int32_t* slots = nullptr;      // [max_rows] slot of each row
+  int32_t* positions = nullptr;  // [max_rows] position of each row
+  int32_t* logit_rows = nullptr;  // [max_batch] rows whose logits are wanted
+  PrefillSequence* sequences = nullptr;  // [max_batch] prefill chunks
+  SamplingControl* control = nullptr;
+  int32_t* next_tokens = nullptr;  // [max_batch] written by the sampler
+};
+
+// What one step runs; decode rows come first, then the prefill chunks' rows.
+struct StepPlan {
+  int rows = 0;
+  int decode_rows = 0;
+  int num_prefill = 0;
+  int max_prefill_queries = 0;
+  int logit_rows = 0;
+  bool sample = false;
+  bool shadowkv = false;  // decode rows over ShadowKV sequences (slots are sequence indices)
+  // ShadowKV: some row graduates a chunk at this step (else the graduation kernels, which
+  // would do nothing, are left out; such steps replay a graph of their own).
+  bool skv_graduates = true;
+};
+
+enum class OpKind {
+  kGemm, kAttention, kOther, kSkvScoring, kSkvRebuild, kSkvFetch, kSkvGraduate, kAllReduce
+};
+
+// ShadowKV sequences on the device (see shadowkv_kernels.cuh for the layout).
+struct ShadowKvState {
+  kv::KvPolicyConfig config;
+  SkvGeometry geometry;
+  SkvLayout layout;  // device pointers into the buffers below
+  int num_sequences = 0;
+  DeviceBuffer<Bf16> attn_keys, attn_values, keys_pre, coefficients, basis, landmarks;
+  DeviceBuffer<uint8_t> landmark_codes;  // FP8 landmarks instead of `landmarks`
+  DeviceBuffer<float> landmark_scales;
+  DeviceBuffer<uint8_t> outlier;
+  DeviceBuffer<int32_t> slot_chunk;
+  DeviceBuffer<SkvSequenceInfo> info;
+  DeviceBuffer<Bf16*> value_table;
+  DeviceBuffer<unsigned long long> counters;
+  std::vector<DeviceBuffer<Bf16>> device_values;  // [seq], empty where on the host
+  std::vector<Bf16*> host_values;                 // [seq] pinned, or null
+  std::vector<Bf16*> value_pointers;              // [seq] what value_table holds
+  std::vector<SkvSequenceInfo> host_info;         // [seq]
+  std::vector<int64_t> lengths;                   // [seq] tokens held, 0 = not compressed
+  std::vector<int64_t> exact_first0;              // [seq] first exact position after compression
+  double compress_seconds = 0;
+  // Step scratch and per-row plans (pinned mirror uploaded before each step).
+  DeviceBuffer<float> logits;       // [max_batch, query heads, capacity_chunks]
+  DeviceBuffer<float> softmax_partials;  // [max_batch, query heads, SkvScoreBlocks(capacity), 2]
+  DeviceBuffer<int32_t> miss_chunk;  // [max_batch, kv heads, max_budget]
+  DeviceBuffer<uint8_t> meta_block;
+  uint8_t* host_meta_block = nullptr;
+  int64_t meta_bytes = 0;
+  SkvRowMeta* row_meta = nullptr;  // device [max_batch]
+  int32_t* attn_rows = nullptr;    // device [max_batch]
+  int32_t* pre_rows = nullptr;     // device [max_batch]
+  int32_t* attn_last = nullptr;    // device [max_batch]
+  cudaStream_t side_stream = nullptr;  // value fetch, beside the key rebuild
+  cudaEvent_t fork = nullptr, join = nullptr;
+  // The second half of a graph-replayed step's rows (see RunShadowKvAttention): its selection
+  // and gathers run on their own streams; start / done join it to the step.
+  struct {
+    cudaStream_t stream = nullptr, fetch_stream = nullptr;
+    cudaEvent_t start = nullptr, fork = nullptr, join = nullptr, done = nullptr;
+  } half;
+  // Decode step by batch size n, or -n for steps where no row graduates.
+  std::map<int, cudaGraphExec_t> graphs;
+
+  ~ShadowKvState();
+  void DropGraphs();
+};
+
+// The ShadowKV decode step's kernel settings from the model's CudaKernelOptions, each brought
+// into its range (shadowkv_decode.cc).
+struct SkvDecodeSettings {
+  int kernel_variant = kSkvKernelsFast;
+  int coarse_select = 1;
+  int select_registers = 0;
+  bool split_rows = true;
+  int split_share = 50;
+  int rebuild_slots = 0;
+  int attention_splits = 0;
+};
+SkvDecodeSettings ShadowKvDecodeSettings(const CudaKernelOptions& options);
+
+// Events between ops of an un-graphed step.
+class StepProfiler {
+ public:
+  ~StepProfiler();
+  Status Mark(OpKind kind, cudaStream_t stream);  // the op just issued ends here
+  Result<StepBreakdown> Collect();                // after the stream finished
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<OpKind> kinds_;  // kinds_[i]: the op between events_[i] and events_[i + 1]
+};
+
+struct CudaModel::Impl {
+  ~Impl();
+
+  ModelConfig config;  // the shard's shapes under tensor parallelism
+  CudaModelOptions options;
+  TensorParallelShard shard;  // the whole model (one rank) unless options.communicator
+  bool synthetic = false;
+  int q_width = 0, kv_width = 0, qkv_width = 0, max_rows = 0, target_blocks = 0;
+
+  // Weights.
+  std::vector<DeviceLayer> layers;
+  DeviceBuffer<Bf16> token_embd;  // [vocab, hidden]
+  DeviceBuffer<Bf16> output_own;  // [vocab, hidden] when not tied
+  const Bf16* output = nullptr;   // output_own or token_embd
+  DeviceBuffer<float> output_norm;  // [hidden]
+  DeviceBuffer<float> inv_freq;     // [rotary_dim / 2]
+
+  // Step buffers, [max_rows, width] unless noted.
+  DeviceBuffer<float> x;         // residual stream
+  DeviceBuffer<Bf16> xn;         // normalised rows (GEMM input)
+  DeviceBuffer<float> qkv;       // [max_rows, qkv_width]
+  DeviceBuffer<Bf16> q;          // [max_rows, q_width]
+  DeviceBuffer<Bf16> attn;       // [max_rows, q_width]
+  DeviceBuffer<float> proj;      // [max_rows, hidden] o-proj or down-proj output
+  DeviceBuffer<Bf16> gate_up;    // [max_rows, 2 * ffn]
+  DeviceBuffer<Bf16> act;        // [max_rows, ffn]
+  DeviceBuffer<float> logits;    // [max_batch, vocab]
+  DeviceBuffer<float> partial_out;  // [max_batch, num_query_heads, kDecodeMaxSplits, head_dim]
+  DeviceBuffer<float> partial_lse;  // [max_batch, num_query_heads, kDecodeMaxSplits]
+  DeviceBuffer<uint8_t> meta_block;
+  StepMeta meta;            // device pointers into meta_block
+  StepMeta host_meta;       // the same layout in host_meta_block
+  uint8_t* host_meta_block = nullptr;  // pinned
+  int64_t meta_bytes = 0;
+  float* host_logits = nullptr;  // pinned [max_batch, vocab]
+
+  // KV cache.
+  DeviceBuffer<Bf16> kv_keys, kv_values;
+  DeviceBuffer<Bf16> kv_keys_pre;  // [slots, layers, capacity, kv_width] or empty
+  KvCacheView cache;
+  std::vector<int64_t> lengths;  // [num_slots]
+
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DeviceBuffer<uint8_t> cublas_workspace;
+  std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
+  uint64_t sample_step = 0;               // random stream of the next sampled step
+  std::unique_ptr<ShadowKvState> skv;      // ShadowKV sequences, when allocated
+  // The (GEMM role, rows) pairs this rank has run inside a step (see Gemm).
+  std::set<std::pair<int, int64_t>> gemm_shapes;
+
+  Status Init();  // stream, cuBLAS, step buffers (after config/options are set)
+  Status AllocateWeights();
+  void DropGraphs();
+  int64_t DecodeWeightBytes() const;
+  int64_t ActivationBytes() const;
+
+  // One GEMM of a step on `stream`. Under tensor parallelism a rank's first GEMM of a shape
+  // runs with no collective in flight on any rank: cuBLAS loads that shape's kernels then, the
+  // driver's load waits for the device to go idle while holding a lock the other ranks' cuBLAS
+  // calls wait for, and a collective of this rank in flight waits for one of them (a stop seen
+  // on two H200s: one rank in cuLibraryLoadData, the other on cuBLAS's mutex). So the rank
+  // drains its stream (outside graph capture), meets every rank, runs it, and meets them again.
+  // `role` names which GEMM of the step this is (the same on every rank): with the row count it
+  // fixes the shape, and every rank meets the same (role, rows) pairs in the same order, so
+  // they all take this path together.
+  Status Gemm(const GemmParams& params, int role);
+  // The whole step on `stream`, from the uploaded metadata; profiler may be null.
+  Status RunStep(const StepPlan& plan, StepProfiler* profiler);
+  Status Upload();  // host_meta_block -> meta_block
+  // Runs an uploaded decode step of tokens.size() rows: replays (capturing on first use) the
+  // graph for that batch size in `graphs`, or runs it op by op when profiling or graphs are
+  // off; the sampled tokens come back in `tokens`, the logits in `logits_out` when not null,
+  // and each row's entry of `lengths` (indexed by `ids`, its slot or sequence) grows by one.
+  Status ExecuteDecodeStep(const StepPlan& plan, StepProfiler* profiler,
+                           std::map<int, cudaGraphExec_t>* graphs, std::span<const int> ids,
+                           std::vector<int64_t>& lengths, std::span<int32_t> tokens,
+                           float* logits_out);
+  Status CheckSlots(std::span<const int> slots) const;
+  // The ShadowKV part of one decode layer, after the QKV/RoPE kernel.
+  Status RunShadowKvAttention(const StepPlan& plan, int layer, StepProfiler* profiler);
+  Status ShadowKvDecodeStepImpl(std::span<const int> seqs, std::span<int32_t> tokens,
+                                const CudaSampling& sampling, float* logits_out,
+                                StepProfiler* profiler);
+  Status DecodeStepImpl(std::span<const int> slots, std::span<int32_t> tokens,
+                        const CudaSampling& sampling, float* logits_out, StepProfiler* profiler);
+};
+
+// Errors unless ShadowKV sequences are allocated / unless `seq` is one of them.
+Status NeedShadowKv(const CudaModel::Impl& m);
+Status CheckSeq(const ShadowKvState& s, int seq);
+
+}  // namespace shadowkv::cuda

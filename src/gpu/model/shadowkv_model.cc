@@ -1,0 +1,620 @@
+// CudaModel's ShadowKV sequences: allocation, compression of a prefilled full-cache slot
+// (Gram matrix on the GPU, top-r eigenvectors on the CPU, A, landmarks, outliers, values),
+// copies, snapshots and statistics. The decode step is in shadowkv_decode.cc.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <cblas.h>
+
+#include "core/half.h"
+#include "gpu/model/cuda_model_impl.h"
+#include "kv/chunk_selection.h"
+#include "kv/low_rank.h"
+#include "ops/cuda/gemm/gemm.h"
+
+namespace shadowkv::cuda {
+
+ShadowKvState::~ShadowKvState() {
+  DropGraphs();
+  for (Bf16* pointer : host_values) {
+    if (pointer) (void)cudaFreeHost(pointer);
+  }
+  if (host_meta_block) (void)cudaFreeHost(host_meta_block);
+  for (cudaEvent_t event : {fork, join, half.start, half.fork, half.join, half.done}) {
+    if (event) (void)cudaEventDestroy(event);
+  }
+  for (cudaStream_t other : {side_stream, half.stream, half.fetch_stream}) {
+    if (other) (void)cudaStreamDestroy(other);
+  }
+}
+
+Status NeedShadowKv(const CudaModel::Impl& m) {
+  if (!m.skv) return Error(ErrorCode::kInvalidArgument, "no ShadowKV sequences: AllocateShadowKv");
+  return Status::Ok();
+}
+
+Status CheckSeq(const ShadowKvState& s, int seq) {
+  if (seq < 0 || seq >= s.num_sequences) {
+    return Error(ErrorCode::kInvalidArgument, "ShadowKV sequence {} is outside [0, {})", seq,
+                 s.num_sequences);
+  }
+  return Status::Ok();
+}
+
+void ShadowKvState::DropGraphs() {
+  for (auto& [batch, exec] : graphs) (void)cudaGraphExecDestroy(exec);
+  graphs.clear();
+}
+
+namespace {
+
+// Pushes the value pointers to the device table.
+Status UploadValueTable(ShadowKvState& s, cudaStream_t stream) {
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.value_table.get(), s.value_pointers.data(),
+                                           s.value_pointers.size() * sizeof(Bf16*),
+                                           cudaMemcpyHostToDevice, stream));
+  return cudaStreamSynchronize(stream) == cudaSuccess
+             ? Status::Ok()
+             : Error(ErrorCode::kInternal, "value table upload failed");
+}
+
+}  // namespace
+
+Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
+    const kv::KvPolicyConfig& config, int64_t capacity) const {
+  const ModelConfig& c = impl_->config;
+  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
+                                                      c.head_dim, capacity));
+  return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.ValueBytesPerSequence()};
+}
+
+Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences,
+                                   int64_t capacity) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.config;
+  FreeShadowKv();
+  if (num_sequences < 1) {
+    return Error(ErrorCode::kInvalidArgument, "{} ShadowKV sequences", num_sequences);
+  }
+  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
+                                                      c.head_dim, capacity));
+  auto s = std::make_unique<ShadowKvState>();
+  const bool fast = ShadowKvDecodeSettings(m.options.kernels).kernel_variant == kSkvKernelsFast;
+  if (config.select_successors != 0 && !fast) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
+                 "the fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
+  }
+  if (config.fp8_landmarks != 0 && !fast) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "
+                 "fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
+  }
+  s->config = config;
+  s->geometry = g;
+  s->num_sequences = num_sequences;
+  const int64_t n = num_sequences, layers = c.num_layers, heads = c.num_kv_heads;
+  const int64_t d = c.head_dim, width = g.kv_width();
+  const int64_t chunked_rows = static_cast<int64_t>(g.capacity_chunks) * g.chunk_size;
+  auto sized = [&](Status status) -> Status {
+    if (status.ok()) return status;
+    return Error(status.code(), "ShadowKV state of {} sequences x {} tokens ({:.2f} GiB): {}",
+                 num_sequences, capacity,
+                 static_cast<double>(n * g.DeviceBytesPerSequence()) / (1 << 30),
+                 status.message());
+  };
+  SKV_RETURN_IF_ERROR(sized(s->attn_keys.Allocate(n * layers * heads * g.attn_capacity * d)));
+  SKV_RETURN_IF_ERROR(sized(s->attn_values.Allocate(n * layers * heads * g.attn_capacity * d)));
+  SKV_RETURN_IF_ERROR(sized(s->keys_pre.Allocate(n * layers * g.recent_capacity * width)));
+  SKV_RETURN_IF_ERROR(sized(s->coefficients.Allocate(n * layers * chunked_rows * g.rank)));
+  SKV_RETURN_IF_ERROR(sized(s->basis.Allocate(n * layers * g.rank * width)));
+  const int64_t landmarks = n * layers * heads * g.capacity_chunks;
+  if (g.fp8_landmarks) {
+    SKV_RETURN_IF_ERROR(sized(s->landmark_codes.Allocate(landmarks * d)));
+    SKV_RETURN_IF_ERROR(sized(s->landmark_scales.Allocate(landmarks)));
+  } else {
+    SKV_RETURN_IF_ERROR(sized(s->landmarks.Allocate(landmarks * d)));
+  }
+  SKV_RETURN_IF_ERROR(sized(s->outlier.Allocate(n * layers * heads * g.capacity_chunks)));
+  SKV_RETURN_IF_ERROR(sized(s->slot_chunk.Allocate(n * layers * heads * g.max_budget)));
+  SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
+  SKV_RETURN_IF_ERROR(sized(s->value_table.Allocate(n)));
+  SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2 * n)));
+  const int64_t batch = m.options.max_batch;
+  SKV_RETURN_IF_ERROR(sized(s->logits.Allocate(batch * c.num_query_heads * g.capacity_chunks)));
+  SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
+      batch * c.num_query_heads * SkvScoreBlocks(static_cast<int>(g.capacity_chunks)) * 2)));
+  SKV_RETURN_IF_ERROR(sized(s->miss_chunk.Allocate(batch * heads * g.max_budget)));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->info.get(), 0, s->info.bytes()));
+
+  // Per-row plans: [SkvRowMeta x batch] then three int arrays, one block uploaded per step.
+  const int64_t at_rows = 0, at_attn = batch * sizeof(SkvRowMeta), at_pre = at_attn + batch * 4,
+                at_last = at_pre + batch * 4;
+  s->meta_bytes = at_last + batch * 4;
+  SKV_RETURN_IF_ERROR(s->meta_block.Allocate(s->meta_bytes));
+  void* host_block = nullptr;
+  SKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host_block, s->meta_bytes, cudaHostAllocDefault));
+  s->host_meta_block = static_cast<uint8_t*>(host_block);
+  std::memset(s->host_meta_block, 0, s->meta_bytes);
+  s->row_meta = reinterpret_cast<SkvRowMeta*>(s->meta_block.get() + at_rows);
+  s->attn_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_attn);
+  s->pre_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_pre);
+  s->attn_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_last);
+  for (cudaStream_t* created : {&s->side_stream, &s->half.stream, &s->half.fetch_stream}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(created, cudaStreamNonBlocking));
+  }
+  for (cudaEvent_t* created :
+       {&s->fork, &s->join, &s->half.start, &s->half.fork, &s->half.join, &s->half.done}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(created, cudaEventDisableTiming));
+  }
+
+  s->device_values.resize(n);
+  s->host_values.assign(n, nullptr);
+  s->value_pointers.assign(n, nullptr);
+  s->host_info.assign(n, SkvSequenceInfo{});
+  s->lengths.assign(n, 0);
+  s->exact_first0.assign(n, 0);
+
+  SkvLayout& l = s->layout;
+  l.num_layers = c.num_layers;
+  l.num_kv_heads = c.num_kv_heads;
+  l.head_dim = c.head_dim;
+  l.group = c.num_query_heads / c.num_kv_heads;
+  l.chunk_size = g.chunk_size;
+  l.rank = g.rank;
+  l.capacity_chunks = g.capacity_chunks;
+  l.max_budget = g.max_budget;
+  l.recent_capacity = g.recent_capacity;
+  l.attn.keys = s->attn_keys.get();
+  l.attn.values = s->attn_values.get();
+  l.attn.num_slots = num_sequences;
+  l.attn.num_layers = c.num_layers;
+  l.attn.num_kv_heads = c.num_kv_heads;
+  l.attn.head_dim = c.head_dim;
+  l.attn.capacity = g.attn_capacity;
+  l.keys_pre = s->keys_pre.get();
+  l.coefficients = s->coefficients.get();
+  l.basis = s->basis.get();
+  l.landmarks = s->landmarks.get();
+  l.fp8_landmarks = g.fp8_landmarks ? 1 : 0;
+  l.landmark_codes = s->landmark_codes.get();
+  l.landmark_scales = s->landmark_scales.get();
+  l.fp8_values = g.fp8_values ? 1 : 0;
+  l.outlier = s->outlier.get();
+  l.slot_chunk = s->slot_chunk.get();
+  l.values = s->value_table.get();
+  l.info = s->info.get();
+  l.counters = s->counters.get();
+  const cudaError_t configured = SkvConfigureKernels(l);
+  if (configured == cudaErrorInvalidValue) {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV kernels do not support this shape (head_dim {}, group {}, rank {}, "
+                 "budget {} chunks, {} chunks of capacity)",
+                 c.head_dim, l.group, g.rank, g.max_budget, g.capacity_chunks);
+  }
+  SKV_CUDA_RETURN_IF_ERROR(configured);
+  SKV_RETURN_IF_ERROR(UploadValueTable(*s, m.stream));
+  m.skv = std::move(s);
+  return Status::Ok();
+}
+
+void CudaModel::FreeShadowKv() { impl_->skv.reset(); }
+
+Status CudaModel::AllocateShadowKvValues(int seq, bool on_host) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has values", seq);
+  const int64_t bytes = s.geometry.ValueBytesPerSequence();
+  if (on_host) {
+    void* pointer = nullptr;
+    const cudaError_t error = cudaHostAlloc(&pointer, static_cast<size_t>(bytes),
+                                            cudaHostAllocMapped | cudaHostAllocPortable);
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Error(ErrorCode::kResourceExhausted, "pinned host memory for the values of a "
+                   "ShadowKV sequence ({:.2f} GiB): {}", static_cast<double>(bytes) / (1 << 30),
+                   cudaGetErrorString(error));
+    }
+    void* device_pointer = nullptr;
+    SKV_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&device_pointer, pointer, 0));
+    s.host_values[seq] = static_cast<Bf16*>(pointer);
+    s.value_pointers[seq] = static_cast<Bf16*>(device_pointer);
+  } else {
+    SKV_RETURN_IF_ERROR(s.device_values[seq].Allocate(bytes / 2));
+    s.value_pointers[seq] = s.device_values[seq].get();
+  }
+  s.DropGraphs();
+  return UploadValueTable(s, m.stream);
+}
+
+Status CudaModel::FreeShadowKvValues(int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (!s.value_pointers[seq]) return Status::Ok();
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+  s.DropGraphs();  // they may read the table entry
+  if (s.host_values[seq]) SKV_CUDA_RETURN_IF_ERROR(cudaFreeHost(s.host_values[seq]));
+  s.host_values[seq] = nullptr;
+  s.device_values[seq].Reset();
+  s.value_pointers[seq] = nullptr;
+  s.lengths[seq] = 0;
+  return UploadValueTable(s, m.stream);
+}
+
+Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
+  using Clock = std::chrono::steady_clock;
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (full_slot < 0 || full_slot >= m.cache.num_slots) {
+    return Error(ErrorCode::kInvalidArgument, "full-cache slot {} is outside [0, {})", full_slot,
+                 m.cache.num_slots);
+  }
+  if (m.kv_keys_pre.size() == 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "the full cache keeps no pre-RoPE keys: AllocateKvCache(..., true)");
+  }
+  if (!s.value_pointers[seq]) {
+    return Error(ErrorCode::kInvalidArgument, "sequence {} has no value store", seq);
+  }
+  const auto start = Clock::now();
+  const ModelConfig& c = m.config;
+  const SkvGeometry& g = s.geometry;
+  const SkvLayout& l = s.layout;
+  const int64_t prompt = m.lengths[full_slot];
+  SKV_ASSIGN_OR_RETURN(SkvCompressionPlan plan, PlanSkvCompression(s.config, g, prompt));
+  const int layers = c.num_layers, heads = c.num_kv_heads, d = c.head_dim, chunk = g.chunk_size;
+  const int width = g.kv_width(), rank = g.rank;
+  const int64_t chunked = plan.exact_first, num_chunks = plan.num_chunks;
+  const int64_t recent = prompt - chunked;
+  const int outliers = plan.info.outlier_chunks;
+  cudaStream_t stream = m.stream;
+  auto pre_keys = [&](int layer) {
+    return m.kv_keys_pre.get() +
+           (static_cast<int64_t>(full_slot) * layers + layer) * m.cache.capacity * width;
+  };
+
+  // 1. Gram matrices of every layer's pre-RoPE keys (all prompt rows), fp32 on the tensor cores.
+  DeviceBuffer<float> gram;
+  SKV_RETURN_IF_ERROR(gram.Allocate(static_cast<int64_t>(layers) * width * width));
+  const float one = 1.0f, zero = 0.0f;
+  for (int layer = 0; layer < layers; ++layer) {
+    // Row-major X [prompt, width] is column-major Xᵀ; G = Xᵀ·X = (Xᵀ)·(Xᵀ)ᵀ.
+    SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one,
+        pre_keys(layer), CUDA_R_16BF, width, pre_keys(layer), CUDA_R_16BF, width, &zero,
+        gram.get() + static_cast<int64_t>(layer) * width * width, CUDA_R_32F, width,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  std::vector<float> gram_host(static_cast<size_t>(layers) * width * width);
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gram_host.data(), gram.get(), gram.bytes(),
+                                           cudaMemcpyDeviceToHost, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  gram.Reset();
+
+  // 2. Top-r eigenvectors per layer on the CPU (the reference's solver, in fp32 like the Gram
+  //    it is given), layers in parallel threads. OpenBLAS runs single-threaded meanwhile:
+  //    concurrent callers of its threaded server serialise (measured: 12 s for 32 layers of
+  //    width 1024 on 16 cores).
+  std::vector<uint16_t> basis_host(static_cast<size_t>(layers) * rank * width);
+  std::vector<Status> fits(layers, Status::Ok());
+  const int blas_threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  {
+    const int threads = std::max(1, std::min<int>(layers, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        for (int layer = t; layer < layers; layer += threads) {
+          const std::span<const float> layer_gram(
+              gram_host.data() + static_cast<size_t>(layer) * width * width,
+              static_cast<size_t>(width) * width);
+          auto fit = kv::FitLowRankBasis(layer_gram, width, rank);
+          if (!fit.ok()) {
+            fits[layer] = fit.status();
+            continue;
+          }
+          uint16_t* target = basis_host.data() + static_cast<size_t>(layer) * rank * width;
+          for (size_t i = 0; i < fit->basis.size(); ++i) target[i] = Fp32ToBf16(fit->basis[i]);
+        }
+      });
+    }
+    for (std::thread& thread : pool) thread.join();
+  }
+  openblas_set_num_threads(blas_threads);
+  for (const Status& fit : fits) SKV_RETURN_IF_ERROR(fit);
+  Bf16* basis = l.basis + static_cast<int64_t>(seq) * layers * rank * width;
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(basis, basis_host.data(),
+                                           basis_host.size() * sizeof(uint16_t),
+                                           cudaMemcpyHostToDevice, stream));
+
+  // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
+  //    values, every chunk's quantised value run).
+  DeviceBuffer<float> min_cosine;
+  SKV_RETURN_IF_ERROR(min_cosine.Allocate(static_cast<int64_t>(layers) * heads * num_chunks));
+  for (int layer = 0; layer < layers; ++layer) {
+    GemmParams gp;
+    gp.x = pre_keys(layer);
+    gp.weight = basis + static_cast<int64_t>(layer) * rank * width;
+    gp.y = l.coefficients + (static_cast<int64_t>(seq) * layers + layer) * g.capacity_chunks *
+                                chunk * rank;
+    gp.output = GemmOutput::kBfloat16;
+    gp.rows = chunked;
+    gp.in = width;
+    gp.out = rank;
+    gp.variant = m.options.kernels.gemm_variant;
+    SKV_RETURN_IF_ERROR(RunGemm(m.cublas, gp));
+    SkvLandmarkParams lp;
+    lp.layout = l;
+    lp.seq = seq;
+    lp.layer = layer;
+    lp.cache = m.cache;
+    lp.cache_slot = full_slot;
+    lp.num_chunks = static_cast<int>(num_chunks);
+    lp.min_cosine = min_cosine.get() + static_cast<int64_t>(layer) * heads * num_chunks;
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvLandmarks(lp, stream));
+    if (g.fp8_values) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreValuesFp8(lp, stream));
+  }
+  std::vector<float> min_cosine_host(static_cast<size_t>(min_cosine.size()));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(min_cosine_host.data(), min_cosine.get(),
+                                           min_cosine.bytes(), cudaMemcpyDeviceToHost, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+
+  // 4. Outliers per (layer, head) by the CPU's own rule; their exact K/V into the buffer.
+  std::vector<int32_t> outlier_host(static_cast<size_t>(layers) * heads * outliers);
+  for (int layer = 0; layer < layers; ++layer) {
+    for (int h = 0; h < heads; ++h) {
+      const float* values =
+          min_cosine_host.data() + (static_cast<size_t>(layer) * heads + h) * num_chunks;
+      const std::vector<int32_t> picked =
+          kv::PickOutlierChunks(std::span<const float>(values, num_chunks), outliers);
+      std::copy(picked.begin(), picked.end(),
+                outlier_host.begin() + (static_cast<size_t>(layer) * heads + h) * outliers);
+    }
+  }
+  DeviceBuffer<int32_t> outlier_list;
+  SKV_RETURN_IF_ERROR(outlier_list.Allocate(std::max<int64_t>(1, outlier_host.size())));
+  if (!outlier_host.empty()) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(outlier_list.get(), outlier_host.data(),
+                                             outlier_host.size() * 4, cudaMemcpyHostToDevice,
+                                             stream));
+  }
+  const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
+  for (int layer = 0; layer < layers; ++layer) {
+    SkvOutlierParams op;
+    op.layout = l;
+    op.seq = seq;
+    op.layer = layer;
+    op.cache = m.cache;
+    op.cache_slot = full_slot;
+    op.outliers = outlier_list.get() + static_cast<int64_t>(layer) * heads * outliers;
+    op.num_outliers = outliers;
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvPlaceOutliers(op, stream));
+    // 5. Values of every chunk to the store (one run per chunk per head), the exact window
+    //    (post-RoPE K, V, pre-RoPE K) to the recent rows.
+    const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, layer, 0);
+    const Bf16* cache_keys = m.cache.keys + m.cache.HeadOffset(full_slot, layer, 0);
+    const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
+    if (!g.fp8_values) {  // (FP8 runs were quantised with the landmarks, step 3)
+      Bf16* store = s.value_pointers[seq] +
+                    static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          store, static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes, cache_values,
+          cache_pitch, chunked * row_bytes, heads, cudaMemcpyDefault, stream));
+    }
+    const int64_t attn_head0 = l.attn.HeadOffset(seq, layer, 0) +
+                               static_cast<int64_t>(plan.info.recent_base) * d;
+    const size_t attn_pitch = static_cast<size_t>(l.attn.capacity) * row_bytes;
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(l.attn.keys + attn_head0, attn_pitch,
+                                               cache_keys + chunked * d, cache_pitch,
+                                               recent * row_bytes, heads,
+                                               cudaMemcpyDeviceToDevice, stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(l.attn.values + attn_head0, attn_pitch,
+                                               cache_values + chunked * d, cache_pitch,
+                                               recent * row_bytes, heads,
+                                               cudaMemcpyDeviceToDevice, stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        l.keys_pre + (static_cast<int64_t>(seq) * layers + layer) * g.recent_capacity * width,
+        pre_keys(layer) + chunked * width, recent * width * sizeof(Bf16),
+        cudaMemcpyDeviceToDevice, stream));
+  }
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
+      static_cast<size_t>(layers) * heads * g.max_budget * 4, stream));
+  SKV_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(l.SequenceCounters(seq), 0, 2 * sizeof(unsigned long long), stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.info.get() + seq, &plan.info, sizeof(plan.info),
+                                           cudaMemcpyHostToDevice, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  s.host_info[seq] = plan.info;
+  s.lengths[seq] = prompt;
+  s.exact_first0[seq] = chunked;
+  s.compress_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return Status::Ok();
+}
+
+namespace {
+
+// Every per-sequence device buffer of the state, in one fixed order.
+template <typename Visit>
+Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
+  auto part = [&](auto& buffer) -> Status {
+    if (buffer.size() == 0) return Status::Ok();  // a form not used by these settings
+    const int64_t per = buffer.size() / s.num_sequences * sizeof(*buffer.get());
+    return visit(reinterpret_cast<uint8_t*>(buffer.get()), per);
+  };
+  SKV_RETURN_IF_ERROR(part(s.attn_keys));
+  SKV_RETURN_IF_ERROR(part(s.attn_values));
+  SKV_RETURN_IF_ERROR(part(s.keys_pre));
+  SKV_RETURN_IF_ERROR(part(s.coefficients));
+  SKV_RETURN_IF_ERROR(part(s.basis));
+  SKV_RETURN_IF_ERROR(part(s.landmarks));
+  SKV_RETURN_IF_ERROR(part(s.landmark_codes));
+  SKV_RETURN_IF_ERROR(part(s.landmark_scales));
+  SKV_RETURN_IF_ERROR(part(s.outlier));
+  SKV_RETURN_IF_ERROR(part(s.slot_chunk));
+  return part(s.info);
+}
+
+struct SnapshotBookkeeping {
+  SkvSequenceInfo info;
+  int64_t length = 0;
+  int64_t exact_first0 = 0;
+};
+
+}  // namespace
+
+Status CudaModel::CopyShadowKvSequence(int from, int to) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, from));
+  SKV_RETURN_IF_ERROR(CheckSeq(s, to));
+  if (from == to) return Status::Ok();
+  if (!s.value_pointers[to]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", to);
+  SKV_RETURN_IF_ERROR(ForEachSequenceBuffer(s, [&](uint8_t* base, int64_t per) -> Status {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + to * per, base + from * per, per,
+                                             cudaMemcpyDeviceToDevice, m.stream));
+    return Status::Ok();
+  }));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.value_pointers[to], s.value_pointers[from],
+                                           s.geometry.ValueBytesPerSequence(), cudaMemcpyDefault,
+                                           m.stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+  s.host_info[to] = s.host_info[from];
+  s.lengths[to] = s.lengths[from];
+  s.exact_first0[to] = s.exact_first0[from];
+  return Status::Ok();
+}
+
+Result<CudaShadowKvSnapshot> CudaModel::SaveShadowKvSequence(int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (!s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", seq);
+  CudaShadowKvSnapshot snapshot;
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
+  SKV_RETURN_IF_ERROR(ForEachSequenceBuffer(s, [&](uint8_t* base, int64_t per) -> Status {
+    std::vector<uint8_t>& part = snapshot.device_parts.emplace_back(per);
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(part.data(), base + seq * per, per, cudaMemcpyDeviceToHost));
+    return Status::Ok();
+  }));
+  snapshot.values.resize(s.geometry.ValueBytesPerSequence());
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(snapshot.values.data(), s.value_pointers[seq],
+                                      snapshot.values.size(), cudaMemcpyDefault));
+  const SnapshotBookkeeping book{s.host_info[seq], s.lengths[seq], s.exact_first0[seq]};
+  snapshot.bookkeeping.resize(sizeof(book));
+  std::memcpy(snapshot.bookkeeping.data(), &book, sizeof(book));
+  return snapshot;
+}
+
+Status CudaModel::RestoreShadowKvSequence(const CudaShadowKvSnapshot& snapshot, int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (!s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", seq);
+  if (snapshot.bookkeeping.size() != sizeof(SnapshotBookkeeping) ||
+      static_cast<int64_t>(snapshot.values.size()) != s.geometry.ValueBytesPerSequence()) {
+    return Error(ErrorCode::kInvalidArgument, "the snapshot is of other ShadowKV settings");
+  }
+  size_t index = 0;
+  SKV_RETURN_IF_ERROR(ForEachSequenceBuffer(s, [&](uint8_t* base, int64_t per) -> Status {
+    if (index >= snapshot.device_parts.size() ||
+        static_cast<int64_t>(snapshot.device_parts[index].size()) != per) {
+      return Error(ErrorCode::kInvalidArgument, "the snapshot is of other ShadowKV settings");
+    }
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(base + seq * per, snapshot.device_parts[index++].data(),
+                                        per, cudaMemcpyHostToDevice));
+    return Status::Ok();
+  }));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(s.value_pointers[seq], snapshot.values.data(),
+                                      snapshot.values.size(), cudaMemcpyDefault));
+  SnapshotBookkeeping book;
+  std::memcpy(&book, snapshot.bookkeeping.data(), sizeof(book));
+  s.host_info[seq] = book.info;
+  s.lengths[seq] = book.length;
+  s.exact_first0[seq] = book.exact_first0;
+  return Status::Ok();
+}
+
+int64_t CudaModel::shadowkv_length(int seq) const {
+  const Impl& m = *impl_;
+  return m.skv && seq >= 0 && seq < m.skv->num_sequences ? m.skv->lengths[seq] : 0;
+}
+
+CudaShadowKvStats CudaModel::shadowkv_stats() const {
+  CudaShadowKvStats stats;
+  const Impl& m = *impl_;
+  if (!m.skv) return stats;
+  const ShadowKvState& s = *m.skv;
+  stats.num_sequences = s.num_sequences;
+  stats.rank = s.geometry.rank;
+  stats.max_budget_chunks = s.geometry.max_budget;
+  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() + s.softmax_partials.bytes() +
+                       s.miss_chunk.bytes();
+  for (int i = 0; i < s.num_sequences; ++i) {
+    if (s.host_values[i]) {
+      ++stats.host_value_sequences;
+      stats.host_bytes += s.geometry.ValueBytesPerSequence();
+    } else if (s.value_pointers[i]) {
+      ++stats.device_value_sequences;
+      stats.device_bytes += s.geometry.ValueBytesPerSequence();
+    }
+  }
+  if (auto counts = ShadowKvSequenceCounts(); counts.ok()) {
+    for (const CudaChunkCounts& c : *counts) {
+      stats.chunks_selected += c.selected;
+      stats.chunk_hits += c.hits;
+    }
+  }
+  stats.compress_seconds = s.compress_seconds;
+  return stats;
+}
+
+void CudaModel::ResetShadowKvCounters() {
+  if (impl_->skv) (void)cudaMemset(impl_->skv->counters.get(), 0, impl_->skv->counters.bytes());
+}
+
+Result<std::vector<CudaChunkCounts>> CudaModel::ShadowKvSequenceCounts() const {
+  const Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  const ShadowKvState& s = *m.skv;
+  std::vector<unsigned long long> counters(s.counters.size());
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(counters.data(), s.counters.get(), s.counters.bytes(),
+                                      cudaMemcpyDeviceToHost));
+  std::vector<CudaChunkCounts> counts(s.num_sequences);
+  for (int i = 0; i < s.num_sequences; ++i) {
+    counts[i].selected = static_cast<int64_t>(counters[2 * i]);
+    counts[i].hits = static_cast<int64_t>(counters[2 * i + 1]);
+  }
+  return counts;
+}
+
+Result<std::vector<int32_t>> CudaModel::ShadowKvGatheredChunks(int seq, int layer,
+                                                               int kv_head) const {
+  const Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  const ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (layer < 0 || layer >= m.config.num_layers || kv_head < 0 || kv_head >= m.config.num_kv_heads) {
+    return Error(ErrorCode::kInvalidArgument, "layer {} / KV head {}", layer, kv_head);
+  }
+  std::vector<int32_t> chunks(s.host_info[seq].budget_chunks);
+  const int64_t offset =
+      ((static_cast<int64_t>(seq) * m.config.num_layers + layer) * m.config.num_kv_heads + kv_head) *
+      s.geometry.max_budget;
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(chunks.data(), s.slot_chunk.get() + offset,
+                                      chunks.size() * 4, cudaMemcpyDeviceToHost));
+  return chunks;
+}
+
+}  // namespace shadowkv::cuda

@@ -1,0 +1,132 @@
+// ShadowKV-on-GPU planning: geometry, compression constants and per-step row plans.
+#include "gpu/model/shadowkv_plan.h"
+
+#include <algorithm>
+
+#include "kv/chunk_selection.h"
+#include "kv/low_rank.h"
+
+namespace shadowkv::cuda {
+
+int64_t SkvGeometry::DeviceBytesPerSequence() const {
+  const int64_t bf16 = 2;
+  const int64_t layers = num_layers, heads = num_kv_heads;
+  const int64_t chunked_rows = static_cast<int64_t>(capacity_chunks) * chunk_size;
+  return layers * (2 * heads * attn_capacity * head_dim * bf16          // attention K and V
+                   + recent_capacity * kv_width() * bf16                // exact pre-RoPE keys
+                   + chunked_rows * rank * bf16                         // A
+                   + static_cast<int64_t>(rank) * kv_width() * bf16     // B
+                   + heads * capacity_chunks                            // outlier flags
+                   + heads * max_budget * 4)                            // gather slots
+         + LandmarkBytesPerSequence();
+}
+
+int64_t SkvGeometry::LandmarkBytesPerSequence() const {
+  const int64_t landmarks = static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks;
+  return fp8_landmarks ? landmarks * (head_dim + 4) : landmarks * head_dim * 2;
+}
+
+int64_t SkvGeometry::ValueCodeBytesPerSequence() const {
+  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size *
+         head_dim * (fp8_values ? 1 : 2);
+}
+
+int64_t SkvGeometry::ValueBytesPerSequence() const {
+  const int64_t runs = static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks;
+  return ValueCodeBytesPerSequence() + (fp8_values ? runs * 4 : 0);
+}
+
+Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
+                                    int num_kv_heads, int head_dim, int64_t capacity_tokens) {
+  SKV_RETURN_IF_ERROR(config.Validate());
+  if (config.exact_layers != 0) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
+  }
+  if (config.basis_groups != 1) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV basis_groups runs on the CPU only (on the "
+                 "GPU, --tensor-parallel N gives each rank's heads their own basis)");
+  }
+  SkvGeometry g;
+  g.num_layers = num_layers;
+  g.num_kv_heads = num_kv_heads;
+  g.head_dim = head_dim;
+  g.chunk_size = config.chunk_size;
+  g.local_window = config.local_window;
+  SKV_ASSIGN_OR_RETURN(g.rank, kv::ResolveRank(config.rank, config.rank_ratio, g.kv_width()));
+  if (g.rank % 8 != 0) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV on the GPU needs a rank that is a multiple of "
+                 "8; {} is not", g.rank);
+  }
+  if (capacity_tokens < 1 || capacity_tokens / g.chunk_size > (1 << 24)) {
+    return Error(ErrorCode::kInvalidArgument, "ShadowKV capacity of {} tokens", capacity_tokens);
+  }
+  g.capacity_tokens = capacity_tokens;
+  g.capacity_chunks = static_cast<int>(capacity_tokens / g.chunk_size);
+  g.fp8_values = config.fp8_values != 0;
+  g.fp8_landmarks = config.fp8_landmarks != 0;
+  // A multiple of 16 chunks: the tensor-core scoring's tile (bf16 landmarks at other capacities
+  // fall back to the CUDA-core scoring; FP8 landmarks have no other).
+  g.capacity_chunks = (g.capacity_chunks + 15) / 16 * 16;
+  const int64_t budget = config.BudgetTokens(capacity_tokens);
+  g.max_budget = static_cast<int>(std::max<int64_t>(1, budget / g.chunk_size));
+  g.max_outliers = static_cast<int>(kv::ResolveOutlierChunks(
+      config.outlier_chunks, static_cast<int64_t>(g.max_budget) * g.chunk_size, g.capacity_chunks));
+  g.recent_capacity = g.local_window + g.chunk_size;
+  g.attn_capacity =
+      static_cast<int64_t>(g.max_outliers + g.max_budget) * g.chunk_size + g.recent_capacity;
+  return g;
+}
+
+Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,
+                                              const SkvGeometry& g, int64_t prompt_tokens) {
+  const int chunk = g.chunk_size;
+  const int64_t spare = prompt_tokens - g.local_window;
+  SkvCompressionPlan plan;
+  plan.num_chunks = spare >= chunk ? spare / chunk : 0;
+  plan.exact_first = plan.num_chunks * chunk;
+  const int64_t budget_chunks = config.BudgetTokens(prompt_tokens) / chunk;
+  const int64_t outliers =
+      kv::ResolveOutlierChunks(config.outlier_chunks, budget_chunks * chunk, plan.num_chunks);
+  if (prompt_tokens > g.capacity_tokens) {
+    return Error(ErrorCode::kOutOfRange, "prompt of {} tokens exceeds the ShadowKV capacity {}",
+                 prompt_tokens, g.capacity_tokens);
+  }
+  if (budget_chunks < 1 || budget_chunks > g.max_budget || outliers > g.max_outliers) {
+    return Error(ErrorCode::kInternal, "budget of {} chunks and {} outliers outside the layout",
+                 budget_chunks, outliers);
+  }
+  if (plan.num_chunks - outliers < budget_chunks) {
+    return Error(ErrorCode::kUnsupported,
+                 "a prompt of {} tokens forms {} chunks; ShadowKV on the GPU needs at least the "
+                 "budget ({} chunks) plus the outliers ({}) (use the CPU policy or a smaller "
+                 "budget)",
+                 prompt_tokens, plan.num_chunks, budget_chunks, outliers);
+  }
+  plan.info.outlier_chunks = static_cast<int32_t>(outliers);
+  plan.info.budget_chunks = static_cast<int32_t>(budget_chunks);
+  plan.info.gather_base = static_cast<int32_t>(outliers * chunk);
+  plan.info.recent_base = static_cast<int32_t>((outliers + budget_chunks) * chunk);
+  return plan;
+}
+
+int64_t SkvExactFirst(int64_t length, int64_t exact_first0, int chunk_size, int local_window) {
+  const int64_t beyond = length - exact_first0 - local_window;
+  return exact_first0 + (beyond >= chunk_size ? beyond / chunk_size * chunk_size : 0);
+}
+
+SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSequenceInfo& info,
+                      int chunk_size, int local_window) {
+  SkvRowMeta m;
+  m.seq = seq;
+  const int64_t before = SkvExactFirst(length, exact_first0, chunk_size, local_window);
+  const int64_t after = SkvExactFirst(length + 1, exact_first0, chunk_size, local_window);
+  m.pre_row = static_cast<int32_t>(length - before);
+  m.attn_row = info.recent_base + m.pre_row;
+  m.recent_rows = m.pre_row + 1;
+  m.graduate_chunk = after > before ? static_cast<int32_t>(before / chunk_size) : -1;
+  m.num_chunks = static_cast<int32_t>(after / chunk_size);
+  m.attn_last = info.recent_base + static_cast<int32_t>(length + 1 - after) - 1;
+  return m;
+}
+
+}  // namespace shadowkv::cuda

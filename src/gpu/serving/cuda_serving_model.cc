@@ -1,0 +1,344 @@
+#include "gpu/serving/cuda_serving_model.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "gpu/tp/cuda_model_group.h"
+
+namespace shadowkv::cuda {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+Status NotThroughPolicies() {
+  return Error(ErrorCode::kUnsupported,
+               "a GPU sequence runs only through its CUDA serving model's Forward");
+}
+
+}  // namespace
+
+// One served sequence: a full-cache slot while it is prefilled (or for good, when its prompt is
+// too short to compress), then a ShadowKV sequence. Gives both back when destroyed.
+class CudaServingModel::Sequence final : public kv::SequenceKv {
+ public:
+  explicit Sequence(CudaServingModel* owner) : owner_(owner) {}
+  ~Sequence() override { owner_->Release(*this); }
+
+  Status Append(int, const kv::TokenBlock&) override { return NotThroughPolicies(); }
+  Status Prepare(int, const float*, int, kv::AttentionInput*) override {
+    return NotThroughPolicies();
+  }
+  Status FinishPrefill(int) override { return NotThroughPolicies(); }
+  int64_t num_tokens() const override { return tokens_; }
+  kv::MemoryUsage memory() const override {
+    kv::MemoryUsage usage;
+    if (slot_ >= 0) usage.fast_bytes += owner_->slot_bytes_;
+    if (compressed_) {
+      usage.fast_bytes += owner_->skv_bytes_;
+      (values_on_host_ ? usage.slow_bytes : usage.fast_bytes) += owner_->skv_value_bytes_;
+    }
+    return usage;
+  }
+  // A compressed sequence's chunk counts are the device's, read when asked for (the scheduler
+  // reads them as a request ends), not after every step.
+  const kv::PolicyStats& stats() const override {
+    if (compressed_) {
+      if (auto counts = owner_->group_->ShadowKvSequenceCounts(); counts.ok()) {
+        const CudaChunkCounts& c = counts->at(static_cast<size_t>(sequence_));
+        stats_.chunk_selections = c.selected;
+        stats_.chunk_hits = c.hits;
+      }
+    }
+    return stats_;
+  }
+
+ private:
+  friend class CudaServingModel;
+  CudaServingModel* owner_;
+  int slot_ = -1;      // full-cache slot, or -1
+  int sequence_ = -1;  // ShadowKV sequence (reserved from the start), or -1
+  bool compressed_ = false;
+  bool values_on_host_ = false;
+  bool has_values_ = false;
+  int64_t tokens_ = 0;
+  mutable kv::PolicyStats stats_;
+};
+
+class CudaServingModel::Policy final : public kv::KvPolicy {
+ public:
+  Policy(CudaServingModel* owner, kv::KvPolicyConfig config, kv::KvGeometry geometry)
+      : KvPolicy(std::move(config), std::move(geometry)), owner_(owner) {}
+  std::string_view name() const override { return config_.policy; }
+  Result<std::unique_ptr<kv::SequenceKv>> NewSequence() const override {
+    return owner_->NewSequence();
+  }
+  kv::MemoryUsage EstimateMemory(int64_t) const override {
+    // Every sequence takes a pool entry of the whole context, whatever its length.
+    kv::MemoryUsage usage;
+    usage.fast_bytes = owner_->shadowkv() ? owner_->skv_bytes_ + owner_->skv_value_bytes_
+                                          : owner_->slot_bytes_;
+    return usage;
+  }
+
+ private:
+  CudaServingModel* owner_;
+};
+
+Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Load(
+    const std::string& path, const CudaServingOptions& options) {
+  const CudaServingOptions& o = options;
+  if (!kv::IsPolicy(o.kv, kv::PolicyKind::kFull) &&
+      !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
+    return Error(ErrorCode::kUnsupported,
+                 "--device cuda serves --kv full or shadowkv, not '{}' (the other policies run "
+                 "on the CPU)",
+                 o.kv.policy);
+  }
+  SKV_RETURN_IF_ERROR(o.kv.Validate());
+  if (o.max_batch < 1 || o.prefill_chunk < 1 || o.sequences < 1 || o.prefill_slots < 0 ||
+      o.context < 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "batch ({}), prefill chunk ({}) and sequences ({}) must be positive, prefill "
+                 "slots ({}) and context ({}) not negative",
+                 o.max_batch, o.prefill_chunk, o.sequences, o.prefill_slots, o.context);
+  }
+  std::unique_ptr<CudaServingModel> m(new CudaServingModel());
+  m->options_ = o;
+  SKV_ASSIGN_OR_RETURN(m->file_, gguf::GgufFile::Open(path));
+  SKV_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(*m->file_));
+  CudaModelOptions model_options;
+  model_options.max_batch = o.max_batch;
+  model_options.max_step_tokens = o.prefill_chunk + o.max_batch;
+  model_options.kernels = o.kernels;
+  SKV_ASSIGN_OR_RETURN(m->group_, CudaModelGroup::Load(path, model_options, o.tensor_parallel));
+  m->config_ = m->group_->config();
+  if (m->tokenizer_->vocab_size() != m->config_.vocab_size) {
+    return Error(ErrorCode::kCorrupt, "the tokenizer of {} has {} tokens, the model {}", path,
+                 m->tokenizer_->vocab_size(), m->config_.vocab_size);
+  }
+  if (o.context > m->config_.context_length) {
+    return Error(ErrorCode::kInvalidArgument, "a context of {} tokens is beyond the model's {}",
+                 o.context, m->config_.context_length);
+  }
+  if (o.context > 0) m->config_.context_length = o.context;
+  SKV_RETURN_IF_ERROR(m->MakePool());
+  return m;
+}
+
+Status CudaServingModel::MakePool() {
+  const int64_t context = config_.context_length;
+  const int slots = shadowkv() && options_.prefill_slots > 0
+                        ? std::min(options_.prefill_slots, options_.sequences)
+                        : options_.sequences;
+  // Keys and values, and for ShadowKV the pre-RoPE keys too (half as much again).
+  const int64_t per_token = group_->KvBytesPerToken();
+  slot_bytes_ = (shadowkv() ? per_token + per_token / 2 : per_token) * context;
+  num_slots_ = slots;
+  auto advice = [&](const Status& s) {
+    return Error(s.code(),
+                 "the GPU pool of {} sequences of {} tokens does not fit ({}); lower "
+                 "--max-seqs{} or --ctx-size",
+                 options_.sequences, context, s.message(), shadowkv() ? ", --prefill-slots" : "");
+  };
+  if (Status s = group_->AllocateKvCache(slots, context, shadowkv()); !s.ok()) return advice(s);
+  if (shadowkv()) {
+    SKV_ASSIGN_OR_RETURN(auto bytes, group_->ShadowKvBytesPerSequence(options_.kv, context));
+    skv_bytes_ = bytes.first;
+    skv_value_bytes_ = bytes.second;
+    if (Status s = group_->AllocateShadowKv(options_.kv, options_.sequences, context); !s.ok()) {
+      return advice(s);
+    }
+    for (int i = options_.sequences - 1; i >= 0; --i) free_sequences_.push_back(i);
+  }
+  for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
+  return Status::Ok();
+}
+
+CudaServingModel::~CudaServingModel() = default;
+
+std::string CudaServingModel::device() const {
+  const int ranks = group_->size();
+  if (ranks == 1) return "cuda";
+  return fmt::format("cuda, {} ranks on {} GPU{} ({})", ranks, group_->num_devices(),
+                     group_->num_devices() == 1 ? "" : "s", group_->communicator());
+}
+
+std::string CudaServingModel::Describe() const {
+  const int64_t context = config_.context_length;
+  std::string text = fmt::format("{} sequences of up to {} tokens, {} full-cache slots ({:.2f} "
+                                 "GiB each)",
+                                 options_.sequences, context,
+                                 num_slots_, slot_bytes_ / kGiB);
+  if (shadowkv()) {
+    text += fmt::format("; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
+                        "memory while it lasts, then pinned host memory)",
+                        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
+  }
+  return text;
+}
+
+Result<std::unique_ptr<kv::KvPolicy>> CudaServingModel::MakePolicy(
+    const kv::KvPolicyConfig& config) const {
+  if (config.policy != options_.kv.policy || config.budget_tokens != options_.kv.budget_tokens) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "--device cuda serves one KV setting, the server's (policy {}, budget {}); "
+                 "this request asks for policy {}, budget {}",
+                 options_.kv.policy, options_.kv.budget_tokens, config.policy,
+                 config.budget_tokens);
+  }
+  return std::unique_ptr<kv::KvPolicy>(
+      new Policy(const_cast<CudaServingModel*>(this), config, KvGeometryOf(config_)));
+}
+
+Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::NewSequence() {
+  std::lock_guard lock(mutex_);
+  if (free_slots_.empty() || (shadowkv() && free_sequences_.empty())) {
+    return Error(ErrorCode::kResourceExhausted, "every GPU sequence slot is in use");
+  }
+  auto sequence = std::make_unique<Sequence>(this);
+  sequence->slot_ = free_slots_.back();
+  free_slots_.pop_back();
+  if (shadowkv()) {
+    sequence->sequence_ = free_sequences_.back();
+    free_sequences_.pop_back();
+  }
+  return std::unique_ptr<kv::SequenceKv>(std::move(sequence));
+}
+
+void CudaServingModel::Release(Sequence& s) {
+  // Runs on the scheduler's thread between steps. A failure here leaves the entry out of the
+  // pool rather than handing out a sequence in an unknown state.
+  bool sequence_free = s.sequence_ >= 0;
+  if (s.has_values_) sequence_free = group_->FreeShadowKvValues(s.sequence_).ok();
+  if (s.slot_ >= 0) group_->ResetSlot(s.slot_);
+  std::lock_guard lock(mutex_);
+  if (s.slot_ >= 0) free_slots_.push_back(s.slot_);
+  if (sequence_free) free_sequences_.push_back(s.sequence_);
+}
+
+Status CudaServingModel::Compress(Sequence& s) {
+  Status placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/false);
+  s.values_on_host_ = false;
+  if (placed.code() == ErrorCode::kResourceExhausted) {
+    placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/true);
+    s.values_on_host_ = true;
+  }
+  // No room for the values anywhere: the sequence stays exact in its slot rather than failing
+  // the step (and the other sequences in it).
+  if (placed.code() == ErrorCode::kResourceExhausted) return Status::Ok();
+  SKV_RETURN_IF_ERROR(placed);
+  s.has_values_ = true;
+  const Status compressed = group_->CompressToShadowKv(s.slot_, s.sequence_);
+  if (compressed.code() == ErrorCode::kUnsupported) {
+    // Too short for the budget: the sequence keeps its slot and full attention.
+    s.has_values_ = false;
+    return group_->FreeShadowKvValues(s.sequence_);
+  }
+  SKV_RETURN_IF_ERROR(compressed);
+  s.compressed_ = true;
+  group_->ResetSlot(s.slot_);
+  std::lock_guard lock(mutex_);
+  free_slots_.push_back(s.slot_);
+  s.slot_ = -1;
+  return Status::Ok();
+}
+
+Status CudaServingModel::Forward(std::span<const StepInput> inputs) {
+  const int64_t vocab = config_.vocab_size;
+  std::vector<Sequence*> sequences(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const StepInput& in = inputs[i];
+    auto* s = dynamic_cast<Sequence*>(in.kv);
+    if (!s || s->owner_ != this) {
+      return Error(ErrorCode::kInvalidArgument, "input {} holds no sequence of this model", i);
+    }
+    if (in.tokens.empty()) return Error(ErrorCode::kInvalidArgument, "input {} has no tokens", i);
+    if (in.logits == StepInput::Logits::kAll) {
+      return Error(ErrorCode::kUnsupported, "--device cuda returns the last token's logits only");
+    }
+    if (s->tokens_ + std::ssize(in.tokens) > config_.context_length) {
+      return Error(ErrorCode::kOutOfRange, "{} tokens after {} exceed the context of {}",
+                   in.tokens.size(), s->tokens_, config_.context_length);
+    }
+    sequences[i] = s;
+  }
+  auto logits_of = [&](size_t i) {
+    return inputs[i].logits == StepInput::Logits::kNone ? nullptr : inputs[i].logits_out;
+  };
+  // Inputs of sequences in a full-cache slot: one decode step when every one is a single token
+  // after a prefilled sequence, else one mixed forward.
+  std::vector<size_t> full, sparse;
+  bool all_decode_rows = true;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (sequences[i]->compressed_) {
+      sparse.push_back(i);
+    } else {
+      full.push_back(i);
+      all_decode_rows &= inputs[i].tokens.size() == 1 && sequences[i]->tokens_ > 0;
+    }
+  }
+  if (!full.empty() && all_decode_rows) {
+    std::vector<int> slots;
+    std::vector<int32_t> tokens;
+    for (size_t i : full) {
+      slots.push_back(sequences[i]->slot_);
+      tokens.push_back(inputs[i].tokens[0]);
+    }
+    logits_.resize(full.size() * vocab);
+    SKV_RETURN_IF_ERROR(group_->DecodeStep(slots, tokens, CudaSampling{}, logits_.data()));
+    for (size_t k = 0; k < full.size(); ++k) {
+      if (float* out = logits_of(full[k])) std::copy_n(logits_.data() + k * vocab, vocab, out);
+    }
+  } else if (!full.empty()) {
+    std::vector<CudaStepInput> step;
+    for (size_t i : full) {
+      step.push_back(CudaStepInput{sequences[i]->slot_, inputs[i].tokens, logits_of(i)});
+    }
+    SKV_RETURN_IF_ERROR(group_->Forward(step));
+  }
+  for (size_t i : full) sequences[i]->tokens_ += std::ssize(inputs[i].tokens);
+
+  // Compressed sequences: one ShadowKV decode step for the single-token rows; the tokens of a
+  // longer input (a later turn continuing a held sequence) go in one step each.
+  std::vector<int> rows;
+  std::vector<int32_t> tokens;
+  std::vector<size_t> owners;
+  for (size_t i : sparse) {
+    Sequence& s = *sequences[i];
+    const auto span = inputs[i].tokens;
+    for (size_t t = 0; t + 1 < span.size(); ++t) {
+      int32_t token = span[t];
+      SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(std::span<const int>(&s.sequence_, 1),
+                                                     std::span<int32_t>(&token, 1),
+                                                     CudaSampling{}));
+      ++s.tokens_;
+    }
+    rows.push_back(s.sequence_);
+    tokens.push_back(span.back());
+    owners.push_back(i);
+  }
+  if (!rows.empty()) {
+    logits_.resize(rows.size() * vocab);
+    SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(rows, tokens, CudaSampling{}, logits_.data()));
+    for (size_t k = 0; k < owners.size(); ++k) {
+      ++sequences[owners[k]]->tokens_;
+      if (float* out = logits_of(owners[k])) std::copy_n(logits_.data() + k * vocab, vocab, out);
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    kv::PolicyStats& stats = sequences[i]->stats_;
+    stats.prepare_calls += config_.num_layers;
+    stats.context_tokens += config_.num_layers * sequences[i]->tokens_;
+  }
+  // Prompts complete in this step are compressed (ShadowKV) after their last chunk.
+  if (shadowkv()) {
+    for (size_t i : full) {
+      if (inputs[i].finish_prefill) SKV_RETURN_IF_ERROR(Compress(*sequences[i]));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace shadowkv::cuda

@@ -1,0 +1,100 @@
+// QKV/RoPE kernel: one thread per (row, head, pair of elements); blocks of 256 threads along a
+// row's pairs, so a decode step's few rows still spread over many multiprocessors.
+#include "ops/cuda/rope/qkv_rope.cuh"
+
+#include "ops/cuda/common/device_utils.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
+  const int row = blockIdx.x;
+  const int index = blockIdx.y * kThreads + threadIdx.x;
+  const int d = p.head_dim;
+  const int half_dim = d / 2;
+  const int rotary_half = p.rotary_dim / 2;
+  const int num_heads = p.num_query_heads + 2 * p.num_kv_heads;  // q heads, k heads, v heads
+  const int width = num_heads * d;
+  const float* in = p.qkv + static_cast<int64_t>(row) * width;
+  const int position = p.positions[row];
+  const int slot = p.slots[row];
+  const int cache_row = p.cache_rows ? p.cache_rows[row] : position;
+
+  if (index < num_heads * half_dim) {
+    const int head = index / half_dim;
+    const int pair = index % half_dim;
+    const bool rotating_head = head < p.num_query_heads + p.num_kv_heads;  // q or k
+    const bool rotates = rotating_head && pair < rotary_half;
+    int a, b;  // the two elements of the head this thread handles
+    if (rotates && p.halves) {
+      a = pair;
+      b = pair + rotary_half;
+    } else if (rotating_head && p.halves) {  // pass-through tail [rotary_dim, head_dim)
+      a = p.rotary_dim + 2 * (pair - rotary_half);
+      b = a + 1;
+    } else {
+      a = 2 * pair;
+      b = 2 * pair + 1;
+    }
+    const int column = head * d;
+    float x0 = in[column + a];
+    float x1 = in[column + b];
+    if (p.bias) {
+      x0 += p.bias[column + a];
+      x1 += p.bias[column + b];
+    }
+    if (p.keys_pre && head >= p.num_query_heads && head < p.num_query_heads + p.num_kv_heads) {
+      const int pre_row = p.keys_pre_rows ? p.keys_pre_rows[row] : position;
+      const int kv_width = p.num_kv_heads * d;
+      __nv_bfloat16* pre =
+          p.keys_pre +
+          ((static_cast<int64_t>(slot) * p.cache.num_layers + p.layer) * p.keys_pre_capacity +
+           pre_row) * kv_width +
+          (head - p.num_query_heads) * d;
+      pre[a] = __float2bfloat16(x0);
+      pre[b] = __float2bfloat16(x1);
+    }
+    if (rotates) {
+      // The angle is formed in fp32 exactly as the CPU Rope does; large positions keep their
+      // precision (RopeSinCos reduces it in fp64).
+      const float angle = static_cast<float>(position) * p.inv_freq[pair];
+      float sine, cosine;
+      RopeSinCos(angle, &sine, &cosine);
+      const float r0 = x0 * cosine - x1 * sine;
+      const float r1 = x0 * sine + x1 * cosine;
+      x0 = r0;
+      x1 = r1;
+    }
+    if (head < p.num_query_heads) {
+      __nv_bfloat16* q = p.queries + static_cast<int64_t>(row) * p.num_query_heads * d + column;
+      q[a] = __float2bfloat16(x0);
+      q[b] = __float2bfloat16(x1);
+    } else {
+      const bool is_key = head < p.num_query_heads + p.num_kv_heads;
+      const int kv_head = head - p.num_query_heads - (is_key ? 0 : p.num_kv_heads);
+      __nv_bfloat16* dest = (is_key ? p.cache.keys : p.cache.values) +
+                            p.cache.HeadOffset(slot, p.layer, kv_head) +
+                            static_cast<int64_t>(cache_row) * d;
+      dest[a] = __float2bfloat16(x0);
+      dest[b] = __float2bfloat16(x1);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream) {
+  if (params.rows == 0) return cudaSuccess;
+  if (params.rows < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
+      params.rotary_dim < 0 || params.rotary_dim % 2 != 0 || params.rotary_dim > params.head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  const int pairs = (params.num_query_heads + 2 * params.num_kv_heads) * (params.head_dim / 2);
+  const dim3 grid(params.rows, (pairs + kThreads - 1) / kThreads);
+  QkvRopeKernel<<<grid, kThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace shadowkv::cuda

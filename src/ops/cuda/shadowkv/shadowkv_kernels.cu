@@ -1,0 +1,794 @@
+// ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select → fetch values and
+// rebuild keys (misses only) → the ordinary split decode kernel over the attention buffer.
+// Every grid is sized from the capacities, never from this step's counts, so a decode step can
+// be captured once as a CUDA graph; blocks with nothing to do return at once.
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#include <cmath>
+
+#include "ops/cuda/common/device_utils.cuh"
+#include "ops/cuda/common/kernel_attributes.h"
+#include "ops/cuda/common/mma_utils.cuh"
+#include "ops/cuda/shadowkv/gather_slots.cuh"
+#include "ops/cuda/shadowkv/score_select_rebuild.cuh"
+#include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
+
+namespace shadowkv::cuda {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ int64_t LayerIndex(const SkvLayout& l, int seq, int layer) {
+  return static_cast<int64_t>(seq) * l.num_layers + layer;
+}
+
+// ---- graduation -------------------------------------------------------------------------------
+
+constexpr int kGraduateThreads = 256;
+
+constexpr int kGraduateBasisRows = 16;  // rank outputs per block of the A-row kernel
+
+// A rows of each graduating chunk, a = k_pre · Bᵀ (B has orthonormal rows): one block per (row,
+// kGraduateBasisRows of the rank), its warps one basis row at a time, each lane 8 dims of every
+// 256 against all C tokens, then a warp sum per token. Shared: the chunk's pre-RoPE keys
+// [C, kv_width] as fp32 (kv_width a multiple of 8).
+__global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKernel(SkvDecodeParams p) {
+  extern __shared__ float pre_rows[];
+  const SkvRowMeta m = p.meta[blockIdx.x];
+  if (m.graduate_chunk < 0) return;
+  const SkvLayout& l = p.layout;
+  const int width = l.kv_width(), chunk = l.chunk_size;
+  const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
+  const Bf16* pre = l.keys_pre + layer_index * l.recent_capacity * width;
+  for (int i = threadIdx.x; i < chunk * width; i += blockDim.x) pre_rows[i] = __bfloat162float(pre[i]);
+  __syncthreads();
+  const Bf16* basis = l.basis + layer_index * l.rank * width;
+  Bf16* coefficients =
+      l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int last = min(l.rank, (blockIdx.y + 1) * kGraduateBasisRows);
+  for (int j = blockIdx.y * kGraduateBasisRows + warp; j < last; j += kGraduateThreads / 32) {
+    const Bf16* b = basis + static_cast<int64_t>(j) * width;
+    float dot[kSkvMaxGraduateChunk] = {};
+    for (int k = lane * 8; k < width; k += 256) {
+      float bv[8];
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(b + k), bv);
+#pragma unroll
+      for (int t = 0; t < kSkvMaxGraduateChunk; ++t) {
+        if (t < chunk) {
+          const float* x = pre_rows + t * width + k;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot[t] = fmaf(x[i], bv[i], dot[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kSkvMaxGraduateChunk; ++t) {
+      if (t >= chunk) break;
+      const float sum = WarpSum(dot[t]);
+      if (lane == 0) coefficients[t * l.rank + j] = __float2bfloat16(sum);
+    }
+  }
+}
+
+// One block per row: landmark, values to the store, outlier flag (and under FP8 the
+// quantised run and landmark). Shared (FP8 landmarks only): the means [kv_heads, d] as fp32.
+__global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeParams p) {
+  extern __shared__ float means[];
+  const SkvRowMeta m = p.meta[blockIdx.x];
+  if (m.graduate_chunk < 0) return;
+  const SkvLayout& l = p.layout;
+  const int chunk = l.chunk_size, d = l.head_dim;
+  const SkvSequenceInfo info = l.info[m.seq];
+  // Landmark (mean post-RoPE key), values to the store, and the chunk joins the landmark set.
+  for (int index = threadIdx.x; index < l.num_kv_heads * d; index += blockDim.x) {
+    const int h = index / d, e = index % d;
+    const int64_t head_offset = l.attn.HeadOffset(m.seq, p.layer, h);
+    const Bf16* keys = l.attn.keys + head_offset + static_cast<int64_t>(info.recent_base) * d;
+    const Bf16* values = l.attn.values + head_offset + static_cast<int64_t>(info.recent_base) * d;
+    float sum = 0.0f;
+    for (int t = 0; t < chunk; ++t) sum += __bfloat162float(keys[t * d + e]);
+    if (!l.fp8_values) {
+      Bf16* store = l.values[m.seq] + l.RunIndex(p.layer, h, m.graduate_chunk) * chunk * d;
+      for (int t = 0; t < chunk; ++t) store[t * d + e] = values[t * d + e];
+    }
+    const float mean = sum / static_cast<float>(chunk);
+    const int64_t head_index = l.HeadIndex(m.seq, p.layer, h);
+    if (l.fp8_landmarks) {
+      means[index] = mean;
+    } else {
+      l.landmarks[(head_index * l.capacity_chunks + m.graduate_chunk) * d + e] =
+          __float2bfloat16(mean);
+    }
+    if (e == 0) l.outlier[head_index * l.capacity_chunks + m.graduate_chunk] = 0;
+  }
+  if (!l.fp8_values && !l.fp8_landmarks) return;
+  __syncthreads();
+  // FP8: one warp per KV head quantises the chunk's values and its landmark.
+  for (int h = threadIdx.x / 32; h < l.num_kv_heads; h += blockDim.x / 32) {
+    if (l.fp8_values) {
+      const Bf16* values = l.attn.values + l.attn.HeadOffset(m.seq, p.layer, h) +
+                           static_cast<int64_t>(info.recent_base) * d;
+      WarpQuantizeFp8Run([&](int i) { return __bfloat162float(values[i]); }, chunk * d,
+                         l.ValueCodes(m.seq, p.layer, h, m.graduate_chunk),
+                         l.ValueScale(m.seq, p.layer, h, m.graduate_chunk));
+    }
+    if (l.fp8_landmarks) {
+      const int64_t landmark = l.HeadIndex(m.seq, p.layer, h) * l.capacity_chunks +
+                               m.graduate_chunk;
+      WarpQuantizeFp8Run([&](int i) { return means[h * d + i]; }, d,
+                         l.landmark_codes + landmark * d, l.landmark_scales + landmark);
+    }
+  }
+}
+
+// One block per (row, KV head): exact rows [C, recent_rows) move to [0, recent_rows − C), for
+// post-RoPE K, V and this head's slice of the pre-RoPE keys. Everything is read before anything
+// is written (the ranges overlap).
+__global__ void __launch_bounds__(kGraduateThreads) SkvShiftKernel(SkvDecodeParams p) {
+  extern __shared__ Bf16 staged[];
+  const SkvRowMeta m = p.meta[blockIdx.x];
+  if (m.graduate_chunk < 0) return;
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, d = l.head_dim, chunk = l.chunk_size, width = l.kv_width();
+  const int kept = m.recent_rows - chunk;
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int64_t head_offset =
+      l.attn.HeadOffset(m.seq, p.layer, h) + static_cast<int64_t>(info.recent_base) * d;
+  Bf16* keys = l.attn.keys + head_offset;
+  Bf16* values = l.attn.values + head_offset;
+  Bf16* pre = l.keys_pre + LayerIndex(l, m.seq, p.layer) * l.recent_capacity * width + h * d;
+  const int count = kept * d;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int t = i / d, e = i % d;
+    staged[i] = keys[(t + chunk) * d + e];
+    staged[count + i] = values[(t + chunk) * d + e];
+    staged[2 * count + i] = pre[static_cast<int64_t>(t + chunk) * width + e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int t = i / d, e = i % d;
+    keys[t * d + e] = staged[i];
+    values[t * d + e] = staged[count + i];
+    pre[static_cast<int64_t>(t) * width + e] = staged[2 * count + i];
+  }
+}
+
+// ---- scoring ----------------------------------------------------------------------------------
+
+constexpr int kScoreThreads = 256;
+constexpr int kScoreChunksPerBlock = 256;
+
+// Block: kScoreChunksPerBlock chunks of one (row, KV head). head_dim/8 lanes per chunk, each
+// with one 16-byte slice of the landmark and the same slice of every query of the group.
+template <int kHeadDim, int kGroup>
+__global__ void __launch_bounds__(kScoreThreads) SkvScoreKernel(SkvDecodeParams p) {
+  constexpr int kLanes = kHeadDim / 8;
+  constexpr int kChunksPerPass = kScoreThreads / kLanes;
+  const int row = blockIdx.z, h = blockIdx.y;
+  const SkvRowMeta m = p.meta[row];
+  const SkvLayout& l = p.layout;
+  const int first = blockIdx.x * kScoreChunksPerBlock;
+  if (first >= m.num_chunks) return;
+  const int lane = threadIdx.x % kLanes, sub = threadIdx.x / kLanes;
+  float q[kGroup][8];
+  const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * kHeadDim;
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    Bf16x8ToFloat(*reinterpret_cast<const uint4*>(q_row + g * kHeadDim + lane * 8), q[g]);
+  }
+  const int64_t head_index = l.HeadIndex(m.seq, p.layer, h);
+  const Bf16* landmarks = l.landmarks + head_index * l.capacity_chunks * kHeadDim;
+  const uint8_t* outlier = l.outlier + head_index * l.capacity_chunks;
+  float* logits = p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup *
+                                 l.capacity_chunks;
+  const int last = min(first + kScoreChunksPerBlock, m.num_chunks);
+  for (int base = first; base < last; base += kChunksPerPass) {
+    const int c = base + sub;
+    const bool live = c < last && !outlier[c];
+    float k[8];
+    if (live) {
+      Bf16x8ToFloat(*reinterpret_cast<const uint4*>(landmarks + static_cast<int64_t>(c) * kHeadDim +
+                                                    lane * 8),
+                    k);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) k[i] = 0.0f;
+    }
+    float dots[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) dot = fmaf(q[g][i], k[i], dot);
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+      }
+      dots[g] = dot;
+    }
+    if (c < last && lane < kGroup) {
+      float mine = dots[0];
+#pragma unroll
+      for (int g = 1; g < kGroup; ++g) {
+        if (lane == g) mine = dots[g];
+      }
+      logits[static_cast<int64_t>(lane) * l.capacity_chunks + c] =
+          live ? mine * p.scale : -INFINITY;
+    }
+  }
+}
+
+// ---- selection --------------------------------------------------------------------------------
+
+constexpr int kSelectThreads = 1024;
+using SelectScan = cub::BlockScan<int, kSelectThreads>;
+
+__device__ __forceinline__ float BlockMax1024(float value, float* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = value;
+  __syncthreads();
+  value = scratch[threadIdx.x & 31];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+// One block per (KV head, row). Shared: one 32-bit key per chunk (0: not selectable; else the
+// score's bits + 1, which orders like the score), the wanted bitmap, the selected list and the
+// free slots.
+__global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParams p) {
+  extern __shared__ uint32_t shared_words[];
+  __shared__ typename SelectScan::TempStorage scan_storage;
+  __shared__ float reduce[32];
+  __shared__ int histogram[256];
+  __shared__ uint32_t prefix_shared;
+  __shared__ int remaining_shared;
+
+  const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
+  const SkvRowMeta m = p.meta[row];
+  const SkvLayout& l = p.layout;
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int n = m.num_chunks, group = l.group;
+  const int words = (l.capacity_chunks + 31) / 32;
+  uint32_t* keys = shared_words;
+  uint32_t* wanted = keys + l.capacity_chunks;
+  int* selected = reinterpret_cast<int*>(wanted + words);
+  int* free_slots = selected + l.max_budget;
+  const float* logits = p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group *
+                                       l.capacity_chunks;
+  int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
+  int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
+
+  // Scores: softmax of each query head over the selectable chunks, max over the group.
+  float* score = reinterpret_cast<float*>(keys);
+  for (int c = tid; c < n; c += kSelectThreads) score[c] = 0.0f;
+  for (int w = tid; w < words; w += kSelectThreads) wanted[w] = 0;
+  for (int s = tid; s < l.max_budget; s += kSelectThreads) miss[s] = -1;
+  __syncthreads();
+  for (int g = 0; g < group; ++g) {
+    const float* x = logits + static_cast<int64_t>(g) * l.capacity_chunks;
+    float local = -INFINITY;
+    for (int c = tid; c < n; c += kSelectThreads) local = fmaxf(local, x[c]);
+    const float top = BlockMax1024(local, reduce);
+    float sum = 0.0f;
+    for (int c = tid; c < n; c += kSelectThreads) sum += x[c] == -INFINITY ? 0.0f : expf(x[c] - top);
+    sum = BlockSum(sum, reduce);
+    const float inv = 1.0f / sum;
+    for (int c = tid; c < n; c += kSelectThreads) {
+      if (x[c] != -INFINITY) score[c] = fmaxf(score[c], expf(x[c] - top) * inv);
+    }
+  }
+  __syncthreads();
+  int selectable_local = 0;
+  for (int c = tid; c < n; c += kSelectThreads) {
+    const bool live = logits[c] != -INFINITY;  // query head 0's logit marks outliers
+    keys[c] = live ? __float_as_uint(score[c]) + 1u : 0u;
+    selectable_local += live;
+  }
+  const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
+  const int k = min(info.budget_chunks, selectable);
+
+  // Radix select of the k-th largest key, 8 bits at a time.
+  if (tid == 0) {
+    prefix_shared = 0;
+    remaining_shared = k;
+  }
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
+    for (int b = tid; b < 256; b += kSelectThreads) histogram[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = prefix_shared;
+    for (int c = tid; c < n; c += kSelectThreads) {
+      const uint32_t key = keys[c];
+      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int remaining = remaining_shared, above = 0, bin = 255;
+      for (; bin > 0; --bin) {
+        if (above + histogram[bin] >= remaining) break;
+        above += histogram[bin];
+      }
+      remaining_shared = remaining - above;
+      prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  const uint32_t threshold = prefix_shared;
+  const int ties_allowed = remaining_shared;
+
+  // The selected chunks in index order: every key above the threshold, and the first
+  // ties_allowed keys equal to it.
+  int tie_carry = 0, take_carry = 0;
+  for (int base = 0; base < n && k > 0; base += kSelectThreads) {
+    const int c = base + tid;
+    const uint32_t key = c < n ? keys[c] : 0u;
+    const int tie = key != 0u && key == threshold;
+    int tie_before = 0, tie_total = 0;
+    SelectScan(scan_storage).ExclusiveSum(tie, tie_before, tie_total);
+    __syncthreads();
+    const int take = (key != 0u && key > threshold) || (tie && tie_carry + tie_before < ties_allowed);
+    int take_before = 0, take_total = 0;
+    SelectScan(scan_storage).ExclusiveSum(take, take_before, take_total);
+    __syncthreads();
+    if (take) {
+      selected[take_carry + take_before] = c;
+      atomicOr(&wanted[c >> 5], 1u << (c & 31));
+    }
+    tie_carry += tie_total;
+    take_carry += take_total;
+  }
+  __syncthreads();
+
+  AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
+                               slot_chunk, miss, l.SequenceCounters(m.seq));
+}
+
+// ---- value fetch ------------------------------------------------------------------------------
+
+constexpr int kFetchThreads = 128;
+
+// One block per (slot, KV head, row): one contiguous run of C·D values, store → gather rows.
+__global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeParams p) {
+  const int slot = blockIdx.x, h = blockIdx.y, row = blockIdx.z;
+  const SkvLayout& l = p.layout;
+  const int chunk =
+      p.miss_chunk[(static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget + slot];
+  if (chunk < 0) return;
+  const SkvRowMeta m = p.meta[row];
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int run = l.chunk_size * l.head_dim;
+  uint4* target = reinterpret_cast<uint4*>(
+      l.attn.values + l.attn.HeadOffset(m.seq, p.layer, h) +
+      (static_cast<int64_t>(info.gather_base) + static_cast<int64_t>(slot) * l.chunk_size) *
+          l.head_dim);
+  if (l.fp8_values) {
+    const uint2* codes = reinterpret_cast<const uint2*>(l.ValueCodes(m.seq, p.layer, h, chunk));
+    const float scale = *l.ValueScale(m.seq, p.layer, h, chunk);
+    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
+      target[i] = DecodeFp8x8ToBf16(codes[i], scale);
+    }
+    return;
+  }
+  const uint4* source =
+      reinterpret_cast<const uint4*>(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run);
+  for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
+}
+
+// ---- key rebuild ------------------------------------------------------------------------------
+
+constexpr int kRebuildWarps = 4;
+constexpr int kRebuildSlots = 16;  // gather slots per block
+
+__host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
+
+// One block per (16 slots, KV head, row). B_h [rank, head_dim] is staged once in shared memory;
+// each warp takes 16-row tiles of the missed chunks' A rows, multiplies on the tensor cores
+// (mma m16n8k16, fp32 accumulation), and rotates the result to the chunk's positions.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char rebuild_shared[];
+  __shared__ int miss_slots[kRebuildSlots], miss_chunks[kRebuildSlots], miss_count;
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rank_padded = RankPadded(l.rank);
+  const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 4;
+  const int32_t* miss =
+      p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
+  if (threadIdx.x < 32) {
+    const int slot = blockIdx.x * kRebuildSlots + lane;
+    const int chunk = lane < kRebuildSlots && slot < l.max_budget ? miss[slot] : -1;
+    const unsigned ballot = __ballot_sync(0xffffffffu, chunk >= 0);
+    if (chunk >= 0) {
+      const int at = __popc(ballot & ((1u << lane) - 1u));
+      miss_slots[at] = slot;
+      miss_chunks[at] = chunk;
+    }
+    if (lane == 0) miss_count = __popc(ballot);
+  }
+  __syncthreads();
+  const int count = miss_count;
+  if (count == 0) return;
+
+  const SkvRowMeta m = p.meta[row];
+  const SkvSequenceInfo info = l.info[m.seq];
+  const int width = l.kv_width(), chunk_size = l.chunk_size;
+  const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
+  Bf16* b_tile = reinterpret_cast<Bf16*>(rebuild_shared);              // [rank_padded, b_pitch]
+  Bf16* a_tiles = b_tile + rank_padded * b_pitch;                      // [warps][16, a_pitch]
+  float* out_tiles = reinterpret_cast<float*>(a_tiles + kRebuildWarps * 16 * a_pitch);
+  const Bf16* basis = l.basis + layer_index * l.rank * width + h * kHeadDim;
+  for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
+    const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (k < l.rank) value = *reinterpret_cast<const uint4*>(basis + static_cast<int64_t>(k) * width + v * 8);
+    *reinterpret_cast<uint4*>(b_tile + k * b_pitch + v * 8) = value;
+  }
+  __syncthreads();
+
+  Bf16* a_tile = a_tiles + warp * 16 * a_pitch;
+  float* out_tile = out_tiles + warp * 16 * out_pitch;
+  const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * l.rank;
+  Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h);
+  const int total_rows = count * chunk_size;
+  const int rotary_half = p.rotary_dim / 2;
+  for (int tile = warp; tile * 16 < total_rows; tile += kRebuildWarps) {
+    for (int i = lane; i < 16 * (rank_padded / 8); i += 32) {
+      const int r = i / (rank_padded / 8), v = i % (rank_padded / 8);
+      const int token_row = tile * 16 + r;
+      uint4 value = make_uint4(0, 0, 0, 0);
+      if (token_row < total_rows && v * 8 < l.rank) {
+        const int which = token_row / chunk_size, t = token_row % chunk_size;
+        value = *reinterpret_cast<const uint4*>(
+            coefficients + (static_cast<int64_t>(miss_chunks[which]) * chunk_size + t) * l.rank +
+            v * 8);
+      }
+      *reinterpret_cast<uint4*>(a_tile + r * a_pitch + v * 8) = value;
+    }
+    __syncwarp();
+    float acc[kHeadDim / 8][4];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int k0 = 0; k0 < rank_padded; k0 += 16) {
+      uint32_t a[4];
+      LdMatrixX4(a, a_tile + (lane & 15) * a_pitch + k0 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n0 = 0; n0 < kHeadDim; n0 += 16) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, b_tile + (k0 + (lane & 15)) * b_pitch + n0 + (lane >> 4) * 8);
+        MmaBf16(acc[n0 / 8], a, b[0], b[1]);
+        MmaBf16(acc[n0 / 8 + 1], a, b[2], b[3]);
+      }
+    }
+    const int g = lane / 4, c2 = (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      out_tile[g * out_pitch + j * 8 + c2] = acc[j][0];
+      out_tile[g * out_pitch + j * 8 + c2 + 1] = acc[j][1];
+      out_tile[(g + 8) * out_pitch + j * 8 + c2] = acc[j][2];
+      out_tile[(g + 8) * out_pitch + j * 8 + c2 + 1] = acc[j][3];
+    }
+    __syncwarp();
+    // RoPE at the chunk's own positions, exactly as the QKV kernel rotates new keys.
+    for (int i = lane; i < 16 * (kHeadDim / 2); i += 32) {
+      const int r = i / (kHeadDim / 2), pair = i % (kHeadDim / 2);
+      const int token_row = tile * 16 + r;
+      if (token_row >= total_rows) continue;
+      const int which = token_row / chunk_size, t = token_row % chunk_size;
+      const bool rotates = pair < rotary_half;
+      int a, b;
+      if (rotates && p.halves) {
+        a = pair;
+        b = pair + rotary_half;
+      } else if (p.halves) {
+        a = p.rotary_dim + 2 * (pair - rotary_half);
+        b = a + 1;
+      } else {
+        a = 2 * pair;
+        b = 2 * pair + 1;
+      }
+      float x0 = out_tile[r * out_pitch + a], x1 = out_tile[r * out_pitch + b];
+      if (rotates) {
+        const int position = miss_chunks[which] * chunk_size + t;
+        const float angle = static_cast<float>(position) * p.inv_freq[pair];
+        float sine, cosine;
+        sincosf(angle, &sine, &cosine);
+        const float r0 = x0 * cosine - x1 * sine;
+        const float r1 = x0 * sine + x1 * cosine;
+        x0 = r0;
+        x1 = r1;
+      }
+      Bf16* key = keys + (static_cast<int64_t>(info.gather_base) +
+                          static_cast<int64_t>(miss_slots[which]) * chunk_size + t) *
+                             kHeadDim;
+      key[a] = __float2bfloat16(x0);
+      key[b] = __float2bfloat16(x1);
+    }
+    __syncwarp();
+  }
+}
+
+int64_t RebuildSharedBytes(int rank, int head_dim) {
+  const int rank_padded = RankPadded(rank);
+  return static_cast<int64_t>(rank_padded) * (head_dim + 8) * 2 +
+         static_cast<int64_t>(kRebuildWarps) * 16 * (rank_padded + 8) * 2 +
+         static_cast<int64_t>(kRebuildWarps) * 16 * (head_dim + 4) * 4;
+}
+
+// ---- compression ------------------------------------------------------------------------------
+
+constexpr int kLandmarkWarps = 8;
+
+// One warp per (chunk, KV head): mean of the chunk's post-RoPE keys, then the smallest cosine
+// between that mean and each key (fp32 here; the CPU reference sums in fp64).
+__global__ void __launch_bounds__(kLandmarkWarps * 32) SkvLandmarkKernel(SkvLandmarkParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c = blockIdx.x * kLandmarkWarps + warp, h = blockIdx.y;
+  if (c >= p.num_chunks) return;
+  const SkvLayout& l = p.layout;
+  const int d = l.head_dim, chunk = l.chunk_size;
+  const Bf16* keys = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.layer, h) +
+                     static_cast<int64_t>(c) * chunk * d;
+  constexpr int kMaxPerLane = 4;  // head_dim <= 128
+  float mean[kMaxPerLane] = {0, 0, 0, 0};
+  for (int t = 0; t < chunk; ++t) {
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < d) mean[j] += __bfloat162float(keys[t * d + e]);
+    }
+  }
+  float mean_norm = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) {
+    mean[j] /= static_cast<float>(chunk);
+    mean_norm += mean[j] * mean[j];
+  }
+  mean_norm = WarpSum(mean_norm);
+  float lowest = INFINITY;
+  for (int t = 0; t < chunk; ++t) {
+    float dot = 0.0f, norm = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int e = lane + 32 * j;
+      const float k = e < d ? __bfloat162float(keys[t * d + e]) : 0.0f;
+      dot += k * mean[j];
+      norm += k * k;
+    }
+    dot = WarpSum(dot);
+    norm = WarpSum(norm);
+    const float denominator = sqrtf(mean_norm * norm);
+    lowest = fminf(lowest, denominator > 0.0f ? dot / denominator : 0.0f);
+  }
+  const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
+  const int64_t landmark = head_index * l.capacity_chunks + c;
+  if (l.fp8_landmarks) {
+    // The run's rule (WarpQuantizeFp8Run) with the mean already in registers.
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      if (lane + 32 * j < d) amax = fmaxf(amax, fabsf(mean[j]));
+    }
+    amax = WarpMax(amax);
+    const float inverse = Fp8RunInverseScale(amax);
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < d) l.landmark_codes[landmark * d + e] = Fp32ToFp8E4m3(mean[j] * inverse);
+    }
+    if (lane == 0) l.landmark_scales[landmark] = Fp8RunScale(amax);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kMaxPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < d) l.landmarks[landmark * d + e] = __float2bfloat16(mean[j]);
+    }
+  }
+  if (lane == 0) {
+    l.outlier[head_index * l.capacity_chunks + c] = 0;
+    p.min_cosine[static_cast<int64_t>(h) * p.num_chunks + c] = lowest;
+  }
+}
+
+// One block per (outlier, KV head).
+__global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
+  const int i = blockIdx.x, h = blockIdx.y;
+  const SkvLayout& l = p.layout;
+  const int chunk = p.outliers[h * p.num_outliers + i];
+  const int run = l.chunk_size * l.head_dim;
+  const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
+  if (threadIdx.x == 0) l.outlier[head_index * l.capacity_chunks + chunk] = 1;
+  const int64_t source = p.cache.HeadOffset(p.cache_slot, p.layer, h) + static_cast<int64_t>(chunk) * run;
+  const int64_t target = l.attn.HeadOffset(p.seq, p.layer, h) + static_cast<int64_t>(i) * run;
+  for (int e = threadIdx.x; e < run; e += blockDim.x) {
+    l.attn.keys[target + e] = p.cache.keys[source + e];
+    l.attn.values[target + e] = p.cache.values[source + e];
+  }
+}
+
+// Dynamic shared memory of the graduation kernel (FP8 landmarks: the means before quantising)
+// and of its A-row kernel (the chunk's pre-RoPE keys as fp32).
+int64_t GraduateSharedBytes(const SkvLayout& l) {
+  return l.fp8_landmarks ? static_cast<int64_t>(l.kv_width()) * 4 : 0;
+}
+int64_t GraduateCoefficientsSharedBytes(const SkvLayout& l) {
+  return static_cast<int64_t>(l.chunk_size) * l.kv_width() * 4;
+}
+
+// One warp per (chunk, KV head): the chunk's values, quantised into the FP8 store.
+constexpr int kStoreWarps = 4;
+__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvLandmarkParams p) {
+  const int c = blockIdx.x * kStoreWarps + threadIdx.x / 32, h = blockIdx.y;
+  if (c >= p.num_chunks) return;
+  const SkvLayout& l = p.layout;
+  const int run = l.chunk_size * l.head_dim;
+  const Bf16* source = p.cache.values + p.cache.HeadOffset(p.cache_slot, p.layer, h) +
+                       static_cast<int64_t>(c) * run;
+  WarpQuantizeFp8Run([&](int i) { return __bfloat162float(source[i]); }, run,
+                     l.ValueCodes(p.seq, p.layer, h, c), l.ValueScale(p.seq, p.layer, h, c));
+}
+
+}  // namespace
+
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget) {
+  return 4ll * capacity_chunks + 4ll * ((capacity_chunks + 31) / 32) + 8ll * max_budget;
+}
+
+cudaError_t SkvConfigureKernels(const SkvLayout& l) {
+  int device = 0, limit = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e != cudaSuccess) return e;
+  const int64_t select_bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget) +
+                               static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
+  const int64_t rebuild_bytes = RebuildSharedBytes(l.rank, l.head_dim);
+  const int64_t graduate_bytes = GraduateSharedBytes(l);
+  const int64_t coefficient_bytes = GraduateCoefficientsSharedBytes(l);
+  if (select_bytes > limit || rebuild_bytes > limit || graduate_bytes > limit ||
+      coefficient_bytes > limit || l.chunk_size > kSkvMaxGraduateChunk ||
+      l.max_budget > kSkvMaxBudgetChunks || l.rank % 8 != 0 ||
+      (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > 8) {
+    return cudaErrorInvalidValue;
+  }
+  // Never lowers a limit another layout of this process raised (an FP8 model's graduation asks
+  // for more than a bf16 one's).
+  auto raise = [&](const void* kernel, int64_t bytes) {
+    return AllowDynamicSharedMemory(kernel, static_cast<int>(bytes));
+  };
+  const int64_t dynamic_select = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  if ((e = raise(reinterpret_cast<const void*>(SkvSelectKernel), dynamic_select)) != cudaSuccess) return e;
+  if ((e = raise(reinterpret_cast<const void*>(SkvGraduateKernel), graduate_bytes)) != cudaSuccess) return e;
+  if ((e = raise(reinterpret_cast<const void*>(SkvGraduateCoefficientsKernel),
+                 coefficient_bytes)) != cudaSuccess) {
+    return e;
+  }
+  const void* rebuild = l.head_dim == 128 ? reinterpret_cast<const void*>(SkvRebuildKernel<128>)
+                                          : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
+  if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
+  if (SkvRebuildFastSharedBytes(l.rank, l.head_dim) > limit) return cudaErrorInvalidValue;
+  return SkvConfigureFastKernels(l, dynamic_select);
+}
+
+cudaError_t LaunchSkvGraduate(const SkvDecodeParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  const SkvLayout& l = p.layout;
+  SkvGraduateKernel<<<p.rows, kGraduateThreads, GraduateSharedBytes(l), stream>>>(p);
+  cudaError_t error = cudaGetLastError();
+  if (error != cudaSuccess) return error;
+  const dim3 coefficient_grid(p.rows, (l.rank + kGraduateBasisRows - 1) / kGraduateBasisRows);
+  SkvGraduateCoefficientsKernel<<<coefficient_grid, kGraduateThreads,
+                                  GraduateCoefficientsSharedBytes(l), stream>>>(p);
+  if ((error = cudaGetLastError()) != cudaSuccess) return error;
+  const size_t shift_bytes = 3ull * (l.recent_capacity - l.chunk_size) * l.head_dim * sizeof(Bf16);
+  SkvShiftKernel<<<dim3(p.rows, l.num_kv_heads), kGraduateThreads, shift_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvScore(const SkvDecodeParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvScoreFast(p, stream);
+  const SkvLayout& l = p.layout;
+  if (l.fp8_landmarks) return cudaErrorInvalidValue;  // the fast kernels only
+  const dim3 grid((l.capacity_chunks + kScoreChunksPerBlock - 1) / kScoreChunksPerBlock,
+                  l.num_kv_heads, p.rows);
+#define SKV_SCORE_CASE(D, G)                                                  \
+  if (l.head_dim == D && l.group == G) {                                      \
+    SkvScoreKernel<D, G><<<grid, kScoreThreads, 0, stream>>>(p);              \
+    return cudaGetLastError();                                                \
+  }
+  SKV_SCORE_CASE(128, 1) SKV_SCORE_CASE(128, 2) SKV_SCORE_CASE(128, 3) SKV_SCORE_CASE(128, 4)
+  SKV_SCORE_CASE(128, 5) SKV_SCORE_CASE(128, 6) SKV_SCORE_CASE(128, 7) SKV_SCORE_CASE(128, 8)
+  SKV_SCORE_CASE(64, 1) SKV_SCORE_CASE(64, 2) SKV_SCORE_CASE(64, 3) SKV_SCORE_CASE(64, 4)
+  SKV_SCORE_CASE(64, 5) SKV_SCORE_CASE(64, 6) SKV_SCORE_CASE(64, 7) SKV_SCORE_CASE(64, 8)
+#undef SKV_SCORE_CASE
+  return cudaErrorInvalidValue;
+}
+
+SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& p, int first, int count) {
+  const SkvLayout& l = p.layout;
+  const int64_t heads = first * static_cast<int64_t>(l.num_kv_heads);  // (row, KV head) pairs before
+  SkvDecodeParams part = p;
+  part.meta = p.meta + first;
+  part.rows = count;
+  part.queries = p.queries + heads * l.group * l.head_dim;
+  part.logits = p.logits + heads * l.group * l.capacity_chunks;
+  if (p.softmax_partials) {
+    part.softmax_partials =
+        p.softmax_partials + heads * l.group * SkvScoreBlocks(l.capacity_chunks) * 2;
+  }
+  part.miss_chunk = p.miss_chunk + heads * l.max_budget;
+  return part;
+}
+
+cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  const SkvLayout& l = p.layout;
+  if (l.max_budget > kSkvMaxBudgetChunks) return cudaErrorInvalidValue;
+  const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
+  if (p.select_successors) return cudaErrorInvalidValue;  // the fast kernels only
+  SkvSelectKernel<<<dim3(l.num_kv_heads, p.rows), kSelectThreads, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  const SkvLayout& l = p.layout;
+  if ((l.chunk_size * l.head_dim) % 8 != 0) return cudaErrorInvalidValue;
+  SkvFetchValuesKernel<<<dim3(l.max_budget, l.num_kv_heads, p.rows), kFetchThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  const SkvLayout& l = p.layout;
+  if (l.rank % 8 != 0) return cudaErrorInvalidValue;
+  if (p.kernel_variant == kSkvKernelsFast && SkvRebuildFastApplies(p)) {
+    return LaunchSkvRebuildFast(p, stream);
+  }
+  const int64_t bytes = RebuildSharedBytes(l.rank, l.head_dim);
+  const dim3 grid((l.max_budget + kRebuildSlots - 1) / kRebuildSlots, l.num_kv_heads, p.rows);
+  if (l.head_dim == 128) {
+    SkvRebuildKernel<128><<<grid, kRebuildWarps * 32, bytes, stream>>>(p);
+  } else if (l.head_dim == 64) {
+    SkvRebuildKernel<64><<<grid, kRebuildWarps * 32, bytes, stream>>>(p);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
+  if (p.num_chunks == 0) return cudaSuccess;
+  if (!p.layout.fp8_values) return cudaErrorInvalidValue;
+  const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
+  SkvStoreValuesFp8Kernel<<<grid, kStoreWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& p, cudaStream_t stream) {
+  if (p.num_chunks == 0) return cudaSuccess;
+  if (p.layout.head_dim > 128) return cudaErrorInvalidValue;
+  const dim3 grid((p.num_chunks + kLandmarkWarps - 1) / kLandmarkWarps, p.layout.num_kv_heads);
+  SkvLandmarkKernel<<<grid, kLandmarkWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& p, cudaStream_t stream) {
+  if (p.num_outliers == 0) return cudaSuccess;
+  SkvPlaceOutliersKernel<<<dim3(p.num_outliers, p.layout.num_kv_heads), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace shadowkv::cuda

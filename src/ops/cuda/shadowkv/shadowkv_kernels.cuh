@@ -1,0 +1,176 @@
+// ShadowKV decode and compression kernels (DESIGN.md): landmark scoring, top-k with gather-slot
+// reuse, value fetch, low-rank key rebuild with RoPE, graduation of generated chunks, and the
+// per-chunk landmarks / outliers of a freshly prefilled sequence.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "ops/cuda/common/kv_cache_view.cuh"
+#include "ops/cuda/shadowkv/shadowkv_meta.h"
+
+namespace shadowkv::cuda {
+
+constexpr int kSkvMaxBudgetChunks = 1024;  // K per KV head at most (one select block's threads)
+constexpr int kSkvMaxGraduateChunk = 16;   // C at most (a graduating chunk's tokens in registers)
+constexpr int kSkvScoreChunksPerBlock = 256;  // chunks scored by one block of the fast kernel
+SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
+  return (capacity_chunks + kSkvScoreChunksPerBlock - 1) / kSkvScoreChunksPerBlock;
+}
+
+// Where every ShadowKV sequence keeps its state ([seqs, layers, ...] buffers, one per kind).
+struct SkvLayout {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int group = 0;          // query heads per KV head
+  int chunk_size = 0;     // C
+  int rank = 0;           // r (multiple of 8)
+  int capacity_chunks = 0;  // chunks one sequence can hold
+  int max_budget = 0;       // K slots reserved per (sequence, layer, KV head)
+  int recent_capacity = 0;  // W + C rows of exact keys
+  // Attention buffer, K and V: [seqs, layers, kv_heads, attn capacity, head_dim]: rows
+  // [0, O·C) outlier chunks, [O·C, (O+K)·C) gather slots, then the exact recent tokens.
+  KvCacheView attn;
+  __nv_bfloat16* keys_pre = nullptr;      // [seqs, layers, recent_capacity, kv_width]
+  __nv_bfloat16* coefficients = nullptr;  // A: [seqs, layers, capacity_chunks * C, rank]
+  __nv_bfloat16* basis = nullptr;         // B: [seqs, layers, rank, kv_width]
+  __nv_bfloat16* landmarks = nullptr;     // [seqs, layers, kv_heads, capacity_chunks, head_dim]
+  // FP8 landmarks (core/fp8.h) instead of `landmarks`: e4m3 codes in the same order, and one
+  // scale per landmark [seqs, layers, kv_heads, capacity_chunks]. Fast kernels only, with
+  // capacity_chunks a multiple of 16.
+  int fp8_landmarks = 0;
+  uint8_t* landmark_codes = nullptr;
+  float* landmark_scales = nullptr;
+  uint8_t* outlier = nullptr;             // [seqs, layers, kv_heads, capacity_chunks] 1 = outlier
+  int32_t* slot_chunk = nullptr;          // [seqs, layers, kv_heads, max_budget] -1 = empty
+  // values[seq] → [layers, kv_heads, capacity_chunks * C, head_dim]: device or mapped pinned
+  // host memory; one chunk of one head is one contiguous run. With fp8_values the run is e4m3
+  // codes (1 byte each) and the store continues, after all the codes, with one fp32 scale per
+  // run [layers, kv_heads, capacity_chunks] (core/fp8.h).
+  __nv_bfloat16* const* values = nullptr;
+  int fp8_values = 0;
+  const SkvSequenceInfo* info = nullptr;      // [seqs]
+  // [seqs, 2]: each sequence's chunks selected, of which hits (or null)
+  unsigned long long* counters = nullptr;
+
+  SKV_HOST_DEVICE int kv_width() const { return num_kv_heads * head_dim; }
+  // Index of (sequence, layer, KV head) in the [seqs, layers, kv_heads, ...] buffers.
+  SKV_HOST_DEVICE int64_t HeadIndex(int seq, int layer, int head) const {
+    return (static_cast<int64_t>(seq) * num_layers + layer) * num_kv_heads + head;
+  }
+  // Sequence `seq`'s two counters, or null where the layout keeps none.
+  SKV_HOST_DEVICE unsigned long long* SequenceCounters(int seq) const {
+    return counters ? counters + 2 * static_cast<int64_t>(seq) : nullptr;
+  }
+  // Index of the run (layer, head, chunk) within one sequence's value store or landmark set.
+  SKV_HOST_DEVICE int64_t RunIndex(int layer, int head, int chunk) const {
+    return (static_cast<int64_t>(layer) * num_kv_heads + head) * capacity_chunks + chunk;
+  }
+  // FP8 value store of sequence `seq`: codes of a run, and its scale.
+  SKV_HOST_DEVICE uint8_t* ValueCodes(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<uint8_t*>(values[seq]) +
+           RunIndex(layer, head, chunk) * chunk_size * head_dim;
+  }
+  SKV_HOST_DEVICE float* ValueScale(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(values[seq]) +
+                                    RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
+           RunIndex(layer, head, chunk);
+  }
+};
+
+struct SkvDecodeParams {
+  SkvLayout layout;
+  const SkvRowMeta* meta = nullptr;  // [rows]
+  int rows = 0;
+  int layer = 0;
+  const __nv_bfloat16* queries = nullptr;  // [rows, kv_heads * group * head_dim] post-RoPE
+  float* logits = nullptr;                 // [rows, kv_heads * group, capacity_chunks] scratch
+  // Fast kernels: each scoring block's softmax statistics (max, sum of exp(logit - max)) over
+  // its kSkvScoreChunksPerBlock chunks, [rows, kv_heads * group, SkvScoreBlocks(capacity), 2].
+  float* softmax_partials = nullptr;
+  int32_t* miss_chunk = nullptr;           // [rows, kv_heads, max_budget] chunk to fill, or -1
+  const float* inv_freq = nullptr;         // [rotary_dim / 2]
+  int rotary_dim = 0;
+  bool halves = false;
+  float scale = 0.0f;  // 1/sqrt(head_dim)
+  // kSkvKernelsFirst: the first kernels (kept to compare); kSkvKernelsFast: unrolled scoring,
+  // three-pass select with warp-aggregated radix histograms, and the register-RoPE rebuild
+  // (64 slots per block, cp.async double buffering; full-width rotary only, else the first).
+  int kernel_variant = 1;
+  // Select each top chunk's successor with it (kv::SelectTopKWithSuccessors): the top K of
+  // max(key[c], key[c - 1]) over selectable neighbours. Fast kernels only.
+  int select_successors = 0;
+  // Fast select: 1 = a 12-bit first radix digit counted while the keys are written, the later
+  // digits over its candidates only, and ballot placement; 0 = four 8-bit digits over every key
+  // (kept to compare).
+  int coarse_select = 1;
+  // Coarse select: registers a thread may use, 64 (0: the default; 512 threads, two blocks per
+  // SM; budgets up to 512 chunks, else 32) or 32 (1024 or 512 threads, two or four blocks per SM).
+  int select_registers = 0;
+  // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
+  int rebuild_slots = 0;
+};
+
+constexpr int kSkvKernelsFirst = 0;
+constexpr int kSkvKernelsFast = 1;
+
+// The same step restricted to rows [first, first + count) of `params` (their metadata, queries
+// and per-row scratch), for the decode kernels below but graduation.
+SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& params, int first, int count);
+// A step's rows are split in two for the selection from this many rows.
+constexpr int kSkvSplitMinRows = 4;
+
+// Graduation (rows whose graduate_chunk >= 0): A rows = K_pre·Bᵀ, landmark, values to the store,
+// then the exact window moves down by one chunk.
+cudaError_t LaunchSkvGraduate(const SkvDecodeParams& params, cudaStream_t stream);
+// logits[row, q head, chunk] = scale·q·L (−inf for outliers); chunks [0, num_chunks).
+cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);
+// Softmax per query head, max over the group, top-K (ties: lower chunk first), hits against the
+// gather slots, misses written to miss_chunk and slot_chunk; counters updated.
+cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
+// Values of the missed chunks: store → attention buffer gather rows.
+cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& params, cudaStream_t stream);
+// Keys of the missed chunks: A rows · B_h on tensor cores, RoPE at the chunk's positions.
+cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& params, cudaStream_t stream);
+
+// Compression of one freshly prefilled sequence, one layer: landmarks (mean post-RoPE key of
+// each chunk) and each chunk's smallest cosine between its landmark and its keys.
+struct SkvLandmarkParams {
+  SkvLayout layout;
+  int seq = 0;
+  int layer = 0;
+  KvCacheView cache;  // the full cache holding the prompt's post-RoPE keys and values
+  int cache_slot = 0;
+  int num_chunks = 0;
+  float* min_cosine = nullptr;  // [kv_heads, num_chunks]
+};
+cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& params, cudaStream_t stream);
+
+// Marks the chosen outlier chunks and copies their exact K/V into the attention buffer.
+struct SkvOutlierParams {
+  SkvLayout layout;
+  int seq = 0;
+  int layer = 0;
+  KvCacheView cache;
+  int cache_slot = 0;
+  const int32_t* outliers = nullptr;  // [kv_heads, num_outliers] chunk indices, increasing
+  int num_outliers = 0;
+};
+cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t stream);
+
+// FP8 value store only: the values of chunks [0, num_chunks) of every KV head of one layer,
+// quantised from a full cache slot into sequence `seq`'s store (one run per chunk per head).
+// Reads the same fields as the landmarks (all but min_cosine).
+cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
+
+// Dynamic shared memory of the select kernel.
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);
+
+// Checks the layout against the kernels' limits and raises their shared-memory limits (call
+// before the first launch, outside any graph capture). cudaErrorInvalidValue: not supported.
+cudaError_t SkvConfigureKernels(const SkvLayout& layout);
+
+}  // namespace shadowkv::cuda
