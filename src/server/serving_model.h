@@ -1,6 +1,6 @@
 // ServingModel: what the scheduler and the HTTP server need of a model: its shapes, tokenizer and
 // GGUF file, KV policies for it, and batched forward steps. CpuServingModel serves a CpuModel
-// with any CPU KV policy; the CUDA backend has its own (ops/cuda/cuda_serving_model.h).
+// with any CPU KV policy; the CUDA backend has its own (gpu/serving/cuda_serving_model.h).
 #pragma once
 
 #include <memory>

@@ -115,7 +115,7 @@ inline double RelativeError(const std::vector<float>& got, const std::vector<flo
   return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
-// Tolerances (METHOD.md: bf16 operands land between 1e-3 and 1e-2). One rounding to bf16 of a
+// Tolerances (bf16 operands land between 1e-3 and 1e-2). One rounding to bf16 of a
 // result computed in fp32 has a relative RMS error near 2^-9/√3 ≈ 1.1e-3.
 constexpr double kBf16OutputTolerance = 5e-3;  // fp32 math, one bf16 rounding at the end
 constexpr double kAttentionTolerance = 1e-2;   // probabilities rounded to bf16 as well

@@ -1,5 +1,6 @@
 // Whether a CUDA GPU can be used, and what it is. Pure C++: any part of the engine may include it
-// (the CUDA backend's other public headers are cuda_model.h and cuda_bench.h).
+// (the GPU stack's pure C++ headers are gpu/model/cuda_model.h, gpu/tp/cuda_model_group.h,
+// gpu/serving/cuda_serving_model.h and gpu/bench/cuda_bench.h).
 #pragma once
 
 #include <cstdint>
