@@ -211,6 +211,7 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 20));
   AddTensorParallelOptions(cmd, o.tensor_parallel);
+  AddKernelTuningOptions(cmd);
 }
 
 int RunCudaBenchFrom(const BenchOptions& o) {
