@@ -588,6 +588,7 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 20));
   AddTensorParallelOptions(cmd, o.tensor_parallel);
+  AddKernelTuningOptions(cmd);
 }
 
 int RunBenchOnDevice(const BenchOptions& o) {

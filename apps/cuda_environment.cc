@@ -1,5 +1,45 @@
-// Reads the CUDA subcommands' environment variables into the library's options.
+// Reads the CUDA subcommands' environment variables and tuning flags into the library's options.
 #include "cuda_environment.h"
+
+#include "options.h"
+
+namespace shadowkv::app {
+namespace {
+
+// Splits per (row, KV head) at most: kDecodeMaxSplits of ops/cuda/attention/decode_attention.cuh,
+// which only CUDA builds can include (checked against it below).
+constexpr int kMaxAttentionSplits = 64;
+
+// What the tuning flags set; defaults are the library's. Flags are parsed once per process.
+cuda::CudaKernelOptions& TuningFlags() {
+  static cuda::CudaKernelOptions tuning;
+  return tuning;
+}
+
+}  // namespace
+
+void AddKernelTuningOptions(CLI::App& app) {
+  cuda::CudaKernelOptions& k = TuningFlags();
+  app.add_flag("--split-rows,!--no-split-rows", k.split_rows,
+               "cuda shadowkv: a step of 4 rows or more runs its selection and attention in two "
+               "parts on their own streams")
+      ->capture_default_str();
+  app.add_option("--split-share", k.split_share,
+                 "cuda shadowkv: percent of a split step's rows in its first part")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 90));
+  app.add_option("--rebuild-slots", k.rebuild_slots,
+                 "cuda shadowkv: gather slots per key-rebuild block (0: 32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 32, 64, 128}));
+  app.add_option("--attention-splits", k.attention_splits,
+                 "cuda shadowkv: split count of the sparse attention (0: the full attention's "
+                 "rule for the step's rows)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, kMaxAttentionSplits));
+}
+
+}  // namespace shadowkv::app
 
 #ifdef SHADOWKV_HAVE_CUDA
 
@@ -9,9 +49,12 @@
 #include <string_view>
 
 #include "gpu/tp/communicator.h"
+#include "ops/cuda/attention/decode_attention.cuh"
 
 namespace shadowkv::app {
 namespace {
+
+static_assert(kMaxAttentionSplits == cuda::kDecodeMaxSplits);
 
 // The integer in variable `name`: nullopt when unset or empty, an error when not an integer.
 Result<std::optional<int>> ReadInt(const char* name) {
@@ -43,17 +86,10 @@ Status ReadFlag(const char* name, bool only_one, bool* field) {
 }  // namespace
 
 Result<cuda::CudaKernelOptions> KernelOptionsFromEnvironment() {
-  cuda::CudaKernelOptions k;
-  SKV_RETURN_IF_ERROR(Read("SKV_DECODE_VARIANT", &k.decode_attention_variant));
-  SKV_RETURN_IF_ERROR(Read("SKV_PREFILL_VARIANT", &k.prefill_attention_variant));
-  SKV_RETURN_IF_ERROR(Read("SKV_GEMM_VARIANT", &k.gemm_variant));
+  cuda::CudaKernelOptions k = TuningFlags();
   SKV_RETURN_IF_ERROR(Read("SKV_SHADOWKV_KERNELS", &k.shadowkv_kernels));
   SKV_RETURN_IF_ERROR(Read("SKV_SELECT_COARSE", &k.coarse_select));
   SKV_RETURN_IF_ERROR(Read("SKV_SELECT_REGISTERS", &k.select_registers));
-  SKV_RETURN_IF_ERROR(ReadFlag("SKV_SPLIT_ROWS", /*only_one=*/false, &k.split_rows));
-  SKV_RETURN_IF_ERROR(Read("SKV_SPLIT_SHARE", &k.split_share));
-  SKV_RETURN_IF_ERROR(Read("SKV_REBUILD_SLOTS", &k.rebuild_slots));
-  SKV_RETURN_IF_ERROR(Read("SKV_ATTN_SPLITS", &k.attention_splits));
   return k;
 }
 

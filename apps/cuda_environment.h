@@ -1,8 +1,7 @@
-// The environment variables the CUDA subcommands honour (kernel variants to compare against the
-// defaults, tensor-parallel debugging), read here only: the library takes them as options.
+// The CUDA subcommands' kernel settings: the variant selectors still read from the environment
+// (to compare against the defaults), the bench's tuning flags, and the tensor-parallel process
+// settings (debugging); the library takes them all as options.
 #pragma once
-
-#ifdef SHADOWKV_HAVE_CUDA
 
 #include "core/status.h"
 #include "gpu/model/cuda_model.h"
@@ -10,10 +9,13 @@
 
 namespace shadowkv::app {
 
-// SKV_DECODE_VARIANT, SKV_PREFILL_VARIANT, SKV_GEMM_VARIANT, SKV_SHADOWKV_KERNELS,
-// SKV_SELECT_COARSE, SKV_SELECT_REGISTERS, SKV_SPLIT_ROWS, SKV_SPLIT_SHARE, SKV_REBUILD_SLOTS and
-// SKV_ATTN_SPLITS (ops/cuda/NOTES.md); unset or empty ones keep the defaults. A value that is not
-// an integer is kInvalidArgument naming the variable.
+#ifdef SHADOWKV_HAVE_CUDA
+
+// The tuning that AddKernelTuningOptions's flags set (options.h: --split-rows/--no-split-rows,
+// --split-share, --rebuild-slots, --attention-splits; the library's defaults where they were not
+// registered or not given), with the ShadowKV variant selectors SKV_SHADOWKV_KERNELS,
+// SKV_SELECT_COARSE and SKV_SELECT_REGISTERS (ops/cuda/NOTES.md) over it; unset or empty ones
+// keep the defaults. A value that is not an integer is kInvalidArgument naming the variable.
 Result<cuda::CudaKernelOptions> KernelOptionsFromEnvironment();
 
 // SHADOWKV_TP_LOCAL=1 sets tp->local; SHADOWKV_TP_TRACE=1, SHADOWKV_TP_STEP_TIMEOUT_S and
@@ -21,6 +23,6 @@ Result<cuda::CudaKernelOptions> KernelOptionsFromEnvironment();
 // made.
 Status ApplyTensorParallelEnvironment(TensorParallelOptions* tp);
 
-}  // namespace shadowkv::app
-
 #endif  // SHADOWKV_HAVE_CUDA
+
+}  // namespace shadowkv::app

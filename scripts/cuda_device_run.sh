@@ -2,8 +2,8 @@
 # Runs a CUDA bundle made by scripts/cuda_bundle.sh on a GPU machine: the GPU tests, the same
 # under compute-sanitizer, the CUDA bench (synthetic Llama-3-8B) and the PyTorch SDPA anchor.
 # Logs and JSON go to $OUT (default /tmp/shadowkv_out); a short summary is printed last.
-# micro: the kernel micro-benchmarks (decode attention variants and split counts, prefill
-# attention, GEMMs) from the GPU test binary with SKV_GPU_BENCH=1.
+# micro: the kernel micro-benchmarks (decode attention split counts against the read probe,
+# prefill attention, GEMMs) from the GPU test binary with SKV_GPU_BENCH=1.
 # tp: the tensor-parallel tests and a Llama-3-8B bench split in two (docs/TENSOR_PARALLEL.md).
 # tp-scale: Llama-3-8B on 1 and 2 GPUs and the 70B shape on 2, at 122K and 244K, up to 280 s
 #   each: more than one call allows, so pick cases with TP_SCALE_CASES (e.g. llama3-8b:2) and
@@ -54,22 +54,6 @@ for step in "${steps[@]}"; do
     micro)
       SKV_GPU_BENCH=1 timeout 240 "$stage/bin/shadowkv_gpu_tests" --gtest_filter='*Bench*' \
         > "$out/micro.log" 2>&1
-      # With "pick", the later steps run the fastest variant of each kernel found here (decode:
-      # auto split count at 61440 x 16; prefill: the last chunk of 122K; GEMMs: a whole step).
-      if [ "${SKV_PICK_VARIANTS:-0}" = 1 ]; then
-        # Variants that failed a parity test in the tests step are never picked.
-        failed() { grep -A6 "$1:[0-9]*: Failure" "$out/gpu_tests.log" 2>/dev/null |
-                   grep -oE "variant [0-9]+" | awk '{print $2}' | sort -u | tr '\n' ' '; }
-        pick() { grep -E "$1" "$out/micro.log" | sed -E "s/.*variant ([0-9]+).*: ([0-9.]+) ms.*/\2 \1/" |
-                 awk -v bad=" $2 " 'index(bad, " " $2 " ") == 0' | sort -n | head -1 | cut -d' ' -f2; }
-        v=$(pick '^\[bench\] rows 16 context 61440 variant .*\(auto\)' "$(failed decode_attention_test.cc)")
-        [ -n "$v" ] && export SKV_DECODE_VARIANT=$v
-        v=$(pick '^\[bench\] prefill chunk of 4096 at position 120832 variant' "$(failed prefill_attention_test.cc)")
-        [ -n "$v" ] && export SKV_PREFILL_VARIANT=$v
-        v=$(pick '^\[bench\] gemm variant' "$(failed gemm_test.cc)")
-        [ -n "$v" ] && export SKV_GEMM_VARIANT=$v
-        echo "picked: SKV_DECODE_VARIANT=${SKV_DECODE_VARIANT:-} SKV_PREFILL_VARIANT=${SKV_PREFILL_VARIANT:-} SKV_GEMM_VARIANT=${SKV_GEMM_VARIANT:-}" | tee -a "$out/micro.log"
-      fi
       ;;
     bench)
       timeout 420 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b --kv full \

@@ -4,17 +4,17 @@
 # full-vs-ShadowKV bench (synthetic Llama-3-8B at 60K and 122K). Logs and JSON go to $OUT
 # (default /tmp/shadowkv_out); a short summary is printed last. When the fast ShadowKV kernels
 # fail their parity tests, the bench runs the first ones (SKV_SHADOWKV_KERNELS=0) and says so.
-# Usage: scripts/cuda_device_run_shadowkv.sh [tests] [sanitize] [bench] [smoke] [gemm]
+# Usage: scripts/cuda_device_run_shadowkv.sh [tests] [sanitize] [bench] [smoke]
 #   (default: tests bench)
 #   smoke: the bench at 16K with 16 steps (a quick check before the long run)
-#   gemm: a full-attention step at 4K, batch 8, with cuBLAS and with the skinny GEMM kernel
 #   bench-fp8: the same bench beside ShadowKV with FP8 values, and with FP8 values and landmarks
 #     (device-resident values only: --no-host-values)
 #   kernels: each decode kernel of one layer timed alone (tests/gpu/shadowkv_kernels_bench_test.cc;
 #     the select's variants and the fast rebuild at 32, 64 and 128 gather slots per block)
 #   tune: ShadowKV with FP8 values and landmarks at TUNE_CONTEXT (124928) and TUNE_BATCH (20),
-#     once per setting of the step (TUNE_SETTINGS, "name:VAR=value VAR=value|name:..."; default:
-#     the defaults, SKV_SPLIT_ROWS=0, that and SKV_SELECT_COARSE=0, SKV_REBUILD_SLOTS=64)
+#     once per setting of the step (TUNE_SETTINGS, "name:word word|name:...", a word being a
+#     bench flag such as --split-share=40 or a variant variable such as SKV_SELECT_COARSE=0;
+#     default: the defaults, --no-split-rows, that and SKV_SELECT_COARSE=0, --rebuild-slots=64)
 #   profile: Nsight Compute on the first launches of the kernels matching PROFILE_KERNELS (a
 #     '|'-separated list of name regexes; default the two register-basis rebuilds) in the kernel
 #     bench, clocks left alone; PROFILE_BASE=mangled matches template arguments too
@@ -92,28 +92,28 @@ for step in "${steps[@]}"; do
         --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 --no-host-values \
         --json "$out/bench_fp8.json" > "$out/bench_fp8.log" 2>&1
       ;;
-    gemm)
-      for variant in 0 1; do
-        SKV_GEMM_VARIANT=$variant timeout 30 "$stage/bin/shadowkv" bench --device cuda \
-          --synthetic llama3-8b --kv full --context 4096 --batch 8 --gen 32 --prefill-chunk 4096 \
-          > "$out/bench_gemm$variant.log" 2>&1
-      done
-      ;;
     kernels)
       SKV_GPU_BENCH=1 timeout 120 "$stage/bin/shadowkv_gpu_tests" \
         --gtest_filter='CudaShadowKvKernelsBench.*' > "$out/kernels.log" 2>&1
       ;;
     tune)
-      settings=${TUNE_SETTINGS:-"defaults:|no-split:SKV_SPLIT_ROWS=0|radix8:SKV_SPLIT_ROWS=0 SKV_SELECT_COARSE=0|slots64:SKV_REBUILD_SLOTS=64"}
+      settings=${TUNE_SETTINGS:-"defaults:|no-split:--no-split-rows|radix8:--no-split-rows SKV_SELECT_COARSE=0|slots64:--rebuild-slots=64"}
       IFS='|' read -r -a settings <<< "$settings"
       for setting in "${settings[@]}"; do
         name=${setting%%:*}
-        # shellcheck disable=SC2086
-        env ${setting#*:} timeout 150 "$stage/bin/shadowkv" bench --device cuda \
-          --synthetic llama3-8b --kv shadowkv:fp8_values=1:fp8_landmarks=1 \
+        variables=()
+        flags=()
+        for word in ${setting#*:}; do
+          case $word in
+            --*) flags+=("$word") ;;
+            *) variables+=("$word") ;;
+          esac
+        done
+        env ${variables[@]+"${variables[@]}"} timeout 150 "$stage/bin/shadowkv" bench \
+          --device cuda --synthetic llama3-8b --kv shadowkv:fp8_values=1:fp8_landmarks=1 \
           --context "${TUNE_CONTEXT:-124928}" --batch "${TUNE_BATCH:-20}" --gen 128 \
           --prefill-chunk 4096 --no-host-values --json "$out/tune_$name.json" \
-          > "$out/tune_$name.log" 2>&1
+          ${flags[@]+"${flags[@]}"} > "$out/tune_$name.log" 2>&1
       done
       ;;
     profile)
@@ -162,8 +162,4 @@ for log in "$out"/tp_alone*.log; do
 done
 [ -f "$out/bench_accept.log" ] && cat "$out/bench_accept.log"
 [ -f "$out/bench_accept_host.log" ] && cat "$out/bench_accept_host.log"
-for variant in 0 1; do
-  [ -f "$out/bench_gemm$variant.log" ] && echo "SKV_GEMM_VARIANT=$variant:" &&
-    grep -E "^full|error|Error" "$out/bench_gemm$variant.log"
-done
 exit 0

@@ -58,6 +58,10 @@ expect_error bad_bench_fp8 "fp8_values must be 0 or 1" "$bin" bench -m "$model" 
 # Tensor parallelism is CUDA-only: on the CPU paths it is refused, naming what is missing.
 expect_error tp_generate_cpu "needs --device cuda" "$bin" generate -m "$model" -p hi --tensor-parallel 2
 expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tensor-parallel 2
+# The CUDA kernels' tuning flags check their ranges while parsing, on every build.
+expect_error bad_split_share "split-share.*not in range" "$bin" bench -m "$model" --split-share 95
+expect_error bad_rebuild_slots "rebuild-slots.*not in" "$bin" bench -m "$model" --rebuild-slots 48
+expect_error bad_attention_splits "attention-splits.*not in range" "$bin" bench -m "$model" --attention-splits 65
 expect_error synthetic_bench_cpu "needs --device cuda" "$bin" bench --synthetic llama3-8b --device cpu
 # Without --device, --synthetic takes the GPU path: a build without CUDA says so, a CUDA build
 # stops at the bad context before touching a GPU.

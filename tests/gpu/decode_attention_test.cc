@@ -1,6 +1,6 @@
-// GPU split-KV decode attention against the CPU attention op: every kernel variant, head dims
-// 64/128, GQA groups 1-8, one split or many, sequences of different lengths in one launch. With
-// SKV_GPU_BENCH=1 a micro-benchmark also times the variants at Llama-3-8B decode shapes.
+// GPU split-KV decode attention against the CPU attention op: head dims 64/128, GQA groups 1-8,
+// one split or many, sequences of different lengths in one launch. With SKV_GPU_BENCH=1 a
+// micro-benchmark also times it at Llama-3-8B decode shapes against the read probe.
 #include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>
@@ -10,14 +10,15 @@
 #include "attention_test_util.h"
 #include "ops/cpu/attention.h"
 #include "ops/cuda/elementwise/fill_random.cuh"
+#include "read_probe.h"
 
 namespace shadowkv::cuda {
 namespace {
 
 using namespace testing;
 
-void CheckDecode(int head_dim, int group, int num_splits, int variant) {
-  std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits + 7919 * variant);
+void CheckDecode(int head_dim, int group, int num_splits) {
+  std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim;
   const std::vector<int64_t> slot_lengths = {200, 1337, 1, 700};
@@ -49,7 +50,6 @@ void CheckDecode(int head_dim, int group, int num_splits, int variant) {
   p.head_dim = head_dim;
   p.num_splits = num_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  p.variant = variant;
   SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
@@ -69,35 +69,29 @@ void CheckDecode(int head_dim, int group, int num_splits, int variant) {
   RunAttention(shape, jobs, pool);
   const double error = RelativeError(got, want);
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
-                                        << " splits " << num_splits << " variant " << variant;
+                                        << " splits " << num_splits;
   ::testing::Test::RecordProperty(
       "relative_error_h" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_s" +
-          std::to_string(num_splits) + "_v" + std::to_string(variant),
+          std::to_string(num_splits),
       std::to_string(error));
 }
 
 TEST(CudaDecodeAttentionTest, Llama3ShapeManySplits) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
-    CheckDecode(128, 4, 64, variant);
-    CheckDecode(128, 4, 7, variant);
-  }
+  CheckDecode(128, 4, 64);
+  CheckDecode(128, 4, 7);
 }
 
 TEST(CudaDecodeAttentionTest, OneSplitPerSequence) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
-    CheckDecode(128, 4, 1, variant);
-    CheckDecode(64, 3, 1, variant);
-  }
+  CheckDecode(128, 4, 1);
+  CheckDecode(64, 3, 1);
 }
 
 TEST(CudaDecodeAttentionTest, EveryGroupSizeAndHeadDim) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
-    for (int head_dim : {64, 128}) {
-      for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16, variant);
-    }
+  for (int head_dim : {64, 128}) {
+    for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16);
   }
 }
 
@@ -168,33 +162,30 @@ TEST(CudaDecodeAttentionBench, StreamingRate) {
                 bytes / read_ms / 1e6, 2.0 * count * 2 / copy_ms / 1e6);
 
     const int auto_splits = DecodeNumSplits(shape.rows, num_kv_heads, 8 * device->multiprocessors);
-    for (int variant = 0; variant < kDecodeNumVariants; ++variant) {
-      for (int splits : {auto_splits, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32}) {
-        DecodeAttentionParams p;
-        p.queries = queries.get();
-        p.cache = view;
-        p.layer = 0;
-        p.slots = slots_buffer.get();
-        p.positions = positions_buffer.get();
-        p.partial_out = partial_out.get();
-        p.partial_lse = partial_lse.get();
-        p.out = out.get();
-        p.rows = shape.rows;
-        p.num_query_heads = num_query_heads;
-        p.num_kv_heads = num_kv_heads;
-        p.head_dim = head_dim;
-        p.num_splits = splits;
-        p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-        p.variant = variant;
-        SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
-        SKV_ASSERT_CUDA(cudaDeviceSynchronize());
-        const double ms = MedianMs(10, [&] { LaunchDecodeAttention(p, nullptr); });
-        std::printf("[bench] rows %d context %lld variant %d splits %d%s: %.3f ms = %.0f GB/s "
-                    "(%.1f%% of the read probe)\n",
-                    shape.rows, static_cast<long long>(shape.context), variant, splits,
-                    splits == auto_splits ? " (auto)" : "", ms, bytes / ms / 1e6,
-                    100.0 * read_ms / ms);
-      }
+    for (int splits : {auto_splits, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32}) {
+      DecodeAttentionParams p;
+      p.queries = queries.get();
+      p.cache = view;
+      p.layer = 0;
+      p.slots = slots_buffer.get();
+      p.positions = positions_buffer.get();
+      p.partial_out = partial_out.get();
+      p.partial_lse = partial_lse.get();
+      p.out = out.get();
+      p.rows = shape.rows;
+      p.num_query_heads = num_query_heads;
+      p.num_kv_heads = num_kv_heads;
+      p.head_dim = head_dim;
+      p.num_splits = splits;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
+      SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+      const double ms = MedianMs(10, [&] { LaunchDecodeAttention(p, nullptr); });
+      std::printf("[bench] rows %d context %lld splits %d%s: %.3f ms = %.0f GB/s "
+                  "(%.1f%% of the read probe)\n",
+                  shape.rows, static_cast<long long>(shape.context), splits,
+                  splits == auto_splits ? " (auto)" : "", ms, bytes / ms / 1e6,
+                  100.0 * read_ms / ms);
     }
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
   }

@@ -1,6 +1,6 @@
-// bf16 GEMMs (cuBLAS and the skinny decode kernel) against the CPU op (DequantGemm of a BF16
-// weight), fp32 and bf16 outputs. With SKV_GPU_BENCH=1 a micro-benchmark times a Llama-3-8B decode
-// step's GEMMs (32 layers and the head, 16 rows) per variant.
+// bf16 GEMMs on cuBLAS against the CPU op (DequantGemm of a BF16 weight), fp32 and bf16 outputs.
+// With SKV_GPU_BENCH=1 a micro-benchmark times a Llama-3-8B decode step's GEMMs (32 layers and
+// the head, 16 rows).
 #include "ops/cuda/gemm/gemm.h"
 
 #include <cublasLt.h>
@@ -20,9 +20,8 @@ namespace {
 
 using namespace testing;
 
-void CheckGemmVariant(int64_t rows, int64_t in, int64_t out, GemmOutput output, float beta,
-                      int variant) {
-  std::mt19937 rng(static_cast<uint32_t>(rows * 131 + in + out + 7919 * variant));
+void CheckGemm(int64_t rows, int64_t in, int64_t out, GemmOutput output, float beta) {
+  std::mt19937 rng(static_cast<uint32_t>(rows * 131 + in + out));
   const std::vector<float> x = RandomBf16Values(rows * in, rng);
   const std::vector<float> w = RandomBf16Values(out * in, rng, 1.0f / std::sqrt(float(in)));
   const std::vector<float> initial = RandomFloats(rows * out, rng);
@@ -43,7 +42,6 @@ void CheckGemmVariant(int64_t rows, int64_t in, int64_t out, GemmOutput output, 
   p.in = in;
   p.out = out;
   p.beta = beta;
-  p.variant = variant;
   const Status status = RunGemm(handle, p);
   ASSERT_TRUE(status.ok()) << status.ToString();
   const std::vector<float> got = output == GemmOutput::kFloat32 ? ToHost(y32) : ToHostBf16(y16);
@@ -61,17 +59,10 @@ void CheckGemmVariant(int64_t rows, int64_t in, int64_t out, GemmOutput output, 
   // Same bf16 operands on both sides: an fp32 output differs only by summation order (and the
   // tensor cores' accumulation), far below bf16 rounding.
   EXPECT_LT(error, output == GemmOutput::kFloat32 ? 1e-4 : kBf16OutputTolerance)
-      << rows << " x " << in << " -> " << out << ", variant " << variant;
+      << rows << " x " << in << " -> " << out;
   ::testing::Test::RecordProperty("relative_error_" + std::to_string(rows) + "x" +
-                                      std::to_string(in) + "x" + std::to_string(out) + "_v" +
-                                      std::to_string(variant),
+                                      std::to_string(in) + "x" + std::to_string(out),
                                   std::to_string(error));
-}
-
-void CheckGemm(int64_t rows, int64_t in, int64_t out, GemmOutput output, float beta) {
-  for (int variant = 0; variant < kGemmNumVariants; ++variant) {
-    CheckGemmVariant(rows, in, out, output, beta, variant);
-  }
 }
 
 TEST(CudaGemmTest, DecodeShapeFloatOutput) {
@@ -80,10 +71,9 @@ TEST(CudaGemmTest, DecodeShapeFloatOutput) {
   CheckGemm(7, 576, 1536, GemmOutput::kFloat32, 0.0f);
 }
 
-TEST(CudaGemmTest, SkinnyShapesEveryRowCount) {
+TEST(CudaGemmTest, DecodeRowCountsAndOddShapes) {
   SKV_SKIP_WITHOUT_GPU();
-  // Row counts on both sides of 8 (one or two x fragments), feature counts that do not fill the
-  // last 32-feature block, inputs with and without whole groups of chunks.
+  // Decode-sized row counts, feature and input counts that are not multiples of cuBLAS's tiles.
   for (int64_t rows : {1, 2, 8, 9, 15, 16}) {
     CheckGemm(rows, 1056, 1000, GemmOutput::kFloat32, 0.0f);
   }
@@ -108,9 +98,9 @@ TEST(CudaGemmTest, BetaAccumulatesIntoTheOutput) {
 // device's read rate. Timing only; SKV_GPU_BENCH=1 enables it.
 // y[rows, out] = x · weightᵀ as the benches below run it.
 GemmParams BenchGemm(const __nv_bfloat16* x, const __nv_bfloat16* weight, void* y,
-                     GemmOutput output, int64_t rows, int64_t in, int64_t out, int variant) {
+                     GemmOutput output, int64_t rows, int64_t in, int64_t out) {
   return GemmParams{.x = x, .weight = weight, .y = y, .output = output, .rows = rows, .in = in,
-                    .out = out, .variant = variant};
+                    .out = out};
 }
 
 TEST(CudaGemmBench, DecodeStepGemms) {
@@ -140,7 +130,7 @@ TEST(CudaGemmBench, DecodeStepGemms) {
   cublasHandle_t handle = nullptr;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
   const double bytes = 2.0 * (layer_elements * kLayers + head.in * head.out);
-  for (int variant = 0; variant < kGemmNumVariants; ++variant) {
+  {
     double shape_ms[5] = {};
     auto run = [&](bool per_shape) {
       cudaEvent_t start, stop;
@@ -157,7 +147,7 @@ TEST(CudaGemmBench, DecodeStepGemms) {
           const __nv_bfloat16* weight =
               s < 4 ? weights.get() + layer * layer_elements + offset : head_weight.get();
           EXPECT_TRUE(RunGemm(handle, BenchGemm(x.get(), weight, y.get(), shape.output, kRows,
-                                                shape.in, shape.out, variant))
+                                                shape.in, shape.out))
                           .ok());
         }
         if (per_shape) {
@@ -183,9 +173,9 @@ TEST(CudaGemmBench, DecodeStepGemms) {
     for (int i = 0; i < 5; ++i) totals.push_back(run(false));
     std::sort(totals.begin(), totals.end());
     run(true);
-    std::printf("[bench] gemm variant %d: %.3f ms = %.0f GB/s for a decode step's GEMMs (qkv %.3f, "
+    std::printf("[bench] gemm: %.3f ms = %.0f GB/s for a decode step's GEMMs (qkv %.3f, "
                 "o %.3f, gate_up %.3f, down %.3f, head %.3f ms)\n",
-                variant, totals[2], bytes / totals[2] / 1e6, shape_ms[0], shape_ms[1], shape_ms[2],
+                totals[2], bytes / totals[2] / 1e6, shape_ms[0], shape_ms[1], shape_ms[2],
                 shape_ms[3], shape_ms[4]);
   }
   cublasDestroy(handle);
@@ -250,8 +240,7 @@ TEST(CudaGemmBench, LtAlgorithmsAtDecodeRows) {
       const double default_ms = time([&] {
         for (int copy = 0; copy < s.copies; ++copy) {
           EXPECT_TRUE(RunGemm(handle, BenchGemm(x.get(), weights.get() + copy * s.in * s.out,
-                                                y.get(), s.output, rows, s.in, s.out,
-                                                kGemmVariantCublas))
+                                                y.get(), s.output, rows, s.in, s.out))
                           .ok());
         }
       });

@@ -1,7 +1,8 @@
-// GPU causal flash prefill attention against the CPU attention op, every kernel variant: fresh
-// prompts and later chunks (a cached prefix), several sequences in one launch, GQA groups that do
-// and do not divide the row tile, head dims 64 and 128. With SKV_GPU_BENCH=1 a micro-benchmark
-// also times the variants on the last 4096-query chunk of a 32K and of a 122K prompt.
+// GPU causal flash prefill attention against the CPU attention op (wgmma for head dim 128 on
+// sm_90a builds, mma.sync otherwise): fresh prompts and later chunks (a cached prefix), several
+// sequences in one launch, GQA groups that do and do not divide the row tile, head dims 64 and
+// 128. With SKV_GPU_BENCH=1 a micro-benchmark also times the last 4096-query chunk of a 32K and
+// of a 122K prompt.
 #include "ops/cuda/attention/prefill_attention.cuh"
 
 #include <algorithm>
@@ -23,8 +24,8 @@ struct Chunk {
   int num_queries;
 };
 
-void CheckPrefillVariant(int head_dim, int group, const std::vector<Chunk>& chunks, int variant) {
-  std::mt19937 rng(head_dim * 100 + group + static_cast<int>(chunks.size()) + 7919 * variant);
+void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
+  std::mt19937 rng(head_dim * 100 + group + static_cast<int>(chunks.size()));
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim, layer = 0;
   std::vector<int64_t> slot_lengths(4, 0);
@@ -52,7 +53,6 @@ void CheckPrefillVariant(int head_dim, int group, const std::vector<Chunk>& chun
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  p.variant = variant;
   SKV_ASSERT_CUDA(LaunchPrefillAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
@@ -71,18 +71,10 @@ void CheckPrefillVariant(int head_dim, int group, const std::vector<Chunk>& chun
   ThreadPool pool(2);
   RunAttention(shape, jobs, pool);
   const double error = RelativeError(got, want);
-  EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
-                                        << " variant " << variant;
+  EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group;
   ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
-                                      std::to_string(group) + "_v" + std::to_string(variant) +
-                                      "_" + std::to_string(chunks.size()),
+                                      std::to_string(group) + "_" + std::to_string(chunks.size()),
                                   std::to_string(error));
-}
-
-void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
-  for (int variant = 0; variant < kPrefillNumVariants; ++variant) {
-    CheckPrefillVariant(head_dim, group, chunks, variant);
-  }
 }
 
 TEST(CudaPrefillAttentionTest, FreshPromptLlama3Shape) {
@@ -110,7 +102,7 @@ TEST(CudaPrefillAttentionTest, EveryGroupSize) {
 }
 
 // Llama-3-8B prefill attention of one layer (8 KV heads, 32 query heads, head dim 128): the last
-// 4096-query chunk of a 32K and of a 122K prompt, and a fresh 4096-token prompt, per variant.
+// 4096-query chunk of a 32K and of a 122K prompt, and a fresh 4096-token prompt.
 // Causal FLOP: 4 * head_dim * query heads * visible keys, summed over the queries. Timing only;
 // SKV_GPU_BENCH=1 enables it.
 TEST(CudaPrefillAttentionBench, ChunkThroughput) {
@@ -139,41 +131,38 @@ TEST(CudaPrefillAttentionBench, ChunkThroughput) {
     auto sequences = ToDevice(std::vector<PrefillSequence>{{0, chunk, first_position, 0}});
     double flop = 0;
     for (int i = 0; i < chunk; ++i) flop += 4.0 * head_dim * num_query_heads * (first_position + i + 1);
-    for (int variant = 0; variant < kPrefillNumVariants; ++variant) {
-      PrefillAttentionParams p;
-      p.queries = queries.get();
-      p.cache = view;
-      p.sequences = sequences.get();
-      p.num_sequences = 1;
-      p.max_queries = chunk;
-      p.out = out.get();
-      p.num_query_heads = num_query_heads;
-      p.num_kv_heads = num_kv_heads;
-      p.head_dim = head_dim;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-      p.variant = variant;
-      SKV_ASSERT_CUDA(LaunchPrefillAttention(p, nullptr));
-      SKV_ASSERT_CUDA(cudaDeviceSynchronize());
-      cudaEvent_t start, stop;
-      cudaEventCreate(&start);
-      cudaEventCreate(&stop);
-      std::vector<float> times;
-      for (int i = 0; i < 5; ++i) {
-        cudaEventRecord(start);
-        LaunchPrefillAttention(p, nullptr);
-        cudaEventRecord(stop);
-        cudaEventSynchronize(stop);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, start, stop);
-        times.push_back(ms);
-      }
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-      std::sort(times.begin(), times.end());
-      const double ms = times[times.size() / 2];
-      std::printf("[bench] prefill chunk of %d at position %d variant %d: %.3f ms = %.0f TFLOP/s\n",
-                  chunk, first_position, variant, ms, flop / ms / 1e9);
+    PrefillAttentionParams p;
+    p.queries = queries.get();
+    p.cache = view;
+    p.sequences = sequences.get();
+    p.num_sequences = 1;
+    p.max_queries = chunk;
+    p.out = out.get();
+    p.num_query_heads = num_query_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    SKV_ASSERT_CUDA(LaunchPrefillAttention(p, nullptr));
+    SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    std::vector<float> times;
+    for (int i = 0; i < 5; ++i) {
+      cudaEventRecord(start);
+      LaunchPrefillAttention(p, nullptr);
+      cudaEventRecord(stop);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      times.push_back(ms);
     }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(times.begin(), times.end());
+    const double ms = times[times.size() / 2];
+    std::printf("[bench] prefill chunk of %d at position %d: %.3f ms = %.0f TFLOP/s\n",
+                chunk, first_position, ms, flop / ms / 1e9);
   }
   SKV_ASSERT_CUDA(cudaDeviceSynchronize());
 }

@@ -20,9 +20,7 @@ Status CudaModel::Impl::Upload() {
   return Status::Ok();
 }
 
-Status CudaModel::Impl::Gemm(const GemmParams& asked, int role) {
-  GemmParams params = asked;
-  if (params.variant == kGemmVariantAuto) params.variant = options.kernels.gemm_variant;
+Status CudaModel::Impl::Gemm(const GemmParams& params, int role) {
   tp::Communicator* comm = options.communicator;
   if (comm == nullptr || comm->size() == 1) return RunGemm(cublas, params);
   const auto shape = std::make_pair(role, params.rows);
@@ -152,7 +150,6 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       d.head_dim = c.head_dim;
       d.num_splits = DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
       d.scale = scale;
-      d.variant = options.kernels.decode_attention_variant;
       SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));
     }
     if (plan.num_prefill > 0 && !plan.shadowkv) {
@@ -168,7 +165,6 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       pa.num_kv_heads = c.num_kv_heads;
       pa.head_dim = c.head_dim;
       pa.scale = scale;
-      pa.variant = options.kernels.prefill_attention_variant;
       SKV_CUDA_RETURN_IF_ERROR(LaunchPrefillAttention(pa, stream));
     }
     SKV_RETURN_IF_ERROR(mark(OpKind::kAttention));

@@ -14,6 +14,7 @@
 #include "ops/cuda/common/cuda_backend.h"
 #include "ops/cuda/elementwise/fill_random.cuh"
 #include "ops/cuda/gemm/gemm.h"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -341,16 +342,14 @@ int64_t CudaModel::Impl::ActivationBytes() const {
 
 namespace {
 
-// A variant a launcher does not know would fail at the first step; it is refused at load.
+// A variant the decode step does not know is refused at load rather than run as another one.
 Status CheckKernelOptions(const CudaKernelOptions& k) {
-  auto check = [](const char* what, int variant, int count) {
-    if (variant >= -1 && variant < count) return Status::Ok();
-    return Error(ErrorCode::kInvalidArgument, "{} variant {} does not exist (0 to {}, -1: the "
-                 "default)", what, variant, count - 1);
-  };
-  SKV_RETURN_IF_ERROR(check("decode attention", k.decode_attention_variant, kDecodeNumVariants));
-  SKV_RETURN_IF_ERROR(check("prefill attention", k.prefill_attention_variant, kPrefillNumVariants));
-  return check("GEMM", k.gemm_variant, kGemmNumVariants);
+  if (k.shadowkv_kernels == kSkvKernelsFirst || k.shadowkv_kernels == kSkvKernelsFast) {
+    return Status::Ok();
+  }
+  return Error(ErrorCode::kInvalidArgument,
+               "ShadowKV kernels variant {} does not exist (0: the first kernels, 1: the fast "
+               "ones, the default)", k.shadowkv_kernels);
 }
 
 }  // namespace

@@ -20,13 +20,11 @@ namespace tp {
 class Communicator;
 }
 
-// Which kernel each op runs, and the ShadowKV decode step's tuning. The defaults are the
-// production kernels; the others are kept to compare against (ops/cuda/NOTES.md), and apps/
-// set them from the SKV_* environment variables (apps/cuda_environment.h).
+// The ShadowKV decode step's kernel variants and tuning (every other op has one kernel per
+// architecture). The defaults are the production kernels; the others are kept to compare against
+// (ops/cuda/NOTES.md). apps/ sets the variants from SKV_* environment variables and the tuning
+// from `shadowkv bench`'s flags (apps/cuda_environment.h).
 struct CudaKernelOptions {
-  int decode_attention_variant = -1;   // kDecodeVariant* (-1: the default)
-  int prefill_attention_variant = -1;  // kPrefillVariant* (-1: the default)
-  int gemm_variant = -1;               // kGemmVariant* (-1: the default, cuBLAS)
   // ShadowKV decode (shadowkv_decode.cc): 0 the first kernels, 1 the fast ones (kSkvKernels*).
   int shadowkv_kernels = 1;
   int coarse_select = 1;     // 0: the four-digit select over every key

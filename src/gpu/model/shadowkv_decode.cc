@@ -72,7 +72,6 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     d.head_dim = c.head_dim;
     d.num_splits = splits;
     d.scale = p.scale;
-    d.variant = options.kernels.decode_attention_variant;
     return LaunchDecodeAttention(d, on);
   };
   const int rows = plan.decode_rows;

@@ -349,7 +349,6 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     gp.rows = chunked;
     gp.in = width;
     gp.out = rank;
-    gp.variant = m.options.kernels.gemm_variant;
     SKV_RETURN_IF_ERROR(RunGemm(m.cublas, gp));
     SkvLandmarkParams lp;
     lp.layout = l;

@@ -1,12 +1,10 @@
-// Decode attention kernels, one block per (split, KV head, row), each K/V load serving the whole
-// GQA group. CUDA-core kernel: token groups of kLanes lanes, fp32 FMAs. Tensor-core kernel (the
-// default): warps stream 16-token tiles into mma.sync fragments. Both merge their token groups or
-// warps in shared memory; the combine kernel (one block per query head and row) merges the splits.
+// Decode attention: one block per (split, KV head, row), each K/V load serving the whole GQA
+// group; 4 warps stream 16-token tiles into mma.sync fragments and merge in shared memory; the
+// combine kernel (one block per query head and row) merges the splits.
 #include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/mma_utils.cuh"
@@ -14,168 +12,16 @@
 namespace shadowkv::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kWarps = 4;  // 166 registers: 3 blocks per SM
+constexpr int kThreads = kWarps * 32;
 
 __device__ __forceinline__ int SplitTokens(int length, int num_splits) {
   const int even = (length + num_splits - 1) / num_splits;
   return max(kDecodeMinSplitTokens, (even + 15) / 16 * 16);
 }
 
-template <int kHeadDim, int kGroup>
-struct DecodeShape {
-  // Lanes per token: enough that the accumulators (kGroup x dims per lane) stay in registers.
-  static constexpr int kDimsPerLane = (kHeadDim == 128 && kGroup <= 2) ? 16 : 8;
-  static constexpr int kLanes = kHeadDim / kDimsPerLane;  // 8 or 16
-  static constexpr int kVecs = kDimsPerLane / 8;          // 16-byte loads per lane per row
-  static constexpr int kGroups = kThreads / kLanes;       // token groups per block
-  static constexpr int kUnroll = kVecs == 1 ? 4 : 2;      // rows in flight per group
-};
-
-template <int kHeadDim, int kGroup>
-__global__ void __launch_bounds__(kThreads) DecodeSplitKernel(DecodeAttentionParams p) {
-  using Shape = DecodeShape<kHeadDim, kGroup>;
-  constexpr int kDims = Shape::kDimsPerLane, kLanes = Shape::kLanes, kVecs = Shape::kVecs;
-  constexpr int kGroups = Shape::kGroups, kUnroll = Shape::kUnroll;
-  __shared__ float shared_max[kGroups][kGroup];
-  __shared__ float shared_sum[kGroups][kGroup];
-  __shared__ float shared_acc[kGroups][kGroup][kHeadDim];
-
-  const int split_index = blockIdx.x, kv_head = blockIdx.y, row = blockIdx.z;
-  const int length = p.positions[row] + 1;
-  const int split = SplitTokens(length, p.num_splits);
-  const int begin = split_index * split;
-  if (begin >= length) return;  // the combine kernel counts only the splits that hold keys
-  const int end = min(length, begin + split);
-  const int slot = p.slots[row];
-  const int64_t head_offset = p.cache.HeadOffset(slot, p.layer, kv_head);
-  const __nv_bfloat16* keys = p.cache.keys + head_offset;
-  const __nv_bfloat16* values = p.cache.values + head_offset;
-  const int group = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
-  // Lane `lane` owns dims (v * kLanes + lane) * 8 + [0, 8) of each vector: for every v the
-  // kLanes lanes of a group read one contiguous run of kLanes * 16 bytes.
-  auto dim_of = [&](int v) { return (v * kLanes + lane) * 8; };
-
-  // Queries of the GQA group, scaled into the exp2 domain.
-  float q[kGroup][kDims];
-  const __nv_bfloat16* q_row =
-      p.queries + static_cast<int64_t>(row) * p.num_query_heads * kHeadDim +
-      static_cast<int64_t>(kv_head) * kGroup * kHeadDim;
-  const float q_scale = p.scale * kLog2e;
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const uint4 packed = *reinterpret_cast<const uint4*>(q_row + g * kHeadDim + dim_of(v));
-      Bf16x8ToFloat(packed, &q[g][v * 8]);
-    }
-#pragma unroll
-    for (int i = 0; i < kDims; ++i) q[g][i] *= q_scale;
-  }
-
-  float running_max[kGroup], running_sum[kGroup], acc[kGroup][kDims];
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    running_max[g] = -INFINITY;
-    running_sum[g] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kDims; ++i) acc[g][i] = 0.0f;
-  }
-
-  // Every lane of a warp runs the same iterations (shuffles need the whole warp); rows past
-  // `end` are loaded as nothing and skipped after the reductions.
-  for (int base = begin; base < end; base += kUnroll * kGroups) {
-    uint4 key_vecs[kUnroll][kVecs], value_vecs[kUnroll][kVecs];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = base + u * kGroups + group;
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) {
-        if (t < end) {
-          const int64_t offset = static_cast<int64_t>(t) * kHeadDim + dim_of(v);
-          key_vecs[u][v] = *reinterpret_cast<const uint4*>(keys + offset);
-          value_vecs[u][v] = *reinterpret_cast<const uint4*>(values + offset);
-        } else {
-          key_vecs[u][v] = make_uint4(0, 0, 0, 0);
-          value_vecs[u][v] = make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = base + u * kGroups + group;
-      float k[kDims];
-#pragma unroll
-      for (int v = 0; v < kVecs; ++v) Bf16x8ToFloat(key_vecs[u][v], &k[v * 8]);
-      float score[kGroup];
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kDims; ++i) dot = fmaf(q[g][i], k[i], dot);
-#pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
-          dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        }
-        score[g] = dot;
-      }
-      if (t < end) {
-        float value[kDims];
-#pragma unroll
-        for (int v = 0; v < kVecs; ++v) Bf16x8ToFloat(value_vecs[u][v], &value[v * 8]);
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g) {
-          if (score[g] > running_max[g]) {  // rescale only when the maximum grows
-            const float correction = exp2f(running_max[g] - score[g]);
-            running_sum[g] *= correction;
-#pragma unroll
-            for (int i = 0; i < kDims; ++i) acc[g][i] *= correction;
-            running_max[g] = score[g];
-          }
-          const float weight = exp2f(score[g] - running_max[g]);
-          running_sum[g] += weight;
-#pragma unroll
-          for (int i = 0; i < kDims; ++i) acc[g][i] = fmaf(weight, value[i], acc[g][i]);
-        }
-      }
-    }
-  }
-
-  // Merge the token groups.
-#pragma unroll
-  for (int g = 0; g < kGroup; ++g) {
-    if (lane == 0) {
-      shared_max[group][g] = running_max[g];
-      shared_sum[group][g] = running_sum[g];
-    }
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) shared_acc[group][g][dim_of(v) + i] = acc[g][v * 8 + i];
-    }
-  }
-  __syncthreads();
-  for (int index = threadIdx.x; index < kGroup * kHeadDim; index += kThreads) {
-    const int g = index / kHeadDim, d = index % kHeadDim;
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j) block_max = fmaxf(block_max, shared_max[j][g]);
-    float sum = 0.0f, out = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      const float weight = exp2f(shared_max[j][g] - block_max);  // 0 for groups with no keys
-      sum += shared_sum[j][g] * weight;
-      out += shared_acc[j][g][d] * weight;
-    }
-    const int64_t head_split =
-        (static_cast<int64_t>(row) * p.num_query_heads + kv_head * kGroup + g) * p.num_splits +
-        split_index;
-    p.partial_out[head_split * kHeadDim + d] = out / sum;
-    if (d == 0) p.partial_lse[head_split] = block_max + log2f(sum);
-  }
-}
-
-// ---- Tensor-core kernel. A warp takes 16 tokens at a time straight from global memory into
-// registers laid out as mma.sync fragments (no shared memory, no barriers in the loop):
+// A warp takes 16 tokens at a time straight from global memory into registers laid out as
+// mma.sync fragments (no shared memory, no barriers in the loop):
 //   S[heads x 16 tokens] = Q[16 x D] · Kᵀ: the GQA heads are rows 0..group-1 of A (the other
 //     rows zero), K is the B operand. Dot products do not care about the order of the summed
 //     dims, so lane (g, c) = (lane/4, lane%4) holds 16-byte chunks 4i + c of tokens g and g + 8
@@ -187,17 +33,8 @@ __global__ void __launch_bounds__(kThreads) DecodeSplitKernel(DecodeAttentionPar
 // Rows past the split's end are clamped to its last token (never the unwritten rows past the
 // sequence) and get probability 0 exactly.
 
-template <int kLoad>
 __device__ __forceinline__ uint4 LoadStream(const __nv_bfloat16* address) {
-  uint4 r;
-  if constexpr (kLoad == 0) {
-    r = __ldg(reinterpret_cast<const uint4*>(address));
-  } else {
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(address));
-  }
-  return r;
+  return __ldg(reinterpret_cast<const uint4*>(address));
 }
 
 __device__ __forceinline__ uint32_t Word(const uint4& v, int w) {
@@ -224,7 +61,7 @@ struct KvTile {
   uint4 values[4][kValueChunks];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9
 };
 
-template <int kHeadDim, int kLoad>
+template <int kHeadDim>
 __device__ __forceinline__ void LoadKvTile(KvTile<kHeadDim>& tile, const __nv_bfloat16* keys,
                                            const __nv_bfloat16* values, int base, int last,
                                            int g, int c) {
@@ -233,7 +70,7 @@ __device__ __forceinline__ void LoadKvTile(KvTile<kHeadDim>& tile, const __nv_bf
     const int token = min(base + 8 * h + g, last);
 #pragma unroll
     for (int i = 0; i < KvTile<kHeadDim>::kKeyChunks; ++i) {
-      tile.keys[h][i] = LoadStream<kLoad>(keys + token * kHeadDim + (4 * i + c) * 8);
+      tile.keys[h][i] = LoadStream(keys + token * kHeadDim + (4 * i + c) * 8);
     }
   }
 #pragma unroll
@@ -241,7 +78,7 @@ __device__ __forceinline__ void LoadKvTile(KvTile<kHeadDim>& tile, const __nv_bf
     const int token = min(base + 2 * c + (j & 1) + (j >> 1) * 8, last);
 #pragma unroll
     for (int m = 0; m < KvTile<kHeadDim>::kValueChunks; ++m) {
-      tile.values[j][m] = LoadStream<kLoad>(values + token * kHeadDim + (g + 8 * m) * 8);
+      tile.values[j][m] = LoadStream(values + token * kHeadDim + (g + 8 * m) * 8);
     }
   }
 }
@@ -311,11 +148,10 @@ __device__ __forceinline__ void ProcessKvTile(const KvTile<kHeadDim>& tile,
   }
 }
 
-template <int kHeadDim, int kWarps, bool kPrefetch, int kLoad>
-__global__ void __launch_bounds__(kWarps * 32) DecodeMmaKernel(DecodeAttentionParams p) {
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParams p) {
   constexpr int kKeyChunks = KvTile<kHeadDim>::kKeyChunks;
   constexpr int kValueChunks = KvTile<kHeadDim>::kValueChunks;
-  constexpr int kThreadsHere = kWarps * 32;
   __shared__ float shared_max[kWarps][8];
   __shared__ float shared_sum[kWarps][8];
   __shared__ float shared_acc[kWarps][8][kHeadDim];
@@ -349,27 +185,11 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeMmaKernel(DecodeAttentionPa
 
   MmaState<kHeadDim> state;
   const int num_tiles = (end - begin + 15) / 16, last = end - 1;
-  if constexpr (kPrefetch) {
-    // Two register buffers in turn: one tile computes while the next one is in flight. A load
-    // past the end re-reads the last token (no branch, no fault).
-    constexpr int kStride = 16 * kWarps;
-    KvTile<kHeadDim> even, odd;
-    LoadKvTile<kHeadDim, kLoad>(even, keys, values, begin + 16 * warp, last, g, c);
-    for (int t = warp; t < num_tiles; t += 2 * kWarps) {
-      const int base = begin + 16 * t;
-      LoadKvTile<kHeadDim, kLoad>(odd, keys, values, base + kStride, last, g, c);
-      ProcessKvTile<kHeadDim>(even, q, q_scale, base, end, c, state);
-      if (t + kWarps >= num_tiles) break;
-      LoadKvTile<kHeadDim, kLoad>(even, keys, values, base + 2 * kStride, last, g, c);
-      ProcessKvTile<kHeadDim>(odd, q, q_scale, base + kStride, end, c, state);
-    }
-  } else {
-    for (int t = warp; t < num_tiles; t += kWarps) {
-      const int base = begin + 16 * t;
-      KvTile<kHeadDim> tile;
-      LoadKvTile<kHeadDim, kLoad>(tile, keys, values, base, last, g, c);
-      ProcessKvTile<kHeadDim>(tile, q, q_scale, base, end, c, state);
-    }
+  for (int t = warp; t < num_tiles; t += kWarps) {
+    const int base = begin + 16 * t;
+    KvTile<kHeadDim> tile;
+    LoadKvTile<kHeadDim>(tile, keys, values, base, last, g, c);
+    ProcessKvTile<kHeadDim>(tile, q, q_scale, base, end, c, state);
   }
 
   // Merge the warps: row g's sum over its quad, then every warp's share through shared memory.
@@ -388,7 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeMmaKernel(DecodeAttentionPa
     }
   }
   __syncthreads();
-  for (int index = threadIdx.x; index < group * kHeadDim; index += kThreadsHere) {
+  for (int index = threadIdx.x; index < group * kHeadDim; index += kThreads) {
     const int head = index / kHeadDim, d = index % kHeadDim;
     float block_max = -INFINITY;
 #pragma unroll
@@ -406,24 +226,6 @@ __global__ void __launch_bounds__(kWarps * 32) DecodeMmaKernel(DecodeAttentionPa
     p.partial_out[head_split * kHeadDim + d] = out / sum;
     if (d == 0) p.partial_lse[head_split] = block_max + log2f(sum);
   }
-}
-
-__global__ void ReadProbeKernel(const uint4* data, int64_t count, uint32_t* sink) {
-  uint32_t x = 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < count; i += 4 * stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldg(data + i + u * stride);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) x ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < count; i += stride) {
-    const uint4 v = __ldg(data + i);
-    x ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (x == 0x9e3779b9u) *sink = x;  // keeps the loads; practically never taken
 }
 
 __global__ void DecodeCombineKernel(DecodeAttentionParams p) {
@@ -445,53 +247,9 @@ __global__ void DecodeCombineKernel(DecodeAttentionParams p) {
 }
 
 template <int kHeadDim>
-cudaError_t LaunchCudaCores(const DecodeAttentionParams& p, int group, cudaStream_t stream) {
+cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, p.rows);
-  switch (group) {
-#define SKV_DECODE_CASE(G) \
-  case G:                  \
-    DecodeSplitKernel<kHeadDim, G><<<grid, kThreads, 0, stream>>>(p); \
-    break;
-    SKV_DECODE_CASE(1)
-    SKV_DECODE_CASE(2)
-    SKV_DECODE_CASE(3)
-    SKV_DECODE_CASE(4)
-    SKV_DECODE_CASE(5)
-    SKV_DECODE_CASE(6)
-    SKV_DECODE_CASE(7)
-    SKV_DECODE_CASE(8)
-#undef SKV_DECODE_CASE
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-template <int kHeadDim>
-cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, int group, int variant,
-                             cudaStream_t stream) {
-  const dim3 grid(p.num_splits, p.num_kv_heads, p.rows);
-  switch (variant) {
-    case kDecodeVariantCudaCores:
-      return LaunchCudaCores<kHeadDim>(p, group, stream);
-    case kDecodeVariantMma:
-      DecodeMmaKernel<kHeadDim, 4, true, 0><<<grid, 128, 0, stream>>>(p);
-      break;
-    case kDecodeVariantMmaNoPrefetch:
-      DecodeMmaKernel<kHeadDim, 4, false, 0><<<grid, 128, 0, stream>>>(p);
-      break;
-    case kDecodeVariantMma8Warps:
-      DecodeMmaKernel<kHeadDim, 8, true, 0><<<grid, 256, 0, stream>>>(p);
-      break;
-    case kDecodeVariantMmaL2Prefetch:
-      DecodeMmaKernel<kHeadDim, 4, true, 1><<<grid, 128, 0, stream>>>(p);
-      break;
-    case kDecodeVariantMma2Warps:
-      DecodeMmaKernel<kHeadDim, 2, true, 0><<<grid, 64, 0, stream>>>(p);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
+  DecodeMmaKernel<kHeadDim><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -515,26 +273,12 @@ cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t s
   }
   const int group = p.num_query_heads / p.num_kv_heads;
   if (!DecodeAttentionSupports(p.head_dim, group)) return cudaErrorInvalidValue;
-  const int variant = p.variant == kDecodeVariantAuto ? kDecodeVariantMmaNoPrefetch : p.variant;
-  const cudaError_t error = p.head_dim == 64 ? LaunchForHeadDim<64>(p, group, variant, stream)
-                                             : LaunchForHeadDim<128>(p, group, variant, stream);
+  const cudaError_t error =
+      p.head_dim == 64 ? LaunchForHeadDim<64>(p, stream) : LaunchForHeadDim<128>(p, stream);
   if (error != cudaSuccess) return error;
   DecodeCombineKernel<<<dim3(p.num_query_heads, p.rows), p.head_dim, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-
-cudaError_t LaunchReadProbe(const void* data, int64_t bytes, uint32_t* sink, cudaStream_t stream) {
-  if (bytes <= 0 || bytes % 64 != 0) return cudaErrorInvalidValue;
-  int device = 0, multiprocessors = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error == cudaSuccess) {
-    error = cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device);
-  }
-  if (error != cudaSuccess) return error;
-  ReadProbeKernel<<<multiprocessors * 8, 256, 0, stream>>>(static_cast<const uint4*>(data),
-                                                             bytes / 16, sink);
-  return cudaGetLastError();
-}
 
 }  // namespace shadowkv::cuda

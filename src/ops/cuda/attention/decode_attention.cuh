@@ -32,34 +32,17 @@ struct DecodeAttentionParams {
   int num_splits = 1;  // in [1, kDecodeMaxSplits]; a row of length L uses splits of
                        // max(kDecodeMinSplitTokens, ceil(L / num_splits) rounded up to 16) keys
   float scale = 0.0f;  // usually 1/sqrt(head_dim)
-  // Which kernel (kDecodeVariant*); kDecodeVariantAuto takes the default. Every variant
-  // computes the same function.
-  int variant = -1;
 };
 
-constexpr int kDecodeVariantAuto = -1;
-constexpr int kDecodeVariantCudaCores = 0;  // fp32 FMA kernel, 16 lanes per token
-constexpr int kDecodeVariantMma = 1;        // mma.sync, 4 warps, next tile prefetched
-constexpr int kDecodeVariantMmaNoPrefetch = 2;  // the default: 166 registers, 3 blocks per SM
-constexpr int kDecodeVariantMma8Warps = 3;
-constexpr int kDecodeVariantMmaL2Prefetch = 4;  // variant 1 with the L2::256B load hint
-constexpr int kDecodeVariantMma2Warps = 5;
-constexpr int kDecodeNumVariants = 6;
-
-// True when the kernels are built for this head_dim and group size (query heads per KV head).
+// True when the kernel is built for this head_dim and group size (query heads per KV head).
 bool DecodeAttentionSupports(int head_dim, int group_size);
 
 // Splits per (row, KV head) for `rows` rows; `target_blocks` is 8 per multiprocessor. The
-// default kernel keeps 3 blocks per multiprocessor resident, so the count is the largest that
+// kernel keeps 3 blocks per multiprocessor resident, so the count is the largest that
 // fills at most two such waves (whole waves: no idle tail). It does not depend on the lengths,
 // so a captured graph stays valid as sequences grow.
 int DecodeNumSplits(int rows, int num_kv_heads, int target_blocks);
 
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
-
-// Reads `bytes` (a multiple of 64) once with 16-byte loads and no output but a never-taken
-// store into `sink` (4 bytes): the device's read-only streaming rate, the ceiling the decode
-// kernel is measured against.
-cudaError_t LaunchReadProbe(const void* data, int64_t bytes, uint32_t* sink, cudaStream_t stream);
 
 }  // namespace shadowkv::cuda

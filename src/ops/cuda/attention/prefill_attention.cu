@@ -1,9 +1,9 @@
-// Prefill flash attention (FlashAttention-2 style on mma.sync). One block of 4 warps takes 64
-// "packed" rows of one KV head: packed row R is query token R / group of query head
-// kv_head * group + R % group, so the GQA heads of a KV head share every K/V tile. Each warp owns
-// 16 rows: scores, the running max and sum, and the output stay in its registers; K/V tiles of
-// 64 keys pass through shared memory (cp.async), and the score fragments are reused directly as
-// the A operand of P·V.
+// Prefill flash attention (FlashAttention-2 style on mma.sync), the kernel wherever the wgmma one
+// (prefill_attention_wgmma.cu) does not run. A block takes "packed" rows of one KV head: packed
+// row R is query token R / group of query head kv_head * group + R % group, so the GQA heads of a
+// KV head share every K/V tile. Scores, the running max and sum, and the output stay in
+// registers; K/V tiles pass through shared memory (cp.async), and the score fragments are reused
+// directly as the A operand of P·V.
 #include "ops/cuda/attention/prefill_attention.cuh"
 
 #include <cmath>
@@ -17,196 +17,7 @@
 namespace shadowkv::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRows = kWarps * 16;  // packed rows per block
-constexpr int kKeys = 64;           // keys per tile
-
-template <int kHeadDim>
-__global__ void __launch_bounds__(kThreads) PrefillAttentionKernel(PrefillAttentionParams p) {
-  constexpr int kStride = kHeadDim + 8;  // padded row: 8 ldmatrix rows hit 8 distinct bank groups
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte pieces per row
-  constexpr int kDimTiles = kHeadDim / 8;
-  constexpr int kKeyTiles = kKeys / 8;
-  __shared__ alignas(16) __nv_bfloat16 key_tile[kKeys * kStride];
-  __shared__ alignas(16) __nv_bfloat16 value_tile[kKeys * kStride];
-
-  const PrefillSequence seq = p.sequences[blockIdx.z];
-  const int kv_head = blockIdx.y;
-  const int group = p.num_query_heads / p.num_kv_heads;
-  const int packed_rows = seq.num_queries * group;
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // latest (heaviest) tiles start first
-  if (row0 >= packed_rows) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t q_width = static_cast<int64_t>(p.num_query_heads) * kHeadDim;
-  const int64_t head_offset = p.cache.HeadOffset(seq.slot, p.layer, kv_head);
-  const __nv_bfloat16* keys = p.cache.keys + head_offset;
-  const __nv_bfloat16* values = p.cache.values + head_offset;
-
-  // Stage the block's queries through key_tile, then hold them as A fragments.
-  for (int index = threadIdx.x; index < kRows * kChunks; index += kThreads) {
-    const int r = index / kChunks, column = index % kChunks * 8;
-    const int packed = row0 + r;
-    uint4 chunk = make_uint4(0, 0, 0, 0);
-    if (packed < packed_rows) {
-      const int token = packed / group, head = kv_head * group + packed % group;
-      chunk = *reinterpret_cast<const uint4*>(p.queries + (seq.first_row + token) * q_width +
-                                              head * kHeadDim + column);
-    }
-    *reinterpret_cast<uint4*>(&key_tile[r * kStride + column]) = chunk;
-  }
-  __syncthreads();
-  uint32_t q_frag[kHeadDim / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    LdMatrixX4(q_frag[kk], &key_tile[(warp * 16 + lane % 16) * kStride + kk * 16 + lane / 16 * 8]);
-  }
-  __syncthreads();
-
-  // This thread's two rows: lane / 4 and lane / 4 + 8 of the warp's 16.
-  const int row_low = row0 + warp * 16 + lane / 4, row_high = row_low + 8;
-  const int position_low = seq.first_position + row_low / group;
-  const int position_high = seq.first_position + row_high / group;
-  const int last_packed = min(packed_rows, row0 + kRows) - 1;
-  const int num_keys = seq.first_position + last_packed / group + 1;
-  const int min_position = seq.first_position + row0 / group;
-  const float score_scale = p.scale * kLog2e;
-
-  float out[kDimTiles][4];
-#pragma unroll
-  for (int dt = 0; dt < kDimTiles; ++dt) out[dt][0] = out[dt][1] = out[dt][2] = out[dt][3] = 0.0f;
-  float max_low = -INFINITY, max_high = -INFINITY, sum_low = 0.0f, sum_high = 0.0f;
-
-  for (int key0 = 0; key0 < num_keys; key0 += kKeys) {
-    // K and V tiles, rows past num_keys zero-filled (the cache holds garbage there).
-    for (int index = threadIdx.x; index < kKeys * kChunks; index += kThreads) {
-      const int r = index / kChunks, column = index % kChunks * 8;
-      const int key = key0 + r;
-      const int64_t offset = static_cast<int64_t>(key < num_keys ? key : 0) * kHeadDim + column;
-      CpAsync16(&key_tile[r * kStride + column], keys + offset, key < num_keys ? 16 : 0);
-    }
-    CpAsyncCommit();
-    for (int index = threadIdx.x; index < kKeys * kChunks; index += kThreads) {
-      const int r = index / kChunks, column = index % kChunks * 8;
-      const int key = key0 + r;
-      const int64_t offset = static_cast<int64_t>(key < num_keys ? key : 0) * kHeadDim + column;
-      CpAsync16(&value_tile[r * kStride + column], values + offset, key < num_keys ? 16 : 0);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // keys landed; values may still be on their way
-    __syncthreads();
-
-    // S = Q·Kᵀ for the warp's 16 rows and the tile's 64 keys.
-    float score[kKeyTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) score[nt][0] = score[nt][1] = score[nt][2] = score[nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-#pragma unroll
-      for (int pair = 0; pair < kKeyTiles / 2; ++pair) {
-        uint32_t b[4];
-        LdMatrixX4(b, &key_tile[(pair * 16 + lane % 8 + lane / 16 * 8) * kStride + kk * 16 +
-                                lane / 8 % 2 * 8]);
-        MmaBf16(score[2 * pair], q_frag[kk], b[0], b[1]);
-        MmaBf16(score[2 * pair + 1], q_frag[kk], b[2], b[3]);
-      }
-    }
-
-    // Scale into the exp2 domain and hide keys after each row's position.
-    const bool needs_mask = key0 + kKeys - 1 > min_position;
-    float tile_max_low = -INFINITY, tile_max_high = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + nt * 8 + lane % 4 * 2 + (e & 1);
-        const int position = e < 2 ? position_low : position_high;
-        float s = score[nt][e] * score_scale;
-        if (needs_mask && key > position) s = -INFINITY;
-        score[nt][e] = s;
-      }
-      tile_max_low = fmaxf(tile_max_low, fmaxf(score[nt][0], score[nt][1]));
-      tile_max_high = fmaxf(tile_max_high, fmaxf(score[nt][2], score[nt][3]));
-    }
-    // The four lanes of a quad hold the same two rows.
-#pragma unroll
-    for (int offset = 1; offset <= 2; offset <<= 1) {
-      tile_max_low = fmaxf(tile_max_low, __shfl_xor_sync(0xffffffffu, tile_max_low, offset));
-      tile_max_high = fmaxf(tile_max_high, __shfl_xor_sync(0xffffffffu, tile_max_high, offset));
-    }
-    const float new_max_low = fmaxf(max_low, tile_max_low);
-    const float new_max_high = fmaxf(max_high, tile_max_high);
-    // A row with nothing visible yet keeps -inf; subtracting 0 then keeps exp2 at 0, not NaN.
-    const float base_low = new_max_low == -INFINITY ? 0.0f : new_max_low;
-    const float base_high = new_max_high == -INFINITY ? 0.0f : new_max_high;
-    const float correction_low = exp2f(max_low - base_low);
-    const float correction_high = exp2f(max_high - base_high);
-    max_low = new_max_low;
-    max_high = new_max_high;
-    float tile_sum_low = 0.0f, tile_sum_high = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-      score[nt][0] = exp2f(score[nt][0] - base_low);
-      score[nt][1] = exp2f(score[nt][1] - base_low);
-      score[nt][2] = exp2f(score[nt][2] - base_high);
-      score[nt][3] = exp2f(score[nt][3] - base_high);
-      tile_sum_low += score[nt][0] + score[nt][1];
-      tile_sum_high += score[nt][2] + score[nt][3];
-    }
-    sum_low = sum_low * correction_low + tile_sum_low;  // this lane's share; quad-summed at the end
-    sum_high = sum_high * correction_high + tile_sum_high;
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      out[dt][0] *= correction_low;
-      out[dt][1] *= correction_low;
-      out[dt][2] *= correction_high;
-      out[dt][3] *= correction_high;
-    }
-
-    CpAsyncWait<0>();
-    __syncthreads();
-    // O += P·V: two adjacent score tiles (16 keys) form one A fragment.
-#pragma unroll
-    for (int j = 0; j < kKeys / 16; ++j) {
-      const uint32_t p_frag[4] = {PackBf16(score[2 * j][0], score[2 * j][1]),
-                                  PackBf16(score[2 * j][2], score[2 * j][3]),
-                                  PackBf16(score[2 * j + 1][0], score[2 * j + 1][1]),
-                                  PackBf16(score[2 * j + 1][2], score[2 * j + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, &value_tile[(j * 16 + lane % 8 + lane / 8 % 2 * 8) * kStride +
-                                       dp * 16 + lane / 16 * 8]);
-        MmaBf16(out[2 * dp], p_frag, b[0], b[1]);
-        MmaBf16(out[2 * dp + 1], p_frag, b[2], b[3]);
-      }
-    }
-    __syncthreads();  // the next iteration overwrites both tiles
-  }
-
-#pragma unroll
-  for (int offset = 1; offset <= 2; offset <<= 1) {
-    sum_low += __shfl_xor_sync(0xffffffffu, sum_low, offset);
-    sum_high += __shfl_xor_sync(0xffffffffu, sum_high, offset);
-  }
-  const float inv_low = 1.0f / sum_low, inv_high = 1.0f / sum_high;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int packed = half == 0 ? row_low : row_high;
-    if (packed >= packed_rows) continue;
-    const float inv = half == 0 ? inv_low : inv_high;
-    const int token = packed / group, head = kv_head * group + packed % group;
-    __nv_bfloat16* dest = p.out + (seq.first_row + token) * q_width + head * kHeadDim;
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      const int dim = dt * 8 + lane % 4 * 2;
-      *reinterpret_cast<__nv_bfloat162*>(dest + dim) =
-          __floats2bfloat162_rn(out[dt][2 * half] * inv, out[dt][2 * half + 1] * inv);
-    }
-  }
-}
-
-// ---- Pipelined kernel: kWarps warps of kMTiles x 16 packed rows each (with 2 m-tiles a warp
+// kWarps warps of kMTiles x 16 packed rows each (with 2 m-tiles a warp
 // reuses every K/V fragment it loads from shared memory twice, and a 128-row block halves the
 // K/V traffic per FLOP), queries in shared memory, K/V tiles double-buffered: tile i + 1 is on
 // its way (cp.async) while tile i is computed.
@@ -220,7 +31,7 @@ struct PipelinedShape {
   static_assert(kTileKeys % 16 == 0);
 };
 
-template <int kHeadDim, int kWarps, int kMTiles, int kTileKeys, bool kFastSoftmax>
+template <int kHeadDim, int kWarps, int kMTiles, int kTileKeys>
 __global__ void __launch_bounds__(kWarps * 32)
     PrefillPipelinedKernel(PrefillAttentionParams p) {
   using Shape = PipelinedShape<kHeadDim, kWarps, kMTiles, kTileKeys>;
@@ -342,8 +153,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const bool needs_mask = key0 + kTileKeys - 1 > min_position;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-      // With kFastSoftmax the maximum is taken over raw scores and the scale is folded into one
-      // FMA per probability (scale > 0 commutes with max), and exp2 is the bare ex2.approx.
+      // The maximum is taken over raw scores and the scale is folded into one FMA per
+      // probability (scale > 0 commutes with max), and exp2 is the bare ex2.approx.
       float tile_max_low = -INFINITY, tile_max_high = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < kKeyTiles; ++nt) {
@@ -351,7 +162,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int e = 0; e < 4; ++e) {
           const int key = key0 + nt * 8 + lane % 4 * 2 + (e & 1);
           const int position = e < 2 ? position_low[mt] : position_high[mt];
-          float s = kFastSoftmax ? score[mt][nt][e] : score[mt][nt][e] * score_scale;
+          float s = score[mt][nt][e];
           if (needs_mask && key > position) s = -INFINITY;
           score[mt][nt][e] = s;
         }
@@ -368,31 +179,18 @@ __global__ void __launch_bounds__(kWarps * 32)
       // A row with nothing visible yet keeps -inf; subtracting 0 keeps exp2 at 0, not NaN.
       const float base_low = new_max_low == -INFINITY ? 0.0f : new_max_low;
       const float base_high = new_max_high == -INFINITY ? 0.0f : new_max_high;
-      float correction_low, correction_high;
-      if constexpr (kFastSoftmax) {
-        correction_low = FastExp2((max_low[mt] - base_low) * score_scale);
-        correction_high = FastExp2((max_high[mt] - base_high) * score_scale);
-      } else {
-        correction_low = exp2f(max_low[mt] - base_low);
-        correction_high = exp2f(max_high[mt] - base_high);
-      }
+      const float correction_low = FastExp2((max_low[mt] - base_low) * score_scale);
+      const float correction_high = FastExp2((max_high[mt] - base_high) * score_scale);
       max_low[mt] = new_max_low;
       max_high[mt] = new_max_high;
       float tile_sum_low = 0.0f, tile_sum_high = 0.0f;
       const float offset_low = -base_low * score_scale, offset_high = -base_high * score_scale;
 #pragma unroll
       for (int nt = 0; nt < kKeyTiles; ++nt) {
-        if constexpr (kFastSoftmax) {
-          score[mt][nt][0] = FastExp2(fmaf(score[mt][nt][0], score_scale, offset_low));
-          score[mt][nt][1] = FastExp2(fmaf(score[mt][nt][1], score_scale, offset_low));
-          score[mt][nt][2] = FastExp2(fmaf(score[mt][nt][2], score_scale, offset_high));
-          score[mt][nt][3] = FastExp2(fmaf(score[mt][nt][3], score_scale, offset_high));
-        } else {
-          score[mt][nt][0] = exp2f(score[mt][nt][0] - base_low);
-          score[mt][nt][1] = exp2f(score[mt][nt][1] - base_low);
-          score[mt][nt][2] = exp2f(score[mt][nt][2] - base_high);
-          score[mt][nt][3] = exp2f(score[mt][nt][3] - base_high);
-        }
+        score[mt][nt][0] = FastExp2(fmaf(score[mt][nt][0], score_scale, offset_low));
+        score[mt][nt][1] = FastExp2(fmaf(score[mt][nt][1], score_scale, offset_low));
+        score[mt][nt][2] = FastExp2(fmaf(score[mt][nt][2], score_scale, offset_high));
+        score[mt][nt][3] = FastExp2(fmaf(score[mt][nt][3], score_scale, offset_high));
         tile_sum_low += score[mt][nt][0] + score[mt][nt][1];
         tile_sum_high += score[mt][nt][2] + score[mt][nt][3];
       }
@@ -456,10 +254,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <int kHeadDim, int kWarps, int kMTiles, int kTileKeys, bool kFastSoftmax = false>
+template <int kHeadDim, int kWarps, int kMTiles, int kTileKeys>
 cudaError_t LaunchPipelined(const PrefillAttentionParams& p, int group, cudaStream_t stream) {
   using Shape = PipelinedShape<kHeadDim, kWarps, kMTiles, kTileKeys>;
-  auto kernel = PrefillPipelinedKernel<kHeadDim, kWarps, kMTiles, kTileKeys, kFastSoftmax>;
+  auto kernel = PrefillPipelinedKernel<kHeadDim, kWarps, kMTiles, kTileKeys>;
   const cudaError_t configured =
       AllowDynamicSharedMemory(reinterpret_cast<const void*>(kernel), Shape::kSharedBytes);
   if (configured != cudaSuccess) return configured;
@@ -469,37 +267,13 @@ cudaError_t LaunchPipelined(const PrefillAttentionParams& p, int group, cudaStre
   return cudaGetLastError();
 }
 
+// Head dim 128 on a build with sm_90a code: wgmma; elsewhere 4 warps x 32 rows on mma.sync.
 template <int kHeadDim>
-cudaError_t LaunchForHeadDim(const PrefillAttentionParams& p, int group, int variant,
-                             cudaStream_t stream) {
-  switch (variant) {
-    case kPrefillVariantSingleBuffered: {
-      const int64_t tiles = (static_cast<int64_t>(p.max_queries) * group + kRows - 1) / kRows;
-      const dim3 grid(static_cast<unsigned>(tiles), p.num_kv_heads, p.num_sequences);
-      PrefillAttentionKernel<kHeadDim><<<grid, kThreads, 0, stream>>>(p);
-      return cudaGetLastError();
-    }
-    case kPrefillVariant128Rows2MTiles:
-      return LaunchPipelined<kHeadDim, 4, 2, 64>(p, group, stream);
-    case kPrefillVariant64Rows:
-      return LaunchPipelined<kHeadDim, 4, 1, 64>(p, group, stream);
-    case kPrefillVariant128Rows8Warps:
-      return LaunchPipelined<kHeadDim, 8, 1, 64>(p, group, stream);
-    case kPrefillVariant128Rows32Keys:
-      return LaunchPipelined<kHeadDim, 4, 2, 32>(p, group, stream);
-    case kPrefillVariantFastSoftmax:
-      return LaunchPipelined<kHeadDim, 4, 2, 64, true>(p, group, stream);
-    case kPrefillVariantFastSoftmax48Keys:
-      return LaunchPipelined<kHeadDim, 4, 2, 48, true>(p, group, stream);
-    case kPrefillVariantWgmma:
-      // Head dim 128 on a build with sm_90a code; elsewhere the fastest mma.sync kernel.
-      if (kHeadDim != 128 || !PrefillWgmmaAvailable()) {
-        return LaunchPipelined<kHeadDim, 4, 2, 64, true>(p, group, stream);
-      }
-      return LaunchPrefillWgmma(p, group, stream);
-    default:
-      return cudaErrorInvalidValue;
+cudaError_t LaunchForHeadDim(const PrefillAttentionParams& p, int group, cudaStream_t stream) {
+  if (kHeadDim != 128 || !PrefillWgmmaAvailable()) {
+    return LaunchPipelined<kHeadDim, 4, 2, 64>(p, group, stream);
   }
+  return LaunchPrefillWgmma(p, group, stream);
 }
 
 }  // namespace
@@ -513,9 +287,8 @@ cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t
     return cudaErrorInvalidValue;
   }
   const int group = p.num_query_heads / p.num_kv_heads;
-  const int variant = p.variant == kPrefillVariantAuto ? kPrefillVariantWgmma : p.variant;
-  return p.head_dim == 64 ? LaunchForHeadDim<64>(p, group, variant, stream)
-                          : LaunchForHeadDim<128>(p, group, variant, stream);
+  return p.head_dim == 64 ? LaunchForHeadDim<64>(p, group, stream)
+                          : LaunchForHeadDim<128>(p, group, stream);
 }
 
 }  // namespace shadowkv::cuda

@@ -32,23 +32,7 @@ struct PrefillAttentionParams {
   int num_kv_heads = 0;
   int head_dim = 0;  // 64 or 128
   float scale = 0.0f;
-  // Which kernel (kPrefillVariant*); kPrefillVariantAuto takes the default. Every variant
-  // computes the same function.
-  int variant = -1;
 };
-
-constexpr int kPrefillVariantAuto = -1;
-constexpr int kPrefillVariantSingleBuffered = 0;  // 64 rows, 4 warps, one K/V tile at a time
-constexpr int kPrefillVariant128Rows2MTiles = 1;  // 4 warps x 32 rows, double-buffered
-constexpr int kPrefillVariant64Rows = 2;          // 4 warps x 16 rows, double-buffered
-constexpr int kPrefillVariant128Rows8Warps = 3;   // 8 warps x 16 rows, double-buffered
-constexpr int kPrefillVariant128Rows32Keys = 4;   // variant 1 with 32-key tiles (fewer registers)
-constexpr int kPrefillVariantFastSoftmax = 5;        // variant 1, scale folded in one FMA, ex2.approx
-constexpr int kPrefillVariantFastSoftmax48Keys = 6;  // variant 5 with 48-key tiles
-// The default: Hopper wgmma where the build has sm_90a code (CMAKE_CUDA_ARCHITECTURES=90a) and
-// head dim is 128, else variant 5.
-constexpr int kPrefillVariantWgmma = 7;
-constexpr int kPrefillNumVariants = 8;
 
 bool PrefillAttentionSupports(int head_dim);
 

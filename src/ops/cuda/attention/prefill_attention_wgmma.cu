@@ -1,5 +1,5 @@
-// The Hopper (sm_90a, wgmma) prefill attention kernel, variant kPrefillVariantWgmma of
-// prefill_attention.cu's launcher.
+// The Hopper (sm_90a, wgmma) prefill attention kernel, which prefill_attention.cu's launcher runs
+// for head dim 128 where the build has sm_90a code.
 #include "ops/cuda/attention/prefill_attention_wgmma.cuh"
 
 #include "ops/cuda/common/device_utils.cuh"

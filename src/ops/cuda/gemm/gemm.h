@@ -1,5 +1,4 @@
-// bf16 GEMMs: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ beta·y), fp32 compute; cuBLAS, or our
-// skinny tensor-core kernel (gemm.cuh) for decode-sized row counts.
+// bf16 GEMMs: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ beta·y), fp32 compute, on cuBLAS.
 #pragma once
 
 #include <cublas_v2.h>
@@ -22,15 +21,7 @@ struct GemmParams {
   int64_t in = 0;
   int64_t out = 0;
   float beta = 0.0f;  // 1 accumulates into y (e.g. a residual)
-  // Which kernel (kGemmVariant*); kGemmVariantAuto takes the default.
-  int variant = -1;
 };
-
-constexpr int kGemmVariantAuto = -1;
-constexpr int kGemmVariantCublas = 0;  // cublasGemmEx for every shape (the default)
-constexpr int kGemmVariantSkinny = 1;  // our kernel wherever it applies (<= 16 rows)
-constexpr int kGemmVariantSkinnySmall = 2;  // our kernel for weights of at most 32 MiB only
-constexpr int kGemmNumVariants = 3;
 
 // Runs on the stream (and workspace) set on `handle`. Sizes must fit cuBLAS's int dimensions.
 Status RunGemm(cublasHandle_t handle, const GemmParams& params);
