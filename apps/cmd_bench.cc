@@ -276,12 +276,10 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
   if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
     return Fail(s.ToString());
   }
-  auto kernels = KernelOptionsFromEnvironment();
-  if (!kernels.ok()) return Fail(kernels.status().ToString());
   cuda::CudaModelOptions options;
   options.max_batch = o.max_batch;
   options.max_step_tokens = std::max(o.prefill_chunk, o.max_batch);
-  options.kernels = *kernels;
+  options.kernels = KernelOptionsFromFlags();
   Result<std::unique_ptr<cuda::CudaModelGroup>> model_or = Status(ErrorCode::kInternal, "unset");
   const bool synthetic = !o.synthetic.empty();
   if (synthetic) {

@@ -298,7 +298,7 @@ Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::stri
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = prefill_chunk;
-  SKV_ASSIGN_OR_RETURN(options.kernels, KernelOptionsFromEnvironment());
+  options.kernels = KernelOptionsFromFlags();
   SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaModel::Load(model_path, options));
   SKV_RETURN_IF_ERROR(model->AllocateKvCache(1, max_tokens, /*keep_pre_rope_keys=*/true));
   return std::unique_ptr<eval::AnswerBackend>(

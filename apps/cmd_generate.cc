@@ -155,12 +155,10 @@ int RunCudaGenerate(const GenerateOptions& o, const std::string& model_path,
   if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
     return Fail(s.ToString());
   }
-  auto kernels = KernelOptionsFromEnvironment();
-  if (!kernels.ok()) return Fail(kernels.status().ToString());
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = std::max(1, o.prefill_chunk);
-  options.kernels = *kernels;
+  options.kernels = KernelOptionsFromFlags();
   auto model = cuda::CudaModelGroup::Load(model_path, options, tensor_parallel);
   if (!model.ok()) return Fail(model.status().ToString());
   if ((*tokenizer)->vocab_size() != (*model)->config().vocab_size) {

@@ -66,7 +66,7 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
     SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
-    SKV_ASSIGN_OR_RETURN(c.kernels, KernelOptionsFromEnvironment());
+    c.kernels = KernelOptionsFromFlags();
     SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaServingModel::Load(ResolveModelPath(o.model), c));
     loaded.pool = model->Describe();
     loaded.serving = std::move(model);

@@ -1,4 +1,5 @@
-// Reads the CUDA subcommands' environment variables and tuning flags into the library's options.
+// The CUDA subcommands' kernel tuning flags and tensor-parallel environment variables, turned
+// into the library's options.
 #include "cuda_environment.h"
 
 #include "options.h"
@@ -20,6 +21,20 @@ cuda::CudaKernelOptions& TuningFlags() {
 
 void AddKernelTuningOptions(CLI::App& app) {
   cuda::CudaKernelOptions& k = TuningFlags();
+  app.add_option("--shadowkv-kernels", k.shadowkv_kernels,
+                 "cuda shadowkv: 1 the decode kernels of the library, 0 the first generation "
+                 "(which models without full-width rotary run)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--coarse-select", k.coarse_select,
+                 "cuda shadowkv: 1 the top-k select narrows on coarse digits first, 0 the "
+                 "four-digit select over every key")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--select-registers", k.select_registers,
+                 "cuda shadowkv: registers per thread of the coarse select, 32 or 0 (64)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 32}));
   app.add_flag("--split-rows,!--no-split-rows", k.split_rows,
                "cuda shadowkv: a step of 4 rows or more runs its selection and attention in two "
                "parts on their own streams")
@@ -85,13 +100,7 @@ Status ReadFlag(const char* name, bool only_one, bool* field) {
 
 }  // namespace
 
-Result<cuda::CudaKernelOptions> KernelOptionsFromEnvironment() {
-  cuda::CudaKernelOptions k = TuningFlags();
-  SKV_RETURN_IF_ERROR(Read("SKV_SHADOWKV_KERNELS", &k.shadowkv_kernels));
-  SKV_RETURN_IF_ERROR(Read("SKV_SELECT_COARSE", &k.coarse_select));
-  SKV_RETURN_IF_ERROR(Read("SKV_SELECT_REGISTERS", &k.select_registers));
-  return k;
-}
+cuda::CudaKernelOptions KernelOptionsFromFlags() { return TuningFlags(); }
 
 Status ApplyTensorParallelEnvironment(TensorParallelOptions* tp) {
   bool local = false;

@@ -34,7 +34,7 @@ CLI::Option* AddDeviceOption(CLI::App& app, Device& device, const std::string& h
 void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags);
 
 // Registers the CUDA kernels' tuning flags (`shadowkv bench`); defined in cuda_environment.cc,
-// whose KernelOptionsFromEnvironment() hands what they set to the library.
+// whose KernelOptionsFromFlags() hands what they set to the library.
 void AddKernelTuningOptions(CLI::App& app);
 // `--tensor-parallel` on a command's CPU path: Ok for size 1, else an error naming --device cuda.
 Status TensorParallelNeedsCuda(const TensorParallelOptions& flags);

@@ -3,7 +3,7 @@
 # on a GPU machine: the GPU tests, the ShadowKV kernels under compute-sanitizer, and the
 # full-vs-ShadowKV bench (synthetic Llama-3-8B at 60K and 122K). Logs and JSON go to $OUT
 # (default /tmp/shadowkv_out); a short summary is printed last. When the fast ShadowKV kernels
-# fail their parity tests, the bench runs the first ones (SKV_SHADOWKV_KERNELS=0) and says so.
+# fail their parity tests, the bench runs the first ones (--shadowkv-kernels 0) and says so.
 # Usage: scripts/cuda_device_run_shadowkv.sh [tests] [sanitize] [bench] [smoke]
 #   (default: tests bench)
 #   smoke: the bench at 16K with 16 steps (a quick check before the long run)
@@ -13,8 +13,8 @@
 #     the select's variants and the fast rebuild at 32, 64 and 128 gather slots per block)
 #   tune: ShadowKV with FP8 values and landmarks at TUNE_CONTEXT (124928) and TUNE_BATCH (20),
 #     once per setting of the step (TUNE_SETTINGS, "name:word word|name:...", a word being a
-#     bench flag such as --split-share=40 or a variant variable such as SKV_SELECT_COARSE=0;
-#     default: the defaults, --no-split-rows, that and SKV_SELECT_COARSE=0, --rebuild-slots=64)
+#     bench flag such as --split-share=40 or --coarse-select=0, or an environment variable;
+#     default: the defaults, --no-split-rows, that and --coarse-select=0, --rebuild-slots=64)
 #   profile: Nsight Compute on the first launches of the kernels matching PROFILE_KERNELS (a
 #     '|'-separated list of name regexes; default the two register-basis rebuilds) in the kernel
 #     bench, clocks left alone; PROFILE_BASE=mangled matches template arguments too
@@ -48,8 +48,9 @@ accept_bench() {
   timeout "$limit" "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
     --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 \
     --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 "$@" \
-    --json "$out/$name.json" > "$out/$name.log" 2>&1
+    ${kernel_flags[@]+"${kernel_flags[@]}"} --json "$out/$name.json" > "$out/$name.log" 2>&1
 }
+kernel_flags=()  # set by the tests step when the fast ShadowKV kernels fail there
 
 declare -A status
 for step in "${steps[@]}"; do
@@ -67,7 +68,7 @@ for step in "${steps[@]}"; do
       if grep -qE "^\[  FAILED  \] Variants/CudaShadowKvKernelsTest\.[A-Za-z]+/Fast" "$out/gpu_tests.log" &&
          ! timeout 120 "$stage/bin/shadowkv_gpu_tests" --gtest_filter='Variants/CudaShadowKvKernelsTest.*' \
            > "$out/gpu_kernel_tests_alone.log" 2>&1; then
-        export SKV_SHADOWKV_KERNELS=0
+        kernel_flags=(--shadowkv-kernels 0)
         echo "fast ShadowKV kernels failed their tests: the bench runs the first ones" \
           | tee -a "$out/gpu_tests.log"
       fi
@@ -84,20 +85,20 @@ for step in "${steps[@]}"; do
     bench)
       timeout 330 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
         --kv full,shadowkv --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 \
-        --json "$out/bench_shadowkv.json" > "$out/bench_shadowkv.log" 2>&1
+        ${kernel_flags[@]+"${kernel_flags[@]}"} --json "$out/bench_shadowkv.json" > "$out/bench_shadowkv.log" 2>&1
       ;;
     bench-fp8)
       timeout 480 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
         --kv full,shadowkv,shadowkv:fp8_values=1,shadowkv:fp8_values=1:fp8_landmarks=1 \
         --context 61440,124928 --batch auto --gen 128 --prefill-chunk 4096 --no-host-values \
-        --json "$out/bench_fp8.json" > "$out/bench_fp8.log" 2>&1
+        ${kernel_flags[@]+"${kernel_flags[@]}"} --json "$out/bench_fp8.json" > "$out/bench_fp8.log" 2>&1
       ;;
     kernels)
       SKV_GPU_BENCH=1 timeout 120 "$stage/bin/shadowkv_gpu_tests" \
         --gtest_filter='CudaShadowKvKernelsBench.*' > "$out/kernels.log" 2>&1
       ;;
     tune)
-      settings=${TUNE_SETTINGS:-"defaults:|no-split:--no-split-rows|radix8:--no-split-rows SKV_SELECT_COARSE=0|slots64:--rebuild-slots=64"}
+      settings=${TUNE_SETTINGS:-"defaults:|no-split:--no-split-rows|radix8:--no-split-rows --coarse-select=0|slots64:--rebuild-slots=64"}
       IFS='|' read -r -a settings <<< "$settings"
       for setting in "${settings[@]}"; do
         name=${setting%%:*}

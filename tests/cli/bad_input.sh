@@ -62,6 +62,7 @@ expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tenso
 expect_error bad_split_share "split-share.*not in range" "$bin" bench -m "$model" --split-share 95
 expect_error bad_rebuild_slots "rebuild-slots.*not in" "$bin" bench -m "$model" --rebuild-slots 48
 expect_error bad_attention_splits "attention-splits.*not in range" "$bin" bench -m "$model" --attention-splits 65
+expect_error bad_shadowkv_kernels "shadowkv-kernels.*not in" "$bin" bench -m "$model" --shadowkv-kernels 2
 expect_error synthetic_bench_cpu "needs --device cuda" "$bin" bench --synthetic llama3-8b --device cpu
 # Without --device, --synthetic takes the GPU path: a build without CUDA says so, a CUDA build
 # stops at the bad context before touching a GPU.

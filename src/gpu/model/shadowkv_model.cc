@@ -84,11 +84,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   const bool fast = ShadowKvDecodeSettings(m.options.kernels).kernel_variant == kSkvKernelsFast;
   if (config.select_successors != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
-                 "the fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
+                 "the fast decode kernels (kernel option shadowkv_kernels = 1, the default)");
   }
   if (config.fp8_landmarks != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "
-                 "fast decode kernels (SKV_SHADOWKV_KERNELS=1)");
+                 "fast decode kernels (kernel option shadowkv_kernels = 1, the default)");
   }
   s->config = config;
   s->geometry = g;
