@@ -10,6 +10,7 @@
 #include <map>
 
 #include "format/unicode.h"
+#include "kv/policies.h"
 
 namespace shadowkv::eval {
 namespace {
@@ -97,7 +98,7 @@ std::string AttendedFooter(const std::vector<kv::KvPolicyConfig>& policies,
     }
     listed += fmt::format("{}{} {:.1f}", listed.empty() ? "" : ", ", policies[p].display_name(),
                           attended[p]);
-    if (policies[p].policy == "full") continue;
+    if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) continue;
     least = sparse ? std::min(least, attended[p]) : attended[p];
     most = sparse ? std::max(most, attended[p]) : attended[p];
     sparse++;
@@ -273,7 +274,7 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
     nlohmann::ordered_json budgets = nlohmann::ordered_json::object();
     nlohmann::ordered_json resolved = nlohmann::ordered_json::object();
     for (int64_t length : st.lengths) {
-      budgets[std::to_string(length)] = config.policy == "full"
+      budgets[std::to_string(length)] = kv::IsPolicy(config, kv::PolicyKind::kFull)
                                             ? nlohmann::ordered_json(nullptr)
                                             : nlohmann::ordered_json(config.BudgetTokens(length));
       // What the policy really used on the first question at this length.
@@ -281,7 +282,7 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
         if (q.length != length || p >= q.outputs.size()) continue;
         const PolicyOutput& o = q.outputs[p];
         nlohmann::ordered_json used = {{"prompt_tokens", q.prompt_tokens}};
-        if (config.policy != "full") used["budget_tokens"] = o.budget_tokens;
+        if (!kv::IsPolicy(config, kv::PolicyKind::kFull)) used["budget_tokens"] = o.budget_tokens;
         if (o.rank > 0) {
           used["rank"] = o.rank;
           used["outlier_chunks_per_kv_head"] = o.outlier_chunks;
@@ -376,7 +377,9 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
                ? static_cast<double>(o.stats.attended_tokens) / o.stats.context_tokens
                : 1.0},
           {"attended_tokens_per_query", Number(AttendedTokensPerQuery(o))}};
-      if (o.policy != "full") out["budget_tokens"] = o.budget_tokens;
+      if (kv::PolicyKindOf(o.policy) != kv::PolicyKind::kFull) {
+        out["budget_tokens"] = o.budget_tokens;
+      }
       if (o.stats.chunk_selections > 0) out["chunk_hit_rate"] = o.stats.hit_rate();
       outputs.push_back(out);
     }
@@ -445,8 +448,9 @@ std::string ReportToCsv(const EvalReport& report) {
   for (size_t l = 0; l < s.lengths.size(); ++l) {
     for (size_t p = 0; p < s.policies.size(); ++p) {
       const kv::KvPolicyConfig& config = st.policies[p];
-      const std::string budget =
-          config.policy == "full" ? "" : std::to_string(config.BudgetTokens(s.lengths[l]));
+      const std::string budget = kv::IsPolicy(config, kv::PolicyKind::kFull)
+                                     ? ""
+                                     : std::to_string(config.BudgetTokens(s.lengths[l]));
       auto number = [](double v) {
         return std::isnan(v) ? std::string() : fmt::format("{:.2f}", v);
       };

@@ -8,6 +8,7 @@
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
 #include "eval/scoring.h"
+#include "kv/policies.h"
 #include "kv/shadowkv_policy.h"
 
 namespace shadowkv::eval {
@@ -217,7 +218,7 @@ PolicyOutput Runner::Output(size_t p, std::span<const int32_t> answer, Metric me
   out.tokens.assign(answer.begin(), answer.end());
   out.score = Score(metric, out.text, outcome.answers);
   out.generated_tokens = static_cast<int>(answer.size());
-  if (settings_.policies[p].policy != "full") {
+  if (!kv::IsPolicy(settings_.policies[p], kv::PolicyKind::kFull)) {
     out.budget_tokens = settings_.policies[p].BudgetTokens(prefill_tokens);
   }
   return out;
