@@ -67,15 +67,7 @@ std::string KvConfigText(const kv::KvPolicyConfig& c) {
 std::string ValidUtf8(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (size_t offset = 0; offset < text.size();) {
-    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
-    if (decoded.codepoint == unicode::kInvalidCodepoint) {
-      out += "\xEF\xBF\xBD";
-    } else {
-      out.append(text.substr(offset, decoded.num_bytes));
-    }
-    offset += decoded.num_bytes;
-  }
+  unicode::AppendValidUtf8(text, out);
   return out;
 }
 

@@ -96,15 +96,6 @@ struct Candidate {
   }
 };
 
-bool IsValidUtf8(std::string_view text) {
-  for (size_t offset = 0; offset < text.size();) {
-    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
-    if (decoded.codepoint == unicode::kInvalidCodepoint) return false;
-    offset += decoded.num_bytes;
-  }
-  return true;
-}
-
 // Bytes every byte-level vocabulary must spell on its own: without them ordinary text (ASCII,
 // or any character of the Basic Multilingual Plane) loses bytes and can encode to nothing. The
 // other bytes (most C0 controls, 0xC0, 0xC1, 0xF0..0xFF) are left out by some real
@@ -120,7 +111,7 @@ Status MissingByteError(int byte, std::string_view mapped, std::span<const std::
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (tokens[id].empty()) {
       if (num_empty++ == 0) first_empty = static_cast<int64_t>(id);
-    } else if (!IsValidUtf8(tokens[id])) {
+    } else if (!unicode::IsValidUtf8(tokens[id])) {
       if (num_invalid++ == 0) first_invalid = static_cast<int64_t>(id);
     }
   }
@@ -471,30 +462,13 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) c
   return text;
 }
 
-namespace {
-
-// Appends `bytes` with every malformed byte replaced by U+FFFD.
-void AppendSanitized(std::string_view bytes, std::string& out) {
-  for (size_t offset = 0; offset < bytes.size();) {
-    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(bytes, offset);
-    if (decoded.codepoint == unicode::kInvalidCodepoint) {
-      out += "\xEF\xBF\xBD";
-    } else {
-      out.append(bytes.substr(offset, decoded.num_bytes));
-    }
-    offset += decoded.num_bytes;
-  }
-}
-
-}  // namespace
-
 std::string StreamingDecoder::Push(int32_t id) {
   const TokenType type = tokenizer_.GetTokenType(id);
   if (skip_special_ && (type == TokenType::kControl || type == TokenType::kUnknown)) return {};
   pending_ += tokenizer_.TokenBytes(id);
   const size_t complete = unicode::CompleteUtf8PrefixLength(pending_);
   std::string text;
-  AppendSanitized(std::string_view(pending_).substr(0, complete), text);
+  unicode::AppendValidUtf8(std::string_view(pending_).substr(0, complete), text);
   pending_.erase(0, complete);
   return text;
 }

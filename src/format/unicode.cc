@@ -109,4 +109,25 @@ size_t CompleteUtf8PrefixLength(std::string_view bytes) {
   return size;
 }
 
+bool IsValidUtf8(std::string_view text) {
+  for (size_t offset = 0; offset < text.size();) {
+    const DecodedCodepoint decoded = DecodeUtf8(text, offset);
+    if (decoded.codepoint == kInvalidCodepoint) return false;
+    offset += decoded.num_bytes;
+  }
+  return true;
+}
+
+void AppendValidUtf8(std::string_view bytes, std::string& out) {
+  for (size_t offset = 0; offset < bytes.size();) {
+    const DecodedCodepoint decoded = DecodeUtf8(bytes, offset);
+    if (decoded.codepoint == kInvalidCodepoint) {
+      out += "\xEF\xBF\xBD";
+    } else {
+      out.append(bytes.substr(offset, decoded.num_bytes));
+    }
+    offset += decoded.num_bytes;
+  }
+}
+
 }  // namespace shadowkv::unicode

@@ -50,6 +50,12 @@ void AppendUtf8(char32_t codepoint, std::string& out);
 // valid, so holding them back would stall a stream forever.
 size_t CompleteUtf8PrefixLength(std::string_view bytes);
 
+// Whether every byte of `text` belongs to a well-formed codepoint.
+bool IsValidUtf8(std::string_view text);
+
+// Appends `bytes` with every malformed byte replaced by U+FFFD.
+void AppendValidUtf8(std::string_view bytes, std::string& out);
+
 namespace internal {
 struct CodepointRange {
   char32_t first;

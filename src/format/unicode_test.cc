@@ -96,5 +96,15 @@ TEST(UnicodeTest, CompletePrefixHoldsBackOnlyUnfinishedCharacters) {
   EXPECT_EQ(CompleteUtf8PrefixLength("\x80"), 1u);
 }
 
+TEST(UnicodeTest, ValidityAndReplacementOfMalformedBytes) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("caf\xC3\xA9 \xF0\x9F\x99\x82"));
+  EXPECT_FALSE(IsValidUtf8("caf\xC3"));        // truncated
+  EXPECT_FALSE(IsValidUtf8("\xED\xA0\x80"));  // a surrogate
+  std::string out = "x";
+  AppendValidUtf8("a\xC3\xA9\xFF" "b\xE2\x82", out);
+  EXPECT_EQ(out, "xa\xC3\xA9\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
 }  // namespace
 }  // namespace shadowkv::unicode

@@ -38,15 +38,6 @@ std::string ReadFile(const std::string& path) {
   return buffer.str();
 }
 
-bool IsValidUtf8(std::string_view text) {
-  for (size_t offset = 0; offset < text.size();) {
-    const unicode::DecodedCodepoint decoded = unicode::DecodeUtf8(text, offset);
-    if (decoded.codepoint == unicode::kInvalidCodepoint) return false;
-    offset += decoded.num_bytes;
-  }
-  return true;
-}
-
 struct Loaded {
   std::unique_ptr<gguf::GgufFile> file;
   std::unique_ptr<Tokenizer> tokenizer;
@@ -185,7 +176,7 @@ TEST_F(SmolLM2TokenizerTest, StreamingDecoderEmitsWholeCharacters) {
   std::string streamed;
   for (const int32_t id : ids) {
     const std::string piece = decoder.Push(id);
-    EXPECT_TRUE(IsValidUtf8(piece));
+    EXPECT_TRUE(unicode::IsValidUtf8(piece));
     streamed += piece;
   }
   streamed += decoder.Flush();
