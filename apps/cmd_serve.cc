@@ -120,8 +120,8 @@ int RunServe(ServeOptions& o) {
     config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
     config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
   }  // on the GPU the pool made at load time is the limit
-  config.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
-  config.max_header_bytes = static_cast<size_t>(o.max_header_kib * 1024);
+  config.http.limits.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
+  config.http.limits.max_head_bytes = static_cast<size_t>(o.max_header_kib * 1024);
   if (config.model_id.empty()) {
     config.model_id = std::filesystem::path(ResolveModelPath(o.model)).stem().string();
   }
@@ -131,7 +131,7 @@ int RunServe(ServeOptions& o) {
   if (Status s = server.Bind(); !s.ok()) return Fail(s.ToString());
   // Tests and scripts read the port from this line (with --port 0 the system picks it).
   std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s, %s)\n",
-              config.host.c_str(), server.port(), config.model_id.c_str(), o.kv.policy.c_str(),
+              config.http.host.c_str(), server.port(), config.model_id.c_str(), o.kv.policy.c_str(),
               model.device().c_str());
   if (!loaded->pool.empty()) std::printf("shadowkv serve: GPU pool: %s\n", loaded->pool.c_str());
   std::fflush(stdout);
@@ -160,8 +160,8 @@ Command AddServeCommand(CLI::App& app) {
   AddModelOptions(*cmd, o->model);
   AddKvOptions(*cmd, o->kv);
   server::ServerConfig& s = o->server;
-  cmd->add_option("--host", s.host, "address to listen on")->capture_default_str();
-  cmd->add_option("--port", s.port, "port (0 = any free port, printed at start)")
+  cmd->add_option("--host", s.http.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", s.http.port, "port (0 = any free port, printed at start)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--model-id", s.model_id,
@@ -199,7 +199,7 @@ Command AddServeCommand(CLI::App& app) {
                   "chat max_tokens when a request gives none")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--http-threads", s.http_threads,
+  cmd->add_option("--http-threads", s.http.generation_threads,
                   "generation requests served at once (each open stream holds one; more: 503)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -207,27 +207,27 @@ Command AddServeCommand(CLI::App& app) {
                   "largest request line plus headers in KiB (more: 431)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--header-timeout", s.header_timeout_seconds,
+  cmd->add_option("--header-timeout", s.http.header_timeout_seconds,
                   "seconds for a whole request head to arrive, from its first byte (then 408)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--body-timeout", s.body_timeout_seconds,
+  cmd->add_option("--body-timeout", s.http.body_timeout_seconds,
                   "seconds for a whole request body to arrive, after the head (then 408)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--idle-timeout", s.idle_timeout_seconds,
+  cmd->add_option("--idle-timeout", s.http.idle_timeout_seconds,
                   "seconds a kept-alive connection may wait for its next request")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--send-timeout", s.send_timeout_seconds,
+  cmd->add_option("--send-timeout", s.http.send_timeout_seconds,
                   "seconds each write of a response may wait on a client that does not read")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-connections", s.max_connections,
+  cmd->add_option("--max-connections", s.http.max_connections,
                   "open connections; past it idle ones are closed, else 503")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-client-connections", s.max_client_connections,
+  cmd->add_option("--max-client-connections", s.http.max_client_connections,
                   "open connections per client address; past it idle ones are closed, else 429")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -164,17 +164,19 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServingModel& model, Serv
   SKV_RETURN_IF_ERROR(config.kv.Validate());
   SKV_ASSIGN_OR_RETURN(auto policy, model.MakePolicy(config.kv));
   if (config.scheduler.max_batch < 1 || config.scheduler.max_queue < 0 ||
-      config.scheduler.prefill_chunk < 1 || config.http_threads < 1) {
+      config.scheduler.prefill_chunk < 1 || config.http.generation_threads < 1) {
     return Error(ErrorCode::kInvalidArgument,
                  "batch ({}), prefill chunk ({}) and HTTP threads ({}) must be positive and the "
                  "queue bound ({}) not negative",
-                 config.scheduler.max_batch, config.scheduler.prefill_chunk, config.http_threads,
+                 config.scheduler.max_batch, config.scheduler.prefill_chunk,
+                 config.http.generation_threads,
                  config.scheduler.max_queue);
   }
-  if (config.max_connections < 1 || config.max_client_connections < 1 ||
-      config.max_header_bytes < 1 || config.max_body_bytes < 1 ||
-      !(config.header_timeout_seconds > 0) || !(config.body_timeout_seconds > 0) ||
-      !(config.idle_timeout_seconds > 0) || !(config.send_timeout_seconds > 0)) {
+  const http::TransportOptions& t = config.http;
+  if (t.max_connections < 1 || t.max_client_connections < 1 || t.limits.max_head_bytes < 1 ||
+      t.limits.max_body_bytes < 1 || !(t.header_timeout_seconds > 0) ||
+      !(t.body_timeout_seconds > 0) || !(t.idle_timeout_seconds > 0) ||
+      !(t.send_timeout_seconds > 0)) {
     return Error(ErrorCode::kInvalidArgument,
                  "HTTP limits (connections, header and body sizes, timeouts) must be positive");
   }
@@ -188,19 +190,7 @@ HttpServer::HttpServer(ServingModel& model, ServerConfig config)
       config_(std::move(config)),
       chat_template_(DetectChatTemplate(model.file())),
       started_(static_cast<int64_t>(std::time(nullptr))) {
-  http::TransportOptions t;
-  t.host = config_.host;
-  t.port = config_.port;
-  t.limits.max_head_bytes = config_.max_header_bytes;
-  t.limits.max_body_bytes = config_.max_body_bytes;
-  t.generation_threads = config_.http_threads;
-  t.header_timeout_seconds = config_.header_timeout_seconds;
-  t.body_timeout_seconds = config_.body_timeout_seconds;
-  t.idle_timeout_seconds = config_.idle_timeout_seconds;
-  t.send_timeout_seconds = config_.send_timeout_seconds;
-  t.max_connections = config_.max_connections;
-  t.max_client_connections = config_.max_client_connections;
-  http_ = std::make_unique<http::Transport>(std::move(t));
+  http_ = std::make_unique<http::Transport>(config_.http);
   scheduler_ = std::make_unique<Scheduler>(model_, config_.scheduler, &metrics_);
   Route();
 }

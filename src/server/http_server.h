@@ -20,23 +20,16 @@
 namespace shadowkv::server {
 
 struct ServerConfig {
-  std::string host = "127.0.0.1";
-  int port = 8080;        // 0: any free port (see HttpServer::port)
+  // Listening address, connection caps, request size limits (413, 431), deadlines (408) and
+  // worker counts (generation_threads: generation requests at once, each open stream holding
+  // one); port 0: any free port (see HttpServer::port).
+  http::TransportOptions http;
   std::string model_id;   // the name /v1/models reports
   kv::KvPolicyConfig kv;  // server default; "kv_policy"/"kv_budget" override it per request
   SchedulerOptions scheduler;
   ParseLimits limits;
-  size_t max_body_bytes = 1 << 20;         // larger bodies: 413
   double request_timeout_seconds = 600.0;  // from arrival to the last token
   int default_max_tokens = 512;            // chat, when max_tokens is absent (completions: 16)
-  int http_threads = 128;                  // generation requests at once (streams hold one each)
-  size_t max_header_bytes = 32 * 1024;     // request line and headers: 431
-  double header_timeout_seconds = 10.0;    // whole head, from its first byte: 408
-  double body_timeout_seconds = 60.0;      // whole body, from the end of the head: 408
-  double idle_timeout_seconds = 30.0;      // keep-alive wait for the next request
-  double send_timeout_seconds = 30.0;      // each write of a response
-  int max_connections = 1024;              // open at once; past it idle ones close, else 503
-  int max_client_connections = 256;        // per client address; past it 429
   int max_policies = 64;                   // distinct per-request KV settings kept
 };
 
