@@ -1,13 +1,16 @@
 // ServingModel: what the scheduler and the HTTP server need of a model: its shapes, tokenizer and
-// GGUF file, KV policies for it, and batched forward steps. CpuServingModel serves a CpuModel
+// GGUF file, KV policies for it, and batched steps that return each sequence's next token (the
+// model samples: on the GPU only token ids leave the device). CpuServingModel serves a CpuModel
 // with any CPU KV policy; the CUDA backend has its own (gpu/serving/cuda_serving_model.h).
 #pragma once
 
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "engine/sampler.h"
 #include "format/gguf.h"
 #include "format/tokenizer.h"
 #include "kv/kv_config.h"
@@ -16,6 +19,19 @@
 #include "model/cpu_model.h"
 
 namespace shadowkv::server {
+
+// One sequence's share of a step.
+struct StepRow {
+  kv::SequenceKv* kv = nullptr;     // the sequence's KV state (owned by the caller)
+  std::span<const int32_t> tokens;  // new tokens; the first goes at position kv->num_tokens()
+  bool finish_prefill = false;      // these are the prompt's last tokens: compress afterwards
+  // Non-null: draw the sequence's next token after its last new token (a decode row, or a
+  // prompt's last chunk). Null: a prompt chunk that is not the last.
+  const SamplingParams* sampling = nullptr;
+  // The sequence's count of tokens drawn before this one. A draw's randomness depends on
+  // (seed, draw) only, so a request gets the same tokens alone or in any batch.
+  uint64_t draw = 0;
+};
 
 class ServingModel {
  public:
@@ -35,9 +51,11 @@ class ServingModel {
   virtual Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(
       const kv::KvPolicyConfig& config) const = 0;
 
-  // One step over every input (distinct sequences), as CpuModel::Forward. Called from one
-  // thread at a time.
-  virtual Status Forward(std::span<const StepInput> inputs) = 0;
+  // One step over every row (distinct sequences): appends each row's tokens and writes
+  // next_tokens[i] for every row i with sampling (next_tokens has one entry per row; the others
+  // are left alone). Called from one thread at a time. On failure the rows' sequences are in an
+  // unknown state.
+  virtual Status Step(std::span<const StepRow> rows, std::span<int32_t> next_tokens) = 0;
 };
 
 // A CpuModel with the CPU KV policies.
@@ -53,10 +71,12 @@ class CpuServingModel : public ServingModel {
       const kv::KvPolicyConfig& config) const override {
     return kv::MakeKvPolicy(config, model_.kv_geometry());
   }
-  Status Forward(std::span<const StepInput> inputs) override { return model_.Forward(inputs); }
+  Status Step(std::span<const StepRow> rows, std::span<int32_t> next_tokens) override;
 
  private:
   CpuModel& model_;
+  std::vector<StepInput> inputs_;
+  std::vector<float> logits_;  // [sampled rows, vocab]
 };
 
 }  // namespace shadowkv::server
