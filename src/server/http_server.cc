@@ -97,17 +97,45 @@ struct StreamState {
   // However the response ends (even before its head went out), the sequence stops.
   ~StreamState() {
     if (handle) handle->Cancel();
+    if (metrics) metrics->AddHandlerTimes(times);
   }
   Prepared prepared;
   std::shared_ptr<SequenceHandle> handle;
   std::unique_ptr<TextAssembler> text;
   double timeout_seconds = 0.0;
+  Metrics* metrics = nullptr;
+  HandlerTimes times;
 };
+
+// Takes the tokens the engine has for `s` (waiting up to `timeout`) and turns them into text,
+// timing both; returns whether the sequence has ended.
+bool TakeText(StreamState& s, std::chrono::milliseconds timeout, std::vector<int32_t>* tokens,
+              std::string* text) {
+  tokens->clear();
+  Clock::time_point pushed;
+  const bool ended = s.handle->Wait(timeout, tokens, &pushed);
+  const Clock::time_point woke = Clock::now();
+  if (tokens->empty()) return ended;
+  s.times.handoff_seconds += std::chrono::duration<double>(woke - pushed).count();
+  ++s.times.handoffs;
+  for (int32_t token : *tokens) {
+    *text += s.text->Push(token);
+    ++s.times.tokens;
+    if (s.text->stopped()) break;
+  }
+  s.times.detokenize_seconds += std::chrono::duration<double>(Clock::now() - woke).count();
+  return ended;
+}
 
 // Writes the whole SSE stream; false when the client went away (the sequence is cancelled).
 bool WriteStream(StreamState& s, http::StreamWriter& sink) {
   const ResponseMeta& meta = s.prepared.meta;
-  auto write = [&](const std::string& data) { return sink.Write(data); };
+  auto write = [&](const std::string& data) {
+    const Clock::time_point start = Clock::now();
+    const bool ok = sink.Write(data);
+    s.times.write_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    return ok;
+  };
   auto gone = [&] {
     s.handle->Cancel();
     return false;
@@ -120,13 +148,8 @@ bool WriteStream(StreamState& s, http::StreamWriter& sink) {
   auto last_write = Clock::now();
   std::string finish_reason;
   while (finish_reason.empty()) {
-    tokens.clear();
-    const bool ended = s.handle->Wait(std::chrono::milliseconds(200), &tokens);
     std::string piece;
-    for (int32_t token : tokens) {
-      piece += s.text->Push(token);
-      if (s.text->stopped()) break;
-    }
+    const bool ended = TakeText(s, std::chrono::milliseconds(200), &tokens, &piece);
     if (s.text->stopped()) {
       s.handle->Cancel();  // the rest of the sequence is not wanted
       finish_reason = "stop";
@@ -169,8 +192,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServingModel& model, Serv
                  "batch ({}), prefill chunk ({}) and HTTP threads ({}) must be positive and the "
                  "queue bound ({}) not negative",
                  config.scheduler.max_batch, config.scheduler.prefill_chunk,
-                 config.http.generation_threads,
-                 config.scheduler.max_queue);
+                 config.http.generation_threads, config.scheduler.max_queue);
   }
   const http::TransportOptions& t = config.http;
   if (t.max_connections < 1 || t.max_client_connections < 1 || t.limits.max_head_bytes < 1 ||
@@ -392,6 +414,7 @@ void HttpServer::Route() {
       state->handle = submitted.handle;
       state->text = std::make_unique<TextAssembler>(tokenizer, p.stop);
       state->timeout_seconds = config_.request_timeout_seconds;
+      state->metrics = &metrics_;
       if (p.stream) {
         state->prepared = std::move(p);
         res.content_type = "text/event-stream";
@@ -405,12 +428,7 @@ void HttpServer::Route() {
       std::vector<int32_t> tokens;
       bool ended = false;
       while (!ended && !state->text->stopped()) {
-        tokens.clear();
-        ended = state->handle->Wait(std::chrono::milliseconds(500), &tokens);
-        for (int32_t token : tokens) {
-          text += state->text->Push(token);
-          if (state->text->stopped()) break;
-        }
+        ended = TakeText(*state, std::chrono::milliseconds(500), &tokens, &text);
       }
       std::string finish_reason = "stop";
       if (state->text->stopped()) {

@@ -81,6 +81,29 @@ void Metrics::SetEngineGauges(const EngineGauges& gauges) {
   gauges_ = gauges;
 }
 
+void Metrics::AddStep(const StepTimes& t) {
+  std::lock_guard lock(mutex_);
+  step_totals_.schedule_seconds += t.schedule_seconds;
+  step_totals_.model_seconds += t.model_seconds;
+  step_totals_.publish_seconds += t.publish_seconds;
+  step_totals_.rows += t.rows;
+  step_totals_.prompt_tokens += t.prompt_tokens;
+  ++steps_;
+  if (t.prompt_tokens == 0) {
+    ++decode_only_steps_;
+    decode_only_model_seconds_ += t.model_seconds;
+  }
+}
+
+void Metrics::AddHandlerTimes(const HandlerTimes& t) {
+  std::lock_guard lock(mutex_);
+  handler_totals_.handoff_seconds += t.handoff_seconds;
+  handler_totals_.handoffs += t.handoffs;
+  handler_totals_.detokenize_seconds += t.detokenize_seconds;
+  handler_totals_.write_seconds += t.write_seconds;
+  handler_totals_.tokens += t.tokens;
+}
+
 int64_t Metrics::requests_total(std::string_view endpoint, int http_status) const {
   std::lock_guard lock(mutex_);
   auto it = requests_.find({std::string(endpoint), http_status});
@@ -146,6 +169,40 @@ std::string Metrics::Render() const {
   Header(&out, "shadowkv_inter_token_latency_seconds", "histogram",
          "Time between consecutive generated tokens of a request.");
   inter_token_latency_.Render("shadowkv_inter_token_latency_seconds", &out);
+  Header(&out, "shadowkv_engine_steps_total", "counter",
+         "Engine steps, and those without prompt tokens (decode only).");
+  out += fmt::format("shadowkv_engine_steps_total{{kind=\"all\"}} {}\n", steps_);
+  out +=
+      fmt::format("shadowkv_engine_steps_total{{kind=\"decode_only\"}} {}\n", decode_only_steps_);
+  Header(&out, "shadowkv_engine_step_rows_total", "counter", "Sequences summed over steps.");
+  out += fmt::format("shadowkv_engine_step_rows_total {}\n", step_totals_.rows);
+  Header(&out, "shadowkv_engine_step_seconds_total", "counter",
+         "Engine loop time by phase: schedule (choosing rows), model (the step on the device, "
+         "ids back), publish (tokens to requests); model_decode_only is model time of steps "
+         "without prompt tokens.");
+  const auto phase_line = [&](const char* phase, double seconds) {
+    out +=
+        fmt::format("shadowkv_engine_step_seconds_total{{phase=\"{}\"}} {:.6f}\n", phase, seconds);
+  };
+  phase_line("schedule", step_totals_.schedule_seconds);
+  phase_line("model", step_totals_.model_seconds);
+  phase_line("publish", step_totals_.publish_seconds);
+  phase_line("model_decode_only", decode_only_model_seconds_);
+  Header(&out, "shadowkv_handler_seconds_total", "counter",
+         "Request handlers' time by phase (finished streams): handoff (engine push to handler "
+         "wake-up, summed over wake-ups), detokenize (ids to text, stop sequences), write.");
+  const auto handler_line = [&](const char* phase, double seconds) {
+    out += fmt::format("shadowkv_handler_seconds_total{{phase=\"{}\"}} {:.6f}\n", phase, seconds);
+  };
+  handler_line("handoff", handler_totals_.handoff_seconds);
+  handler_line("detokenize", handler_totals_.detokenize_seconds);
+  handler_line("write", handler_totals_.write_seconds);
+  Header(&out, "shadowkv_handler_wakeups_total", "counter",
+         "Handler wake-ups that brought tokens (finished streams).");
+  out += fmt::format("shadowkv_handler_wakeups_total {}\n", handler_totals_.handoffs);
+  Header(&out, "shadowkv_handler_tokens_total", "counter",
+         "Tokens handlers turned into text (finished streams).");
+  out += fmt::format("shadowkv_handler_tokens_total {}\n", handler_totals_.tokens);
   return out;
 }
 

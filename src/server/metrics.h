@@ -40,6 +40,24 @@ struct EngineGauges {
   kv::MemoryUsage held_memory;    // KV bytes of held states
 };
 
+// Where one engine step's host time went (seconds).
+struct StepTimes {
+  double schedule_seconds = 0;  // choosing the rows
+  double model_seconds = 0;     // the model's step: launch, device work, the ids back
+  double publish_seconds = 0;   // handing tokens to requests, ending finished ones
+  int64_t rows = 0;             // sequences in the step
+  int64_t prompt_tokens = 0;    // prompt tokens in the step
+};
+
+// A request handler's time on its stream (seconds), reported when the response ends.
+struct HandlerTimes {
+  double handoff_seconds = 0;     // from the engine's push to the handler holding the tokens
+  int64_t handoffs = 0;           // wake-ups that brought tokens
+  double detokenize_seconds = 0;  // token ids to text, stop sequences
+  double write_seconds = 0;       // writing events to the socket
+  int64_t tokens = 0;
+};
+
 class Metrics {
  public:
   Metrics();
@@ -50,6 +68,8 @@ class Metrics {
   void ObserveInterTokenLatency(double seconds);
   void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats);
   void SetEngineGauges(const EngineGauges& gauges);
+  void AddStep(const StepTimes& times);
+  void AddHandlerTimes(const HandlerTimes& times);
 
   int64_t requests_total(std::string_view endpoint, int http_status) const;
   std::string Render() const;
@@ -66,6 +86,11 @@ class Metrics {
   Histogram inter_token_latency_;
   std::map<std::string, kv::PolicyStats> policy_stats_;
   EngineGauges gauges_;
+  StepTimes step_totals_;  // summed over steps
+  int64_t steps_ = 0;
+  int64_t decode_only_steps_ = 0;
+  double decode_only_model_seconds_ = 0;  // model time of steps without prompt tokens
+  HandlerTimes handler_totals_;
 };
 
 }  // namespace shadowkv::server

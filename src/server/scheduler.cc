@@ -1,5 +1,6 @@
-// Scheduler: admission by KV memory, one prefill chunk per step beside all decode rows, reuse of
-// held KV states, cancellation and deadlines checked between steps.
+// Scheduler: admission by KV memory, prompt chunks up to a token budget per step beside all
+// decode rows, the model's sampled tokens handed to their requests, reuse of held KV states,
+// cancellation and deadlines checked between steps.
 #include "server/scheduler.h"
 
 #include <algorithm>
@@ -9,9 +10,11 @@ namespace shadowkv::server {
 
 // ---- SequenceHandle ----
 
-bool SequenceHandle::Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens) {
+bool SequenceHandle::Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens,
+                          Clock::time_point* first_pushed) {
   std::unique_lock lock(mutex_);
   cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || reason_ != EndReason::kNone; });
+  if (first_pushed && !pending_.empty()) *first_pushed = first_pending_;
   tokens->insert(tokens->end(), pending_.begin(), pending_.end());
   pending_.clear();
   return reason_ != EndReason::kNone;
@@ -35,6 +38,7 @@ int64_t SequenceHandle::reused_tokens() const {
 void SequenceHandle::Push(int32_t token) {
   {
     std::lock_guard lock(mutex_);
+    if (pending_.empty()) first_pending_ = Clock::now();
     pending_.push_back(token);
   }
   cv_.notify_all();
@@ -60,7 +64,6 @@ struct Scheduler::Running {
   SequenceRequest request;
   std::shared_ptr<SequenceHandle> handle;
   std::unique_ptr<kv::SequenceKv> kv;
-  Sampler sampler;
   int64_t prompt_done = 0;  // prompt tokens already in the KV state
   bool reused = false;      // started from a held state (its prefill is already finished)
   kv::MemoryUsage reserved;
@@ -243,11 +246,9 @@ void Scheduler::Admit() {
       }
       kv = std::move(fresh).value();
     }
-    Sampler sampler(req.sampling);
     auto running = std::make_unique<Running>(Running{std::move(w.request),
                                                      w.handle,
                                                      std::move(kv),
-                                                     sampler,
                                                      0,
                                                      false,
                                                      need,
@@ -286,58 +287,63 @@ void Scheduler::EndExpired(Clock::time_point now) {
 }
 
 bool Scheduler::Step() {
-  const int64_t vocab = model_.config().vocab_size;
-  std::vector<StepInput> inputs;
-  std::vector<Running*> owners;
-  std::vector<int32_t> last_tokens(running_.size());
-  Running* prefill = nullptr;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Running& r = *running_[i];
-    if (r.prefilling()) {
-      if (!prefill) prefill = &r;  // the earliest admitted prompt gets this step's chunk
-      continue;
-    }
-    last_tokens[i] = r.generated.back();
-    StepInput in;
-    in.kv = r.kv.get();
-    in.tokens = std::span<const int32_t>(&last_tokens[i], 1);
-    inputs.push_back(in);
-    owners.push_back(&r);
+  const Clock::time_point begin = Clock::now();
+  rows_.clear();
+  owners_.clear();
+  // Decode rows first, then prompt chunks in admission order until the step's prompt budget is
+  // spent: several short prompts share a step, a long one takes several.
+  int64_t budget = options_.prefill_chunk;
+  for (auto& owned : running_) {
+    Running& r = *owned;
+    if (r.prefilling()) continue;
+    StepRow row;
+    row.kv = r.kv.get();
+    row.tokens = std::span<const int32_t>(&r.generated.back(), 1);
+    row.sampling = &r.request.sampling;
+    row.draw = r.generated.size();
+    rows_.push_back(row);
+    owners_.push_back(&r);
   }
-  if (prefill) {
-    const int64_t size = static_cast<int64_t>(prefill->request.prompt.size());
-    const int64_t count = std::min<int64_t>(options_.prefill_chunk, size - prefill->prompt_done);
-    StepInput in;
-    in.kv = prefill->kv.get();
-    in.tokens = std::span<const int32_t>(prefill->request.prompt.data() + prefill->prompt_done,
-                                         static_cast<size_t>(count));
-    const bool last = prefill->prompt_done + count == size;
+  int64_t prompt_tokens = 0;
+  for (auto& owned : running_) {
+    Running& r = *owned;
+    if (!r.prefilling() || budget == 0) continue;
+    const int64_t size = static_cast<int64_t>(r.request.prompt.size());
+    const int64_t count = std::min(budget, size - r.prompt_done);
+    budget -= count;
+    prompt_tokens += count;
+    StepRow row;
+    row.kv = r.kv.get();
+    row.tokens = std::span<const int32_t>(r.request.prompt.data() + r.prompt_done,
+                                          static_cast<size_t>(count));
+    const bool last = r.prompt_done + count == size;
     // A reused state finished its prefill in an earlier turn; new tokens just extend it.
-    in.finish_prefill = last && !prefill->reused;
-    in.logits = last ? StepInput::Logits::kLast : StepInput::Logits::kNone;
-    inputs.push_back(in);
-    owners.push_back(prefill);
+    row.finish_prefill = last && !r.reused;
+    row.sampling = last ? &r.request.sampling : nullptr;
+    row.draw = 0;
+    rows_.push_back(row);
+    owners_.push_back(&r);
   }
-  if (inputs.empty()) return false;
-  logits_.resize(inputs.size() * static_cast<size_t>(vocab));
-  for (size_t i = 0; i < inputs.size(); ++i) inputs[i].logits_out = logits_.data() + i * vocab;
+  if (rows_.empty()) return false;
+  next_tokens_.assign(rows_.size(), 0);
 
-  const Status status = model_.Forward(inputs);
+  const Clock::time_point launched = Clock::now();
+  const Status status = model_.Step(rows_, next_tokens_);
+  const Clock::time_point now = Clock::now();
   if (!status.ok()) {
     // The step's sequences are in an unknown state: end them with the error, keep none.
-    for (Running* r : owners) {
+    for (Running* r : owners_) {
       r->request.reuse = false;
       Finish(*r, EndReason::kError, status);
     }
     std::erase_if(running_, [](const auto& r) { return r->kv == nullptr; });
     return true;
   }
-  const Clock::time_point now = Clock::now();
-  std::vector<Running*> sampled;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    Running& r = *owners[i];
+  int64_t sampled = 0;
+  for (size_t i = 0; i < rows_.size(); ++i) {
+    Running& r = *owners_[i];
     if (r.prefilling()) {
-      r.prompt_done += static_cast<int64_t>(inputs[i].tokens.size());
+      r.prompt_done += static_cast<int64_t>(rows_[i].tokens.size());
       if (r.prefilling()) continue;
       if (metrics_) {
         metrics_->ObserveTimeToFirstToken(std::chrono::duration<double>(now - r.arrival).count());
@@ -345,13 +351,14 @@ bool Scheduler::Step() {
     } else if (metrics_) {
       metrics_->ObserveInterTokenLatency(std::chrono::duration<double>(now - r.last_token).count());
     }
-    r.generated.push_back(r.sampler.Sample(std::span<const float>(inputs[i].logits_out, vocab)));
+    r.generated.push_back(next_tokens_[i]);
     r.last_token = now;
-    sampled.push_back(&r);
+    owners_[sampled++] = &r;  // the rows that drew a token, in order
   }
   // Counted before any client sees the tokens, so /metrics is never behind a finished reply.
-  if (metrics_ && !sampled.empty()) metrics_->AddGeneratedTokens(std::ssize(sampled));
-  for (Running* r : sampled) {
+  if (metrics_ && sampled > 0) metrics_->AddGeneratedTokens(sampled);
+  for (int64_t i = 0; i < sampled; ++i) {
+    Running* r = owners_[i];
     const int32_t token = r->generated.back();
     r->handle->Push(token);
     if (r->request.stop_at_end_of_generation && model_.tokenizer().IsEndOfGeneration(token)) {
@@ -361,6 +368,15 @@ bool Scheduler::Step() {
     }
   }
   std::erase_if(running_, [](const auto& r) { return r->kv == nullptr; });
+  if (metrics_) {
+    StepTimes times;
+    times.schedule_seconds = std::chrono::duration<double>(launched - begin).count();
+    times.model_seconds = std::chrono::duration<double>(now - launched).count();
+    times.publish_seconds = std::chrono::duration<double>(Clock::now() - now).count();
+    times.rows = static_cast<int64_t>(rows_.size());
+    times.prompt_tokens = prompt_tokens;
+    metrics_->AddStep(times);
+  }
   return true;
 }
 

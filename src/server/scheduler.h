@@ -1,5 +1,6 @@
-// Scheduler: the server's engine loop. One thread owns the model and runs forward steps that mix
-// every decoding sequence's next token with one prefill chunk; requests arrive from any thread.
+// Scheduler: the engine loop. One thread owns the model and runs steps that mix every decoding
+// sequence's next token with prompt chunks up to a token budget; the model samples each row's
+// next token. Requests arrive from any thread.
 #pragma once
 
 #include <atomic>
@@ -27,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 struct SchedulerOptions {
   int max_batch = 16;             // sequences running together (prefilling or decoding)
   int max_queue = 64;             // requests waiting for admission; more are refused
-  int prefill_chunk = 128;        // prompt tokens per step (one sequence's chunk per step)
+  int prefill_chunk = 128;        // prompt tokens per step, over every prefilling sequence
   int64_t fast_memory_limit = 0;  // bytes of fast-tier KV (running + held); 0 = no limit
   int64_t slow_memory_limit = 0;  // bytes of slow-tier KV; 0 = no limit
   int max_held_states = 32;       // finished KV states kept for multi-turn reuse (0 = none)
@@ -58,8 +59,10 @@ enum class EndReason {
 class SequenceHandle {
  public:
   // Waits up to `timeout` for new tokens or the end; appends new tokens to *tokens. Returns true
-  // once the sequence has ended and every token has been handed out.
-  bool Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens);
+  // once the sequence has ended and every token has been handed out. When tokens were handed
+  // out and `first_pushed` is not null, it gets the time the engine pushed the first of them.
+  bool Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens,
+            Clock::time_point* first_pushed = nullptr);
   // Frees the sequence at the next step (its KV state may still be held for reuse).
   void Cancel() { cancel_.store(true); }
 
@@ -77,6 +80,7 @@ class SequenceHandle {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> pending_;
+  Clock::time_point first_pending_;  // when pending_[0] was pushed
   EndReason reason_ = EndReason::kNone;
   Status status_;
   int64_t reused_ = 0;
@@ -139,7 +143,10 @@ class Scheduler {
   std::vector<std::unique_ptr<Running>> running_;
   PrefixCache held_;
   kv::MemoryUsage reserved_;  // estimates of the running sequences
-  std::vector<float> logits_;
+  // Step buffers, reused.
+  std::vector<StepRow> rows_;
+  std::vector<Running*> owners_;
+  std::vector<int32_t> next_tokens_;
   std::thread thread_;
 };
 

@@ -1,8 +1,8 @@
 #include "gpu/serving/cuda_serving_model.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "gpu/tp/cuda_model_group.h"
 
@@ -77,8 +77,8 @@ class CudaServingModel::Policy final : public kv::KvPolicy {
   kv::MemoryUsage EstimateMemory(int64_t) const override {
     // Every sequence takes a pool entry of the whole context, whatever its length.
     kv::MemoryUsage usage;
-    usage.fast_bytes = owner_->shadowkv() ? owner_->skv_bytes_ + owner_->skv_value_bytes_
-                                          : owner_->slot_bytes_;
+    usage.fast_bytes =
+        owner_->shadowkv() ? owner_->skv_bytes_ + owner_->skv_value_bytes_ : owner_->slot_bytes_;
     return usage;
   }
 
@@ -167,14 +167,15 @@ std::string CudaServingModel::device() const {
 
 std::string CudaServingModel::Describe() const {
   const int64_t context = config_.context_length;
-  std::string text = fmt::format("{} sequences of up to {} tokens, {} full-cache slots ({:.2f} "
-                                 "GiB each)",
-                                 options_.sequences, context,
-                                 num_slots_, slot_bytes_ / kGiB);
+  std::string text = fmt::format(
+      "{} sequences of up to {} tokens, {} full-cache slots ({:.2f} "
+      "GiB each)",
+      options_.sequences, context, num_slots_, slot_bytes_ / kGiB);
   if (shadowkv()) {
-    text += fmt::format("; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
-                        "memory while it lasts, then pinned host memory)",
-                        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
+    text += fmt::format(
+        "; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
+        "memory while it lasts, then pinned host memory)",
+        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
   }
   return text;
 }
@@ -245,89 +246,104 @@ Status CudaServingModel::Compress(Sequence& s) {
   return Status::Ok();
 }
 
-Status CudaServingModel::Forward(std::span<const StepInput> inputs) {
-  const int64_t vocab = config_.vocab_size;
-  std::vector<Sequence*> sequences(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const StepInput& in = inputs[i];
-    auto* s = dynamic_cast<Sequence*>(in.kv);
+namespace {
+
+CudaSampling DeviceSampling(const server::StepRow& row) {
+  const SamplingParams& p = *row.sampling;
+  return CudaSampling{p.temperature, p.top_k, p.top_p, p.seed, row.draw};
+}
+
+}  // namespace
+
+Status CudaServingModel::Step(std::span<const server::StepRow> rows,
+                              std::span<int32_t> next_tokens) {
+  if (next_tokens.size() != rows.size()) {
+    return Error(ErrorCode::kInvalidArgument, "{} token slots for {} rows", next_tokens.size(),
+                 rows.size());
+  }
+  std::vector<Sequence*> sequences(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const server::StepRow& row = rows[i];
+    auto* s = dynamic_cast<Sequence*>(row.kv);
     if (!s || s->owner_ != this) {
-      return Error(ErrorCode::kInvalidArgument, "input {} holds no sequence of this model", i);
+      return Error(ErrorCode::kInvalidArgument, "row {} holds no sequence of this model", i);
     }
-    if (in.tokens.empty()) return Error(ErrorCode::kInvalidArgument, "input {} has no tokens", i);
-    if (in.logits == StepInput::Logits::kAll) {
-      return Error(ErrorCode::kUnsupported, "--device cuda returns the last token's logits only");
-    }
-    if (s->tokens_ + std::ssize(in.tokens) > config_.context_length) {
+    if (row.tokens.empty()) return Error(ErrorCode::kInvalidArgument, "row {} has no tokens", i);
+    if (s->tokens_ + std::ssize(row.tokens) > config_.context_length) {
       return Error(ErrorCode::kOutOfRange, "{} tokens after {} exceed the context of {}",
-                   in.tokens.size(), s->tokens_, config_.context_length);
+                   row.tokens.size(), s->tokens_, config_.context_length);
     }
     sequences[i] = s;
   }
-  auto logits_of = [&](size_t i) {
-    return inputs[i].logits == StepInput::Logits::kNone ? nullptr : inputs[i].logits_out;
-  };
-  // Inputs of sequences in a full-cache slot: one decode step when every one is a single token
-  // after a prefilled sequence, else one mixed forward.
+  // Rows of sequences in a full-cache slot: one (graph-replayed) decode step when every one is a
+  // single token after a prefilled sequence, else one mixed forward. Rows of compressed
+  // sequences: one ShadowKV decode step. Every sampled row draws its token on the device.
   std::vector<size_t> full, sparse;
   bool all_decode_rows = true;
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < rows.size(); ++i) {
     if (sequences[i]->compressed_) {
       sparse.push_back(i);
     } else {
       full.push_back(i);
-      all_decode_rows &= inputs[i].tokens.size() == 1 && sequences[i]->tokens_ > 0;
+      all_decode_rows &=
+          rows[i].tokens.size() == 1 && sequences[i]->tokens_ > 0 && rows[i].sampling != nullptr;
     }
   }
+  std::vector<int> ids;
+  std::vector<int32_t> tokens;
+  std::vector<CudaSampling> sampling;
   if (!full.empty() && all_decode_rows) {
-    std::vector<int> slots;
-    std::vector<int32_t> tokens;
     for (size_t i : full) {
-      slots.push_back(sequences[i]->slot_);
-      tokens.push_back(inputs[i].tokens[0]);
+      ids.push_back(sequences[i]->slot_);
+      tokens.push_back(rows[i].tokens[0]);
+      sampling.push_back(DeviceSampling(rows[i]));
     }
-    logits_.resize(full.size() * vocab);
-    SKV_RETURN_IF_ERROR(group_->DecodeStep(slots, tokens, CudaSampling{}, logits_.data()));
-    for (size_t k = 0; k < full.size(); ++k) {
-      if (float* out = logits_of(full[k])) std::copy_n(logits_.data() + k * vocab, vocab, out);
-    }
+    SKV_RETURN_IF_ERROR(group_->DecodeStep(ids, tokens, sampling));
+    for (size_t k = 0; k < full.size(); ++k) next_tokens[full[k]] = tokens[k];
   } else if (!full.empty()) {
+    sampling.reserve(full.size());  // the inputs point into it
     std::vector<CudaStepInput> step;
     for (size_t i : full) {
-      step.push_back(CudaStepInput{sequences[i]->slot_, inputs[i].tokens, logits_of(i)});
+      CudaStepInput in{sequences[i]->slot_, rows[i].tokens};
+      if (rows[i].sampling) {
+        sampling.push_back(DeviceSampling(rows[i]));
+        in.sample = &sampling.back();
+        in.token_out = &next_tokens[i];
+      }
+      step.push_back(in);
     }
     SKV_RETURN_IF_ERROR(group_->Forward(step));
   }
-  for (size_t i : full) sequences[i]->tokens_ += std::ssize(inputs[i].tokens);
+  for (size_t i : full) sequences[i]->tokens_ += std::ssize(rows[i].tokens);
 
-  // Compressed sequences: one ShadowKV decode step for the single-token rows; the tokens of a
-  // longer input (a later turn continuing a held sequence) go in one step each.
-  std::vector<int> rows;
-  std::vector<int32_t> tokens;
+  // The tokens of a longer row of a compressed sequence (a later turn continuing a held
+  // sequence) go in one step each before the batched step.
+  ids.clear();
+  tokens.clear();
+  sampling.clear();
   std::vector<size_t> owners;
   for (size_t i : sparse) {
     Sequence& s = *sequences[i];
-    const auto span = inputs[i].tokens;
+    const auto span = rows[i].tokens;
     for (size_t t = 0; t + 1 < span.size(); ++t) {
       int32_t token = span[t];
-      SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(std::span<const int>(&s.sequence_, 1),
-                                                     std::span<int32_t>(&token, 1),
-                                                     CudaSampling{}));
+      SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(
+          std::span<const int>(&s.sequence_, 1), std::span<int32_t>(&token, 1), CudaSampling{}));
       ++s.tokens_;
     }
-    rows.push_back(s.sequence_);
+    ids.push_back(s.sequence_);
     tokens.push_back(span.back());
+    sampling.push_back(rows[i].sampling ? DeviceSampling(rows[i]) : CudaSampling{});
     owners.push_back(i);
   }
-  if (!rows.empty()) {
-    logits_.resize(rows.size() * vocab);
-    SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(rows, tokens, CudaSampling{}, logits_.data()));
+  if (!ids.empty()) {
+    SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(ids, tokens, sampling));
     for (size_t k = 0; k < owners.size(); ++k) {
       ++sequences[owners[k]]->tokens_;
-      if (float* out = logits_of(owners[k])) std::copy_n(logits_.data() + k * vocab, vocab, out);
+      if (rows[owners[k]].sampling) next_tokens[owners[k]] = tokens[k];
     }
   }
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < rows.size(); ++i) {
     kv::PolicyStats& stats = sequences[i]->stats_;
     stats.prepare_calls += config_.num_layers;
     stats.context_tokens += config_.num_layers * sequences[i]->tokens_;
@@ -335,7 +351,7 @@ Status CudaServingModel::Forward(std::span<const StepInput> inputs) {
   // Prompts complete in this step are compressed (ShadowKV) after their last chunk.
   if (shadowkv()) {
     for (size_t i : full) {
-      if (inputs[i].finish_prefill) SKV_RETURN_IF_ERROR(Compress(*sequences[i]));
+      if (rows[i].finish_prefill) SKV_RETURN_IF_ERROR(Compress(*sequences[i]));
     }
   }
   return Status::Ok();

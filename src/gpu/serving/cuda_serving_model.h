@@ -8,9 +8,9 @@
 //     sequences run as ShadowKV decode steps. A prompt too short to form the budget's chunks
 //     plus the outliers stays in its slot and decodes with full attention (which is what the
 //     sparse attention would read anyway).
-// Each step runs the full-cache inputs as one batched forward (a graph-replayed decode step when
+// Each step runs the full-cache rows as one batched forward (a graph-replayed decode step when
 // they are all single-token decode rows) and the compressed sequences' rows as one ShadowKV
-// decode step; logits come back to the host, where the scheduler samples.
+// decode step; every row's next token is drawn on the device and only the ids come back.
 // Pure C++ interface (no CUDA types).
 #pragma once
 
@@ -33,12 +33,12 @@ namespace shadowkv::cuda {
 class CudaModelGroup;
 
 struct CudaServingOptions {
-  kv::KvPolicyConfig kv;     // the one setting served: policy "full" or "shadowkv"
-  int max_batch = 16;        // sequences in one step (the scheduler's batch)
-  int prefill_chunk = 512;   // prompt tokens per step
-  int sequences = 16;        // sequences held at once, running or kept for reuse
-  int prefill_slots = 0;     // shadowkv: full-cache slots for prompts (0: as many as sequences)
-  int64_t context = 0;       // tokens per sequence, prompt plus new ones (0: the model's)
+  kv::KvPolicyConfig kv;    // the one setting served: policy "full" or "shadowkv"
+  int max_batch = 16;       // sequences in one step (the scheduler's batch)
+  int prefill_chunk = 512;  // prompt tokens per step
+  int sequences = 16;       // sequences held at once, running or kept for reuse
+  int prefill_slots = 0;    // shadowkv: full-cache slots for prompts (0: as many as sequences)
+  int64_t context = 0;      // tokens per sequence, prompt plus new ones (0: the model's)
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;
 };
@@ -57,9 +57,8 @@ class CudaServingModel final : public server::ServingModel {
   const gguf::GgufFile& file() const override { return *file_; }
   std::string device() const override;
   // Only the served setting (policy and budget); any other is kInvalidArgument.
-  Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(
-      const kv::KvPolicyConfig& config) const override;
-  Status Forward(std::span<const StepInput> inputs) override;
+  Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(const kv::KvPolicyConfig& config) const override;
+  Status Step(std::span<const server::StepRow> rows, std::span<int32_t> next_tokens) override;
 
   // The pool in words (sequences, context, device and host memory), for the start-up line.
   std::string Describe() const;
@@ -80,16 +79,15 @@ class CudaServingModel final : public server::ServingModel {
   std::unique_ptr<gguf::GgufFile> file_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<CudaModelGroup> group_;
-  ModelConfig config_;  // the model's, with context_length = the served context
-  int num_slots_ = 0;              // full-cache slots in the pool
-  int64_t slot_bytes_ = 0;         // device bytes of one full-cache slot
-  int64_t skv_bytes_ = 0;          // device bytes of one ShadowKV sequence without values
-  int64_t skv_value_bytes_ = 0;    // and of its values
+  ModelConfig config_;           // the model's, with context_length = the served context
+  int num_slots_ = 0;            // full-cache slots in the pool
+  int64_t slot_bytes_ = 0;       // device bytes of one full-cache slot
+  int64_t skv_bytes_ = 0;        // device bytes of one ShadowKV sequence without values
+  int64_t skv_value_bytes_ = 0;  // and of its values
 
   std::mutex mutex_;  // the free lists (sequences end on the scheduler's thread, policies anywhere)
   std::vector<int> free_slots_;
   std::vector<int> free_sequences_;
-  std::vector<float> logits_;  // [rows, vocab] of the decode steps
 };
 
 }  // namespace shadowkv::cuda
