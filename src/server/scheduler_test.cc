@@ -2,11 +2,10 @@
 // held state exactly, queue bound, memory admission, cancel, timeout and shutdown.
 #include "server/scheduler.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
-
-#include <fmt/format.h>
 
 #include "../../tests/unit/tiny_model.h"
 #include "engine/engine.h"
@@ -355,6 +354,134 @@ TEST_F(SchedulerTest, CancelTimeoutAndShutdownEndSequences) {
   EXPECT_EQ(scheduler.Submit(Request(*policy, RandomPrompt(10, 4), 3)).code,
             SubmitResult::Code::kShuttingDown);
   EXPECT_EQ(scheduler.gauges().running_sequences, 0);
+}
+
+}  // namespace
+}  // namespace shadowkv::server
+
+namespace shadowkv::server {
+namespace {
+
+// A request with sampling draws the same tokens alone and in a batch: a draw depends on (seed,
+// the sequence's draw count) only, never on the row or the step.
+TEST_F(SchedulerTest, SampledRequestsDrawTheSameTokensAloneAndBatched) {
+  auto policy = Policy("full");
+  auto sampled = [&](uint64_t seed) {
+    SequenceRequest r = Request(*policy, RandomPrompt(30, 40), 24);
+    r.sampling.temperature = 8.0f;  // the tiny model is peaked: flatten it
+    r.sampling.top_k = 40;
+    r.sampling.top_p = 0.98f;
+    r.sampling.seed = seed;
+    return r;
+  };
+  SchedulerOptions options;
+  options.prefill_chunk = 16;
+  options.max_batch = 1;
+  std::vector<int32_t> alone;
+  {
+    Scheduler scheduler(*serving_, options, nullptr);
+    auto s = scheduler.Submit(sampled(5));
+    ASSERT_EQ(s.code, SubmitResult::Code::kOk);
+    alone = Collect(*s.handle);
+  }
+  ASSERT_EQ(alone.size(), 24u);
+  options.max_batch = 4;
+  Scheduler scheduler(*serving_, options, nullptr);
+  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  // Others first, so the request joins a running batch in a later row and step.
+  for (uint32_t i = 0; i < 3; ++i) {
+    handles.push_back(scheduler.Submit(Request(*policy, RandomPrompt(50, 60 + i), 30)).handle);
+  }
+  auto batched = scheduler.Submit(sampled(5));
+  auto other_seed = scheduler.Submit(sampled(6));
+  ASSERT_EQ(batched.code, SubmitResult::Code::kOk);
+  ASSERT_EQ(other_seed.code, SubmitResult::Code::kOk);
+  EXPECT_EQ(Collect(*batched.handle), alone);
+  // The seed matters (24 draws at temperature 8 from 40 candidates do not all coincide).
+  EXPECT_NE(Collect(*other_seed.handle), alone);
+  for (auto& h : handles) Collect(*h);
+}
+
+// Records every step's rows before passing it on; its first step waits until released, so the
+// requests submitted meanwhile are admitted together.
+class RecordingModel : public ServingModel {
+ public:
+  explicit RecordingModel(ServingModel& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  const Tokenizer& tokenizer() const override { return inner_.tokenizer(); }
+  const gguf::GgufFile& file() const override { return inner_.file(); }
+  std::string device() const override { return inner_.device(); }
+  Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(
+      const kv::KvPolicyConfig& config) const override {
+    return inner_.MakePolicy(config);
+  }
+  Status Step(std::span<const StepRow> rows, std::span<int32_t> next_tokens) override {
+    released_.wait(false);
+    {
+      std::lock_guard lock(mutex_);
+      std::vector<int64_t> sizes;
+      for (const StepRow& row : rows) sizes.push_back(std::ssize(row.tokens));
+      steps_.push_back(std::move(sizes));
+    }
+    return inner_.Step(rows, next_tokens);
+  }
+  void Release() {
+    released_ = true;
+    released_.notify_all();
+  }
+  std::vector<std::vector<int64_t>> steps() {
+    std::lock_guard lock(mutex_);
+    return steps_;
+  }
+
+ private:
+  ServingModel& inner_;
+  std::atomic<bool> released_{false};
+  std::mutex mutex_;
+  std::vector<std::vector<int64_t>> steps_;  // per step, each row's token count
+};
+
+// Prompts share a step's prompt budget: short prompts go together, a long one is split, and no
+// step carries more prompt tokens than the budget.
+TEST_F(SchedulerTest, PromptChunksOfSeveralRequestsShareTheStepBudget) {
+  auto policy = Policy("full");
+  RecordingModel recording(*serving_);
+  SchedulerOptions options;
+  options.prefill_chunk = 48;
+  options.max_batch = 8;
+  Scheduler scheduler(recording, options, nullptr);
+  std::vector<SequenceRequest> requests;
+  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  const int lengths[] = {10, 20, 70, 5};
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(Request(*policy, RandomPrompt(lengths[i], 500 + i), 4));
+  }
+  // The first request's step holds the loop while the other three queue.
+  handles.push_back(scheduler.Submit(requests[0]).handle);
+  while (scheduler.gauges().running_sequences == 0) std::this_thread::sleep_for(1ms);
+  for (int i = 1; i < 4; ++i) handles.push_back(scheduler.Submit(requests[i]).handle);
+  recording.Release();
+  ExpectEachAsAlone(requests, handles, *policy);
+  const auto steps = recording.steps();
+  bool shared = false;
+  for (const auto& rows : steps) {
+    int64_t prompt_tokens = 0, prompt_rows = 0;
+    for (int64_t n : rows) {
+      if (n > 1) {
+        prompt_tokens += n;
+        ++prompt_rows;
+      }
+    }
+    EXPECT_LE(prompt_tokens, options.prefill_chunk);
+    shared |= prompt_rows >= 2;
+  }
+  EXPECT_TRUE(shared) << "no step carried two prompts' chunks";
+  // 10 + 20 + 70 + 5 = 105 prompt tokens need 3 steps at 48 per step, not one per prompt chunk.
+  int prompt_steps = 0;
+  for (const auto& rows : steps) {
+    prompt_steps += std::any_of(rows.begin(), rows.end(), [](int64_t n) { return n > 1; });
+  }
+  EXPECT_LE(prompt_steps, 4);  // the first prompt alone, then the other 95 tokens in 2 steps
 }
 
 }  // namespace
