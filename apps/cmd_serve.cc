@@ -42,7 +42,7 @@ struct ServeOptions {
 // with full attention or ShadowKV from a fixed pool of sequences.
 struct LoadedModel {
   std::unique_ptr<CpuModel> cpu;
-  std::unique_ptr<server::ServingModel> serving;
+  std::unique_ptr<engine::ServingModel> serving;
   std::string pool;  // the GPU pool in words
 };
 
@@ -81,7 +81,7 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
                  "--ctx-size, --max-seqs and --prefill-slots size the GPU's pool (--device cuda)");
   }
   SKV_ASSIGN_OR_RETURN(loaded.cpu, LoadModel(o.model));
-  loaded.serving = std::make_unique<server::CpuServingModel>(*loaded.cpu);
+  loaded.serving = std::make_unique<engine::CpuServingModel>(*loaded.cpu);
   return loaded;
 }
 
@@ -113,7 +113,7 @@ int RunServe(ServeOptions& o) {
 
   auto loaded = LoadServingModel(o);
   if (!loaded.ok()) return Fail(loaded.status().ToString());
-  server::ServingModel& model = *loaded->serving;
+  engine::ServingModel& model = *loaded->serving;
   server::ServerConfig config = o.server;
   config.kv = o.kv;
   if (o.device == Device::kCpu) {

@@ -8,9 +8,12 @@ namespace shadowkv {
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kError: return "error";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -81,8 +84,7 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
 
   while (next_request < requests.size() || !active.empty()) {
     // Admit requests while the batch and the KV memory budget allow.
-    while (next_request < requests.size() &&
-           static_cast<int>(active.size()) < options_.max_batch) {
+    while (next_request < requests.size() && static_cast<int>(active.size()) < options_.max_batch) {
       const GenerationRequest& req = requests[next_request];
       GenerationResult& res = results[next_request];
       res.status = Validate(req);
@@ -91,8 +93,9 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
         ++next_request;
         continue;
       }
-      const int64_t need = policy_.EstimateMemory(
-          static_cast<int64_t>(req.prompt.size()) + req.max_new_tokens).fast_bytes;
+      const int64_t need =
+          policy_.EstimateMemory(static_cast<int64_t>(req.prompt.size()) + req.max_new_tokens)
+              .fast_bytes;
       if (options_.kv_memory_limit > 0 && !active.empty() &&
           reserved + need > options_.kv_memory_limit) {
         break;  // wait for running sequences to finish
@@ -123,7 +126,8 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
       in.logits_out = logits.data() + i * vocab;
       const int64_t prompt_size = static_cast<int64_t>(req.prompt.size());
       if (a.prompt_done < prompt_size) {
-        const int64_t count = std::min<int64_t>(options_.prefill_chunk, prompt_size - a.prompt_done);
+        const int64_t count =
+            std::min<int64_t>(options_.prefill_chunk, prompt_size - a.prompt_done);
         in.tokens = std::span<const int32_t>(req.prompt.data() + a.prompt_done, count);
         in.finish_prefill = a.prompt_done + count == prompt_size;
         in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;

@@ -26,12 +26,12 @@ enum class FinishReason { kStop, kLength, kError };
 const char* FinishReasonName(FinishReason reason);
 
 struct GenerationResult {
-  Status status;                 // error of this request only; others are unaffected
-  std::vector<int32_t> tokens;   // generated tokens (without the prompt)
+  Status status;                // error of this request only; others are unaffected
+  std::vector<int32_t> tokens;  // generated tokens (without the prompt)
   FinishReason finish_reason = FinishReason::kLength;
   double prefill_seconds = 0.0;  // from admission to the first generated token
   kv::PolicyStats kv_stats;
-  kv::MemoryUsage kv_memory;     // at the end of the request
+  kv::MemoryUsage kv_memory;  // at the end of the request
 };
 
 struct EngineOptions {

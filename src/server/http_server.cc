@@ -11,6 +11,14 @@
 
 namespace shadowkv::server {
 
+using engine::Clock;
+using engine::EndReason;
+using engine::Scheduler;
+using engine::SequenceHandle;
+using engine::SequenceRequest;
+using engine::ServingModel;
+using engine::SubmitResult;
+
 using Json = nlohmann::json;
 
 namespace {

@@ -9,13 +9,13 @@
 #include <string>
 
 #include "core/status.h"
+#include "engine/scheduler.h"
+#include "engine/serving_model.h"
 #include "format/chat_template.h"
 #include "kv/kv_config.h"
 #include "server/api_request.h"
 #include "server/http/transport.h"
 #include "server/metrics.h"
-#include "server/scheduler.h"
-#include "server/serving_model.h"
 
 namespace shadowkv::server {
 
@@ -26,7 +26,7 @@ struct ServerConfig {
   http::TransportOptions http;
   std::string model_id;   // the name /v1/models reports
   kv::KvPolicyConfig kv;  // server default; "kv_policy"/"kv_budget" override it per request
-  SchedulerOptions scheduler;
+  engine::SchedulerOptions scheduler;
   ParseLimits limits;
   double request_timeout_seconds = 600.0;  // from arrival to the last token
   int default_max_tokens = 512;            // chat, when max_tokens is absent (completions: 16)
@@ -36,7 +36,8 @@ struct ServerConfig {
 class HttpServer {
  public:
   // Checks the default KV policy; the scheduler's loop starts here.
-  static Result<std::unique_ptr<HttpServer>> Create(ServingModel& model, ServerConfig config);
+  static Result<std::unique_ptr<HttpServer>> Create(engine::ServingModel& model,
+                                                    ServerConfig config);
   ~HttpServer();
 
   // Binds the listening socket; afterwards port() is the bound port.
@@ -51,16 +52,16 @@ class HttpServer {
   Metrics& metrics() { return metrics_; }
 
  private:
-  HttpServer(ServingModel& model, ServerConfig config);
+  HttpServer(engine::ServingModel& model, ServerConfig config);
   void Route();
   // The KV policy for a request's overrides; kInvalidArgument for impossible settings.
   Result<std::pair<const kv::KvPolicy*, std::string>> ResolvePolicy(const ApiRequest& request);
 
-  ServingModel& model_;
+  engine::ServingModel& model_;
   ServerConfig config_;
   Result<ChatTemplate> chat_template_;
   Metrics metrics_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<engine::Scheduler> scheduler_;
   std::mutex policies_mutex_;
   std::map<std::string, std::unique_ptr<kv::KvPolicy>> policies_;  // by policy key
   std::atomic<uint64_t> next_id_{1};

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/engine_observer.h"
 #include "kv/kv_policy.h"
 
 namespace shadowkv::server {
@@ -31,24 +32,6 @@ class Histogram {
   int64_t count_ = 0;
 };
 
-// What the engine loop reports about its state after each step.
-struct EngineGauges {
-  int64_t queue_depth = 0;        // requests waiting for admission
-  int64_t running_sequences = 0;  // admitted (prefilling or decoding)
-  int64_t held_states = 0;        // finished sequences kept for reuse
-  kv::MemoryUsage active_memory;  // KV bytes of running sequences
-  kv::MemoryUsage held_memory;    // KV bytes of held states
-};
-
-// Where one engine step's host time went (seconds).
-struct StepTimes {
-  double schedule_seconds = 0;  // choosing the rows
-  double model_seconds = 0;     // the model's step: launch, device work, the ids back
-  double publish_seconds = 0;   // handing tokens to requests, ending finished ones
-  int64_t rows = 0;             // sequences in the step
-  int64_t prompt_tokens = 0;    // prompt tokens in the step
-};
-
 // A request handler's time on its stream (seconds), reported when the response ends.
 struct HandlerTimes {
   double handoff_seconds = 0;     // from the engine's push to the handler holding the tokens
@@ -58,17 +41,21 @@ struct HandlerTimes {
   int64_t tokens = 0;
 };
 
-class Metrics {
+using engine::EngineGauges;
+using engine::StepTimes;
+
+// Also the engine loop's observer: what it reports shows in /metrics.
+class Metrics : public engine::EngineObserver {
  public:
   Metrics();
   void CountRequest(std::string_view endpoint, int http_status);
-  void AddPromptTokens(int64_t prompt_tokens, int64_t reused_tokens);
-  void AddGeneratedTokens(int64_t count);
-  void ObserveTimeToFirstToken(double seconds);
-  void ObserveInterTokenLatency(double seconds);
-  void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats);
-  void SetEngineGauges(const EngineGauges& gauges);
-  void AddStep(const StepTimes& times);
+  void AddPromptTokens(int64_t prompt_tokens, int64_t reused_tokens) override;
+  void AddGeneratedTokens(int64_t count) override;
+  void ObserveTimeToFirstToken(double seconds) override;
+  void ObserveInterTokenLatency(double seconds) override;
+  void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats) override;
+  void SetEngineGauges(const EngineGauges& gauges) override;
+  void AddStep(const StepTimes& times) override;
   void AddHandlerTimes(const HandlerTimes& times);
 
   int64_t requests_total(std::string_view endpoint, int http_status) const;

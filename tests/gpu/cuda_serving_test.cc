@@ -1,8 +1,6 @@
 // The server's GPU model (CudaServingModel): its steps against the CPU model's on the same
 // inputs (one GPU, and split over two ranks on it), the scheduler over a pool smaller than the
 // requests, and ShadowKV serving that compresses long prompts and keeps short ones exact.
-#include "gpu/serving/cuda_serving_model.h"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -12,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/scheduler.h"
+#include "gpu/serving/cuda_serving_model.h"
 #include "gpu/tp/cuda_model_group.h"
 #include "gpu_test_util.h"
-#include "server/scheduler.h"
 #include "tiny_model.h"
 
 namespace shadowkv::cuda {
@@ -44,6 +43,12 @@ CudaServingOptions Options(const std::string& policy, TensorParallelOptions tp =
   return o;
 }
 
+// One row's step (no token drawn).
+Status StepOne(engine::ServingModel& model, const engine::StepRow& row) {
+  int32_t unused = 0;
+  return model.Step(std::span<const engine::StepRow>(&row, 1), std::span<int32_t>(&unused, 1));
+}
+
 std::vector<int32_t> Tokens(int count, uint32_t seed) {
   return shadowkv::testing::SomeTokens(count, seed);
 }
@@ -51,22 +56,24 @@ std::vector<int32_t> Tokens(int count, uint32_t seed) {
 // Feeds both models the same steps (teacher-forced: every decode row takes a fixed token) and
 // returns the worst relative error of the logits over all outputs.
 struct Stepper {
-  server::ServingModel& model;
+  engine::ServingModel& model;
   std::unique_ptr<kv::KvPolicy> policy;
   std::vector<std::unique_ptr<kv::SequenceKv>> seqs;
 
-  std::vector<std::vector<float>> Step(const std::vector<std::pair<int, std::vector<int32_t>>>& rows,
-                                       const std::vector<bool>& finish) {
+  std::vector<std::vector<float>> Step(
+      const std::vector<std::pair<int, std::vector<int32_t>>>& rows,
+      const std::vector<bool>& finish) {
     const int64_t vocab = model.config().vocab_size;
     std::vector<std::vector<float>> logits(rows.size(), std::vector<float>(vocab));
-    std::vector<StepInput> inputs(rows.size());
+    std::vector<engine::StepRow> inputs(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       inputs[i].kv = seqs[rows[i].first].get();
       inputs[i].tokens = rows[i].second;
       inputs[i].finish_prefill = finish[i];
       inputs[i].logits_out = logits[i].data();
     }
-    const Status status = model.Forward(inputs);
+    std::vector<int32_t> unused(rows.size());
+    const Status status = model.Step(inputs, unused);
     EXPECT_TRUE(status.ok()) << status.ToString();
     return logits;
   }
@@ -77,7 +84,7 @@ void CheckStepsMatchTheCpu(TensorParallelOptions tp, const char* label) {
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   auto cpu_model = CpuModel::Load(ServingModelPath(), 1);
   ASSERT_TRUE(cpu_model.ok());
-  server::CpuServingModel cpu(**cpu_model);
+  engine::CpuServingModel cpu(**cpu_model);
   kv::KvPolicyConfig full;
   Stepper a{**gpu, (*gpu)->MakePolicy(full).value(), {}};
   Stepper b{cpu, cpu.MakePolicy(full).value(), {}};
@@ -145,15 +152,15 @@ TEST(CudaServingTest, RefusesOtherSettingsAndSequencesBeyondThePool) {
   EXPECT_TRUE(policy->NewSequence().ok());
   // A step past the context is refused before any GPU work.
   std::vector<int32_t> many(1025, 5);
-  StepInput in;
+  engine::StepRow in;
   in.kv = held[0].get();
   in.tokens = many;
-  EXPECT_EQ((*model)->Forward(std::span<const StepInput>(&in, 1)).code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(StepOne(**model, in).code(), ErrorCode::kOutOfRange);
 }
 
-server::SequenceRequest Request(const kv::KvPolicy& policy, std::vector<int32_t> prompt,
+engine::SequenceRequest Request(const kv::KvPolicy& policy, std::vector<int32_t> prompt,
                                 int max_new) {
-  server::SequenceRequest r;
+  engine::SequenceRequest r;
   r.prompt = std::move(prompt);
   r.max_new_tokens = max_new;
   r.policy = &policy;
@@ -161,7 +168,7 @@ server::SequenceRequest Request(const kv::KvPolicy& policy, std::vector<int32_t>
   return r;
 }
 
-std::vector<int32_t> Collect(server::SequenceHandle& handle) {
+std::vector<int32_t> Collect(engine::SequenceHandle& handle) {
   std::vector<int32_t> tokens;
   while (!handle.Wait(1000ms, &tokens)) {
   }
@@ -172,21 +179,23 @@ std::vector<int32_t> Collect(server::SequenceHandle& handle) {
 std::vector<std::vector<int32_t>> Serve(CudaServingModel& model, const kv::KvPolicy& policy,
                                         const std::vector<std::vector<int32_t>>& prompts,
                                         int max_new) {
-  server::SchedulerOptions options;
+  engine::SchedulerOptions options;
   options.max_batch = 4;
-  options.prefill_chunk = 64;
+  // Room for every prompt of the three sequences running at once in one step: each prompt is
+  // one chunk, as in the reference run below.
+  options.prefill_chunk = 600;
   options.max_held_states = 2;
-  server::Scheduler scheduler(model, options, nullptr);
-  std::vector<std::shared_ptr<server::SequenceHandle>> handles;
+  engine::Scheduler scheduler(model, options, nullptr);
+  std::vector<std::shared_ptr<engine::SequenceHandle>> handles;
   for (const auto& prompt : prompts) {
-    server::SubmitResult s = scheduler.Submit(Request(policy, prompt, max_new));
-    EXPECT_EQ(s.code, server::SubmitResult::Code::kOk) << s.message;
+    engine::SubmitResult s = scheduler.Submit(Request(policy, prompt, max_new));
+    EXPECT_EQ(s.code, engine::SubmitResult::Code::kOk) << s.message;
     handles.push_back(s.handle);
   }
   std::vector<std::vector<int32_t>> out;
   for (auto& h : handles) {
     out.push_back(Collect(*h));
-    EXPECT_EQ(h->end_reason(), server::EndReason::kLength) << h->status().ToString();
+    EXPECT_EQ(h->end_reason(), engine::EndReason::kLength) << h->status().ToString();
   }
   return out;
 }
@@ -208,15 +217,12 @@ TEST(CudaServingTest, SchedulerServesMoreRequestsThanThePoolHolds) {
     std::vector<float> logits(group.config().vocab_size);
     auto seq = policy->NewSequence();
     ASSERT_TRUE(seq.ok()) << seq.status().ToString();  // the finished ones gave theirs back
-    for (size_t done = 0; done < prompts[i].size(); done += 64) {  // the scheduler's chunks
-      StepInput in;
-      in.kv = seq->get();
-      in.tokens = std::span<const int32_t>(prompts[i]).subspan(
-          done, std::min<size_t>(64, prompts[i].size() - done));
-      in.finish_prefill = done + 64 >= prompts[i].size();
-      in.logits_out = logits.data();
-      ASSERT_TRUE((*model)->Forward(std::span<const StepInput>(&in, 1)).ok());
-    }
+    engine::StepRow in;  // the whole prompt in one chunk, as the scheduler ran it
+    in.kv = seq->get();
+    in.tokens = prompts[i];
+    in.finish_prefill = true;
+    in.logits_out = logits.data();
+    ASSERT_TRUE(StepOne(**model, in).ok());
     EXPECT_EQ(out[i][0], std::max_element(logits.begin(), logits.end()) - logits.begin())
         << "request " << i;
   }
@@ -270,9 +276,10 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
   EXPECT_EQ((*sparse)->group().shadowkv_length(0) + (*sparse)->group().shadowkv_length(1) +
                 (*sparse)->group().shadowkv_length(2),
             608);
-  std::printf("[ parity   ] serving shadowkv vs full: worst relative error %.2e (compressed "
-              "600-token prompt), %.2e (60-token prompt, kept exact)\n",
-              long_worst, short_worst);
+  std::printf(
+      "[ parity   ] serving shadowkv vs full: worst relative error %.2e (compressed "
+      "600-token prompt), %.2e (60-token prompt, kept exact)\n",
+      long_worst, short_worst);
   EXPECT_LT(short_worst, 3e-2);  // the same full attention: rounding only
   // The compressed sequence decodes through the sparse path: low-rank keys and 128 of 600
   // tokens, far from full attention on a random model (whose keys are not low-rank). How close

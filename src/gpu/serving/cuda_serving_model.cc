@@ -248,14 +248,14 @@ Status CudaServingModel::Compress(Sequence& s) {
 
 namespace {
 
-CudaSampling DeviceSampling(const server::StepRow& row) {
+CudaSampling DeviceSampling(const engine::StepRow& row) {
   const SamplingParams& p = *row.sampling;
   return CudaSampling{p.temperature, p.top_k, p.top_p, p.seed, row.draw};
 }
 
 }  // namespace
 
-Status CudaServingModel::Step(std::span<const server::StepRow> rows,
+Status CudaServingModel::Step(std::span<const engine::StepRow> rows,
                               std::span<int32_t> next_tokens) {
   if (next_tokens.size() != rows.size()) {
     return Error(ErrorCode::kInvalidArgument, "{} token slots for {} rows", next_tokens.size(),
@@ -263,7 +263,7 @@ Status CudaServingModel::Step(std::span<const server::StepRow> rows,
   }
   std::vector<Sequence*> sequences(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
-    const server::StepRow& row = rows[i];
+    const engine::StepRow& row = rows[i];
     auto* s = dynamic_cast<Sequence*>(row.kv);
     if (!s || s->owner_ != this) {
       return Error(ErrorCode::kInvalidArgument, "row {} holds no sequence of this model", i);
@@ -292,19 +292,40 @@ Status CudaServingModel::Step(std::span<const server::StepRow> rows,
   std::vector<int> ids;
   std::vector<int32_t> tokens;
   std::vector<CudaSampling> sampling;
+  // A batched decode step's logits come back only when a row asks for them.
+  const int64_t vocab = config_.vocab_size;
+  auto logits_wanted = [&](std::span<const size_t> which) {
+    for (size_t i : which) {
+      if (rows[i].logits_out) {
+        logits_.resize(which.size() * vocab);
+        return logits_.data();
+      }
+    }
+    return static_cast<float*>(nullptr);
+  };
+  auto hand_out = [&](std::span<const size_t> which, const float* logits) {
+    for (size_t k = 0; k < which.size(); ++k) {
+      const size_t i = which[k];
+      if (rows[i].sampling) next_tokens[i] = tokens[k];
+      if (logits && rows[i].logits_out) {
+        std::copy_n(logits + k * vocab, vocab, rows[i].logits_out);
+      }
+    }
+  };
   if (!full.empty() && all_decode_rows) {
     for (size_t i : full) {
       ids.push_back(sequences[i]->slot_);
       tokens.push_back(rows[i].tokens[0]);
-      sampling.push_back(DeviceSampling(rows[i]));
+      sampling.push_back(rows[i].sampling ? DeviceSampling(rows[i]) : CudaSampling{});
     }
-    SKV_RETURN_IF_ERROR(group_->DecodeStep(ids, tokens, sampling));
-    for (size_t k = 0; k < full.size(); ++k) next_tokens[full[k]] = tokens[k];
+    float* logits = logits_wanted(full);
+    SKV_RETURN_IF_ERROR(group_->DecodeStep(ids, tokens, sampling, logits));
+    hand_out(full, logits);
   } else if (!full.empty()) {
     sampling.reserve(full.size());  // the inputs point into it
     std::vector<CudaStepInput> step;
     for (size_t i : full) {
-      CudaStepInput in{sequences[i]->slot_, rows[i].tokens};
+      CudaStepInput in{sequences[i]->slot_, rows[i].tokens, rows[i].logits_out};
       if (rows[i].sampling) {
         sampling.push_back(DeviceSampling(rows[i]));
         in.sample = &sampling.back();
@@ -337,11 +358,10 @@ Status CudaServingModel::Step(std::span<const server::StepRow> rows,
     owners.push_back(i);
   }
   if (!ids.empty()) {
-    SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(ids, tokens, sampling));
-    for (size_t k = 0; k < owners.size(); ++k) {
-      ++sequences[owners[k]]->tokens_;
-      if (rows[owners[k]].sampling) next_tokens[owners[k]] = tokens[k];
-    }
+    float* logits = logits_wanted(owners);
+    SKV_RETURN_IF_ERROR(group_->ShadowKvDecodeStep(ids, tokens, sampling, logits));
+    for (size_t i : owners) ++sequences[i]->tokens_;
+    hand_out(owners, logits);
   }
   for (size_t i = 0; i < rows.size(); ++i) {
     kv::PolicyStats& stats = sequences[i]->stats_;

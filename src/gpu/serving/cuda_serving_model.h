@@ -26,7 +26,7 @@
 #include "kv/kv_config.h"
 #include "kv/policies.h"
 #include "model/tensor_parallel.h"
-#include "server/serving_model.h"
+#include "engine/serving_model.h"
 
 namespace shadowkv::cuda {
 
@@ -43,7 +43,7 @@ struct CudaServingOptions {
   CudaKernelOptions kernels;
 };
 
-class CudaServingModel final : public server::ServingModel {
+class CudaServingModel final : public engine::ServingModel {
  public:
   // Loads the model, then makes the pool: kResourceExhausted (naming the sizes) when it does not
   // fit the GPU memory, kInvalidArgument for impossible settings, kUnsupported for KV policies
@@ -58,7 +58,7 @@ class CudaServingModel final : public server::ServingModel {
   std::string device() const override;
   // Only the served setting (policy and budget); any other is kInvalidArgument.
   Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(const kv::KvPolicyConfig& config) const override;
-  Status Step(std::span<const server::StepRow> rows, std::span<int32_t> next_tokens) override;
+  Status Step(std::span<const engine::StepRow> rows, std::span<int32_t> next_tokens) override;
 
   // The pool in words (sequences, context, device and host memory), for the start-up line.
   std::string Describe() const;
@@ -88,6 +88,7 @@ class CudaServingModel final : public server::ServingModel {
   std::mutex mutex_;  // the free lists (sequences end on the scheduler's thread, policies anywhere)
   std::vector<int> free_slots_;
   std::vector<int> free_sequences_;
+  std::vector<float> logits_;  // [rows, vocab] of a decode step some row wants logits of
 };
 
 }  // namespace shadowkv::cuda

@@ -1,16 +1,17 @@
-// Scheduler on a tiny random model: batched output equals Engine::Run alone, reuse continues a
+// Scheduler on a tiny random model: batched output equals greedy decoding alone, reuse continues a
 // held state exactly, queue bound, memory admission, cancel, timeout and shutdown.
-#include "server/scheduler.h"
+#include "engine/scheduler.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <mutex>
 #include <random>
 
 #include "../../tests/unit/tiny_model.h"
-#include "engine/engine.h"
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 namespace {
 
 using namespace std::chrono_literals;
@@ -62,24 +63,42 @@ class SchedulerTest : public ::testing::Test {
     return tokens;
   }
 
-  // Every request ended by its length with the tokens Engine::Run gives it alone (prefill
-  // chunks of 32 tokens, the full policy).
+  // Greedy decoding of one prompt by hand, straight on the CPU model: prefill in chunks of
+  // `chunk`, then one token per step.
+  static std::vector<int32_t> GreedyAlone(const kv::KvPolicy& policy,
+                                          const std::vector<int32_t>& prompt, int max_new,
+                                          int chunk) {
+    auto kv = policy.NewSequence().value();
+    std::vector<float> logits(model_->config().vocab_size);
+    auto feed = [&](std::span<const int32_t> tokens, bool finish) {
+      StepInput in;
+      in.kv = kv.get();
+      in.tokens = tokens;
+      in.finish_prefill = finish;
+      in.logits_out = logits.data();
+      EXPECT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
+    };
+    for (size_t done = 0; done < prompt.size(); done += chunk) {
+      const size_t count = std::min<size_t>(chunk, prompt.size() - done);
+      feed(std::span<const int32_t>(prompt).subspan(done, count), done + count == prompt.size());
+    }
+    std::vector<int32_t> out;
+    for (int i = 0; i < max_new; ++i) {
+      out.push_back(Argmax(logits));
+      if (i + 1 < max_new) feed(std::span<const int32_t>(&out.back(), 1), false);
+    }
+    return out;
+  }
+
+  // Every request ended by its length with the tokens greedy decoding gives it alone.
   static void ExpectEachAsAlone(const std::vector<SequenceRequest>& requests,
                                 const std::vector<std::shared_ptr<SequenceHandle>>& handles,
                                 const kv::KvPolicy& policy) {
-    EngineOptions engine_options;
-    engine_options.prefill_chunk = 32;
-    Engine engine(*model_, policy, engine_options);
     for (size_t i = 0; i < requests.size(); ++i) {
       const std::vector<int32_t> got = Collect(*handles[i]);
       EXPECT_EQ(handles[i]->end_reason(), EndReason::kLength) << handles[i]->status().ToString();
-      GenerationRequest alone;
-      alone.prompt = requests[i].prompt;
-      alone.max_new_tokens = requests[i].max_new_tokens;
-      alone.stop_at_end_of_generation = false;
-      const auto expected = engine.Run(std::span<const GenerationRequest>(&alone, 1));
-      ASSERT_TRUE(expected[0].status.ok());
-      EXPECT_EQ(got, expected[0].tokens) << "request " << i;
+      EXPECT_EQ(got, GreedyAlone(policy, requests[i].prompt, requests[i].max_new_tokens, 32))
+          << "request " << i;
     }
   }
 
@@ -233,13 +252,36 @@ class TokenCountingPolicy : public kv::KvPolicy {
   std::unique_ptr<kv::KvPolicy> inner_;
 };
 
+// Sums what the loop reports of each policy's statistics.
+class PolicyStatsObserver : public EngineObserver {
+ public:
+  void AddPromptTokens(int64_t, int64_t) override {}
+  void AddGeneratedTokens(int64_t) override {}
+  void ObserveTimeToFirstToken(double) override {}
+  void ObserveInterTokenLatency(double) override {}
+  void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats) override {
+    std::lock_guard lock(mutex_);
+    stats_[std::string(policy)] += stats;
+  }
+  void SetEngineGauges(const EngineGauges&) override {}
+  void AddStep(const StepTimes&) override {}
+  int64_t selections(const std::string& policy) {
+    std::lock_guard lock(mutex_);
+    return stats_[policy].chunk_selections;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, kv::PolicyStats> stats_;
+};
+
 // The metrics count each turn of a held state once: after two turns of one conversation they
 // hold the state's final statistics, not the first turn's twice.
 TEST_F(SchedulerTest, MetricsCountEachTurnOfAHeldStateOnce) {
   TokenCountingPolicy policy(Policy("full"));
   SchedulerOptions options;
   options.prefill_chunk = 32;
-  Metrics metrics;
+  PolicyStatsObserver metrics;
   Scheduler scheduler(*serving_, options, &metrics);
   const std::vector<int32_t> prompt = RandomPrompt(40, 21);
   auto first = scheduler.Submit(Request(policy, prompt, 5));
@@ -256,11 +298,7 @@ TEST_F(SchedulerTest, MetricsCountEachTurnOfAHeldStateOnce) {
   ASSERT_EQ(second.handle->reused_tokens(), 44);  // the first turn's state: 40 + 5 - 1
   // The state ends holding the second prompt and every generated token but the last.
   const int64_t final_tokens = static_cast<int64_t>(turn2.size()) + 7 - 1;
-  const std::string rendered = metrics.Render();
-  EXPECT_NE(rendered.find(fmt::format("shadowkv_kv_chunk_selections_total{{policy=\"full\"}} {}\n",
-                                      final_tokens)),
-            std::string::npos)
-      << rendered;
+  EXPECT_EQ(metrics.selections("full"), final_tokens);
 }
 
 TEST_F(SchedulerTest, RequestsWaitForAFreeSlotAndHeldStatesGiveTheirsUp) {
@@ -357,9 +395,9 @@ TEST_F(SchedulerTest, CancelTimeoutAndShutdownEndSequences) {
 }
 
 }  // namespace
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 namespace {
 
 // A request with sampling draws the same tokens alone and in a batch: a draw depends on (seed,
@@ -485,4 +523,4 @@ TEST_F(SchedulerTest, PromptChunksOfSeveralRequestsShareTheStepBudget) {
 }
 
 }  // namespace
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

@@ -1,8 +1,8 @@
 // CpuServingModel: a step is one CpuModel forward with the sampled rows' last logits, then a
 // counter-based draw per row on the host.
-#include "server/serving_model.h"
+#include "engine/serving_model.h"
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 
 Status CpuServingModel::Step(std::span<const StepRow> rows, std::span<int32_t> next_tokens) {
   if (next_tokens.size() != rows.size()) {
@@ -10,9 +10,9 @@ Status CpuServingModel::Step(std::span<const StepRow> rows, std::span<int32_t> n
                  rows.size());
   }
   const int64_t vocab = model_.config().vocab_size;
-  size_t sampled = 0;
-  for (const StepRow& row : rows) sampled += row.sampling != nullptr;
-  logits_.resize(sampled * static_cast<size_t>(vocab));
+  size_t scratch = 0;
+  for (const StepRow& row : rows) scratch += row.sampling && !row.logits_out;
+  logits_.resize(scratch * static_cast<size_t>(vocab));
   inputs_.clear();
   size_t next = 0;
   for (const StepRow& row : rows) {
@@ -20,8 +20,10 @@ Status CpuServingModel::Step(std::span<const StepRow> rows, std::span<int32_t> n
     in.kv = row.kv;
     in.tokens = row.tokens;
     in.finish_prefill = row.finish_prefill;
-    in.logits = row.sampling ? StepInput::Logits::kLast : StepInput::Logits::kNone;
-    if (row.sampling) in.logits_out = logits_.data() + (next++) * vocab;
+    const bool wanted = row.sampling || row.logits_out;
+    in.logits = wanted ? StepInput::Logits::kLast : StepInput::Logits::kNone;
+    in.logits_out = row.logits_out;
+    if (row.sampling && !row.logits_out) in.logits_out = logits_.data() + (next++) * vocab;
     inputs_.push_back(in);
   }
   SKV_RETURN_IF_ERROR(model_.Forward(inputs_));
@@ -33,4 +35,4 @@ Status CpuServingModel::Step(std::span<const StepRow> rows, std::span<int32_t> n
   return Status::Ok();
 }
 
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

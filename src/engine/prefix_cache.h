@@ -11,7 +11,7 @@
 
 #include "kv/kv_policy.h"
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 
 struct HeldState {
   std::string policy_key;       // states are reused only under the same KV settings
@@ -43,4 +43,4 @@ class PrefixCache {
   std::list<HeldState> states_;  // most recently used first
 };
 
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

@@ -1,9 +1,9 @@
 // PrefixCache: linear scan (a few dozen states at most), exact token-prefix match.
-#include "server/prefix_cache.h"
+#include "engine/prefix_cache.h"
 
 #include <algorithm>
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 
 std::optional<HeldState> PrefixCache::Take(const std::string& policy_key,
                                            std::span<const int32_t> prompt) {
@@ -39,4 +39,4 @@ kv::MemoryUsage PrefixCache::memory() const {
   return total;
 }
 
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/engine_observer.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
+#include "engine/serving_model.h"
 #include "kv/kv_policy.h"
-#include "server/metrics.h"
-#include "server/prefix_cache.h"
-#include "server/serving_model.h"
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 
 using Clock = std::chrono::steady_clock;
 
@@ -97,7 +97,7 @@ struct SubmitResult {
 class Scheduler {
  public:
   // `metrics` may be null. The loop thread starts at once.
-  Scheduler(ServingModel& model, SchedulerOptions options, Metrics* metrics);
+  Scheduler(ServingModel& model, SchedulerOptions options, EngineObserver* metrics);
   ~Scheduler();
 
   SubmitResult Submit(SequenceRequest request);
@@ -129,7 +129,7 @@ class Scheduler {
 
   ServingModel& model_;
   SchedulerOptions options_;
-  Metrics* metrics_;
+  EngineObserver* metrics_;
 
   mutable std::mutex mutex_;  // guards waiting_, accepting_, stop_now_, gauges_, mean_seconds_
   std::condition_variable cv_;
@@ -150,4 +150,4 @@ class Scheduler {
   std::thread thread_;
 };
 
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

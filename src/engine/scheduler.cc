@@ -1,12 +1,12 @@
 // Scheduler: admission by KV memory, prompt chunks up to a token budget per step beside all
 // decode rows, the model's sampled tokens handed to their requests, reuse of held KV states,
 // cancellation and deadlines checked between steps.
-#include "server/scheduler.h"
+#include "engine/scheduler.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 
 // ---- SequenceHandle ----
 
@@ -75,7 +75,7 @@ struct Scheduler::Running {
   bool prefilling() const { return prompt_done < static_cast<int64_t>(request.prompt.size()); }
 };
 
-Scheduler::Scheduler(ServingModel& model, SchedulerOptions options, Metrics* metrics)
+Scheduler::Scheduler(ServingModel& model, SchedulerOptions options, EngineObserver* metrics)
     : model_(model), options_(options), metrics_(metrics), held_(options.max_held_states) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -429,4 +429,4 @@ void Scheduler::PublishGauges() {
   if (metrics_) metrics_->SetEngineGauges(g);
 }
 
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

@@ -18,7 +18,7 @@
 #include "model/config.h"
 #include "model/cpu_model.h"
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 
 // One sequence's share of a step.
 struct StepRow {
@@ -31,6 +31,9 @@ struct StepRow {
   // The sequence's count of tokens drawn before this one. A draw's randomness depends on
   // (seed, draw) only, so a request gets the same tokens alone or in any batch.
   uint64_t draw = 0;
+  // Non-null: [vocab] host memory for the last new token's logits (tests and tools; a serving
+  // step never asks, so that on the GPU only ids leave the device).
+  float* logits_out = nullptr;
 };
 
 class ServingModel {
@@ -51,10 +54,10 @@ class ServingModel {
   virtual Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(
       const kv::KvPolicyConfig& config) const = 0;
 
-  // One step over every row (distinct sequences): appends each row's tokens and writes
+  // One step over every row (distinct sequences): appends each row's tokens, writes
   // next_tokens[i] for every row i with sampling (next_tokens has one entry per row; the others
-  // are left alone). Called from one thread at a time. On failure the rows' sequences are in an
-  // unknown state.
+  // are left alone) and the logits a row asks for. Called from one thread at a time. On failure the
+  // rows' sequences are in an unknown state.
   virtual Status Step(std::span<const StepRow> rows, std::span<int32_t> next_tokens) = 0;
 };
 
@@ -76,7 +79,7 @@ class CpuServingModel : public ServingModel {
  private:
   CpuModel& model_;
   std::vector<StepInput> inputs_;
-  std::vector<float> logits_;  // [sampled rows, vocab]
+  std::vector<float> logits_;  // [rows, vocab] of sampled rows that did not ask for logits
 };
 
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

@@ -1,9 +1,9 @@
 // PrefixCache: longest proper token prefix under the same policy key, exclusive use, LRU order.
-#include "server/prefix_cache.h"
+#include "engine/prefix_cache.h"
 
 #include <gtest/gtest.h>
 
-namespace shadowkv::server {
+namespace shadowkv::engine {
 namespace {
 
 // A KV state that only knows its size (the cache never runs attention).
@@ -79,4 +79,4 @@ TEST(PrefixCacheTest, ZeroCapacityHoldsNothing) {
 }
 
 }  // namespace
-}  // namespace shadowkv::server
+}  // namespace shadowkv::engine

@@ -1,0 +1,44 @@
+// EngineObserver: what the engine loop reports as it runs (token counts, latencies, step times,
+// its state after each step), for whoever keeps metrics; the server's Metrics is one.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "kv/kv_policy.h"
+
+namespace shadowkv::engine {
+
+// The engine loop's state after a step.
+struct EngineGauges {
+  int64_t queue_depth = 0;        // requests waiting for admission
+  int64_t running_sequences = 0;  // admitted (prefilling or decoding)
+  int64_t held_states = 0;        // finished sequences kept for reuse
+  kv::MemoryUsage active_memory;  // KV bytes of running sequences
+  kv::MemoryUsage held_memory;    // KV bytes of held states
+};
+
+// Where one engine step's host time went (seconds).
+struct StepTimes {
+  double schedule_seconds = 0;  // choosing the rows
+  double model_seconds = 0;     // the model's step: launch, device work, the ids back
+  double publish_seconds = 0;   // handing tokens to requests, ending finished ones
+  int64_t rows = 0;             // sequences in the step
+  int64_t prompt_tokens = 0;    // prompt tokens in the step
+};
+
+// Called from the engine loop's thread; implementations synchronise with their readers.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void AddPromptTokens(int64_t prompt_tokens, int64_t reused_tokens) = 0;
+  virtual void AddGeneratedTokens(int64_t count) = 0;
+  virtual void ObserveTimeToFirstToken(double seconds) = 0;
+  virtual void ObserveInterTokenLatency(double seconds) = 0;
+  // A finished request's share of its KV state's statistics.
+  virtual void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats) = 0;
+  virtual void SetEngineGauges(const EngineGauges& gauges) = 0;
+  virtual void AddStep(const StepTimes& times) = 0;
+};
+
+}  // namespace shadowkv::engine
