@@ -1,5 +1,6 @@
 // `shadowkv generate`: one prompt in, streamed text out, a speed and memory summary on stderr;
-// on the CPU engine, or with --device cuda on the CUDA backend (full attention or ShadowKV).
+// through the engine loop on the CPU model, or with --device cuda on the GPU's serving model
+// (full attention or ShadowKV).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -15,13 +16,15 @@
 #include "core/status.h"
 #include "cuda_environment.h"
 #include "engine/engine.h"
+#include "engine/serving_model.h"
+#include "format/gguf.h"
+#include "format/tokenizer.h"
+#include "kv/policies.h"
 #include "options.h"
 
 #ifdef SHADOWKV_HAVE_CUDA
-#include "format/gguf.h"
-#include "format/tokenizer.h"
+#include "gpu/serving/cuda_serving_model.h"
 #include "gpu/tp/cuda_model_group.h"
-#include "kv/policies.h"
 #endif
 
 namespace shadowkv::app {
@@ -62,160 +65,59 @@ std::string FormatBytes(int64_t bytes) {
   return fmt::format("{:.1f} {}", value, units[unit]);
 }
 
-#ifdef SHADOWKV_HAVE_CUDA
-
-struct Generated {
-  std::vector<int32_t> tokens;
-  double prefill_seconds = 0;
-  double decode_seconds = 0;
-  bool stopped = false;  // at an end-of-generation token
+// The model `generate` runs on: the CPU model with any KV policy, or the GPU's serving model
+// (split or not) with a pool of one sequence sized for this prompt. Both run the engine loop.
+struct LoadedModel {
+  std::unique_ptr<CpuModel> cpu;
+  std::unique_ptr<engine::ServingModel> serving;
+  std::unique_ptr<kv::KvPolicy> policy;
+  std::vector<int32_t> prompt;
 };
 
-// Prefill (with pre-RoPE keys and compression for ShadowKV), then decode; `emit` gets every
-// new token as it is known.
-template <typename Emit>
-Result<Generated> Generate(cuda::CudaModelGroup& model, const GenerateOptions& o,
-                           const Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
-                           Emit emit) {
-  const bool shadowkv = kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv);
-  const int64_t length = static_cast<int64_t>(prompt.size());
-  const int64_t capacity = length + o.max_new_tokens;
-  if (capacity > model.config().context_length) {
-    return Error(ErrorCode::kOutOfRange,
-                 "prompt of {} tokens plus {} new ones exceeds the "
-                 "model's context of {}",
-                 length, o.max_new_tokens, model.config().context_length);
-  }
-  Generated g;
-  const auto start = Clock::now();
-  SKV_RETURN_IF_ERROR(model.AllocateKvCache(1, shadowkv ? length : capacity, shadowkv));
-  std::vector<float> logits(model.config().vocab_size);
-  for (int64_t done = 0; done < length; done += o.prefill_chunk) {
-    const int64_t count = std::min<int64_t>(o.prefill_chunk, length - done);
-    cuda::CudaStepInput in;
-    in.slot = 0;
-    in.tokens = std::span<const int32_t>(prompt.data() + done, count);
-    in.logits_out = done + count == length ? logits.data() : nullptr;
-    SKV_RETURN_IF_ERROR(model.Forward(std::span<const cuda::CudaStepInput>(&in, 1)));
-  }
-  if (shadowkv) {
-    SKV_RETURN_IF_ERROR(model.AllocateShadowKv(o.kv, 1, capacity));
-    SKV_RETURN_IF_ERROR(model.AllocateShadowKvValues(0, false));
-    SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
-    model.FreeKvCache();
-  }
-  // The first token from the prefill's logits (host sampler), the rest sampled on the GPU.
-  Sampler sampler(o.sampling);
-  int32_t token = sampler.Sample(logits);
-  g.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const auto decode_start = Clock::now();
-  const cuda::CudaSampling sampling{o.sampling.temperature, o.sampling.seed};
-  const std::vector<int> slots = {0};
-  for (;;) {
-    g.tokens.push_back(token);
-    emit(token);
-    if (!o.ignore_eos && tokenizer.IsEndOfGeneration(token)) {
-      g.stopped = true;
-      break;
-    }
-    if (static_cast<int>(g.tokens.size()) >= o.max_new_tokens) break;
-    std::vector<int32_t> step = {token};
-    SKV_RETURN_IF_ERROR(shadowkv ? model.ShadowKvDecodeStep(slots, step, sampling)
-                                 : model.DecodeStep(slots, step, sampling));
-    token = step[0];
-  }
-  g.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
-  return g;
-}
-
-// One prompt on the CUDA backend: tokenised with the GGUF's tokenizer, prefilled in chunks, then
-// decoded one token per step (graph-replayed, sampled on the GPU). ShadowKV compresses the
-// prefilled prompt first.
-int RunCudaGenerate(const GenerateOptions& o, const std::string& model_path,
-                    const std::string& text) {
-  cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
-  if (!kv::IsPolicy(o.kv, kv::PolicyKind::kFull) &&
-      !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
-    return Fail(
-        fmt::format("--device cuda generates with --kv full or shadowkv, not '{}'", o.kv.policy));
-  }
-  if (o.sampling.top_k != 0 || o.sampling.top_p != 1.0f) {
-    return Fail("--device cuda samples with --temp and --seed only (no --top-k / --top-p)");
-  }
-  if (Status s = o.sampling.Validate(); !s.ok()) return Fail(s.ToString());
-  auto file = gguf::GgufFile::Open(model_path);
-  if (!file.ok()) return Fail(file.status().ToString());
-  auto tokenizer = Tokenizer::FromGguf(**file);
-  if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
-  auto prompt = GenerationPrompt(**file, **tokenizer, text, o.chat, o.system);
-  if (!prompt.ok()) return Fail(prompt.status().ToString());
-  if (prompt->empty()) return Fail("the prompt has no tokens");
-
-  TensorParallelOptions tensor_parallel = o.tensor_parallel;
-  if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
-    return Fail(s.ToString());
-  }
-  cuda::CudaModelOptions options;
-  options.max_batch = 1;
-  options.max_step_tokens = std::max(1, o.prefill_chunk);
-  options.kernels = KernelOptionsFromFlags();
-  auto model = cuda::CudaModelGroup::Load(model_path, options, tensor_parallel);
-  if (!model.ok()) return Fail(model.status().ToString());
-  if ((*tokenizer)->vocab_size() != (*model)->config().vocab_size) {
-    return Fail(fmt::format("the tokenizer has {} tokens, the model {}", (*tokenizer)->vocab_size(),
-                            (*model)->config().vocab_size));
-  }
-
-  StreamingDecoder decoder(**tokenizer, /*skip_special=*/true);
-  auto emit = [&](int32_t token) {
-    const std::string piece = decoder.Push(token);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-  };
-  auto generated = Generate(**model, o, **tokenizer, *prompt, emit);
-  const std::string tail = decoder.Flush();
-  std::fwrite(tail.data(), 1, tail.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-  if (!generated.ok()) return Fail(generated.status().ToString());
-  if (!o.quiet) {
-    const Generated& g = *generated;
-    const size_t decoded = g.tokens.size() > 0 ? g.tokens.size() - 1 : 0;
-    std::fprintf(
-        stderr,
-        "[%s, cuda, %d rank%s] prompt %zu tokens: prefill %.2f s (%.1f tokens/s); "
-        "generated %zu tokens (%s): decode %.1f tokens/s\n",
-        o.kv.policy.c_str(), (*model)->size(), (*model)->size() == 1 ? "" : "s", prompt->size(),
-        g.prefill_seconds, prompt->size() / std::max(g.prefill_seconds, 1e-9), g.tokens.size(),
-        g.stopped ? "end of text" : "token limit", decoded / std::max(g.decode_seconds, 1e-9));
-  }
-  return 0;
-}
-
+Result<LoadedModel> LoadForGenerate(const GenerateOptions& o, const std::string& text) {
+  LoadedModel loaded;
+  if (o.device == Device::kCuda) {
+#ifdef SHADOWKV_HAVE_CUDA
+    cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
+    const std::string path = ResolveModelPath(o.model);
+    // The prompt first: the GPU's pool is sized for it.
+    SKV_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::Open(path));
+    SKV_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromGguf(*file));
+    SKV_ASSIGN_OR_RETURN(loaded.prompt,
+                         GenerationPrompt(*file, *tokenizer, text, o.chat, o.system));
+    cuda::CudaServingOptions c;
+    c.kv = o.kv;
+    c.max_batch = 1;
+    c.sequences = 1;
+    c.prefill_chunk = o.prefill_chunk;
+    c.context = static_cast<int64_t>(loaded.prompt.size()) + o.max_new_tokens;
+    c.tensor_parallel = o.tensor_parallel;
+    SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
+    c.kernels = KernelOptionsFromFlags();
+    SKV_ASSIGN_OR_RETURN(loaded.serving, cuda::CudaServingModel::Load(path, c));
 #else
-
-int RunCudaGenerate(const GenerateOptions&, const std::string&, const std::string&) {
-  return Fail(kBuiltWithoutCuda);
+    return Error(ErrorCode::kUnsupported, "{}", kBuiltWithoutCuda);
+#endif
+  } else {
+    SKV_RETURN_IF_ERROR(TensorParallelNeedsCuda(o.tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(loaded.cpu, LoadModel(o.model));
+    loaded.serving = std::make_unique<engine::CpuServingModel>(*loaded.cpu);
+    SKV_ASSIGN_OR_RETURN(
+        loaded.prompt,
+        GenerationPrompt(loaded.cpu->file(), loaded.cpu->tokenizer(), text, o.chat, o.system));
+  }
+  SKV_ASSIGN_OR_RETURN(loaded.policy, loaded.serving->MakePolicy(o.kv));
+  return loaded;
 }
-
-#endif  // SHADOWKV_HAVE_CUDA
 
 int RunGenerate(const GenerateOptions& o) {
   auto prompt_text = ReadPromptText(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) return Fail(prompt_text.status().message());
-  const std::string& text = *prompt_text;
-  if (o.device == Device::kCuda) return RunCudaGenerate(o, ResolveModelPath(o.model), text);
-  if (Status tp = TensorParallelNeedsCuda(o.tensor_parallel); !tp.ok()) return Fail(tp.message());
-
-  auto model_or = LoadModel(o.model);
-  if (!model_or.ok()) return Fail(model_or.status().ToString());
-  CpuModel& model = **model_or;
-  auto policy_or = kv::MakeKvPolicy(o.kv, model.kv_geometry());
-  if (!policy_or.ok()) return Fail(policy_or.status().ToString());
-
-  auto prompt_or = GenerationPrompt(model.file(), model.tokenizer(), text, o.chat, o.system);
-  if (!prompt_or.ok()) return Fail(prompt_or.status().ToString());
-  const std::vector<int32_t>& prompt = *prompt_or;
+  auto loaded = LoadForGenerate(o, *prompt_text);
+  if (!loaded.ok()) return Fail(loaded.status().ToString());
+  engine::ServingModel& model = *loaded->serving;
+  const kv::KvPolicy& policy = *loaded->policy;
+  const std::vector<int32_t>& prompt = loaded->prompt;
 
   GenerationRequest request;
   request.prompt = prompt;
@@ -224,7 +126,7 @@ int RunGenerate(const GenerateOptions& o) {
   request.stop_at_end_of_generation = !o.ignore_eos;
   EngineOptions engine_options;
   engine_options.prefill_chunk = o.prefill_chunk;
-  Engine engine(model, **policy_or, engine_options);
+  Engine engine(model, policy, engine_options);
   if (Status s = engine.Validate(request); !s.ok()) return Fail(s.ToString());
 
   const bool progress = isatty(STDERR_FILENO) && !o.quiet;
@@ -264,10 +166,10 @@ int RunGenerate(const GenerateOptions& o) {
     const double decode_s = std::chrono::duration<double>(end - first_token_time).count();
     const size_t decoded = r.tokens.size() > 0 ? r.tokens.size() - 1 : 0;
     std::fprintf(stderr,
-                 "[%s] prompt %zu tokens: prefill %.2f s (%.1f tokens/s); generated %zu tokens "
-                 "(%s): decode %.1f tokens/s\n",
-                 std::string((*policy_or)->name()).c_str(), prompt.size(), prefill_s,
-                 prompt.size() / std::max(prefill_s, 1e-9), r.tokens.size(),
+                 "[%s, %s] prompt %zu tokens: prefill %.2f s (%.1f tokens/s); generated %zu "
+                 "tokens (%s): decode %.1f tokens/s\n",
+                 std::string(policy.name()).c_str(), model.device().c_str(), prompt.size(),
+                 prefill_s, prompt.size() / std::max(prefill_s, 1e-9), r.tokens.size(),
                  FinishReasonName(r.finish_reason), decoded / std::max(decode_s, 1e-9));
     std::fprintf(stderr, "KV memory: fast tier %s, slow tier %s",
                  FormatBytes(r.kv_memory.fast_bytes).c_str(),
@@ -301,8 +203,7 @@ Command AddGenerateCommand(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--ignore-eos", options->ignore_eos, "keep generating past end-of-text tokens");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress line or summary");
-  AddDeviceOption(*cmd, options->device,
-                  "cpu, or cuda (full and shadowkv KV; --temp and --seed sampling)");
+  AddDeviceOption(*cmd, options->device, "cpu, or cuda (full and shadowkv KV)");
   AddTensorParallelOptions(*cmd, options->tensor_parallel);
   return [options] { return RunGenerate(*options); };
 }

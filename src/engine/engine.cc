@@ -1,8 +1,10 @@
-// Engine::Run: one loop of forward steps mixing prefill chunks and decode rows.
+// Engine::Run: submits the requests to a Scheduler and hands their tokens to the caller.
 #include "engine/engine.h"
 
-#include <algorithm>
 #include <chrono>
+#include <memory>
+
+#include "engine/scheduler.h"
 
 namespace shadowkv {
 
@@ -47,127 +49,107 @@ Status Engine::Validate(const GenerationRequest& request) const {
   return Status::Ok();
 }
 
-namespace {
-
-struct Active {
-  int request;
-  std::unique_ptr<kv::SequenceKv> kv;
-  Sampler sampler;
-  int64_t prompt_done = 0;
-  int32_t next_token = -1;
-  int64_t reserved_bytes = 0;
-  std::chrono::steady_clock::time_point start;
-};
-
-}  // namespace
-
 std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> requests,
                                           const TokenCallback& on_token,
                                           const PrefillProgress& on_prefill) {
-  using Clock = std::chrono::steady_clock;
+  using engine::Clock;
+  const Clock::time_point start = Clock::now();
   std::vector<GenerationResult> results(requests.size());
-  std::vector<Active> active;
-  size_t next_request = 0;
-  int64_t reserved = 0;
-  const int vocab = static_cast<int>(model_.config().vocab_size);
-  std::vector<float> logits;
+  engine::SchedulerOptions options;
+  options.max_batch = options_.max_batch;
+  options.max_queue = static_cast<int>(requests.size());
+  options.prefill_chunk = options_.prefill_chunk;
+  options.fast_memory_limit = options_.kv_memory_limit;
+  options.max_held_states = 0;
+  engine::Scheduler scheduler(model_, options, nullptr);
 
-  auto finish = [&](Active& a, FinishReason reason, Status status) {
-    GenerationResult& r = results[a.request];
-    r.finish_reason = reason;
-    r.status = std::move(status);
-    r.kv_stats = a.kv->stats();
-    r.kv_memory = a.kv->memory();
-    reserved -= a.reserved_bytes;
-    a.kv.reset();
+  struct Live {
+    int request;
+    std::shared_ptr<engine::SequenceHandle> handle;
+    int64_t reported_prompt = 0;
+    bool done = false;
+    bool cancelled = false;  // by on_token: later tokens are not handed out
   };
-
-  while (next_request < requests.size() || !active.empty()) {
-    // Admit requests while the batch and the KV memory budget allow.
-    while (next_request < requests.size() && static_cast<int>(active.size()) < options_.max_batch) {
-      const GenerationRequest& req = requests[next_request];
-      GenerationResult& res = results[next_request];
-      res.status = Validate(req);
-      if (!res.status.ok()) {
-        res.finish_reason = FinishReason::kError;
-        ++next_request;
-        continue;
-      }
-      const int64_t need =
-          policy_.EstimateMemory(static_cast<int64_t>(req.prompt.size()) + req.max_new_tokens)
-              .fast_bytes;
-      if (options_.kv_memory_limit > 0 && !active.empty() &&
-          reserved + need > options_.kv_memory_limit) {
-        break;  // wait for running sequences to finish
-      }
-      auto kv = policy_.NewSequence();
-      if (!kv.ok()) {
-        res.status = kv.status();
-        res.finish_reason = FinishReason::kError;
-        ++next_request;
-        continue;
-      }
-      active.push_back(Active{static_cast<int>(next_request), std::move(kv).value(),
-                              Sampler(req.sampling), 0, -1, need, Clock::now()});
-      reserved += need;
-      ++next_request;
-    }
-
-    // One step: a prefill chunk for sequences still reading their prompt, one token for others.
-    std::vector<StepInput> inputs;
-    std::vector<int32_t> single_tokens(active.size());
-    inputs.reserve(active.size());
-    logits.resize(active.size() * static_cast<size_t>(vocab));
-    for (size_t i = 0; i < active.size(); ++i) {
-      Active& a = active[i];
-      const GenerationRequest& req = requests[a.request];
-      StepInput in;
-      in.kv = a.kv.get();
-      in.logits_out = logits.data() + i * vocab;
-      const int64_t prompt_size = static_cast<int64_t>(req.prompt.size());
-      if (a.prompt_done < prompt_size) {
-        const int64_t count =
-            std::min<int64_t>(options_.prefill_chunk, prompt_size - a.prompt_done);
-        in.tokens = std::span<const int32_t>(req.prompt.data() + a.prompt_done, count);
-        in.finish_prefill = a.prompt_done + count == prompt_size;
-        in.logits = in.finish_prefill ? StepInput::Logits::kLast : StepInput::Logits::kNone;
-      } else {
-        single_tokens[i] = a.next_token;
-        in.tokens = std::span<const int32_t>(&single_tokens[i], 1);
-      }
-      inputs.push_back(in);
-    }
-    Status status = model_.Forward(inputs);
-    if (!status.ok()) {
-      // A step error is charged to every sequence in the step; their states are not reusable.
-      for (Active& a : active) finish(a, FinishReason::kError, status);
-      active.clear();
+  std::vector<Live> live;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationRequest& req = requests[i];
+    GenerationResult& res = results[i];
+    res.status = Validate(req);
+    if (!res.status.ok()) {
+      res.finish_reason = FinishReason::kError;
       continue;
     }
-    for (size_t i = 0; i < active.size(); ++i) {
-      Active& a = active[i];
-      const GenerationRequest& req = requests[a.request];
-      GenerationResult& res = results[a.request];
-      const StepInput& in = inputs[i];
-      if (a.prompt_done < static_cast<int64_t>(req.prompt.size())) {
-        a.prompt_done += static_cast<int64_t>(in.tokens.size());
-        if (on_prefill) on_prefill(a.request, a.prompt_done, req.prompt.size());
-        if (!in.finish_prefill) continue;
-        res.prefill_seconds = std::chrono::duration<double>(Clock::now() - a.start).count();
-      }
-      const int32_t token = a.sampler.Sample(std::span<const float>(in.logits_out, vocab));
-      res.tokens.push_back(token);
-      a.next_token = token;
-      bool keep_going = !on_token || on_token(a.request, token);
-      if (req.stop_at_end_of_generation && model_.tokenizer().IsEndOfGeneration(token)) {
-        finish(a, FinishReason::kStop, Status::Ok());
-      } else if (!keep_going) {
-        finish(a, FinishReason::kStop, Status::Ok());
-      } else if (static_cast<int>(res.tokens.size()) >= req.max_new_tokens) {
-        finish(a, FinishReason::kLength, Status::Ok());
-      }
+    engine::SequenceRequest seq;
+    seq.prompt = req.prompt;
+    seq.max_new_tokens = req.max_new_tokens;
+    seq.sampling = req.sampling;
+    seq.stop_at_end_of_generation = req.stop_at_end_of_generation;
+    seq.policy = &policy_;
+    seq.reuse = false;
+    engine::SubmitResult submitted = scheduler.Submit(std::move(seq));
+    if (submitted.code != engine::SubmitResult::Code::kOk) {
+      res.status = Error(submitted.code == engine::SubmitResult::Code::kTooLarge
+                             ? ErrorCode::kResourceExhausted
+                             : ErrorCode::kInvalidArgument,
+                         "{}", submitted.message);
+      res.finish_reason = FinishReason::kError;
+      continue;
     }
-    std::erase_if(active, [](const Active& a) { return a.kv == nullptr; });
+    live.push_back(Live{static_cast<int>(i), std::move(submitted.handle)});
+  }
+
+  // Hands out tokens as the loop pushes them: a short wait on the oldest unfinished request,
+  // then whatever the others have.
+  std::vector<int32_t> tokens;
+  std::vector<Clock::time_point> pushed;
+  size_t remaining = live.size();
+  while (remaining > 0) {
+    bool waited = false;
+    for (Live& l : live) {
+      if (l.done) continue;
+      tokens.clear();
+      pushed.clear();
+      const auto timeout = waited ? std::chrono::milliseconds(0) : std::chrono::milliseconds(2);
+      waited = true;
+      const bool ended = l.handle->Wait(timeout, &tokens, &pushed);
+      GenerationResult& res = results[l.request];
+      const GenerationRequest& req = requests[l.request];
+      const int64_t prompt_done = l.handle->prompt_done();
+      if (on_prefill && prompt_done != l.reported_prompt) {
+        on_prefill(l.request, prompt_done, static_cast<int64_t>(req.prompt.size()));
+        l.reported_prompt = prompt_done;
+      }
+      for (size_t k = 0; k < tokens.size() && !l.cancelled; ++k) {
+        const double at = std::chrono::duration<double>(pushed[k] - start).count();
+        if (res.tokens.empty()) res.prefill_seconds = at;
+        res.tokens.push_back(tokens[k]);
+        res.token_seconds.push_back(at);
+        if (on_token && !on_token(l.request, tokens[k])) {
+          l.handle->Cancel();  // the rest is not wanted; tokens already pushed are dropped
+          l.cancelled = true;
+        }
+      }
+      if (!ended) continue;
+      l.done = true;
+      --remaining;
+      // A request its caller stopped ended there, whatever the loop did meanwhile.
+      switch (l.cancelled ? engine::EndReason::kCancelled : l.handle->end_reason()) {
+        case engine::EndReason::kLength:
+          res.finish_reason = FinishReason::kLength;
+          break;
+        case engine::EndReason::kEndOfGeneration:
+        case engine::EndReason::kCancelled:
+          res.finish_reason = FinishReason::kStop;
+          break;
+        default:
+          res.finish_reason = FinishReason::kError;
+          res.status = l.handle->status().ok()
+                           ? Error(ErrorCode::kInternal, "the engine loop stopped the request")
+                           : l.handle->status();
+      }
+      res.kv_stats = l.handle->final_stats();
+      res.kv_memory = l.handle->final_memory();
+    }
   }
   return results;
 }

@@ -1,17 +1,17 @@
-// Engine: runs generation requests over one model and KV policy with continuous batching.
+// Engine: runs a set of generation requests to completion through the engine loop (Scheduler),
+// the loop `serve` runs, on any ServingModel (the CPU model, or the GPU's). `generate` and
+// `bench` use it, so what they print is what the server does without HTTP.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "engine/sampler.h"
+#include "engine/serving_model.h"
 #include "kv/kv_policy.h"
-#include "model/cpu_model.h"
 
 namespace shadowkv {
 
@@ -28,15 +28,17 @@ const char* FinishReasonName(FinishReason reason);
 struct GenerationResult {
   Status status;                // error of this request only; others are unaffected
   std::vector<int32_t> tokens;  // generated tokens (without the prompt)
+  // Seconds from Run's start to the engine loop's handing out of each token.
+  std::vector<double> token_seconds;
   FinishReason finish_reason = FinishReason::kLength;
-  double prefill_seconds = 0.0;  // from admission to the first generated token
+  double prefill_seconds = 0.0;  // from Run's start to the first generated token
   kv::PolicyStats kv_stats;
   kv::MemoryUsage kv_memory;  // at the end of the request
 };
 
 struct EngineOptions {
-  int prefill_chunk = 512;      // prompt tokens per forward step and sequence
-  int max_batch = 16;           // sequences decoding together
+  int prefill_chunk = 512;      // prompt tokens per step, over every prefilling sequence
+  int max_batch = 16;           // sequences running together
   int64_t kv_memory_limit = 0;  // fast-tier bytes for KV states (0 = no limit)
 };
 
@@ -47,11 +49,13 @@ using TokenCallback = std::function<bool(int, int32_t)>;
 
 class Engine {
  public:
-  Engine(CpuModel& model, const kv::KvPolicy& policy, EngineOptions options)
+  // `model` and `policy` (one of the model's, MakePolicy) outlive the engine.
+  Engine(engine::ServingModel& model, const kv::KvPolicy& policy, EngineOptions options)
       : model_(model), policy_(policy), options_(options) {}
 
-  // Runs all requests to completion, batching decode steps across them and admitting new
-  // prefills as running sequences finish. Results are in request order.
+  // Runs all requests to completion in one engine loop (continuous batching, prompts admitted
+  // as running sequences finish). Results are in request order; callbacks run on the caller's
+  // thread.
   std::vector<GenerationResult> Run(std::span<const GenerationRequest> requests,
                                     const TokenCallback& on_token = nullptr,
                                     const PrefillProgress& on_prefill = nullptr);
@@ -60,7 +64,7 @@ class Engine {
   Status Validate(const GenerationRequest& request) const;
 
  private:
-  CpuModel& model_;
+  engine::ServingModel& model_;
   const kv::KvPolicy& policy_;
   EngineOptions options_;
 };

@@ -11,12 +11,13 @@ namespace shadowkv::engine {
 // ---- SequenceHandle ----
 
 bool SequenceHandle::Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens,
-                          Clock::time_point* first_pushed) {
+                          std::vector<Clock::time_point>* pushed) {
   std::unique_lock lock(mutex_);
   cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || reason_ != EndReason::kNone; });
-  if (first_pushed && !pending_.empty()) *first_pushed = first_pending_;
   tokens->insert(tokens->end(), pending_.begin(), pending_.end());
+  if (pushed) pushed->insert(pushed->end(), pending_times_.begin(), pending_times_.end());
   pending_.clear();
+  pending_times_.clear();
   return reason_ != EndReason::kNone;
 }
 
@@ -38,8 +39,8 @@ int64_t SequenceHandle::reused_tokens() const {
 void SequenceHandle::Push(int32_t token) {
   {
     std::lock_guard lock(mutex_);
-    if (pending_.empty()) first_pending_ = Clock::now();
     pending_.push_back(token);
+    pending_times_.push_back(Clock::now());
   }
   cv_.notify_all();
 }
@@ -51,6 +52,22 @@ void SequenceHandle::End(EndReason reason, Status status) {
     status_ = std::move(status);
   }
   cv_.notify_all();
+}
+
+kv::PolicyStats SequenceHandle::final_stats() const {
+  std::lock_guard lock(mutex_);
+  return final_stats_;
+}
+
+kv::MemoryUsage SequenceHandle::final_memory() const {
+  std::lock_guard lock(mutex_);
+  return final_memory_;
+}
+
+void SequenceHandle::SetFinal(const kv::PolicyStats& stats, const kv::MemoryUsage& memory) {
+  std::lock_guard lock(mutex_);
+  final_stats_ = stats;
+  final_memory_ = memory;
 }
 
 void SequenceHandle::SetReused(int64_t tokens) {
@@ -261,6 +278,7 @@ void Scheduler::Admit() {
       running->reused = true;
       running->reported = held->reported;
       running->handle->SetReused(running->prompt_done);
+      running->handle->prompt_done_.store(running->prompt_done);
     }
     if (metrics_) {
       metrics_->AddPromptTokens(static_cast<int64_t>(running->request.prompt.size()),
@@ -344,6 +362,7 @@ bool Scheduler::Step() {
     Running& r = *owners_[i];
     if (r.prefilling()) {
       r.prompt_done += static_cast<int64_t>(rows_[i].tokens.size());
+      r.handle->prompt_done_.store(r.prompt_done);
       if (r.prefilling()) continue;
       if (metrics_) {
         metrics_->ObserveTimeToFirstToken(std::chrono::duration<double>(now - r.arrival).count());
@@ -384,6 +403,7 @@ void Scheduler::Finish(Running& r, EndReason reason, Status status) {
   // A state's statistics are cumulative over its turns: the metrics take this turn's part. (Read
   // once: a GPU sequence's counts come from the device.)
   const kv::PolicyStats stats = r.kv->stats();
+  r.handle->SetFinal(stats, r.kv->memory());
   if (metrics_) {
     kv::PolicyStats turn = stats;
     turn -= r.reported;

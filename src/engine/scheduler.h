@@ -58,11 +58,11 @@ enum class EndReason {
 // A submitted request as its HTTP handler sees it; shared with the engine loop.
 class SequenceHandle {
  public:
-  // Waits up to `timeout` for new tokens or the end; appends new tokens to *tokens. Returns true
-  // once the sequence has ended and every token has been handed out. When tokens were handed
-  // out and `first_pushed` is not null, it gets the time the engine pushed the first of them.
+  // Waits up to `timeout` for new tokens or the end; appends new tokens to *tokens and, when
+  // `pushed` is not null, the time the engine pushed each of them to *pushed. Returns true once
+  // the sequence has ended and every token has been handed out.
   bool Wait(std::chrono::milliseconds timeout, std::vector<int32_t>* tokens,
-            Clock::time_point* first_pushed = nullptr);
+            std::vector<Clock::time_point>* pushed = nullptr);
   // Frees the sequence at the next step (its KV state may still be held for reuse).
   void Cancel() { cancel_.store(true); }
 
@@ -70,21 +70,30 @@ class SequenceHandle {
   Status status() const;
   int64_t reused_tokens() const;
   int64_t prompt_tokens() const { return prompt_tokens_; }
+  // Prompt tokens in the KV state so far (reused ones included), for progress lines.
+  int64_t prompt_done() const { return prompt_done_.load(); }
+  // The KV state's statistics and memory when the sequence ended (valid once ended).
+  kv::PolicyStats final_stats() const;
+  kv::MemoryUsage final_memory() const;
 
  private:
   friend class Scheduler;
   void Push(int32_t token);
   void End(EndReason reason, Status status);
   void SetReused(int64_t tokens);
+  void SetFinal(const kv::PolicyStats& stats, const kv::MemoryUsage& memory);
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<int32_t> pending_;
-  Clock::time_point first_pending_;  // when pending_[0] was pushed
+  std::vector<Clock::time_point> pending_times_;  // when each pending token was pushed
   EndReason reason_ = EndReason::kNone;
   Status status_;
   int64_t reused_ = 0;
   int64_t prompt_tokens_ = 0;
+  kv::PolicyStats final_stats_;
+  kv::MemoryUsage final_memory_;
+  std::atomic<int64_t> prompt_done_{0};
   std::atomic<bool> cancel_{false};
 };
 

@@ -113,6 +113,7 @@ struct StreamState {
   double timeout_seconds = 0.0;
   Metrics* metrics = nullptr;
   HandlerTimes times;
+  std::vector<Clock::time_point> pushed;  // of the tokens last taken
 };
 
 // Takes the tokens the engine has for `s` (waiting up to `timeout`) and turns them into text,
@@ -120,11 +121,11 @@ struct StreamState {
 bool TakeText(StreamState& s, std::chrono::milliseconds timeout, std::vector<int32_t>* tokens,
               std::string* text) {
   tokens->clear();
-  Clock::time_point pushed;
-  const bool ended = s.handle->Wait(timeout, tokens, &pushed);
+  s.pushed.clear();
+  const bool ended = s.handle->Wait(timeout, tokens, &s.pushed);
   const Clock::time_point woke = Clock::now();
   if (tokens->empty()) return ended;
-  s.times.handoff_seconds += std::chrono::duration<double>(woke - pushed).count();
+  s.times.handoff_seconds += std::chrono::duration<double>(woke - s.pushed.front()).count();
   ++s.times.handoffs;
   for (int32_t token : *tokens) {
     *text += s.text->Push(token);
