@@ -16,6 +16,16 @@ std::optional<HeldState> PrefixCache::Take(const std::string& policy_key,
     if (std::equal(it->tokens.begin(), it->tokens.end(), prompt.begin())) best = it;
   }
   if (best == states_.end()) return std::nullopt;
+  if (auto fork = best->kv->Fork(); fork.ok()) {
+    states_.splice(states_.begin(), states_, best);  // now the most recently used
+    HeldState copy;
+    copy.policy_key = best->policy_key;
+    copy.tokens = best->tokens;
+    copy.kv = std::move(fork).value();
+    copy.reported = best->reported;
+    copy.copy = true;
+    return copy;
+  }
   HeldState state = std::move(*best);
   states_.erase(best);
   return state;

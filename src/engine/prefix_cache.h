@@ -18,6 +18,7 @@ struct HeldState {
   std::vector<int32_t> tokens;  // the tokens the KV state holds, in order
   std::unique_ptr<kv::SequenceKv> kv;
   kv::PolicyStats reported;  // the state's statistics already counted in the metrics
+  bool copy = false;         // from Take: a fork of a state that stays held
 };
 
 // Least-recently-used list of held states. Not thread-safe: the engine loop owns it.
@@ -25,9 +26,11 @@ class PrefixCache {
  public:
   explicit PrefixCache(int max_states) : max_states_(max_states) {}
 
-  // Removes and returns the state under `policy_key` whose tokens are the longest proper prefix
-  // of `prompt` (at least one prompt token must remain to be run); nullopt when none is.
-  // A taken state is in use by one request; it comes back through Put when that finishes.
+  // The state under `policy_key` whose tokens are the longest proper prefix of `prompt` (at
+  // least one prompt token must remain to be run); nullopt when none is. A state whose
+  // sequence forks stays held and the request gets the copy (`copy` set), so one held prompt
+  // serves any number of requests; otherwise it is removed, in use by one request, and comes
+  // back through Put when that finishes.
   std::optional<HeldState> Take(const std::string& policy_key, std::span<const int32_t> prompt);
   // Holds a state as the most recently used, evicting the oldest beyond max_states.
   void Put(HeldState state);

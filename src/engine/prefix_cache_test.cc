@@ -1,4 +1,5 @@
-// PrefixCache: longest proper token prefix under the same policy key, exclusive use, LRU order.
+// PrefixCache: longest proper token prefix under the same policy key, exclusive use of states
+// that do not fork, shared use of those that do, LRU order.
 #include "engine/prefix_cache.h"
 
 #include <gtest/gtest.h>
@@ -20,6 +21,21 @@ class FakeSequence : public kv::SequenceKv {
  private:
   int64_t tokens_;
   kv::PolicyStats stats_;
+};
+
+// One that forks while `room` copies are left (then kResourceExhausted, as a full GPU pool).
+class ForkingSequence : public FakeSequence {
+ public:
+  ForkingSequence(int64_t tokens, std::shared_ptr<int> room)
+      : FakeSequence(tokens), room_(std::move(room)) {}
+  Result<std::unique_ptr<kv::SequenceKv>> Fork() const override {
+    if (*room_ == 0) return Error(ErrorCode::kResourceExhausted, "no room");
+    --*room_;
+    return std::unique_ptr<kv::SequenceKv>(new ForkingSequence(num_tokens(), room_));
+  }
+
+ private:
+  std::shared_ptr<int> room_;
 };
 
 HeldState Held(std::string key, std::vector<int32_t> tokens) {
@@ -70,6 +86,32 @@ TEST(PrefixCacheTest, EvictsLeastRecentlyUsed) {
   EXPECT_FALSE(cache.Take("", std::vector<int32_t>{3, 5}).has_value());
   EXPECT_TRUE(cache.Take("", std::vector<int32_t>{2, 5}).has_value());
   EXPECT_FALSE(cache.EvictOldest());
+}
+
+// A state that forks serves every request with its prefix and stays held; once copies run
+// out, the state itself goes to the next request.
+TEST(PrefixCacheTest, ForkingStatesAreSharedUntilCopiesRunOut) {
+  PrefixCache cache(4);
+  auto room = std::make_shared<int>(2);
+  HeldState shared;
+  shared.tokens = {1, 2, 3};
+  shared.kv = std::make_unique<ForkingSequence>(3, room);
+  cache.Put(std::move(shared));
+  cache.Put(Held("", {4}));  // the most recent until the shared one is used
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  for (int i = 0; i < 2; ++i) {
+    auto copy = cache.Take("", prompt);
+    ASSERT_TRUE(copy.has_value());
+    EXPECT_TRUE(copy->copy);
+    EXPECT_EQ(copy->tokens, (std::vector<int32_t>{1, 2, 3}));
+    EXPECT_EQ(copy->kv->num_tokens(), 3);
+    EXPECT_EQ(cache.size(), 2u);
+  }
+  ASSERT_TRUE(cache.EvictOldest());  // {4}: the shared state was used more recently
+  auto last = cache.Take("", prompt);
+  ASSERT_TRUE(last.has_value());
+  EXPECT_FALSE(last->copy);
+  EXPECT_EQ(cache.size(), 0u);
 }
 
 TEST(PrefixCacheTest, ZeroCapacityHoldsNothing) {

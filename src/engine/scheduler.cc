@@ -238,7 +238,7 @@ void Scheduler::Admit() {
       used += held_.memory();
     }
     if (!Fits(need, used) && !running_.empty()) {
-      if (held) held_.Put(std::move(*held));
+      if (held && !held->copy) held_.Put(std::move(*held));  // a copy is just dropped
       break;  // wait for a running sequence to finish
     }
     std::unique_ptr<kv::SequenceKv> kv;

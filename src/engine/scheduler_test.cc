@@ -440,6 +440,54 @@ TEST_F(SchedulerTest, SampledRequestsDrawTheSameTokensAloneAndBatched) {
   for (auto& h : handles) Collect(*h);
 }
 
+// A held prompt whose state forks serves several requests at once: each starts from a copy
+// (no prefill of the shared part) and decodes as if alone.
+TEST_F(SchedulerTest, AHeldPromptServesConcurrentRequestsThroughCopies) {
+  auto policy = Policy("full");  // its states fork
+  SchedulerOptions options;
+  options.prefill_chunk = 32;
+  options.max_batch = 4;
+  Scheduler scheduler(*serving_, options, nullptr);
+  const std::vector<int32_t> shared = RandomPrompt(70, 31);
+  auto warm = scheduler.Submit(Request(*policy, shared, 1));
+  ASSERT_EQ(warm.code, SubmitResult::Code::kOk);
+  Collect(*warm.handle);  // its state (the 70 prompt tokens) is now held
+  std::vector<SequenceRequest> requests;
+  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> prompt = shared;
+    prompt.push_back(10 + i);
+    requests.push_back(Request(*policy, prompt, 6 + i));
+    handles.push_back(scheduler.Submit(requests.back()).handle);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int32_t> got = Collect(*handles[i]);
+    EXPECT_EQ(handles[i]->reused_tokens(), 70) << "request " << i;
+    // The copy holds the prompt prefilled in chunks of 32; the new token goes in alone.
+    auto kv = policy->NewSequence().value();
+    std::vector<float> logits(model_->config().vocab_size);
+    StepInput in;
+    in.kv = kv.get();
+    in.logits_out = logits.data();
+    for (size_t done = 0; done < shared.size(); done += 32) {
+      in.tokens = std::span<const int32_t>(shared).subspan(
+          done, std::min<size_t>(32, shared.size() - done));
+      in.finish_prefill = done + 32 >= shared.size();
+      ASSERT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
+    }
+    std::vector<int32_t> want;
+    int32_t next = requests[i].prompt.back();
+    in.finish_prefill = false;
+    for (int t = 0; t < requests[i].max_new_tokens; ++t) {
+      in.tokens = std::span<const int32_t>(&next, 1);
+      ASSERT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
+      next = Argmax(logits);
+      want.push_back(next);
+    }
+    EXPECT_EQ(got, want) << "request " << i;
+  }
+}
+
 // Records every step's rows before passing it on; its first step waits until released, so the
 // requests submitted meanwhile are admitted together.
 class RecordingModel : public ServingModel {

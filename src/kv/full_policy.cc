@@ -9,7 +9,9 @@ namespace {
 class FullSequence final : public SequenceKv {
  public:
   explicit FullSequence(const KvGeometry& geometry)
-      : geometry_(geometry), keys_(geometry.num_layers), values_(geometry.num_layers),
+      : geometry_(geometry),
+        keys_(geometry.num_layers),
+        values_(geometry.num_layers),
         layer_tokens_(geometry.num_layers, 0) {}
 
   Status Append(int layer, const TokenBlock& block) override {
@@ -55,11 +57,15 @@ class FullSequence final : public SequenceKv {
   MemoryUsage memory() const override {
     MemoryUsage usage;
     for (int l = 0; l < geometry_.num_layers; ++l) {
-      usage.fast_bytes += static_cast<int64_t>((keys_[l].size() + values_[l].size()) * sizeof(float));
+      usage.fast_bytes +=
+          static_cast<int64_t>((keys_[l].size() + values_[l].size()) * sizeof(float));
     }
     return usage;
   }
   const PolicyStats& stats() const override { return stats_; }
+  Result<std::unique_ptr<SequenceKv>> Fork() const override {
+    return std::unique_ptr<SequenceKv>(std::make_unique<FullSequence>(*this));
+  }
 
  private:
   KvGeometry geometry_;
@@ -87,7 +93,7 @@ class FullPolicy final : public KvPolicy {
 }  // namespace
 
 Result<std::unique_ptr<KvPolicy>> MakeFullPolicy(const KvPolicyConfig& config,
-                                                  const KvGeometry& geometry) {
+                                                 const KvGeometry& geometry) {
   return std::unique_ptr<KvPolicy>(std::make_unique<FullPolicy>(config, geometry));
 }
 

@@ -89,8 +89,7 @@ class SequenceKv {
 
   // Chooses what the `num_queries` queries just appended at `layer` attend to
   // (queries: [num_queries, num_query_heads * head_dim] post-RoPE). Fills `out`.
-  virtual Status Prepare(int layer, const float* queries, int num_queries,
-                         AttentionInput* out) = 0;
+  virtual Status Prepare(int layer, const float* queries, int num_queries, AttentionInput* out) = 0;
 
   // The prompt is complete at `layer`: compress (snapkv, shadowkv) or do nothing.
   virtual Status FinishPrefill(int layer) = 0;
@@ -101,6 +100,13 @@ class SequenceKv {
   virtual const PolicyStats& stats() const = 0;
   // The same counters per layer ([num_layers]) where the policy keeps them; empty otherwise.
   virtual std::vector<PolicyStats> layer_stats() const { return {}; }
+
+  // A copy of this sequence that goes on independently (a held prompt shared by several
+  // requests). kUnsupported where the policy does not copy its states, kResourceExhausted when
+  // there is no room for another sequence. Called between steps, on the engine loop's thread.
+  virtual Result<std::unique_ptr<SequenceKv>> Fork() const {
+    return Error(ErrorCode::kUnsupported, "this KV policy's states are not copied");
+  }
 };
 
 // A sequence that passes every call to another: the base of wrappers that add to one or two of
@@ -144,6 +150,6 @@ class KvPolicy {
 
 // Builds the policy named by config.policy; impossible settings give kInvalidArgument.
 Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
-                                                const KvGeometry& geometry);
+                                               const KvGeometry& geometry);
 
 }  // namespace shadowkv::kv

@@ -43,6 +43,7 @@ class CudaServingModel::Sequence final : public kv::SequenceKv {
   }
   // A compressed sequence's chunk counts are the device's, read when asked for (the scheduler
   // reads them as a request ends), not after every step.
+  Result<std::unique_ptr<kv::SequenceKv>> Fork() const override { return owner_->Fork(*this); }
   const kv::PolicyStats& stats() const override {
     if (compressed_) {
       if (auto counts = owner_->group_->ShadowKvSequenceCounts(); counts.ok()) {
@@ -217,6 +218,31 @@ void CudaServingModel::Release(Sequence& s) {
   std::lock_guard lock(mutex_);
   if (s.slot_ >= 0) free_slots_.push_back(s.slot_);
   if (sequence_free) free_sequences_.push_back(s.sequence_);
+}
+
+Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::Fork(const Sequence& s) {
+  // Values in host memory stay with their one sequence: copying them would double the slowest
+  // tier for a state that is cheap to prefill again by comparison.
+  if (s.compressed_ && s.values_on_host_) {
+    return Error(ErrorCode::kUnsupported, "a sequence with values in host memory is not copied");
+  }
+  SKV_ASSIGN_OR_RETURN(auto fresh, NewSequence());
+  auto& copy = static_cast<Sequence&>(*fresh);
+  if (s.compressed_) {
+    SKV_RETURN_IF_ERROR(group_->AllocateShadowKvValues(copy.sequence_, /*on_host=*/false));
+    copy.has_values_ = true;
+    SKV_RETURN_IF_ERROR(group_->CopyShadowKvSequence(s.sequence_, copy.sequence_));
+    copy.compressed_ = true;
+    group_->ResetSlot(copy.slot_);  // a compressed sequence needs no full-cache slot
+    std::lock_guard lock(mutex_);
+    free_slots_.push_back(copy.slot_);
+    copy.slot_ = -1;
+  } else {
+    SKV_RETURN_IF_ERROR(group_->CopySlot(s.slot_, copy.slot_));
+  }
+  copy.tokens_ = s.tokens_;
+  copy.stats_ = s.stats_;
+  return fresh;
 }
 
 Status CudaServingModel::Compress(Sequence& s) {

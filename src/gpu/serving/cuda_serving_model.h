@@ -8,6 +8,7 @@
 //     sequences run as ShadowKV decode steps. A prompt too short to form the budget's chunks
 //     plus the outliers stays in its slot and decodes with full attention (which is what the
 //     sparse attention would read anyway).
+// A held sequence forks (a device copy) so that one held prompt serves several requests.
 // Each step runs the full-cache rows as one batched forward (a graph-replayed decode step when
 // they are all single-token decode rows) and the compressed sequences' rows as one ShadowKV
 // decode step; every row's next token is drawn on the device and only the ids come back.
@@ -22,11 +23,11 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/serving_model.h"
 #include "gpu/model/cuda_model.h"
 #include "kv/kv_config.h"
 #include "kv/policies.h"
 #include "model/tensor_parallel.h"
-#include "engine/serving_model.h"
 
 namespace shadowkv::cuda {
 
@@ -72,6 +73,7 @@ class CudaServingModel final : public engine::ServingModel {
   Status MakePool();
   Result<std::unique_ptr<kv::SequenceKv>> NewSequence();
   void Release(Sequence& sequence);
+  Result<std::unique_ptr<kv::SequenceKv>> Fork(const Sequence& sequence);
   Status Compress(Sequence& sequence);
   bool shadowkv() const { return kv::IsPolicy(options_.kv, kv::PolicyKind::kShadowKv); }
 
