@@ -56,10 +56,4 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   return ids[pick(rng_)];
 }
 
-int32_t SampleAt(std::span<const float> logits, const SamplingParams& params, uint64_t draw) {
-  SamplingParams p = params;
-  p.seed = params.seed ^ (draw * 0x9e3779b97f4a7c15ull);
-  return Sampler(p).Sample(logits);
-}
-
 }  // namespace shadowkv

@@ -31,7 +31,4 @@ class Sampler {
 
 int32_t Argmax(std::span<const float> logits);
 
-// TEMPORARY (replaced by the counter-based sampler): draw number `draw` of a sequence.
-int32_t SampleAt(std::span<const float> logits, const SamplingParams& params, uint64_t draw);
-
 }  // namespace shadowkv
