@@ -21,23 +21,42 @@ inline std::vector<double> TruncatedSoftmax(const std::vector<float>& logits,
   return p;
 }
 
-// Pearson's statistic of `counts` (summing to n) against probabilities `p`, over the ids with
-// p > 0; a count where p is 0 makes it infinite. `df` gets the degrees of freedom.
+// Pearson's statistic of `counts` against probabilities `p`, over the ids with p > 0; a count
+// where p is 0 makes it infinite. Ids expected fewer than 5 times are pooled into one cell (into
+// the largest cell when the pool too is expected fewer than 5 times), as the statistic's
+// chi-square law needs. `df` gets the degrees of freedom.
 inline double ChiSquare(const std::vector<double>& counts, const std::vector<double>& p, int* df) {
   double n = 0.0;
   for (double c : counts) n += c;
-  double chi = 0.0;
-  int cells = 0;
+  std::vector<double> observed, expected;
+  double pool_observed = 0.0, pool_expected = 0.0;
   for (size_t v = 0; v < p.size(); ++v) {
     if (p[v] <= 0.0) {
       if (counts[v] > 0) return INFINITY;
       continue;
     }
-    const double expected = n * p[v];
-    chi += (counts[v] - expected) * (counts[v] - expected) / expected;
-    ++cells;
+    if (n * p[v] < 5.0) {
+      pool_observed += counts[v];
+      pool_expected += n * p[v];
+    } else {
+      observed.push_back(counts[v]);
+      expected.push_back(n * p[v]);
+    }
   }
-  *df = cells - 1;
+  if (pool_expected >= 5.0 || observed.empty()) {
+    observed.push_back(pool_observed);
+    expected.push_back(pool_expected);
+  } else if (pool_expected > 0.0) {
+    const size_t largest = std::max_element(expected.begin(), expected.end()) - expected.begin();
+    observed[largest] += pool_observed;
+    expected[largest] += pool_expected;
+  }
+  double chi = 0.0;
+  for (size_t i = 0; i < observed.size(); ++i) {
+    const double d = observed[i] - expected[i];
+    chi += d * d / expected[i];
+  }
+  *df = static_cast<int>(observed.size()) - 1;
   return chi;
 }
 
