@@ -104,12 +104,13 @@ Result<Generated> Generate(cuda::CudaModelGroup& model, const GenerateOptions& o
     SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
     model.FreeKvCache();
   }
-  // The first token from the prefill's logits (host sampler), the rest sampled on the GPU.
-  Sampler sampler(o.sampling);
-  int32_t token = sampler.Sample(logits);
+  // The first token (draw 0) from the prefill's logits on the host, the rest sampled on the GPU
+  // with the same settings and the same counter-based noise (draw n for the n-th new token).
+  int32_t token = SampleAt(logits, o.sampling, 0);
   g.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const auto decode_start = Clock::now();
-  const cuda::CudaSampling sampling{o.sampling.temperature, o.sampling.seed};
+  cuda::CudaSampling sampling{o.sampling.temperature, o.sampling.top_k, o.sampling.top_p,
+                              o.sampling.seed};
   const std::vector<int> slots = {0};
   for (;;) {
     g.tokens.push_back(token);
@@ -120,8 +121,10 @@ Result<Generated> Generate(cuda::CudaModelGroup& model, const GenerateOptions& o
     }
     if (static_cast<int>(g.tokens.size()) >= o.max_new_tokens) break;
     std::vector<int32_t> step = {token};
-    SKV_RETURN_IF_ERROR(shadowkv ? model.ShadowKvDecodeStep(slots, step, sampling)
-                                 : model.DecodeStep(slots, step, sampling));
+    sampling.draw = g.tokens.size();
+    const std::span<const cuda::CudaSampling> row(&sampling, 1);
+    SKV_RETURN_IF_ERROR(shadowkv ? model.ShadowKvDecodeStep(slots, step, row)
+                                 : model.DecodeStep(slots, step, row));
     token = step[0];
   }
   g.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start).count();
