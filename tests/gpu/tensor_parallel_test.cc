@@ -11,6 +11,7 @@
 
 #include "gpu/tp/communicator.h"
 #include "gpu_test_util.h"
+#include "sampling_test_util.h"
 #include "tp_test_util.h"
 
 namespace shadowkv::cuda {
@@ -359,6 +360,43 @@ TEST(CudaTensorParallelTest, SplitCopiesSlots) {
     ASSERT_TRUE((*group)->DecodeStep(slots, tokens, CudaSampling{}).ok());
     EXPECT_EQ(tokens[0], tokens[1]) << "copied slots decode the same";
   }
+}
+
+// Per-row sampling on a split model: every rank samples alike from the same logits and rank 0's
+// ids come back, through Forward (sampled inputs with and without logits) and graph-replayed
+// DecodeStep rows that trade settings from step to step.
+TEST(CudaTensorParallelTest, SplitSamplesPerRow) {
+  SKV_SKIP_WITHOUT_GPU();
+  auto group = FromFile(TpSpec("llama", 256, 4, 2, true, 37), "gpu_tp_sampling")({2, true});
+  ASSERT_TRUE(group.ok()) << group.status().ToString();
+  ASSERT_TRUE((*group)->AllocateKvCache(2, 600).ok());
+  const int vocab = static_cast<int>((*group)->config().vocab_size);
+  const CudaSampling hot{1.5f, 0, 1.0f, 4}, cut{1.0f, 10, 0.9f, 5};
+  const std::vector<int32_t> a = SomeTokens(40, 5), b = SomeTokens(60, 6);
+  std::vector<float> logits(vocab);
+  int32_t first_a = -1, first_b = -1;
+  const std::vector<CudaStepInput> inputs = {{0, a, logits.data(), &hot, &first_a},
+                                             {1, b, nullptr, &cut, &first_b}};
+  const Status prefilled = (*group)->Forward(inputs);
+  ASSERT_TRUE(prefilled.ok()) << prefilled.ToString();
+  DrawChecker checker;
+  checker.Check(first_a, logits, hot, "prefill");
+  ASSERT_GE(first_b, 0);
+  ASSERT_LT(first_b, vocab);
+  std::vector<int32_t> tokens = {first_a, first_b};
+  const std::vector<int> slots = {0, 1};
+  for (int step = 0; step < 4; ++step) {
+    std::vector<CudaSampling> rows = {step % 2 ? cut : hot, step % 2 ? hot : cut};
+    for (CudaSampling& row : rows) row.draw = step + 1;
+    std::vector<float> got(2 * static_cast<size_t>(vocab));
+    const Status stepped = (*group)->DecodeStep(slots, tokens, rows, got.data());
+    ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+    for (int r = 0; r < 2; ++r) {
+      const std::vector<float> row(got.begin() + r * vocab, got.begin() + (r + 1) * vocab);
+      checker.Check(tokens[r], row, rows[r], "step " + std::to_string(step));
+    }
+  }
+  EXPECT_EQ((*group)->slot_length(1), 64);
 }
 
 // NCCL: two GPUs or more.

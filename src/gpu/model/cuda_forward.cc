@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/draw_noise.h"
+#include "engine/sampler.h"
 #include "gpu/model/cuda_model_impl.h"
 #include "gpu/tp/communicator.h"
 #include "ops/cuda/attention/decode_attention.cuh"
@@ -202,7 +204,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     if (plan.sample) {
       SamplingParams sampling;
       sampling.logits = logits.get();
-      sampling.control = meta.control;
+      sampling.controls = meta.controls;
       sampling.tokens = meta.next_tokens;
       sampling.rows = plan.logit_rows;
       sampling.vocab = static_cast<int>(c.vocab_size);
@@ -233,6 +235,42 @@ Status CudaModel::Impl::CheckSlots(std::span<const int> slots) const {
   return Status::Ok();
 }
 
+Result<SamplingControl> ToSamplingControl(const CudaSampling& sampling, const std::string& where) {
+  const shadowkv::SamplingParams params{sampling.temperature, sampling.top_k, sampling.top_p,
+                                        sampling.seed};
+  const Status valid = params.Validate();
+  if (!valid.ok()) return Error(valid.code(), "{}: {}", where, valid.message());
+  SamplingControl control;
+  control.temperature = sampling.temperature;
+  control.top_k = sampling.top_k;
+  control.top_p = sampling.top_p;
+  control.seed = sampling.seed;
+  control.draw = sampling.draw;
+  return control;
+}
+
+Status CudaModel::Impl::SetSampling(std::span<const CudaSampling> sampling, int rows) {
+  if (static_cast<int>(sampling.size()) != rows) {
+    return Error(ErrorCode::kInvalidArgument, "{} sampling settings for {} rows", sampling.size(),
+                 rows);
+  }
+  for (int i = 0; i < rows; ++i) {
+    SKV_ASSIGN_OR_RETURN(host_meta.controls[i],
+                         ToSamplingControl(sampling[i], fmt::format("sampling of row {}", i)));
+  }
+  return Status::Ok();
+}
+
+std::vector<CudaSampling> CudaModel::Impl::SameForEveryRow(const CudaSampling& sampling, int rows) {
+  std::vector<CudaSampling> each(std::max(rows, 0), sampling);
+  for (int i = 0; i < rows; ++i) {
+    each[i].seed = RowSeed(sampling.seed, static_cast<uint64_t>(i));
+    each[i].draw = sample_step;
+  }
+  ++sample_step;
+  return each;
+}
+
 Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
@@ -240,10 +278,21 @@ Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
   for (const CudaStepInput& in : inputs) slots.push_back(in.slot);
   SKV_RETURN_IF_ERROR(m.CheckSlots(slots));
   int64_t total = 0;
-  for (const CudaStepInput& in : inputs) {
+  int logit_copies = 0;  // inputs with logits_out: the first logit rows, copied to the host
+  std::vector<SamplingControl> controls(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const CudaStepInput& in = inputs[i];
     if (in.tokens.empty()) {
       return Error(ErrorCode::kInvalidArgument, "slot {} has no new tokens", in.slot);
     }
+    if (in.sample) {
+      if (!in.token_out) {
+        return Error(ErrorCode::kInvalidArgument, "slot {}: a sample without a token_out", in.slot);
+      }
+      SKV_ASSIGN_OR_RETURN(
+          controls[i], ToSamplingControl(*in.sample, fmt::format("sampling of slot {}", in.slot)));
+    }
+    if (in.logits_out) ++logit_copies;
     const int64_t end = m.lengths[in.slot] + static_cast<int64_t>(in.tokens.size());
     if (end > m.cache.capacity) {
       return Error(ErrorCode::kOutOfRange, "slot {} would hold {} tokens; its capacity is {}",
@@ -265,7 +314,9 @@ Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
   // Rows: decode inputs first (one row each), then the prefill chunks.
   StepPlan plan;
   StepMeta& h = m.host_meta;
-  std::vector<std::pair<int, int>> wanted;  // (input, logit row)
+  std::vector<std::pair<int, int>> wanted;   // (input, logit row) of the logits_out inputs
+  std::vector<std::pair<int, int>> sampled;  // (input, logit row) of the inputs with sample
+  int sample_only_row = logit_copies;        // the logit rows after the copied ones
   for (int pass = 0; pass < 2; ++pass) {
     for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
       const CudaStepInput& in = inputs[i];
@@ -285,25 +336,36 @@ Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
         h.sequences[plan.num_prefill++] = PrefillSequence{first_row, count, first_position, in.slot};
         plan.max_prefill_queries = std::max(plan.max_prefill_queries, count);
       }
-      if (in.logits_out) {
-        wanted.emplace_back(i, plan.logit_rows);
-        h.logit_rows[plan.logit_rows++] = plan.rows - 1;
+      if (in.logits_out || in.sample) {
+        const int logit_row = in.logits_out ? static_cast<int>(wanted.size()) : sample_only_row++;
+        if (in.logits_out) wanted.emplace_back(i, logit_row);
+        if (in.sample) sampled.emplace_back(i, logit_row);
+        h.logit_rows[logit_row] = plan.rows - 1;
+        h.controls[logit_row] = controls[i];  // greedy (unused) for rows without sample
+        ++plan.logit_rows;
       }
     }
   }
-  *h.control = SamplingControl{};
+  plan.sample = !sampled.empty();
   SKV_RETURN_IF_ERROR(m.Upload());
   SKV_RETURN_IF_ERROR(m.RunStep(plan, nullptr));
-  if (plan.logit_rows > 0) {
+  if (logit_copies > 0) {
     SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m.host_logits, m.logits.get(),
-                                             plan.logit_rows * c.vocab_size * sizeof(float),
+                                             logit_copies * c.vocab_size * sizeof(float),
+                                             cudaMemcpyDeviceToHost, m.stream));
+  }
+  if (plan.sample) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(h.next_tokens, m.meta.next_tokens,
+                                             plan.logit_rows * sizeof(int32_t),
                                              cudaMemcpyDeviceToHost, m.stream));
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
   for (auto [input, logit_row] : wanted) {
     std::copy_n(m.host_logits + logit_row * c.vocab_size, c.vocab_size, inputs[input].logits_out);
   }
-  for (const CudaStepInput& in : inputs) m.lengths[in.slot] += static_cast<int64_t>(in.tokens.size());
+  for (auto [input, logit_row] : sampled) *inputs[input].token_out = h.next_tokens[logit_row];
+  for (const CudaStepInput& in : inputs)
+    m.lengths[in.slot] += static_cast<int64_t>(in.tokens.size());
   return Status::Ok();
 }
 
@@ -354,7 +416,7 @@ Status CudaModel::Impl::ExecuteDecodeStep(const StepPlan& plan, StepProfiler* pr
 }
 
 Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span<int32_t> tokens,
-                                       const CudaSampling& sampling, float* logits_out,
+                                       std::span<const CudaSampling> sampling, float* logits_out,
                                        StepProfiler* profiler) {
   SKV_RETURN_IF_ERROR(CheckSlots(slot_list));
   const int n = static_cast<int>(slot_list.size());
@@ -371,9 +433,7 @@ Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span
                    tokens[i], config.vocab_size);
     }
   }
-  if (!(sampling.temperature >= 0.0f)) {
-    return Error(ErrorCode::kInvalidArgument, "temperature {} is negative", sampling.temperature);
-  }
+  SKV_RETURN_IF_ERROR(SetSampling(sampling, n));
   StepMeta& h = host_meta;
   for (int i = 0; i < n; ++i) {
     h.tokens[i] = tokens[i];
@@ -381,9 +441,6 @@ Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span
     h.positions[i] = static_cast<int32_t>(lengths[slot_list[i]]);
     h.logit_rows[i] = i;
   }
-  h.control->temperature = sampling.temperature;
-  h.control->seed = sampling.seed;
-  h.control->step = sample_step++;
   StepPlan plan;
   plan.rows = plan.decode_rows = plan.logit_rows = n;
   plan.sample = true;
@@ -393,14 +450,22 @@ Status CudaModel::Impl::DecodeStepImpl(std::span<const int> slot_list, std::span
 }
 
 Status CudaModel::DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
-                             const CudaSampling& sampling, float* logits_out) {
+                             std::span<const CudaSampling> sampling, float* logits_out) {
   return impl_->DecodeStepImpl(slots, tokens, sampling, logits_out, nullptr);
+}
+
+Status CudaModel::DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
+                             const CudaSampling& sampling, float* logits_out) {
+  const std::vector<CudaSampling> each =
+      impl_->SameForEveryRow(sampling, static_cast<int>(slots.size()));
+  return impl_->DecodeStepImpl(slots, tokens, each, logits_out, nullptr);
 }
 
 Result<StepBreakdown> CudaModel::ProfileDecodeStep(std::span<const int> slots,
                                                    std::span<int32_t> tokens) {
   StepProfiler profiler;
-  SKV_RETURN_IF_ERROR(impl_->DecodeStepImpl(slots, tokens, CudaSampling{}, nullptr, &profiler));
+  const std::vector<CudaSampling> greedy(slots.size());
+  SKV_RETURN_IF_ERROR(impl_->DecodeStepImpl(slots, tokens, greedy, nullptr, &profiler));
   return profiler.Collect();
 }
 

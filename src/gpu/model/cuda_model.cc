@@ -269,7 +269,7 @@ Status CudaModel::Impl::Init() {
   const int64_t at_tokens = take(rows * 4), at_slots = take(rows * 4),
                 at_positions = take(rows * 4), at_logit_rows = take(batch * 4),
                 at_sequences = take(batch * sizeof(PrefillSequence)),
-                at_control = take(sizeof(SamplingControl)), at_next = take(batch * 4);
+                at_controls = take(batch * sizeof(SamplingControl)), at_next = take(batch * 4);
   meta_bytes = offset;
   SKV_RETURN_IF_ERROR(meta_block.Allocate(meta_bytes));
   SKV_ASSIGN_OR_RETURN(void* host_block, PinnedAlloc(meta_bytes));
@@ -281,7 +281,7 @@ Status CudaModel::Impl::Init() {
     m.positions = reinterpret_cast<int32_t*>(base + at_positions);
     m.logit_rows = reinterpret_cast<int32_t*>(base + at_logit_rows);
     m.sequences = reinterpret_cast<PrefillSequence*>(base + at_sequences);
-    m.control = reinterpret_cast<SamplingControl*>(base + at_control);
+    m.controls = reinterpret_cast<SamplingControl*>(base + at_controls);
     m.next_tokens = reinterpret_cast<int32_t*>(base + at_next);
   };
   point(meta_block.get(), meta);

@@ -49,17 +49,29 @@ struct CudaModelOptions {
   CudaKernelOptions kernels;
 };
 
+// How the next token of one row is chosen on the device: the CPU Sampler's semantics
+// (engine/sampler.h) and noise, so a request samples alike on either backend up to the logits'
+// rounding.
+struct CudaSampling {
+  float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
+  int top_k = 0;             // 0: no limit
+  float top_p = 1.0f;        // nucleus mass in (0, 1]
+  uint64_t seed = 0;
+  // Which draw of its sequence this is (0 for the first new token). The noise of a draw is a
+  // function of (seed, draw, token id) only: a request samples the same tokens alone or in a
+  // batch, in any row.
+  uint64_t draw = 0;
+};
+
 // One sequence's share of a Forward call: new tokens at the positions that follow what its slot
 // already holds.
 struct CudaStepInput {
   int slot = 0;
   std::span<const int32_t> tokens;
-  float* logits_out = nullptr;  // [vocab] host memory for the last token's logits, or null
-};
-
-struct CudaSampling {
-  float temperature = 0.0f;  // 0: greedy (argmax, lowest id on ties)
-  uint64_t seed = 0;
+  float* logits_out = nullptr;           // [vocab] host memory for the last token's logits, or null
+  const CudaSampling* sample = nullptr;  // non-null: draw the next token after the last one, on
+                                         // the device
+  int32_t* token_out = nullptr;          // where that token goes (required with sample)
 };
 
 // GPU time of one decode step by kind of work, measured with events between the ops of an
@@ -167,12 +179,20 @@ class CudaModel {
 
   // Runs the new tokens of every input (distinct slots) through the model and appends them to
   // the cache. Single-token inputs take the decode attention kernel, longer ones the prefill
-  // kernel. On error nothing was appended when the inputs were rejected up front; a failure
-  // inside the GPU work leaves the slots involved unusable (reset them).
+  // kernel. Inputs with `sample` get their next token drawn on the device in *token_out; only
+  // inputs with logits_out copy logits to the host. On error nothing was appended when the inputs
+  // were rejected up front; a failure inside the GPU work leaves the slots involved unusable
+  // (reset them).
   Status Forward(std::span<const CudaStepInput> inputs);
 
   // One decode step for `slots` (distinct): tokens[i] goes in, the next token (chosen on the
-  // GPU) comes back in tokens[i]. logits_out, when not null, receives [slots.size(), vocab].
+  // GPU with sampling[i]) comes back in tokens[i]. logits_out, when not null, receives
+  // [slots.size(), vocab]. One setting per row (kInvalidArgument unless sampling.size() is the
+  // number of rows or a setting is out of range).
+  Status DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
+                    std::span<const CudaSampling> sampling, float* logits_out = nullptr);
+  // Every row with `sampling`'s settings: the draw is the model's count of such steps (its
+  // `draw` is not read) and each row has a seed of its own made from (seed, row).
   Status DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
                     const CudaSampling& sampling, float* logits_out = nullptr);
 
@@ -203,6 +223,8 @@ class CudaModel {
   Status RestoreShadowKvSequence(const CudaShadowKvSnapshot& snapshot, int seq);
   int64_t shadowkv_length(int seq) const;
   // As DecodeStep, over ShadowKV sequences.
+  Status ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
+                            std::span<const CudaSampling> sampling, float* logits_out = nullptr);
   Status ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
                             const CudaSampling& sampling, float* logits_out = nullptr);
   Result<StepBreakdown> ProfileShadowKvDecodeStep(std::span<const int> seqs,

@@ -45,8 +45,8 @@ struct StepMeta {
   int32_t* positions = nullptr;  // [max_rows] position of each row
   int32_t* logit_rows = nullptr;  // [max_batch] rows whose logits are wanted
   PrefillSequence* sequences = nullptr;  // [max_batch] prefill chunks
-  SamplingControl* control = nullptr;
-  int32_t* next_tokens = nullptr;  // [max_batch] written by the sampler
+  SamplingControl* controls = nullptr;   // [max_batch] each logit row's sampling settings
+  int32_t* next_tokens = nullptr;        // [max_batch] written by the sampler
 };
 
 // What one step runs; decode rows come first, then the prefill chunks' rows.
@@ -184,8 +184,8 @@ struct CudaModel::Impl {
   cublasHandle_t cublas = nullptr;
   DeviceBuffer<uint8_t> cublas_workspace;
   std::map<int, cudaGraphExec_t> graphs;  // decode step by batch size
-  uint64_t sample_step = 0;               // random stream of the next sampled step
-  std::unique_ptr<ShadowKvState> skv;      // ShadowKV sequences, when allocated
+  uint64_t sample_step = 0;               // draw of the next step that gives every row one setting
+  std::unique_ptr<ShadowKvState> skv;     // ShadowKV sequences, when allocated
   // The (GEMM role, rows) pairs this rank has run inside a step (see Gemm).
   std::set<std::pair<int, int64_t>> gemm_shapes;
 
@@ -217,14 +217,24 @@ struct CudaModel::Impl {
                            std::vector<int64_t>& lengths, std::span<int32_t> tokens,
                            float* logits_out);
   Status CheckSlots(std::span<const int> slots) const;
+  // Writes `sampling` (one setting per row, each checked) into host_meta.controls.
+  Status SetSampling(std::span<const CudaSampling> sampling, int rows);
+  // One setting for all `rows`: a seed per row from (seed, row), the draw from sample_step (which
+  // advances).
+  std::vector<CudaSampling> SameForEveryRow(const CudaSampling& sampling, int rows);
   // The ShadowKV part of one decode layer, after the QKV/RoPE kernel.
   Status RunShadowKvAttention(const StepPlan& plan, int layer, StepProfiler* profiler);
   Status ShadowKvDecodeStepImpl(std::span<const int> seqs, std::span<int32_t> tokens,
-                                const CudaSampling& sampling, float* logits_out,
+                                std::span<const CudaSampling> sampling, float* logits_out,
                                 StepProfiler* profiler);
   Status DecodeStepImpl(std::span<const int> slots, std::span<int32_t> tokens,
-                        const CudaSampling& sampling, float* logits_out, StepProfiler* profiler);
+                        std::span<const CudaSampling> sampling, float* logits_out,
+                        StepProfiler* profiler);
 };
+
+// The device form of one row's setting; kInvalidArgument naming `where` when a field is out of
+// range (the CPU Sampler's rules).
+Result<SamplingControl> ToSamplingControl(const CudaSampling& sampling, const std::string& where);
 
 // Errors unless ShadowKV sequences are allocated / unless `seq` is one of them.
 Status NeedShadowKv(const CudaModel::Impl& m);

@@ -125,8 +125,8 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
 
 Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
                                                std::span<int32_t> tokens,
-                                               const CudaSampling& sampling, float* logits_out,
-                                               StepProfiler* profiler) {
+                                               std::span<const CudaSampling> sampling,
+                                               float* logits_out, StepProfiler* profiler) {
   SKV_RETURN_IF_ERROR(NeedShadowKv(*this));
   ShadowKvState& s = *skv;
   const int n = static_cast<int>(seq_list.size());
@@ -172,12 +172,7 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
     h.positions[i] = static_cast<int32_t>(s.lengths[seq]);
     h.logit_rows[i] = i;
   }
-  if (!(sampling.temperature >= 0.0f)) {
-    return Error(ErrorCode::kInvalidArgument, "temperature {} is negative", sampling.temperature);
-  }
-  h.control->temperature = sampling.temperature;
-  h.control->seed = sampling.seed;
-  h.control->step = sample_step++;
+  SKV_RETURN_IF_ERROR(SetSampling(sampling, n));
   StepPlan plan;
   plan.rows = plan.decode_rows = plan.logit_rows = n;
   plan.sample = true;
@@ -191,15 +186,22 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
 }
 
 Status CudaModel::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
-                                     const CudaSampling& sampling, float* logits_out) {
+                                     std::span<const CudaSampling> sampling, float* logits_out) {
   return impl_->ShadowKvDecodeStepImpl(seqs, tokens, sampling, logits_out, nullptr);
+}
+
+Status CudaModel::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
+                                     const CudaSampling& sampling, float* logits_out) {
+  const std::vector<CudaSampling> each =
+      impl_->SameForEveryRow(sampling, static_cast<int>(seqs.size()));
+  return impl_->ShadowKvDecodeStepImpl(seqs, tokens, each, logits_out, nullptr);
 }
 
 Result<StepBreakdown> CudaModel::ProfileShadowKvDecodeStep(std::span<const int> seqs,
                                                            std::span<int32_t> tokens) {
   StepProfiler profiler;
-  SKV_RETURN_IF_ERROR(
-      impl_->ShadowKvDecodeStepImpl(seqs, tokens, CudaSampling{}, nullptr, &profiler));
+  const std::vector<CudaSampling> greedy(seqs.size());
+  SKV_RETURN_IF_ERROR(impl_->ShadowKvDecodeStepImpl(seqs, tokens, greedy, nullptr, &profiler));
   return profiler.Collect();
 }
 

@@ -61,8 +61,10 @@ struct CudaModelGroup::State {
   std::vector<std::unique_ptr<CudaModel>> models;
   std::unique_ptr<RankThreads> threads;  // null for one rank: calls run on the caller's thread
   double compress_seconds = 0;
-  // Where ranks other than 0 put the logits of a Forward (kept across calls), per rank.
+  // Where ranks other than 0 put the logits and sampled tokens of a Forward (kept across calls),
+  // per rank.
   std::vector<std::vector<float>> logit_scratch;
+  std::vector<std::vector<int32_t>> token_scratch;
 
   int size() const { return static_cast<int>(devices.size()); }
   // fn(model, rank) on every rank; the first failure. A group that was aborted refuses.
@@ -171,6 +173,7 @@ Result<std::unique_ptr<CudaModelGroup::State>> MakeState(const ModelConfig& conf
   }
   state->models.resize(tp.size);
   state->logit_scratch.resize(tp.size);
+  state->token_scratch.resize(tp.size);
   state->threads = std::make_unique<RankThreads>(tp.size, [&devices = state->devices](int rank) {
     return CudaStatus(cudaSetDevice(devices[rank]), "cudaSetDevice", __FILE__, __LINE__);
   });
@@ -290,13 +293,24 @@ Status CudaModelGroup::Forward(std::span<const CudaStepInput> inputs) {
   for (int rank = 1; rank < state_->size(); ++rank) {
     std::vector<float>& scratch = state_->logit_scratch[rank];
     if (scratch.size() < inputs.size() * vocab) scratch.resize(inputs.size() * vocab);
+    std::vector<int32_t>& tokens = state_->token_scratch[rank];
+    if (tokens.size() < inputs.size()) tokens.resize(inputs.size());
     per_rank[rank].assign(inputs.begin(), inputs.end());
     for (size_t i = 0; i < inputs.size(); ++i) {
-      if (per_rank[rank][i].logits_out != nullptr) per_rank[rank][i].logits_out = &scratch[i * vocab];
+      CudaStepInput& in = per_rank[rank][i];
+      if (in.logits_out != nullptr) in.logits_out = &scratch[i * vocab];
+      if (in.token_out != nullptr) in.token_out = &tokens[i];
     }
   }
   return state_->Collective([&](CudaModel& m, int rank) {
     return rank == 0 ? m.Forward(inputs) : m.Forward(per_rank[rank]);
+  });
+}
+
+Status CudaModelGroup::DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
+                                  std::span<const CudaSampling> sampling, float* logits_out) {
+  return state_->Step(tokens, logits_out, [&](CudaModel& m, std::span<int32_t> t, float* out) {
+    return m.DecodeStep(slots, t, sampling, out);
   });
 }
 
@@ -397,6 +411,14 @@ Status CudaModelGroup::RestoreShadowKvSequence(const CudaShadowKvGroupSnapshot& 
 
 int64_t CudaModelGroup::shadowkv_length(int seq) const {
   return state_->models[0]->shadowkv_length(seq);
+}
+
+Status CudaModelGroup::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
+                                          std::span<const CudaSampling> sampling,
+                                          float* logits_out) {
+  return state_->Step(tokens, logits_out, [&](CudaModel& m, std::span<int32_t> t, float* out) {
+    return m.ShadowKvDecodeStep(seqs, t, sampling, out);
+  });
 }
 
 Status CudaModelGroup::ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,

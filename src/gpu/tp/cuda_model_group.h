@@ -74,6 +74,9 @@ class CudaModelGroup {
   void ResetSlot(int slot);
   Status CopySlot(int from, int to);
   Status Forward(std::span<const CudaStepInput> inputs);
+  // Every rank samples alike from the same logits; rank 0's ids come back.
+  Status DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
+                    std::span<const CudaSampling> sampling, float* logits_out = nullptr);
   Status DecodeStep(std::span<const int> slots, std::span<int32_t> tokens,
                     const CudaSampling& sampling, float* logits_out = nullptr);
   Result<StepBreakdown> ProfileDecodeStep(std::span<const int> slots, std::span<int32_t> tokens);
@@ -92,6 +95,8 @@ class CudaModelGroup {
   Result<CudaShadowKvGroupSnapshot> SaveShadowKvSequence(int seq);
   Status RestoreShadowKvSequence(const CudaShadowKvGroupSnapshot& snapshot, int seq);
   int64_t shadowkv_length(int seq) const;
+  Status ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
+                            std::span<const CudaSampling> sampling, float* logits_out = nullptr);
   Status ShadowKvDecodeStep(std::span<const int> seqs, std::span<int32_t> tokens,
                             const CudaSampling& sampling, float* logits_out = nullptr);
   Result<StepBreakdown> ProfileShadowKvDecodeStep(std::span<const int> seqs,
