@@ -308,8 +308,10 @@ bool Scheduler::Step() {
   const Clock::time_point begin = Clock::now();
   rows_.clear();
   owners_.clear();
-  // Decode rows first, then prompt chunks in admission order until the step's prompt budget is
-  // spent: several short prompts share a step, a long one takes several.
+  // Decode rows first, then prompt chunks in admission order while they fit the step's prompt
+  // budget (--prefill-chunk tokens; the first chunk always goes). A prompt is cut into chunks of
+  // the budget whatever the load, so its arithmetic is the same alone or beside others; short
+  // prompts and last chunks share a step.
   int64_t budget = options_.prefill_chunk;
   for (auto& owned : running_) {
     Running& r = *owned;
@@ -325,9 +327,10 @@ bool Scheduler::Step() {
   int64_t prompt_tokens = 0;
   for (auto& owned : running_) {
     Running& r = *owned;
-    if (!r.prefilling() || budget == 0) continue;
+    if (!r.prefilling()) continue;
     const int64_t size = static_cast<int64_t>(r.request.prompt.size());
-    const int64_t count = std::min(budget, size - r.prompt_done);
+    const int64_t count = std::min<int64_t>(options_.prefill_chunk, size - r.prompt_done);
+    if (count > budget) continue;
     budget -= count;
     prompt_tokens += count;
     StepRow row;

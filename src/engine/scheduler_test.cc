@@ -527,8 +527,8 @@ class RecordingModel : public ServingModel {
   std::vector<std::vector<int64_t>> steps_;  // per step, each row's token count
 };
 
-// Prompts share a step's prompt budget: short prompts go together, a long one is split, and no
-// step carries more prompt tokens than the budget.
+// Prompts share a step's prompt budget: short prompts and last chunks go together, a long
+// prompt is cut into chunks of the budget (as alone), and no step carries more than the budget.
 TEST_F(SchedulerTest, PromptChunksOfSeveralRequestsShareTheStepBudget) {
   auto policy = Policy("full");
   RecordingModel recording(*serving_);
@@ -562,12 +562,15 @@ TEST_F(SchedulerTest, PromptChunksOfSeveralRequestsShareTheStepBudget) {
     shared |= prompt_rows >= 2;
   }
   EXPECT_TRUE(shared) << "no step carried two prompts' chunks";
-  // 10 + 20 + 70 + 5 = 105 prompt tokens need 3 steps at 48 per step, not one per prompt chunk.
+  // Chunks [10], [20], [48, 22], [5]: the first alone, then 20 + 5 together, then 48 and 22
+  // (with 22 + nothing else left): 4 steps where one chunk per step takes 5.
   int prompt_steps = 0;
   for (const auto& rows : steps) {
     prompt_steps += std::any_of(rows.begin(), rows.end(), [](int64_t n) { return n > 1; });
+    for (int64_t n : rows)
+      EXPECT_TRUE(n == 1 || n == 10 || n == 20 || n == 48 || n == 22 || n == 5) << n;
   }
-  EXPECT_LE(prompt_steps, 4);  // the first prompt alone, then the other 95 tokens in 2 steps
+  EXPECT_EQ(prompt_steps, 4);
 }
 
 }  // namespace
