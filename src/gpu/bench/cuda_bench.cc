@@ -102,6 +102,8 @@ Result<BenchResult> RunBenchCase(CudaModelGroup& model, const BenchCase& c) {
   BenchResult r;
   r.context = c.context;
   SKV_ASSIGN_OR_RETURN(r.max_batch, LargestBatch(model, capacity, kReserveBytes));
+  SKV_ASSIGN_OR_RETURN(r.free_bytes, model.FreeDeviceBytes());
+  r.bounded_by_memory = r.max_batch < model.options().max_batch;
   r.batch = c.batch == 0 ? r.max_batch : c.batch;
   if (r.batch < 1 || r.batch > r.max_batch) {
     return Error(ErrorCode::kResourceExhausted,
@@ -428,6 +430,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   for (size_t i = 1; i < r.runs.size(); ++i) {
     if (r.runs[i].decode_tokens_per_s > r.runs[r.best].decode_tokens_per_s) r.best = static_cast<int>(i);
   }
+  r.free_bytes = device_room + 2 * kReserveBytes;
+  r.bounded_by_memory = std::max(device_alone, mixed_total) < max_batch;
   return r;
 }
 
