@@ -260,20 +260,33 @@ bool IsShadowKvItem(const std::string& policy) {
   return policy == "shadowkv" || policy.rfind("shadowkv:", 0) == 0;
 }
 
-// The batch the step buffers are sized for: --max-batch, else the most sequences that could fit
-// at the shortest context (BatchBoundBeforeLoad), and at least the largest batch asked for.
+// The batch the step buffers are sized for: --max-batch, else the most sequences of any
+// policy that could fit at the shortest context (BatchBoundBeforeLoad), and at least the
+// largest batch asked for.
 Result<int> StepBatchOf(const BenchOptions& o, const ModelConfig& config,
                         const std::vector<int64_t>& contexts, const std::vector<int64_t>& batches,
                         const std::vector<std::string>& policies,
                         const TensorParallelOptions& tensor_parallel) {
   if (o.max_batch > 0) return o.max_batch;
   const int64_t shortest = *std::min_element(contexts.begin(), contexts.end());
-  const bool shadowkv = std::any_of(policies.begin(), policies.end(), IsShadowKvItem);
-  SKV_ASSIGN_OR_RETURN(int bound, cuda::BatchBoundBeforeLoad(
-                                      config, shortest + o.gen_tokens + kSyntheticContextMargin,
-                                      shadowkv, tensor_parallel));
-  const int64_t asked = *std::max_element(batches.begin(), batches.end());
-  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(bound, asked), cuda::kMaxStepBatch));
+  const int64_t capacity = shortest + o.gen_tokens + kSyntheticContextMargin;
+  int64_t bound = *std::max_element(batches.begin(), batches.end());
+  for (const std::string& policy : policies) {
+    kv::KvPolicyConfig settings;
+    if (IsShadowKvItem(policy)) {
+      // An item that does not parse is reported by its own case.
+      auto variant = kv::ParseKvVariant(policy, o.kv);
+      if (!variant.ok()) continue;
+      settings = cuda::ShadowKvBenchSettings(*variant, shortest);
+    }
+    SKV_ASSIGN_OR_RETURN(
+        const int64_t least,
+        cuda::LeastSequenceBytes(config, capacity, IsShadowKvItem(policy) ? &settings : nullptr,
+                                 o.host_values, tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(const int fits, cuda::BatchBoundBeforeLoad(least));
+    bound = std::max<int64_t>(bound, fits);
+  }
+  return static_cast<int>(std::min<int64_t>(bound, cuda::kMaxStepBatch));
 }
 
 // What bounded a case's largest batch, in words and as a JSON tag.

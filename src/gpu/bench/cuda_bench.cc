@@ -174,6 +174,15 @@ std::vector<int> SpreadHostRows(const std::vector<int>& device_seqs,
   return order;
 }
 
+kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int64_t context) {
+  kv::KvPolicyConfig kv_config = settings;
+  kv_config.policy = "shadowkv";
+  if (kv_config.budget_tokens <= 0) {
+    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, context / 64));
+  }
+  return kv_config;
+}
+
 Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
                                                  const ShadowKvBenchCase& c) {
   using Clock = std::chrono::steady_clock;
@@ -193,11 +202,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
                  c.context, capacity - c.context, config.context_length);
   }
-  kv::KvPolicyConfig kv_config = c.settings;
-  kv_config.policy = "shadowkv";
-  if (kv_config.budget_tokens <= 0) {
-    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, c.context / 64));
-  }
+  const kv::KvPolicyConfig kv_config = ShadowKvBenchSettings(c.settings, c.context);
   model.FreeShadowKv();
   model.FreeKvCache();
   ShadowKvBenchResult r;

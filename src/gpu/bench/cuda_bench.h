@@ -121,6 +121,10 @@ struct ShadowKvBenchResult {
   std::string note;  // e.g. why fewer sequences were admitted
 };
 
+// The settings a ShadowKV bench case of `context` tokens runs with: `settings` as policy
+// "shadowkv", and without a budget the bench's rule (the next power of two of context / 64).
+kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int64_t context);
+
 // Byte counts are the whole group's; floors are per GPU (the group's bytes over its GPUs).
 Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
                                                  const ShadowKvBenchCase& c);

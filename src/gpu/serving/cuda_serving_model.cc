@@ -133,7 +133,11 @@ Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Assemble(
   int batch = o.max_batch;
   if (batch == 0 && o.sequences > 0) batch = std::min(o.sequences, kMaxStepBatch);
   if (batch == 0) {
-    SKV_ASSIGN_OR_RETURN(batch, BatchBoundBeforeLoad(config, context, shadowkv, o.tensor_parallel));
+    // The pool keeps every compressed sequence's values on the device (MakePool).
+    SKV_ASSIGN_OR_RETURN(const int64_t least,
+                         LeastSequenceBytes(config, context, shadowkv ? &o.kv : nullptr,
+                                            /*host_values=*/false, o.tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(batch, BatchBoundBeforeLoad(least));
   }
   CudaModelOptions model_options;
   model_options.max_batch = batch;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "gpu/model/shadowkv_plan.h"
+#include "model/tensor_parallel.h"
 #include "ops/cuda/common/cuda_backend.h"
 
 namespace shadowkv::cuda {
@@ -13,16 +15,33 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 }  // namespace
 
-Result<int> BatchBoundBeforeLoad(const ModelConfig& config, int64_t context, bool shadowkv,
-                                 const TensorParallelOptions& tensor_parallel) {
+Result<int64_t> LeastSequenceBytes(const ModelConfig& config, int64_t context,
+                                   const kv::KvPolicyConfig* shadowkv, bool host_values,
+                                   const TensorParallelOptions& tensor_parallel) {
   if (context < 1) return Error(ErrorCode::kInvalidArgument, "a context of {} tokens", context);
+  const int size = std::max(1, tensor_parallel.size);
+  if (config.num_kv_heads % size != 0) {
+    return Error(ErrorCode::kInvalidArgument, "{} KV heads do not split over {} ranks",
+                 config.num_kv_heads, size);
+  }
+  // A GPU holds one rank, or every rank with the local communicator.
+  const int64_t ranks_per_gpu = tensor_parallel.local ? size : 1;
+  const int kv_heads = config.num_kv_heads / size;
+  if (shadowkv == nullptr) {
+    return ranks_per_gpu * int64_t{2} * config.num_layers * kv_heads * config.head_dim * context *
+           2;
+  }
+  SKV_ASSIGN_OR_RETURN(const SkvGeometry geometry,
+                       MakeSkvGeometry(ShardKvPolicy(*shadowkv, size), config.num_layers, kv_heads,
+                                       config.head_dim, context));
+  return ranks_per_gpu *
+         (geometry.DeviceBytesPerSequence() + (host_values ? 0 : geometry.ValueBytesPerSequence()));
+}
+
+Result<int> BatchBoundBeforeLoad(int64_t least_sequence_bytes) {
   SKV_ASSIGN_OR_RETURN(const DeviceInfo device, QueryDevice());
-  const int64_t devices = tensor_parallel.local ? 1 : std::max(1, tensor_parallel.size);
-  // Keys and values in bf16; ShadowKV keeps at least the values, in FP8 at the smallest.
-  const int64_t elements =
-      int64_t{2} * config.num_layers * config.num_kv_heads * config.head_dim * context;
-  const int64_t least = std::max<int64_t>(1, (shadowkv ? elements / 2 : elements * 2) / devices);
-  return static_cast<int>(std::clamp<int64_t>(device.free_bytes / least, 1, kMaxStepBatch));
+  return static_cast<int>(std::clamp<int64_t>(
+      device.free_bytes / std::max<int64_t>(1, least_sequence_bytes), 1, kMaxStepBatch));
 }
 
 std::string MemoryBoundText(int64_t count, const char* what, int64_t free_bytes,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "kv/kv_config.h"
 #include "model/config.h"
 #include "model/tensor_parallel.h"
 
@@ -18,13 +19,18 @@ inline constexpr int kMaxStepBatch = 1024;
 // ShadowKV's per-row scoring buffers, fragmentation.
 inline constexpr int64_t kPoolReserveBytes = 2ll << 30;
 
-// The largest batch `config` could run at `context` tokens a sequence on this GPU, before the
-// model is loaded (so that its step buffers can be sized for it): the free device memory over
-// the least a sequence can take (its full cache; under ShadowKV its values at one byte per
-// element), at most kMaxStepBatch. Never below what fits once the model is loaded. Under tensor
+// The least device memory one sequence of `context` tokens takes on each GPU: its full cache
+// (keys and values, bf16), or with `shadowkv` set, its compressed state without the values when
+// `host_values` lets them live in pinned host memory, with them when not. Under tensor
 // parallelism each GPU holds its ranks' share.
-Result<int> BatchBoundBeforeLoad(const ModelConfig& config, int64_t context, bool shadowkv,
-                                 const TensorParallelOptions& tensor_parallel);
+Result<int64_t> LeastSequenceBytes(const ModelConfig& config, int64_t context,
+                                   const kv::KvPolicyConfig* shadowkv, bool host_values,
+                                   const TensorParallelOptions& tensor_parallel);
+
+// The largest batch that could run on this GPU before the model is loaded (so that its step
+// buffers can be sized for it): the free device memory over `least_sequence_bytes`, at least
+// 1 and at most kMaxStepBatch. Never below what fits once the weights are in.
+Result<int> BatchBoundBeforeLoad(int64_t least_sequence_bytes);
 
 // What bounded a pool or a batch, for logs: "12 sequences: bounded by device memory, 18.2 GiB
 // free of 139.8 GiB".
