@@ -164,13 +164,14 @@ int RunServe(ServeOptions& o) {
   if (!server_or.ok()) return Fail(server_or.status().ToString());
   server::HttpServer& server = **server_or;
   if (Status s = server.Bind(); !s.ok()) return Fail(s.ToString());
-  // Tests and scripts read the port from this line (with --port 0 the system picks it).
-  if (!config.weights_label.empty()) {
-    std::printf("shadowkv serve: *** %s ***\n", config.weights_label.c_str());
-  }
+  // Tests and scripts read the port from this line, the first (with --port 0 the system picks
+  // it).
   std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s, %s%s)\n",
               config.http.host.c_str(), server.port(), config.model_id.c_str(), o.kv.policy.c_str(),
               model.device().c_str(), config.weights_label.empty() ? "" : ", synthetic weights");
+  if (!config.weights_label.empty()) {
+    std::printf("shadowkv serve: *** %s ***\n", config.weights_label.c_str());
+  }
   if (!loaded->pool.empty()) std::printf("shadowkv serve: GPU pool: %s\n", loaded->pool.c_str());
   std::fflush(stdout);
 

@@ -416,14 +416,7 @@ class StartedServer:
         reader = threading.Thread(target=lambda: line.__setitem__(0,
                                                                   self.process.stdout.readline()))
         reader.start()
-        # A synthetic server's label line comes before the one with the address.
         reader.join(args.startup_timeout)
-        if "SYNTHETIC" in (line[0] or ""):
-            print(line[0].rstrip(), flush=True)
-            reader = threading.Thread(
-                target=lambda: line.__setitem__(0, self.process.stdout.readline()))
-            reader.start()
-            reader.join(args.startup_timeout)
         match = re.search(r"http://([\d.]+):(\d+)", line[0] or "")
         if not match:
             self.process.kill()
