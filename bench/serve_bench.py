@@ -421,8 +421,17 @@ class StartedServer:
         if not match:
             self.process.kill()
             sys.exit(f"serve_bench: the server did not start: {line[0]!r}\n{self.log_tail()}")
-        threading.Thread(target=self.process.stdout.read, daemon=True).start()
+        # The lines after it (the synthetic label, the GPU pool and what bounded it) are shown
+        # and kept for the JSON; the rest of stdout is drained unread.
+        self.startup_lines = [line[0].rstrip("\n")]
+        threading.Thread(target=self.drain, daemon=True).start()
         self.base_url = f"http://{match.group(1)}:{match.group(2)}"
+
+    def drain(self):
+        for text in self.process.stdout:
+            if text.startswith("shadowkv serve:") and len(self.startup_lines) < 16:
+                self.startup_lines.append(text.rstrip("\n"))
+                print(text.rstrip("\n"), flush=True)
 
     def log_tail(self):
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
@@ -526,6 +535,7 @@ def bench_servers(args, file_prompts):
                 bench(args, file_prompts, base_url, list(session)))
         finally:
             if server:
+                entry["startup_lines"] = server.startup_lines
                 entry["exit_status"] = server.stop()
                 print(f"serve_bench: server stopped ({entry['exit_status']})", flush=True)
         calibration = calibration or session_calibration

@@ -100,6 +100,9 @@ def test_concurrency_two_policies(binary, work):
     with open(out) as f:
         result = json.load(f)
     check([s["exit_status"] for s in result["servers"]] == [0], "the server did not exit 0")
+    lines = result["servers"][0]["startup_lines"]
+    check(lines and lines[0].startswith("shadowkv serve: listening on http://127.0.0.1:"),
+          f"start-up lines {lines}")
     check([r["kv_policy"] for r in result["runs"]] == ["full", "shadowkv"], "runs")
     for run in result["runs"]:
         check_run(run, 6, scored=0)
