@@ -66,7 +66,7 @@ expect_error bad_shadowkv_kernels "shadowkv-kernels.*not in" "$bin" bench -m "$m
 expect_error synthetic_bench_cpu "needs --device cuda" "$bin" bench --synthetic llama3-8b --device cpu
 # Without --device, --synthetic takes the GPU path: a build without CUDA says so, a CUDA build
 # stops at the bad context before touching a GPU.
-expect_error synthetic_bench_default "without CUDA|not a number" "$bin" bench --synthetic llama3-8b --context 12x
+expect_error synthetic_bench_default "without CUDA|not a positive number" "$bin" bench --synthetic llama3-8b --context 12x
 expect_error tp_serve_cpu "needs --device cuda" "$bin" serve -m "$model" --tensor-parallel 2
 expect_error serve_pool_cpu "GPU's pool" "$bin" serve -m "$model" --ctx-size 512
 # serve --synthetic: GPU only, no model file, a known name; a build without CUDA says so (a CUDA

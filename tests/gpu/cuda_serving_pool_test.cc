@@ -10,6 +10,7 @@
 
 #include "format/chat_template.h"
 #include "gpu/serving/cuda_serving_model.h"
+#include "gpu/serving/pool_memory.h"
 #include "gpu/tp/cuda_model_group.h"
 #include "gpu_test_util.h"
 #include "model/synthetic.h"
@@ -31,6 +32,29 @@ CudaServingOptions PoolOptions(const std::string& policy, int sequences, int64_t
   return o;
 }
 
+// Pure arithmetic: runs without a GPU.
+TEST(CudaServingPoolTest, LeastSequenceBytesIsEachGpusShare) {
+  const ModelConfig c = SyntheticModelConfig("llama3-8b").value();
+  const int64_t context = 124928;
+  const int64_t whole = int64_t{2} * c.num_layers * c.num_kv_heads * c.head_dim * 2 * context;
+  EXPECT_EQ(LeastSequenceBytes(c, context, nullptr, false, {}).value(), whole);
+  EXPECT_EQ(LeastSequenceBytes(c, context, nullptr, false, {2, false}).value(), whole / 2);
+  EXPECT_EQ(LeastSequenceBytes(c, context, nullptr, false, {2, true}).value(), whole);
+  kv::KvPolicyConfig skv;
+  skv.policy = "shadowkv";
+  skv.budget_tokens = 2048;
+  const int64_t with_values = LeastSequenceBytes(c, context, &skv, false, {}).value();
+  const int64_t without = LeastSequenceBytes(c, context, &skv, true, {}).value();
+  // The values are half the full cache; the rest (landmarks, factors, gathered rows) far less.
+  EXPECT_LT(without, with_values);
+  EXPECT_EQ(with_values - without, whole / 2);
+  EXPECT_LT(with_values, whole);
+  EXPECT_EQ(LeastSequenceBytes(c, 0, nullptr, false, {}).status().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(LeastSequenceBytes(c, context, nullptr, false, {3, false}).status().code(),
+            ErrorCode::kInvalidArgument);
+}
+
 TEST(CudaServingPoolTest, SyntheticModelServesItsVocabularyAndSaysSo) {
   SKV_SKIP_WITHOUT_GPU();
   auto model = CudaServingModel::CreateSynthetic(SmallShapes(), PoolOptions("full", 3, 2048));
@@ -49,7 +73,8 @@ TEST(CudaServingPoolTest, SyntheticModelServesItsVocabularyAndSaysSo) {
   auto sequence = (*policy)->NewSequence();
   ASSERT_TRUE(sequence.ok());
   const std::vector<int32_t> prompt = m.tokenizer().Encode("random words", false, false);
-  std::vector<float> logits(m.config().vocab_size);
+  // NaN first: every entry must be written.
+  std::vector<float> logits(m.config().vocab_size, std::nanf(""));
   StepInput in;
   in.kv = sequence->get();
   in.tokens = prompt;
