@@ -25,6 +25,7 @@
 #ifdef SHADOWKV_HAVE_CUDA
 #include "gpu/bench/cuda_bench.h"
 #include "gpu/model/cuda_model.h"
+#include "gpu/serving/pool_memory.h"
 #include "gpu/tp/cuda_model_group.h"
 #include "model/synthetic.h"
 #include "ops/cuda/common/cuda_backend.h"
@@ -45,7 +46,7 @@ struct BenchOptions {
   std::string json_path;
   Device device = Device::kCpu;
   std::string synthetic;        // cuda only: random weights with a named model's shapes
-  int max_batch = 64;           // cuda only: the largest batch "auto" may pick
+  int max_batch = 0;            // cuda only: the largest batch "auto" may pick (0: memory's)
   bool host_values = true;      // cuda shadowkv: also values in pinned host memory
   int max_host_sequences = -1;  // cuda shadowkv: at most this many sequences with host values
   TensorParallelOptions tensor_parallel;  // cuda only
@@ -209,6 +210,54 @@ Result<std::vector<int64_t>> ParseCudaCounts(const std::string& text, const char
 // Decode steps a bench case runs beyond --gen (warm-up and profiled steps), rounded up.
 constexpr int64_t kSyntheticContextMargin = 256;
 
+bool IsShadowKvItem(const std::string& policy) {
+  return policy == "shadowkv" || policy.rfind("shadowkv:", 0) == 0;
+}
+
+// The batch the step buffers are sized for: --max-batch, else the most sequences of any
+// policy that could fit at the shortest context (BatchBoundBeforeLoad), and at least the
+// largest batch asked for.
+Result<int> StepBatchOf(const BenchOptions& o, const ModelConfig& config,
+                        const std::vector<int64_t>& contexts, const std::vector<int64_t>& batches,
+                        const std::vector<std::string>& policies,
+                        const TensorParallelOptions& tensor_parallel) {
+  if (o.max_batch > 0) return o.max_batch;
+  const int64_t shortest = *std::min_element(contexts.begin(), contexts.end());
+  const int64_t capacity = shortest + o.gen_tokens + kSyntheticContextMargin;
+  int64_t bound = *std::max_element(batches.begin(), batches.end());
+  for (const std::string& policy : policies) {
+    kv::KvPolicyConfig settings;
+    if (IsShadowKvItem(policy)) {
+      // An item that does not parse is reported by its own case.
+      auto variant = kv::ParseKvVariant(policy, o.kv);
+      if (!variant.ok()) continue;
+      settings = cuda::ShadowKvBenchSettings(*variant, shortest);
+    }
+    SKV_ASSIGN_OR_RETURN(
+        const int64_t least,
+        cuda::LeastSequenceBytes(config, capacity, IsShadowKvItem(policy) ? &settings : nullptr,
+                                 o.host_values, tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(const int fits, cuda::BatchBoundBeforeLoad(least));
+    bound = std::max<int64_t>(bound, fits);
+  }
+  return static_cast<int>(std::min<int64_t>(bound, cuda::kMaxStepBatch));
+}
+
+// What bounded a case's largest batch, in words and as a JSON tag.
+std::pair<std::string, std::string> BoundOf(const BenchOptions& o, int max_batch, bool by_memory,
+                                            int64_t free_bytes, int64_t total_bytes,
+                                            int step_batch) {
+  if (by_memory) {
+    return {cuda::MemoryBoundText(max_batch, "sequences", free_bytes, total_bytes), "memory"};
+  }
+  if (o.max_batch > 0)
+    return {fmt::format("{} sequences: bounded by --max-batch", max_batch), "--max-batch"};
+  return {fmt::format("{} sequences: bounded by the step buffers' batch of {} (sized before the "
+                      "load, at most {})",
+                      max_batch, step_batch, cuda::kMaxStepBatch),
+          "step buffers"};
+}
+
 // The CUDA backend's prefill and decode throughput per (KV policy, context, batch), with the
 // decode step's breakdown, GPU memory, the largest batch that fits and the byte floor.
 // Synthetic-weight runs say so in every output. `model_path` is empty with --synthetic.
@@ -230,15 +279,24 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
   if (Status s = ApplyTensorParallelEnvironment(&tensor_parallel); !s.ok()) {
     return Fail(s.ToString());
   }
+  const bool synthetic = !o.synthetic.empty();
+  Result<ModelConfig> config = Status(ErrorCode::kInternal, "unset");
+  if (synthetic) {
+    config = SyntheticModelConfig(o.synthetic);
+  } else if (auto file = gguf::GgufFile::Open(model_path); file.ok()) {
+    config = ModelConfig::FromGguf(**file);
+  } else {
+    config = file.status();
+  }
+  if (!config.ok()) return Fail(config.status().ToString());
+  auto step_batch = StepBatchOf(o, *config, *contexts, *batches, policies, tensor_parallel);
+  if (!step_batch.ok()) return Fail(step_batch.status().ToString());
   cuda::CudaModelOptions options;
-  options.max_batch = o.max_batch;
-  options.max_step_tokens = std::max(o.prefill_chunk, o.max_batch);
+  options.max_batch = *step_batch;
+  options.max_step_tokens = std::max(o.prefill_chunk, options.max_batch);
   options.kernels = KernelOptionsFromFlags();
   Result<std::unique_ptr<cuda::CudaModelGroup>> model_or = Status(ErrorCode::kInternal, "unset");
-  const bool synthetic = !o.synthetic.empty();
   if (synthetic) {
-    auto config = SyntheticModelConfig(o.synthetic);
-    if (!config.ok()) return Fail(config.status().ToString());
     // Random weights were never trained to a context length, and RoPE rotates any position:
     // the named model's limit gives way to the longest context asked for (e.g. Llama-3-8B's
     // shapes at 244K), with room for the decode steps.
@@ -304,7 +362,7 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
           rows.push_back(row);
           std::fflush(stdout);
         };
-        if (policy == "shadowkv" || policy.rfind("shadowkv:", 0) == 0) {
+        if (IsShadowKvItem(policy)) {
           // The KV flags, then the item's own settings ("shadowkv:fp8_values=1:fp8_landmarks=1",
           // "shadowkv:budget=1024"); without a budget the bench's rule.
           auto variant = kv::ParseKvVariant(policy, o.kv);
@@ -376,6 +434,11 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                             {"floor_step_ms", run.floors.total_ms}});
           }
           if (!r.note.empty()) std::printf("         note: %s\n", r.note.c_str());
+          const auto [bound_text, bound_tag] =
+              BoundOf(o, r.max_batch, r.bounded_by_memory, r.free_bytes, device->total_bytes,
+                      model.options().max_batch);
+          std::printf("         %s%s\n", bound_text.c_str(),
+                      r.bounded_by_memory ? " (and pinned host memory)" : "");
           std::fflush(stdout);
           const cuda::ShadowKvBenchRun& top = r.runs[r.best];
           auto& entry = best[{policy, context}];
@@ -401,6 +464,7 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                       {"device_bytes_per_sequence", r.device_bytes_per_sequence},
                       {"value_bytes_per_sequence", r.value_bytes_per_sequence},
                       {"note", r.note},
+                      {"max_batch_bounded_by", bound_tag},
                       {"runs", runs}});
           shadowkv_lines.push_back(fmt::format(
               "{:>7}: budget {} tokens, rank {}, {} outlier chunks; prefill {:.2f} s, ShadowKV "
@@ -438,11 +502,16 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
           std::printf("         all-reduces: %.2f ms of the profiled step\n",
                       r.breakdown.allreduce_ms);
         }
+        const auto [bound_text, bound_tag] =
+            BoundOf(o, r.max_batch, r.bounded_by_memory, r.free_bytes, device->total_bytes,
+                    model.options().max_batch);
+        std::printf("         %s\n", bound_text.c_str());
         std::fflush(stdout);
         auto& entry = best[{policy, context}];
         entry = std::max(entry, r.decode_tokens_per_s);
         row.update({{"batch", r.batch},
                     {"max_batch", r.max_batch},
+                    {"max_batch_bounded_by", bound_tag},
                     {"prefill_seconds", r.prefill_seconds},
                     {"prefill_tokens_per_s", r.prefill_tokens_per_s},
                     {"decode_tokens_per_s", r.decode_tokens_per_s},
@@ -527,9 +596,11 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
   cmd.add_option("--synthetic", o.synthetic,
                  "cuda: random weights with a named model's shapes (e.g. llama3-8b), "
                  "throughput only; implies --device cuda");
-  cmd.add_option("--max-batch", o.max_batch, "cuda: the largest batch --batch auto may pick")
+  cmd.add_option("--max-batch", o.max_batch,
+                 "cuda: the largest batch --batch auto may pick (0 = as many as fit in device "
+                 "memory, at most 1024)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(0, 1024));
   cmd.add_flag("--host-values,!--no-host-values", o.host_values,
                "cuda shadowkv: --batch auto also measures larger batches whose extra sequences "
                "keep their values in pinned host memory")

@@ -1,4 +1,6 @@
 // `shadowkv serve`: the OpenAI-compatible HTTP server (see docs/SERVER.md).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -11,6 +13,7 @@
 #include "commands.h"
 #include "cuda_environment.h"
 #include "kv/policies.h"
+#include "model/synthetic.h"
 #include "options.h"
 #include "server/http_server.h"
 
@@ -32,9 +35,11 @@ struct ServeOptions {
   double max_header_kib = 32;
   double shutdown_grace_seconds = 10;
   Device device = Device::kCpu;
-  int64_t context = 0;         // cuda: tokens per sequence (0: the model's context)
-  int sequences = 0;           // cuda: sequences held at once (0: --max-batch)
-  int prefill_slots = 0;       // cuda, shadowkv: full-cache slots for prompts (0: --max-seqs)
+  int64_t context = 0;           // cuda: tokens per sequence (0: the model's context)
+  int sequences = 0;             // cuda: sequences held at once (0: as many as fit)
+  int prefill_slots = 0;         // cuda, shadowkv: full-cache slots for prompts (0: see --help)
+  bool max_batch_given = false;  // cuda: else the scheduler's batch follows the pool
+  std::string synthetic;         // cuda: random weights with a named model's shapes
   TensorParallelOptions tensor_parallel;  // cuda only
 };
 
@@ -43,11 +48,28 @@ struct ServeOptions {
 struct LoadedModel {
   std::unique_ptr<CpuModel> cpu;
   std::unique_ptr<engine::ServingModel> serving;
-  std::string pool;  // the GPU pool in words
+  std::string pool;   // the GPU pool in words
+  int max_batch = 0;  // the GPU pool's batch (0: the scheduler's option stands)
 };
+
+// --synthetic: a GPU-only, weight-free model; a model file beside it would be ignored.
+Status CheckSynthetic(const ServeOptions& o) {
+  if (o.synthetic.empty()) return Status::Ok();
+  if (o.device != Device::kCuda) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "--synthetic needs --device cuda (random weights exist only on the GPU)");
+  }
+  if (!o.model.model_path.empty()) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "--synthetic makes random weights; it takes no model file (-m {})",
+                 o.model.model_path);
+  }
+  return SyntheticModelConfig(o.synthetic).status();
+}
 
 Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   LoadedModel loaded;
+  SKV_RETURN_IF_ERROR(CheckSynthetic(o));
   if (o.device == Device::kCuda) {
     if (o.prefill_slots > 0 && !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
       return Error(ErrorCode::kInvalidArgument,
@@ -59,16 +81,25 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     cuda::PrepareProcessForTensorParallel(o.tensor_parallel.size);  // before any CUDA call
     cuda::CudaServingOptions c;
     c.kv = o.kv;
-    c.max_batch = o.server.scheduler.max_batch;
+    c.max_batch = o.max_batch_given ? o.server.scheduler.max_batch : 0;
     c.prefill_chunk = o.server.scheduler.prefill_chunk;
-    c.sequences = o.sequences > 0 ? o.sequences : o.server.scheduler.max_batch;
+    c.sequences = o.sequences;
     c.prefill_slots = o.prefill_slots;
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
     SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
     c.kernels = KernelOptionsFromFlags();
-    SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaServingModel::Load(ResolveModelPath(o.model), c));
+    Result<std::unique_ptr<cuda::CudaServingModel>> model_or =
+        Error(ErrorCode::kInternal, "no model");
+    if (o.synthetic.empty()) {
+      model_or = cuda::CudaServingModel::Load(ResolveModelPath(o.model), c);
+    } else {
+      SKV_ASSIGN_OR_RETURN(const ModelConfig config, SyntheticModelConfig(o.synthetic));
+      model_or = cuda::CudaServingModel::CreateSynthetic(config, c);
+    }
+    SKV_ASSIGN_OR_RETURN(auto model, std::move(model_or));
     loaded.pool = model->Describe();
+    loaded.max_batch = model->max_batch();
     loaded.serving = std::move(model);
     return loaded;
 #else
@@ -116,23 +147,31 @@ int RunServe(ServeOptions& o) {
   engine::ServingModel& model = *loaded->serving;
   server::ServerConfig config = o.server;
   config.kv = o.kv;
+  if (loaded->max_batch > 0) config.scheduler.max_batch = loaded->max_batch;
   if (o.device == Device::kCpu) {
     config.scheduler.fast_memory_limit = static_cast<int64_t>(o.fast_limit_mib * 1024 * 1024);
     config.scheduler.slow_memory_limit = static_cast<int64_t>(o.slow_limit_mib * 1024 * 1024);
   }  // on the GPU the pool made at load time is the limit
   config.http.limits.max_body_bytes = static_cast<size_t>(o.max_body_kib * 1024);
   config.http.limits.max_head_bytes = static_cast<size_t>(o.max_header_kib * 1024);
+  if (!o.synthetic.empty()) config.weights_label = std::string(kSyntheticLabel);
   if (config.model_id.empty()) {
-    config.model_id = std::filesystem::path(ResolveModelPath(o.model)).stem().string();
+    config.model_id = o.synthetic.empty()
+                          ? std::filesystem::path(ResolveModelPath(o.model)).stem().string()
+                          : o.synthetic + "-synthetic";
   }
   auto server_or = server::HttpServer::Create(model, config);
   if (!server_or.ok()) return Fail(server_or.status().ToString());
   server::HttpServer& server = **server_or;
   if (Status s = server.Bind(); !s.ok()) return Fail(s.ToString());
-  // Tests and scripts read the port from this line (with --port 0 the system picks it).
-  std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s, %s)\n",
+  // Tests and scripts read the port from this line, the first (with --port 0 the system picks
+  // it).
+  std::printf("shadowkv serve: listening on http://%s:%d (model %s, kv %s, %s%s)\n",
               config.http.host.c_str(), server.port(), config.model_id.c_str(), o.kv.policy.c_str(),
-              model.device().c_str());
+              model.device().c_str(), config.weights_label.empty() ? "" : ", synthetic weights");
+  if (!config.weights_label.empty()) {
+    std::printf("shadowkv serve: *** %s ***\n", config.weights_label.c_str());
+  }
   if (!loaded->pool.empty()) std::printf("shadowkv serve: GPU pool: %s\n", loaded->pool.c_str());
   std::fflush(stdout);
 
@@ -166,7 +205,9 @@ Command AddServeCommand(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--model-id", s.model_id,
                   "model name reported by /v1/models (default: file stem)");
-  cmd->add_option("--max-batch", s.scheduler.max_batch, "sequences running together")
+  cmd->add_option("--max-batch", s.scheduler.max_batch,
+                  "sequences running together (cuda, when not given: the pool's size, at most "
+                  "1024)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-queue", s.scheduler.max_queue,
@@ -243,16 +284,24 @@ Command AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-seqs", o->sequences,
-                  "cuda: sequences held at once, running or kept for reuse (0 = --max-batch)")
+                  "cuda: sequences held at once, running or kept for reuse (0 = as many as the "
+                  "GPU memory left after the weights and step buffers holds)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prefill-slots", o->prefill_slots,
                   "cuda, shadowkv: full-cache slots for prompts being prefilled and prompts too "
-                  "short to compress (0 = --max-seqs)")
+                  "short to compress (0 = --max-seqs, or 2 when --max-seqs is 0)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--synthetic", o->synthetic,
+                  "cuda: random weights with a named model's shapes (" +
+                      fmt::format("{}", fmt::join(SyntheticModelNames(), ", ")) +
+                      ") and a synthetic vocabulary, for throughput only; no -m");
   AddTensorParallelOptions(*cmd, o->tensor_parallel);
-  return [o] { return RunServe(*o); };
+  return [o, cmd] {
+    o->max_batch_given = cmd->count("--max-batch") > 0;
+    return RunServe(*o);
+  };
 }
 
 }  // namespace shadowkv::app

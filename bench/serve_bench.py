@@ -10,6 +10,11 @@ with the settings and every request's record, and a PNG (bench/serve_bench_plot.
 
   python3 bench/serve_bench.py --binary build/shadowkv --kv full,shadowkv --num-requests 8 \
       --concurrency 4 --prompt-tokens 512 --output-tokens 32 --json out.json
+
+--prompt-ids N sends completions whose prompt is N random token ids (seeded, below the
+vocabulary size that /v1/models reports, or --vocab-size): exact prompt lengths with no
+tokenizer in the way, e.g. 122K-token prompts to a server of random weights (--synthetic NAME,
+passed to the server it starts, with --device cuda unless the serve flags name a device).
 """
 import argparse
 import asyncio
@@ -73,8 +78,15 @@ class Prompt:
     strings a right answer contains (empty: not scored)."""
 
     def __init__(self, text, answers=()):
-        self.text = text
+        self.text = text  # or a list of token ids (completions only)
         self.answers = list(answers)
+
+
+def build_id_prompt(seed, index, length, vocab_size):
+    """`length` token ids drawn uniformly below `vocab_size`, from (seed, index): every request
+    its own prompt, so none starts from another's held KV state."""
+    rng = random.Random(f"ids:{seed}:{index}")
+    return Prompt([rng.randrange(vocab_size) for _ in range(length)])
 
 
 def build_prompt(workload, endpoint, seed, index, units):
@@ -387,8 +399,13 @@ class StartedServer:
 
     def __init__(self, args, extra):
         self.log = tempfile.NamedTemporaryFile(prefix="serve-bench-", suffix=".log", delete=False)
-        self.command = [args.binary, "serve", "-m", args.model, "--host", "127.0.0.1", "--port",
-                        "0", *args.server_args, *extra]
+        weights = ["-m", args.model]
+        if args.synthetic:
+            weights = ["--synthetic", args.synthetic]
+            if "--device" not in args.server_args:
+                weights += ["--device", "cuda"]
+        self.command = [args.binary, "serve", *weights, "--host", "127.0.0.1", "--port", "0",
+                        *args.server_args, *extra]
         print("serve_bench: starting", " ".join(self.command), flush=True)
         try:
             self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE,
@@ -404,8 +421,17 @@ class StartedServer:
         if not match:
             self.process.kill()
             sys.exit(f"serve_bench: the server did not start: {line[0]!r}\n{self.log_tail()}")
-        threading.Thread(target=self.process.stdout.read, daemon=True).start()
+        # The lines after it (the synthetic label, the GPU pool and what bounded it) are shown
+        # and kept for the JSON; the rest of stdout is drained unread.
+        self.startup_lines = [line[0].rstrip("\n")]
+        threading.Thread(target=self.drain, daemon=True).start()
         self.base_url = f"http://{match.group(1)}:{match.group(2)}"
+
+    def drain(self):
+        for text in self.process.stdout:
+            if text.startswith("shadowkv serve:") and len(self.startup_lines) < 16:
+                self.startup_lines.append(text.rstrip("\n"))
+                print(text.rstrip("\n"), flush=True)
 
     def log_tail(self):
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
@@ -461,9 +487,21 @@ async def bench(args, file_prompts, base_url, policies):
                                 timeout=args.request_timeout)
     models = await client.models.list()
     model = models.data[0].id if models.data else "default"
+    entry = models.data[0].model_dump() if models.data else {}
+    args.model_label = entry.get("label")
+    if args.model_label:
+        print(f"serve_bench: *** {args.model_label} ***", flush=True)
     calibration = None
     if args.prompts_file:
         prompts = [file_prompts[i % len(file_prompts)] for i in range(args.num_requests)]
+    elif args.prompt_ids:
+        vocab_size = args.vocab_size or entry.get("vocab_size")
+        if not isinstance(vocab_size, int) or vocab_size < 1:
+            sys.exit(f"serve_bench: /v1/models reports no vocabulary size for {model!r}; give "
+                     "--vocab-size")
+        calibration = {"prompt_ids": args.prompt_ids, "vocab_size": vocab_size}
+        prompts = [build_id_prompt(args.seed, i, args.prompt_ids, vocab_size)
+                   for i in range(args.num_requests)]
     else:
         units, calibration = await calibrate(client, args, model)
         prompts = [build_prompt(args.workload, args.endpoint, args.seed, i, units)
@@ -497,11 +535,13 @@ def bench_servers(args, file_prompts):
                 bench(args, file_prompts, base_url, list(session)))
         finally:
             if server:
+                entry["startup_lines"] = server.startup_lines
                 entry["exit_status"] = server.stop()
                 print(f"serve_bench: server stopped ({entry['exit_status']})", flush=True)
         calibration = calibration or session_calibration
         runs += session_runs
     result = {"benchmark": "serve_bench", "settings": dict(vars(args)), "model": model,
+              "model_label": getattr(args, "model_label", None),
               "servers": servers, "calibration": calibration, "runs": runs,
               "ratios": ratios(runs) if len(runs) > 1 else {}}
     if result["ratios"]:
@@ -543,12 +583,19 @@ def parse_args(argv):
                                           "started from --binary and --model")
     where.add_argument("--binary", default="build/shadowkv")
     where.add_argument("--model", default=default_model())
+    where.add_argument("--synthetic", help="start the server with random weights of this "
+                                           "model's shapes (e.g. llama3-8b) instead of --model")
     where.add_argument("--startup-timeout", type=float, default=300, help="seconds")
     work = parser.add_argument_group("workload")
     work.add_argument("--workload", choices=("random", "passkey"), default="random",
                       help="random word sentences, or a pass key hidden in filler and asked back")
     work.add_argument("--prompts-file", help="JSON lines {\"prompt\", \"answers\"} instead")
-    work.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    work.add_argument("--endpoint", choices=("chat", "completions"),
+                      help="default chat; completions with --prompt-ids")
+    work.add_argument("--prompt-ids", type=int, metavar="N",
+                      help="completions prompts of N random token ids instead of text")
+    work.add_argument("--vocab-size", type=int,
+                      help="--prompt-ids below this (default: /v1/models' vocab_size)")
     work.add_argument("--prompt-tokens", type=int, default=256, help="about this many")
     work.add_argument("--output-tokens", type=int, default=64)
     work.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
@@ -579,6 +626,21 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.concurrency is None and not args.request_rate:
         args.concurrency = 4
+    if args.prompt_ids is not None:
+        if args.prompt_ids < 1:
+            parser.error("--prompt-ids must be at least 1")
+        if args.endpoint == "chat":
+            parser.error("--prompt-ids sends token ids, which only /v1/completions takes")
+        if args.prompts_file or args.workload != "random":
+            parser.error("--prompt-ids is its own workload: drop --prompts-file and --workload")
+        args.endpoint = "completions"
+    elif args.vocab_size is not None:
+        parser.error("--vocab-size goes with --prompt-ids")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        parser.error("--vocab-size must be at least 1")
+    args.endpoint = args.endpoint or "chat"
+    if args.synthetic and args.base_url:
+        parser.error("--synthetic starts a server: drop --base-url")
     for name in ("num_requests", "prompt_tokens", "output_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -596,6 +658,9 @@ def parse_args(argv):
         args.base_url = re.sub(r"/v1/?$", "", args.base_url.rstrip("/"))
     if args.prompts_file:
         args.workload = "file"
+    elif args.prompt_ids:
+        args.workload = "ids"
+        args.prompt_tokens = args.prompt_ids  # exact, for the report and the plot
     args.png = args.png or os.path.splitext(args.json)[0] + ".png"
     return args
 
@@ -614,6 +679,8 @@ def main(argv=None):
     result = bench_servers(args, file_prompts)
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
+    if result["model_label"]:
+        print(f"serve_bench: *** {result['model_label']} ***")
     print(f"serve_bench: wrote {args.json}")
     if not write_plot(args.json, args.png, args.plot_python):
         sys.exit(f"serve_bench: no Python with matplotlib drew {args.png} (--plot-python); the "

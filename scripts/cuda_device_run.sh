@@ -167,6 +167,12 @@ for step in "${steps[@]}"; do
             "$model" "${args[@]}" >> "$out/serve.log" 2>&1
           echo "serve $kv $tp: exit $?" >> "$out/serve.log"
         done
+        # Random weights (serve --synthetic), the pool and batch sized from the GPU's memory.
+        args=(--device cuda --kv "$kv" --budget 128 --prefill-chunk 64)
+        echo "== serve $kv synthetic, pool from memory: ${args[*]}" >> "$out/serve.log"
+        PYTHONUNBUFFERED=1 timeout 240 python3 tests/gpu/serve_check.py "$stage/bin/shadowkv" \
+          synthetic:smollm2-135m "${args[@]}" >> "$out/serve.log" 2>&1
+        echo "serve $kv synthetic: exit $?" >> "$out/serve.log"
       done
       ;;
     anchor)

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "format/gguf_writer.h"
+#include "format/tokenizer.h"
+
 namespace shadowkv {
 namespace {
 
@@ -57,6 +60,49 @@ Result<ModelConfig> SyntheticModelConfig(std::string_view name) {
   }
   return Error(ErrorCode::kNotFound, "no synthetic model '{}' (known: {})", name,
                fmt::join(SyntheticModelNames(), ", "));
+}
+
+Result<std::unique_ptr<gguf::GgufFile>> SyntheticVocabularyFile(int64_t vocab_size) {
+  constexpr int64_t kBytes = 256;
+  const std::string_view specials[] = {"<|im_start|>", "<|im_end|>", kSyntheticEndOfText};
+  constexpr int64_t kSpecials = std::size(specials);
+  if (vocab_size < kBytes + kSpecials || vocab_size > kMaxVocab) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "a synthetic vocabulary of {} tokens: it needs {} to {} (the bytes and {} "
+                 "special tokens at least)",
+                 vocab_size, kBytes + kSpecials, kMaxVocab, kSpecials);
+  }
+  std::vector<std::string> tokens;
+  tokens.reserve(static_cast<size_t>(vocab_size));
+  for (int byte = 0; byte < kBytes; ++byte) {
+    const char raw = static_cast<char>(byte);
+    tokens.push_back(ByteLevelText(std::string_view(&raw, 1)));
+  }
+  // Fillers decode to distinct words, so a synthetic model's output is visibly made of them.
+  for (int64_t id = kBytes; id < vocab_size - kSpecials; ++id) {
+    tokens.push_back(ByteLevelText(fmt::format(" t{}", id)));
+  }
+  std::vector<int32_t> types(tokens.size(), static_cast<int32_t>(TokenType::kNormal));
+  for (std::string_view special : specials) {
+    tokens.emplace_back(special);
+    types.push_back(static_cast<int32_t>(TokenType::kControl));
+  }
+  gguf::GgufWriter writer;
+  writer.AddString("general.architecture", "llama");
+  writer.AddString("general.name", "synthetic vocabulary");
+  writer.AddString("tokenizer.ggml.model", "gpt2");
+  writer.AddString("tokenizer.ggml.pre", "default");
+  writer.AddStringArray("tokenizer.ggml.tokens", tokens);
+  writer.AddInt32Array("tokenizer.ggml.token_type", types);
+  writer.AddStringArray("tokenizer.ggml.merges", {});
+  writer.AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab_size - 1));
+  writer.AddBool("tokenizer.ggml.add_bos_token", false);
+  writer.AddString("tokenizer.chat_template",
+                   "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+                   "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+  const std::vector<uint8_t> image = writer.Finish();
+  return gguf::GgufFile::FromBytes(image);
 }
 
 }  // namespace shadowkv

@@ -279,6 +279,33 @@ TEST(ApiRequestTest, ToolTurnsAndNonTextPartsAreRefused) {
             std::string::npos);
 }
 
+// The token-id workload of bench/serve_bench.py (--prompt-ids): a long array of ids with
+// ignore_eos, every id kept as sent; a stray non-id refuses the whole prompt.
+TEST(ApiRequestTest, TokenIdPromptWithIgnoreEos) {
+  std::string ids;
+  std::vector<int32_t> expected;
+  for (int32_t i = 0; i < 4096; ++i) {
+    const int32_t id = (i * 7919) % 128256;
+    if (i > 0) ids += ',';
+    ids += std::to_string(id);
+    expected.push_back(id);
+  }
+  ids += ",2147483647";
+  expected.push_back(2147483647);
+  ApiRequest r;
+  ASSERT_FALSE(Parse(R"({"prompt": [)" + ids + R"(], "ignore_eos": true, "max_tokens": 8})",
+                     Endpoint::kCompletions, &r));
+  EXPECT_EQ(r.prompt_tokens, expected);
+  EXPECT_TRUE(r.prompt.empty());
+  EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(*r.max_tokens, 8);
+  for (const char* bad : {"[1, -1]", "[1, 2.5]", "[1, \"a\"]", "[1, [2]]", "[2147483648]"}) {
+    const ApiError e = Fails(std::string(R"({"prompt": )") + bad + R"(, "ignore_eos": true})",
+                             Endpoint::kCompletions);
+    EXPECT_EQ(e.param, "prompt") << bad;
+  }
+}
+
 TEST(ApiRequestTest, ErrorBodyHasOpenAiShape) {
   const nlohmann::json body =
       ErrorBody(ApiError{429, "full", "rate_limit_error", "", "queue_full"});

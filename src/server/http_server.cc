@@ -299,13 +299,26 @@ void HttpServer::Route() {
   });
   http.Handle("GET", "/metrics", Pool::kLight, [this](const http::Request&, http::Response& res) {
     res.content_type = "text/plain; version=0.0.4";
-    res.body = metrics_.Render();
+    res.body.clear();
+    if (!config_.weights_label.empty()) {
+      res.body = fmt::format(
+          "# {}\n# HELP shadowkv_synthetic_weights 1: the weights are random, not a trained "
+          "model's.\n# TYPE shadowkv_synthetic_weights gauge\nshadowkv_synthetic_weights 1\n",
+          config_.weights_label);
+    }
+    res.body += metrics_.Render();
   });
   http.Handle("GET", "/v1/models", Pool::kLight, [this](const http::Request&, http::Response& res) {
     Json model = {{"id", config_.model_id},
                   {"object", "model"},
                   {"created", started_},
-                  {"owned_by", "shadowkv"}};
+                  {"owned_by", "shadowkv"},
+                  {"vocab_size", model_.config().vocab_size},
+                  {"context_length", model_.config().context_length}};
+    if (!config_.weights_label.empty()) {
+      model["weights"] = "synthetic";
+      model["label"] = config_.weights_label;
+    }
     SendJson(res, 200, {{"object", "list"}, {"data", Json::array({model})}});
   });
 

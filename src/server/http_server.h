@@ -24,7 +24,10 @@ struct ServerConfig {
   // worker counts (generation_threads: generation requests at once, each open stream holding
   // one); port 0: any free port (see HttpServer::port).
   http::TransportOptions http;
-  std::string model_id;   // the name /v1/models reports
+  std::string model_id;  // the name /v1/models reports
+  // Not empty: the weights are not a trained model's (model/synthetic.h's label); /v1/models'
+  // entry and /metrics say so.
+  std::string weights_label;
   kv::KvPolicyConfig kv;  // server default; "kv_policy"/"kv_budget" override it per request
   engine::SchedulerOptions scheduler;
   ParseLimits limits;

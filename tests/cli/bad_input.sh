@@ -66,9 +66,15 @@ expect_error bad_shadowkv_kernels "shadowkv-kernels.*not in" "$bin" bench -m "$m
 expect_error synthetic_bench_cpu "needs --device cuda" "$bin" bench --synthetic llama3-8b --device cpu
 # Without --device, --synthetic takes the GPU path: a build without CUDA says so, a CUDA build
 # stops at the bad context before touching a GPU.
-expect_error synthetic_bench_default "without CUDA|not a number" "$bin" bench --synthetic llama3-8b --context 12x
+expect_error synthetic_bench_default "without CUDA|not a positive number" "$bin" bench --synthetic llama3-8b --context 12x
 expect_error tp_serve_cpu "needs --device cuda" "$bin" serve -m "$model" --tensor-parallel 2
 expect_error serve_pool_cpu "GPU's pool" "$bin" serve -m "$model" --ctx-size 512
+# serve --synthetic: GPU only, no model file, a known name; a build without CUDA says so (a CUDA
+# build refuses the KV policy first, before any GPU work).
+expect_error synthetic_serve_cpu "synthetic needs --device cuda" "$bin" serve --synthetic llama3-8b
+expect_error synthetic_serve_model "takes no model file" "$bin" serve --synthetic llama3-8b --device cuda -m "$model"
+expect_error synthetic_serve_name "no synthetic model 'gpt-5'.*llama3-8b" "$bin" serve --synthetic gpt-5 --device cuda
+expect_error synthetic_serve_build "without CUDA|full or shadowkv" "$bin" serve --synthetic llama3-8b --device cuda --kv snapkv
 expect_error serve_prefill_slots_full "prefill-slots sizes ShadowKV" "$bin" serve -m "$model" --device cuda --kv full --prefill-slots 2
 for command in generate bench eval serve; do
   expect_error "device_$command" "device: gpu not in \{cpu,cuda\}" "$bin" "$command" -m "$model" \

@@ -28,11 +28,12 @@ def check(condition, message):
 class Server:
     """`shadowkv serve` on 127.0.0.1 with --port 0; the port comes from its first output line."""
 
-    def __init__(self, binary, *args, startup_seconds=120):
+    def __init__(self, binary, *args, startup_seconds=120, weights=None):
+        """weights: the flags naming the model (default -m and the default model)."""
         self.log = tempfile.NamedTemporaryFile(prefix="shadowkv-serve-", suffix=".log",
                                                delete=False)
-        command = [binary, "serve", "-m", model_path(), "--host", "127.0.0.1", "--port", "0",
-                   *args]
+        weights = weights if weights is not None else ["-m", model_path()]
+        command = [binary, "serve", *weights, "--host", "127.0.0.1", "--port", "0", *args]
         print("e2e: starting", " ".join(command), flush=True)
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log,
                                         text=True)

@@ -1,7 +1,8 @@
 """bench/serve_bench.py end to end, briefly: a fixed-concurrency run comparing two KV policies
-on a server it starts itself, and a Poisson passkey run against a running server. Checks that
-the JSON's numbers agree with its own per-request records and that the PNG was drawn; no
-timing is asserted."""
+on a server it starts itself, a Poisson passkey run against a running server, and the token-id
+workload (prompts of exact lengths, ids below the vocabulary /v1/models reports or the one
+given). Checks that the JSON's numbers agree with its own per-request records and that the PNG
+was drawn; no timing is asserted."""
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ from harness import Server, check, finish, model_path, run_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "bench", "serve_bench.py")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from serve_bench import build_id_prompt  # noqa: E402
 OUTPUT_TOKENS = 12
 
 
@@ -97,6 +100,9 @@ def test_concurrency_two_policies(binary, work):
     with open(out) as f:
         result = json.load(f)
     check([s["exit_status"] for s in result["servers"]] == [0], "the server did not exit 0")
+    lines = result["servers"][0]["startup_lines"]
+    check(lines and lines[0].startswith("shadowkv serve: listening on http://127.0.0.1:"),
+          f"start-up lines {lines}")
     check([r["kv_policy"] for r in result["runs"]] == ["full", "shadowkv"], "runs")
     for run in result["runs"]:
         check_run(run, 6, scored=0)
@@ -127,6 +133,41 @@ def test_poisson_passkey(binary, work):
     check_png(os.path.join(work, "poisson_plot.png"))
 
 
+def test_prompt_ids(binary, work):
+    out = os.path.join(work, "ids.json")
+    with Server(binary, "--max-batch", "4") as server:
+        status, _, data = server.request("GET", "/v1/models")
+        check(status == 200, f"/v1/models: {status}")
+        vocab = json.loads(data)["data"][0]["vocab_size"]
+        check(isinstance(vocab, int) and vocab > 256, f"vocab_size {vocab}")
+        run_bench("--base-url", server.base_url, "--prompt-ids", "80", "--num-requests", "4",
+                  "--concurrency", "2", "--output-tokens", str(OUTPUT_TOKENS), "--json", out)
+        small = os.path.join(work, "ids_small.json")
+        run_bench("--base-url", server.base_url, "--prompt-ids", "40", "--vocab-size", "300",
+                  "--num-requests", "2", "--output-tokens", str(OUTPUT_TOKENS), "--json", small)
+        check(server.healthy(), "server unhealthy after the runs")
+    with open(out) as f:
+        result = json.load(f)
+    run = result["runs"][0]
+    check_run(run, 4, scored=0)
+    # The server counts exactly the ids sent: no BOS, no tokenizer.
+    check(all(r["prompt_tokens"] == 80 for r in run["records"]),
+          f"prompt tokens {[r['prompt_tokens'] for r in run['records']]}")
+    check(result["calibration"] == {"prompt_ids": 80, "vocab_size": vocab},
+          f"calibration {result['calibration']}")
+    check(result["settings"]["endpoint"] == "completions", "endpoint")
+    check(result["model_label"] is None, "a real model labelled synthetic")
+    with open(small) as f:
+        result = json.load(f)
+    check(result["calibration"]["vocab_size"] == 300, "--vocab-size ignored")
+    check_run(result["runs"][0], 2, scored=0)
+    # Seeded, per request, below the vocabulary.
+    a, b = build_id_prompt(1, 0, 500, 300), build_id_prompt(1, 1, 500, 300)
+    check(a.text == build_id_prompt(1, 0, 500, 300).text, "ids not reproducible")
+    check(a.text != b.text, "two requests share a prompt")
+    check(all(0 <= t < 300 for t in a.text + b.text), "ids outside the vocabulary")
+
+
 def test_bad_arguments(binary, work):
     done = run_bench("--concurrency", "0", expect_ok=False)
     check(done.returncode != 0 and "--concurrency" in done.stderr, "--concurrency 0 accepted")
@@ -136,13 +177,20 @@ def test_bad_arguments(binary, work):
     # Refused before any server starts: the binary is never run.
     done = run_bench("--binary", "/nonexistent", "--prompts-file", bad, expect_ok=False)
     check(done.returncode != 0 and "bad.jsonl:2" in done.stderr, f"bad file: {done.stderr}")
+    for args, needle in ((["--prompt-ids", "8", "--endpoint", "chat"], "only /v1/completions"),
+                         (["--prompt-ids", "0"], "--prompt-ids must be"),
+                         (["--vocab-size", "100"], "goes with --prompt-ids"),
+                         (["--synthetic", "llama3-8b", "--base-url", "http://127.0.0.1:1"],
+                          "--synthetic starts a server")):
+        done = run_bench("--binary", "/nonexistent", *args, expect_ok=False)
+        check(done.returncode != 0 and needle in done.stderr, f"{args}: {done.stderr[-500:]}")
 
 
 def main():
     binary = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="serve-bench-") as work:
         result = run_tests([test_bad_arguments, test_concurrency_two_policies,
-                            test_poisson_passkey], binary, work)
+                            test_poisson_passkey, test_prompt_ids], binary, work)
     finish(*result)
 
 

@@ -2,8 +2,10 @@
 concurrent completions beyond the GPU pool, streaming, greedy repeatability, refusals of other
 KV settings and of prompts past --ctx-size, /metrics, and a clean SIGTERM exit.
 
-Usage: python3 serve_check.py SHADOWKV_BINARY MODEL.gguf [serve flags...]
-Token-id prompts: any GGUF works (the tiny random models of the GPU tests included)."""
+Usage: python3 serve_check.py SHADOWKV_BINARY MODEL.gguf|synthetic:NAME [serve flags...]
+Token-id prompts: any GGUF works (the tiny random models of the GPU tests included), and so do
+random weights (synthetic:smollm2-135m: `serve --synthetic smollm2-135m`, whose /v1/models and
+/metrics must then say so)."""
 import json
 import os
 import random
@@ -15,6 +17,7 @@ from harness import Server, check, finish, run_tests  # noqa: E402
 
 CONTEXT = int(os.environ.get("SERVE_CHECK_CONTEXT", "1024"))  # --ctx-size on the GPU
 CUDA = "cuda" in sys.argv[3:]
+SYNTHETIC = len(sys.argv) > 2 and sys.argv[2].startswith("synthetic:")
 
 
 def completion(server, prompt, max_tokens, **extra):
@@ -80,6 +83,24 @@ def test_refusals(server):
     check(status == 400 and body["error"]["code"] == "context_length_exceeded", f"{status} {body}")
 
 
+def test_synthetic_weights_say_so(server):
+    status, _, data = server.request("GET", "/v1/models")
+    check(status == 200, f"/v1/models answered {status}")
+    entry = json.loads(data)["data"][0]
+    if CUDA:
+        check(entry["context_length"] == CONTEXT, f"context_length {entry['context_length']}")
+    status, _, metrics = server.request("GET", "/metrics")
+    check(status == 200, f"/metrics answered {status}")
+    if SYNTHETIC:
+        check(entry.get("weights") == "synthetic" and "SYNTHETIC" in entry.get("label", ""),
+              f"/v1/models entry {entry}")
+        check(server.metrics().get("shadowkv_synthetic_weights") == 1.0, "no synthetic series")
+        check(b"# SYNTHETIC WEIGHTS" in metrics, "no label in /metrics")
+    else:
+        check("weights" not in entry and "label" not in entry, f"/v1/models entry {entry}")
+        check(b"synthetic" not in metrics, "a real model's /metrics says synthetic")
+
+
 def test_metrics_count_the_tokens(server):
     values = server.metrics()
     generated = sum(v for k, v in values.items() if k.startswith("shadowkv_generated_tokens_total"))
@@ -88,10 +109,11 @@ def test_metrics_count_the_tokens(server):
 
 if __name__ == "__main__":
     binary, model = sys.argv[1], sys.argv[2]
-    os.environ["SHADOWKV_MODEL"] = model
+    weights = ["--synthetic", model.split(":", 1)[1]] if SYNTHETIC else ["-m", model]
     flags = ["--ctx-size", str(CONTEXT)] if CUDA else []
-    with Server(binary, *flags, *sys.argv[3:]) as server:
+    with Server(binary, *flags, *sys.argv[3:], weights=weights) as server:
         passed, failed = run_tests([test_concurrent_requests_beyond_the_pool,
                                     test_greedy_is_repeatable, test_streaming, test_refusals,
+                                    test_synthetic_weights_say_so,
                                     test_metrics_count_the_tokens], server)
     finish(passed, failed)

@@ -102,6 +102,8 @@ Result<BenchResult> RunBenchCase(CudaModelGroup& model, const BenchCase& c) {
   BenchResult r;
   r.context = c.context;
   SKV_ASSIGN_OR_RETURN(r.max_batch, LargestBatch(model, capacity, kReserveBytes));
+  SKV_ASSIGN_OR_RETURN(r.free_bytes, model.FreeDeviceBytes());
+  r.bounded_by_memory = r.max_batch < model.options().max_batch;
   r.batch = c.batch == 0 ? r.max_batch : c.batch;
   if (r.batch < 1 || r.batch > r.max_batch) {
     return Error(ErrorCode::kResourceExhausted,
@@ -172,6 +174,15 @@ std::vector<int> SpreadHostRows(const std::vector<int>& device_seqs,
   return order;
 }
 
+kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int64_t context) {
+  kv::KvPolicyConfig kv_config = settings;
+  kv_config.policy = "shadowkv";
+  if (kv_config.budget_tokens <= 0) {
+    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, context / 64));
+  }
+  return kv_config;
+}
+
 Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
                                                  const ShadowKvBenchCase& c) {
   using Clock = std::chrono::steady_clock;
@@ -191,11 +202,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     return Error(ErrorCode::kOutOfRange, "context {} plus {} decode steps exceeds the model's {}",
                  c.context, capacity - c.context, config.context_length);
   }
-  kv::KvPolicyConfig kv_config = c.settings;
-  kv_config.policy = "shadowkv";
-  if (kv_config.budget_tokens <= 0) {
-    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, c.context / 64));
-  }
+  const kv::KvPolicyConfig kv_config = ShadowKvBenchSettings(c.settings, c.context);
   model.FreeShadowKv();
   model.FreeKvCache();
   ShadowKvBenchResult r;
@@ -428,6 +435,8 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   for (size_t i = 1; i < r.runs.size(); ++i) {
     if (r.runs[i].decode_tokens_per_s > r.runs[r.best].decode_tokens_per_s) r.best = static_cast<int>(i);
   }
+  r.free_bytes = device_room + 2 * kReserveBytes;
+  r.bounded_by_memory = std::max(device_alone, mixed_total) < max_batch;
   return r;
 }
 

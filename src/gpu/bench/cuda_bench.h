@@ -30,6 +30,10 @@ struct BenchResult {
   int64_t context = 0;
   int batch = 0;
   int max_batch = 0;  // the largest batch whose KV cache fits beside the model, from free memory
+  // Whether device memory bounded max_batch (else the model's max_batch did), and the free
+  // device memory it was computed from.
+  bool bounded_by_memory = false;
+  int64_t free_bytes = 0;
   // One sequence's prompt, prefilled chunk by chunk; the other batch - 1 slots are copies of it
   // (decode speed does not depend on the values in the cache).
   double prefill_seconds = 0;
@@ -101,6 +105,10 @@ struct ShadowKvBenchResult {
   int rank = 0;
   int outlier_chunks = 0;
   int max_batch = 0;  // the most sequences one allocation admitted
+  // Whether memory (device, and pinned host for host-value sequences) bounded max_batch (else
+  // the model's max_batch did), and the device memory free for the sequences.
+  bool bounded_by_memory = false;
+  int64_t free_bytes = 0;
   double prefill_seconds = 0;   // full-attention prefill of one prompt (pre-RoPE keys kept)
   double compress_seconds = 0;  // factorisation + landmarks + outliers + value offload
   std::vector<ShadowKvBenchRun> runs;  // device values only; device + host values (if any)
@@ -112,6 +120,10 @@ struct ShadowKvBenchResult {
   int64_t value_bytes_per_sequence = 0;
   std::string note;  // e.g. why fewer sequences were admitted
 };
+
+// The settings a ShadowKV bench case of `context` tokens runs with: `settings` as policy
+// "shadowkv", and without a budget the bench's rule (the next power of two of context / 64).
+kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int64_t context);
 
 // Byte counts are the whole group's; floors are per GPU (the group's bytes over its GPUs).
 Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,

@@ -1,10 +1,15 @@
 #include "gpu/serving/cuda_serving_model.h"
 
+#include <algorithm>
+#include <limits>
+
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "gpu/tp/cuda_model_group.h"
+#include "model/synthetic.h"
+#include "ops/cuda/common/cuda_backend.h"
 
 namespace shadowkv::cuda {
 
@@ -87,9 +92,9 @@ class CudaServingModel::Policy final : public kv::KvPolicy {
   CudaServingModel* owner_;
 };
 
-Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Load(
-    const std::string& path, const CudaServingOptions& options) {
-  const CudaServingOptions& o = options;
+namespace {
+
+Status CheckServingOptions(const CudaServingOptions& o) {
   if (!kv::IsPolicy(o.kv, kv::PolicyKind::kFull) &&
       !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
     return Error(ErrorCode::kUnsupported,
@@ -98,66 +103,153 @@ Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Load(
                  o.kv.policy);
   }
   SKV_RETURN_IF_ERROR(o.kv.Validate());
-  if (o.max_batch < 1 || o.prefill_chunk < 1 || o.sequences < 1 || o.prefill_slots < 0 ||
-      o.context < 0) {
+  if (o.max_batch < 0 || o.max_batch > kMaxStepBatch || o.prefill_chunk < 1 || o.sequences < 0 ||
+      o.prefill_slots < 0 || o.context < 0) {
     return Error(ErrorCode::kInvalidArgument,
-                 "batch ({}), prefill chunk ({}) and sequences ({}) must be positive, prefill "
-                 "slots ({}) and context ({}) not negative",
-                 o.max_batch, o.prefill_chunk, o.sequences, o.prefill_slots, o.context);
+                 "batch ({}) must be in [0, {}], prefill chunk ({}) positive, sequences ({}), "
+                 "prefill slots ({}) and context ({}) not negative",
+                 o.max_batch, kMaxStepBatch, o.prefill_chunk, o.sequences, o.prefill_slots,
+                 o.context);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+template <typename MakeGroup>
+Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Assemble(
+    const CudaServingOptions& o, std::unique_ptr<gguf::GgufFile> file,
+    std::unique_ptr<Tokenizer> tokenizer, const ModelConfig& config, MakeGroup make_group) {
+  if (tokenizer->vocab_size() != config.vocab_size) {
+    return Error(ErrorCode::kCorrupt, "the tokenizer has {} tokens, the model {}",
+                 tokenizer->vocab_size(), config.vocab_size);
+  }
+  if (o.context > config.context_length) {
+    return Error(ErrorCode::kInvalidArgument, "a context of {} tokens is beyond the model's {}",
+                 o.context, config.context_length);
+  }
+  const int64_t context = o.context > 0 ? o.context : config.context_length;
+  const bool shadowkv = kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv);
+  // The step buffers and graphs are sized for the batch: with the batch following a pool sized
+  // from memory, for the most sequences that could fit (the pool is known only once the weights
+  // are in).
+  int batch = o.max_batch;
+  if (batch == 0 && o.sequences > 0) batch = std::min(o.sequences, kMaxStepBatch);
+  if (batch == 0) {
+    // The pool keeps every compressed sequence's values on the device (MakePool).
+    SKV_ASSIGN_OR_RETURN(const int64_t least,
+                         LeastSequenceBytes(config, context, shadowkv ? &o.kv : nullptr,
+                                            /*host_values=*/false, o.tensor_parallel));
+    SKV_ASSIGN_OR_RETURN(batch, BatchBoundBeforeLoad(least));
+  }
+  CudaModelOptions model_options;
+  model_options.max_batch = batch;
+  model_options.max_step_tokens = o.prefill_chunk + batch;
+  model_options.kernels = o.kernels;
   std::unique_ptr<CudaServingModel> m(new CudaServingModel());
   m->options_ = o;
-  SKV_ASSIGN_OR_RETURN(m->file_, gguf::GgufFile::Open(path));
-  SKV_ASSIGN_OR_RETURN(m->tokenizer_, Tokenizer::FromGguf(*m->file_));
-  CudaModelOptions model_options;
-  model_options.max_batch = o.max_batch;
-  model_options.max_step_tokens = o.prefill_chunk + o.max_batch;
-  model_options.kernels = o.kernels;
-  SKV_ASSIGN_OR_RETURN(m->group_, CudaModelGroup::Load(path, model_options, o.tensor_parallel));
+  m->file_ = std::move(file);
+  m->tokenizer_ = std::move(tokenizer);
+  SKV_ASSIGN_OR_RETURN(m->group_, make_group(model_options));
   m->config_ = m->group_->config();
-  if (m->tokenizer_->vocab_size() != m->config_.vocab_size) {
-    return Error(ErrorCode::kCorrupt, "the tokenizer of {} has {} tokens, the model {}", path,
-                 m->tokenizer_->vocab_size(), m->config_.vocab_size);
-  }
-  if (o.context > m->config_.context_length) {
-    return Error(ErrorCode::kInvalidArgument, "a context of {} tokens is beyond the model's {}",
-                 o.context, m->config_.context_length);
-  }
-  if (o.context > 0) m->config_.context_length = o.context;
+  m->config_.context_length = context;
   SKV_RETURN_IF_ERROR(m->MakePool());
+  m->max_batch_ = o.max_batch > 0 ? o.max_batch : std::min(m->sequences_, batch);
   return m;
+}
+
+Result<std::unique_ptr<CudaServingModel>> CudaServingModel::Load(
+    const std::string& path, const CudaServingOptions& options) {
+  SKV_RETURN_IF_ERROR(CheckServingOptions(options));
+  SKV_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::Open(path));
+  SKV_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromGguf(*file));
+  SKV_ASSIGN_OR_RETURN(const ModelConfig config, ModelConfig::FromGguf(*file));
+  return Assemble(options, std::move(file), std::move(tokenizer), config,
+                  [&](const CudaModelOptions& model_options) {
+                    return CudaModelGroup::Load(path, model_options, options.tensor_parallel);
+                  });
+}
+
+Result<std::unique_ptr<CudaServingModel>> CudaServingModel::CreateSynthetic(
+    const ModelConfig& config, const CudaServingOptions& options) {
+  SKV_RETURN_IF_ERROR(CheckServingOptions(options));
+  SKV_ASSIGN_OR_RETURN(auto file, SyntheticVocabularyFile(config.vocab_size));
+  SKV_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromGguf(*file));
+  ModelConfig shaped = config;
+  shaped.context_length = std::max(config.context_length, options.context);
+  return Assemble(options, std::move(file), std::move(tokenizer), shaped,
+                  [&](const CudaModelOptions& model_options) {
+                    return CudaModelGroup::CreateSynthetic(shaped, /*seed=*/1, model_options,
+                                                           options.tensor_parallel);
+                  });
 }
 
 Status CudaServingModel::MakePool() {
   const int64_t context = config_.context_length;
-  const int slots = shadowkv() && options_.prefill_slots > 0
-                        ? std::min(options_.prefill_slots, options_.sequences)
-                        : options_.sequences;
   // Keys and values, and for ShadowKV the pre-RoPE keys too (half as much again).
   const int64_t per_token = group_->KvBytesPerToken();
   slot_bytes_ = (shadowkv() ? per_token + per_token / 2 : per_token) * context;
+  if (shadowkv()) {
+    SKV_ASSIGN_OR_RETURN(auto bytes, group_->ShadowKvBytesPerSequence(options_.kv, context));
+    skv_bytes_ = bytes.first;
+    skv_value_bytes_ = bytes.second;
+  }
+  int sequences = options_.sequences;
+  int slots = shadowkv() && options_.prefill_slots > 0 ? options_.prefill_slots : sequences;
+  if (sequences == 0) {
+    // From memory, per GPU (each holds its ranks' share): full attention, every sequence a
+    // slot; ShadowKV, the prompt slots first, then compressed sequences whose values all fit in
+    // device memory (pinned host memory stays the fallback when fragmentation says otherwise).
+    SKV_ASSIGN_OR_RETURN(const int64_t free_bytes, group_->FreeDeviceBytes());
+    SKV_ASSIGN_OR_RETURN(const DeviceInfo device, QueryDevice());
+    const int64_t devices = group_->num_devices();
+    const int64_t room = free_bytes - kPoolReserveBytes;
+    const int64_t slot_share = slot_bytes_ / devices;
+    int64_t fits = 0;
+    if (!shadowkv()) {
+      fits = room > 0 ? room / slot_share : 0;
+    } else {
+      if (options_.prefill_slots == 0) slots = kDefaultPrefillSlots;
+      const int64_t left = room - slots * slot_share;
+      fits = left > 0 ? left / ((skv_bytes_ + skv_value_bytes_) / devices) : 0;
+    }
+    if (fits < 1) {
+      return Error(ErrorCode::kResourceExhausted,
+                   "no sequence of {} tokens fits in the {:.1f} GiB of device memory left after "
+                   "the weights and step buffers (a full-cache slot takes {:.2f} GiB{}, {:.1f} "
+                   "GiB stay free); lower --ctx-size{}",
+                   context, free_bytes / kGiB, slot_share / kGiB,
+                   shadowkv() ? fmt::format(", {} of them, and a ShadowKV sequence {:.2f} GiB",
+                                            slots, (skv_bytes_ + skv_value_bytes_) / devices / kGiB)
+                              : "",
+                   kPoolReserveBytes / kGiB, shadowkv() ? " or --prefill-slots" : "");
+    }
+    sequences = static_cast<int>(std::min<int64_t>(fits, std::numeric_limits<int>::max() / 2));
+    bound_ = MemoryBoundText(sequences, "sequences", free_bytes, device.total_bytes);
+  }
+  slots = std::min(slots, sequences);
+  sequences_ = sequences;
   num_slots_ = slots;
   auto advice = [&](const Status& s) {
     return Error(s.code(),
                  "the GPU pool of {} sequences of {} tokens does not fit ({}); lower "
                  "--max-seqs{} or --ctx-size",
-                 options_.sequences, context, s.message(), shadowkv() ? ", --prefill-slots" : "");
+                 sequences, context, s.message(), shadowkv() ? ", --prefill-slots" : "");
   };
   if (Status s = group_->AllocateKvCache(slots, context, shadowkv()); !s.ok()) return advice(s);
   if (shadowkv()) {
-    SKV_ASSIGN_OR_RETURN(auto bytes, group_->ShadowKvBytesPerSequence(options_.kv, context));
-    skv_bytes_ = bytes.first;
-    skv_value_bytes_ = bytes.second;
-    if (Status s = group_->AllocateShadowKv(options_.kv, options_.sequences, context); !s.ok()) {
+    if (Status s = group_->AllocateShadowKv(options_.kv, sequences, context); !s.ok()) {
       return advice(s);
     }
-    for (int i = options_.sequences - 1; i >= 0; --i) free_sequences_.push_back(i);
+    for (int i = sequences - 1; i >= 0; --i) free_sequences_.push_back(i);
   }
   for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
   return Status::Ok();
 }
 
 CudaServingModel::~CudaServingModel() = default;
+
+bool CudaServingModel::synthetic() const { return group_->synthetic(); }
 
 std::string CudaServingModel::device() const {
   const int ranks = group_->size();
@@ -171,13 +263,15 @@ std::string CudaServingModel::Describe() const {
   std::string text = fmt::format(
       "{} sequences of up to {} tokens, {} full-cache slots ({:.2f} "
       "GiB each)",
-      options_.sequences, context, num_slots_, slot_bytes_ / kGiB);
+      sequences_, context, num_slots_, slot_bytes_ / kGiB);
   if (shadowkv()) {
     text += fmt::format(
         "; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
         "memory while it lasts, then pinned host memory)",
         skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
   }
+  text += fmt::format("; batch {}", max_batch_);
+  if (!bound_.empty()) text += fmt::format(" ({})", bound_);
   return text;
 }
 

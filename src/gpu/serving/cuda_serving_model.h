@@ -25,6 +25,7 @@
 #include "core/status.h"
 #include "engine/serving_model.h"
 #include "gpu/model/cuda_model.h"
+#include "gpu/serving/pool_memory.h"
 #include "kv/kv_config.h"
 #include "kv/policies.h"
 #include "model/tensor_parallel.h"
@@ -35,14 +36,22 @@ class CudaModelGroup;
 
 struct CudaServingOptions {
   kv::KvPolicyConfig kv;    // the one setting served: policy "full" or "shadowkv"
-  int max_batch = 16;       // sequences in one step (the scheduler's batch)
+  int max_batch = 16;       // sequences in one step (the scheduler's batch); 0: the pool's size
   int prefill_chunk = 512;  // prompt tokens per step
-  int sequences = 16;       // sequences held at once, running or kept for reuse
-  int prefill_slots = 0;    // shadowkv: full-cache slots for prompts (0: as many as sequences)
-  int64_t context = 0;      // tokens per sequence, prompt plus new ones (0: the model's)
+  // Sequences held at once, running or kept for reuse; 0: as many as the device memory left
+  // after the weights, the step buffers and kPoolReserveBytes holds (see MakePool).
+  int sequences = 16;
+  // ShadowKV: full-cache slots for prompts; 0: as many as sequences, or with sequences = 0,
+  // kDefaultPrefillSlots.
+  int prefill_slots = 0;
+  int64_t context = 0;  // tokens per sequence, prompt plus new ones (0: the model's)
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;
 };
+
+// ShadowKV prompt slots of a pool sized from memory: one prompt prefills while another's
+// compression or a short prompt's exact decode holds the other.
+inline constexpr int kDefaultPrefillSlots = 2;
 
 class CudaServingModel final : public engine::ServingModel {
  public:
@@ -51,6 +60,11 @@ class CudaServingModel final : public engine::ServingModel {
   // other than full and shadowkv.
   static Result<std::unique_ptr<CudaServingModel>> Load(const std::string& path,
                                                         const CudaServingOptions& options);
+  // Random weights with `config`'s shapes (model/synthetic.h) and the synthetic vocabulary of
+  // its size: throughput only, every output made with it must say so. A context beyond the
+  // config's is allowed (random weights were never trained to a length).
+  static Result<std::unique_ptr<CudaServingModel>> CreateSynthetic(
+      const ModelConfig& config, const CudaServingOptions& options);
   ~CudaServingModel() override;
 
   const ModelConfig& config() const override { return config_; }
@@ -61,8 +75,12 @@ class CudaServingModel final : public engine::ServingModel {
   Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(const kv::KvPolicyConfig& config) const override;
   Status Step(std::span<const engine::StepRow> rows, std::span<int32_t> next_tokens) override;
 
-  // The pool in words (sequences, context, device and host memory), for the start-up line.
+  // The pool in words (sequences, context, device and host memory, what bounded it), for the
+  // start-up line.
   std::string Describe() const;
+  int max_batch() const { return max_batch_; }  // the batch the pool was made for
+  int sequences() const { return sequences_; }
+  bool synthetic() const;
   CudaModelGroup& group() { return *group_; }
 
   class Sequence;
@@ -70,6 +88,14 @@ class CudaServingModel final : public engine::ServingModel {
  private:
   class Policy;
   CudaServingModel() = default;
+  // Load and CreateSynthetic past their own parts: checks, the group made by `make_group` with
+  // step buffers for the batch, then the pool.
+  template <typename MakeGroup>
+  static Result<std::unique_ptr<CudaServingModel>> Assemble(const CudaServingOptions& options,
+                                                            std::unique_ptr<gguf::GgufFile> file,
+                                                            std::unique_ptr<Tokenizer> tokenizer,
+                                                            const ModelConfig& config,
+                                                            MakeGroup make_group);
   Status MakePool();
   Result<std::unique_ptr<kv::SequenceKv>> NewSequence();
   void Release(Sequence& sequence);
@@ -83,6 +109,9 @@ class CudaServingModel final : public engine::ServingModel {
   std::unique_ptr<CudaModelGroup> group_;
   ModelConfig config_;           // the model's, with context_length = the served context
   int num_slots_ = 0;            // full-cache slots in the pool
+  int sequences_ = 0;            // sequences in the pool
+  int max_batch_ = 0;            // sequences in one step
+  std::string bound_;            // what bounded a pool sized from memory
   int64_t slot_bytes_ = 0;       // device bytes of one full-cache slot
   int64_t skv_bytes_ = 0;        // device bytes of one ShadowKV sequence without values
   int64_t skv_value_bytes_ = 0;  // and of its values
