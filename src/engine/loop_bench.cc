@@ -46,6 +46,13 @@ class StepTotals : public EngineObserver {
   int64_t steps_ = 0;
 };
 
+Result<std::shared_ptr<SequenceHandle>> Admitted(SubmitResult s) {
+  if (s.code == SubmitResult::Code::kOk) return std::move(s.handle);
+  return Error(s.code == SubmitResult::Code::kTooLarge ? ErrorCode::kResourceExhausted
+                                                       : ErrorCode::kInvalidArgument,
+               "{}", s.message);
+}
+
 Status EndStatus(const SequenceHandle& handle, const char* what) {
   if (handle.end_reason() == EndReason::kLength) return Status::Ok();
   if (!handle.status().ok()) return handle.status();
@@ -85,15 +92,7 @@ Result<LoopBenchResult> RunLoopBench(ServingModel& model, const kv::KvPolicy& po
     r.reuse = c.shared_prompt;
     return r;
   };
-  auto submit = [&](SequenceRequest r) -> Result<std::shared_ptr<SequenceHandle>> {
-    SubmitResult s = scheduler.Submit(std::move(r));
-    if (s.code != SubmitResult::Code::kOk) {
-      return Error(s.code == SubmitResult::Code::kTooLarge ? ErrorCode::kResourceExhausted
-                                                           : ErrorCode::kInvalidArgument,
-                   "{}", s.message);
-    }
-    return s.handle;
-  };
+
   std::vector<int32_t> tokens;
   std::vector<Clock::time_point> pushed;
   auto wait_end = [&](SequenceHandle& h) {
@@ -105,18 +104,23 @@ Result<LoopBenchResult> RunLoopBench(ServingModel& model, const kv::KvPolicy& po
   result.batch = c.batch;
   if (c.shared_prompt) {
     const Clock::time_point start = Clock::now();
-    SKV_ASSIGN_OR_RETURN(auto warm, submit(request(shared, 1)));
+    SKV_ASSIGN_OR_RETURN(auto warm, Admitted(scheduler.Submit(request(shared, 1))));
     wait_end(*warm);
     SKV_RETURN_IF_ERROR(EndStatus(*warm, "shared prompt's prefill"));
     result.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   totals.Reset();
   const Clock::time_point start = Clock::now();
-  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  // Queued at once, so that the loop admits them together.
+  std::vector<SequenceRequest> batch;
   for (int i = 0; i < c.batch; ++i) {
     std::vector<int32_t> prompt = shared;
     prompt.push_back(token(rng));
-    SKV_ASSIGN_OR_RETURN(auto h, submit(request(std::move(prompt), c.gen_tokens)));
+    batch.push_back(request(std::move(prompt), c.gen_tokens));
+  }
+  std::vector<std::shared_ptr<SequenceHandle>> handles;
+  for (SubmitResult& s : scheduler.SubmitAll(std::move(batch))) {
+    SKV_ASSIGN_OR_RETURN(auto h, Admitted(std::move(s)));
     handles.push_back(std::move(h));
   }
   std::vector<std::vector<Clock::time_point>> times(c.batch);

@@ -99,7 +99,7 @@ Scheduler::Scheduler(ServingModel& model, SchedulerOptions options, EngineObserv
 
 Scheduler::~Scheduler() { Shutdown(std::chrono::milliseconds(0)); }
 
-SubmitResult Scheduler::Submit(SequenceRequest request) {
+SubmitResult Scheduler::Check(const SequenceRequest& request) const {
   SubmitResult result;
   using Code = SubmitResult::Code;
   const int64_t context = model_.config().context_length;
@@ -120,28 +120,44 @@ SubmitResult Scheduler::Submit(SequenceRequest request) {
         "more than the server's limits ({} and {} bytes; 0 = none)",
         total, need.fast_bytes, need.slow_bytes, options_.fast_memory_limit,
         options_.slow_memory_limit);
-    return result;
   }
-  auto handle = std::make_shared<SequenceHandle>();
-  handle->prompt_tokens_ = static_cast<int64_t>(request.prompt.size());
+  return result;
+}
+
+SubmitResult Scheduler::Submit(SequenceRequest request) {
+  std::vector<SequenceRequest> one;
+  one.push_back(std::move(request));
+  return std::move(SubmitAll(std::move(one)).front());
+}
+
+std::vector<SubmitResult> Scheduler::SubmitAll(std::vector<SequenceRequest> requests) {
+  using Code = SubmitResult::Code;
+  std::vector<SubmitResult> results;
+  for (const SequenceRequest& request : requests) results.push_back(Check(request));
   {
     std::lock_guard lock(mutex_);
-    if (!accepting_) {
-      result.code = Code::kShuttingDown;
-      result.message = "the server is shutting down";
-      return result;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      SubmitResult& result = results[i];
+      if (result.code != Code::kOk) continue;
+      if (!accepting_) {
+        result.code = Code::kShuttingDown;
+        result.message = "the server is shutting down";
+        continue;
+      }
+      if (static_cast<int>(waiting_.size()) >= options_.max_queue) {
+        result.code = Code::kQueueFull;
+        result.message = fmt::format("the request queue is full ({} waiting)", waiting_.size());
+        continue;
+      }
+      auto handle = std::make_shared<SequenceHandle>();
+      handle->prompt_tokens_ = static_cast<int64_t>(requests[i].prompt.size());
+      waiting_.push_back(Waiting{std::move(requests[i]), handle, Clock::now()});
+      result.handle = std::move(handle);
     }
-    if (static_cast<int>(waiting_.size()) >= options_.max_queue) {
-      result.code = Code::kQueueFull;
-      result.message = fmt::format("the request queue is full ({} waiting)", waiting_.size());
-      return result;
-    }
-    waiting_.push_back(Waiting{std::move(request), handle, Clock::now()});
     gauges_.queue_depth = static_cast<int64_t>(waiting_.size());
   }
   cv_.notify_all();
-  result.handle = std::move(handle);
-  return result;
+  return results;
 }
 
 void Scheduler::Shutdown(std::chrono::milliseconds grace) {

@@ -110,6 +110,9 @@ class Scheduler {
   ~Scheduler();
 
   SubmitResult Submit(SequenceRequest request);
+  // Several requests queued at once (admitted together while the batch has room), each
+  // answered as Submit would.
+  std::vector<SubmitResult> SubmitAll(std::vector<SequenceRequest> requests);
   // Stops admitting, lets running and queued requests finish for up to `grace`, ends the rest
   // (kShutdown) and joins the loop thread. Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
@@ -128,6 +131,7 @@ class Scheduler {
     Clock::time_point arrival;
   };
 
+  SubmitResult Check(const SequenceRequest& request) const;  // kOk, or why it can never run
   void Loop();
   void Admit();  // under mutex_
   void EndExpired(Clock::time_point now);
