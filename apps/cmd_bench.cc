@@ -25,6 +25,7 @@
 #ifdef SHADOWKV_HAVE_CUDA
 #include "gpu/bench/cuda_bench.h"
 #include "gpu/model/cuda_model.h"
+#include "gpu/serving/cuda_serving_model.h"
 #include "gpu/serving/pool_memory.h"
 #include "gpu/tp/cuda_model_group.h"
 #include "model/synthetic.h"
@@ -48,6 +49,7 @@ struct BenchOptions {
   std::string synthetic;        // cuda only: random weights with a named model's shapes
   int max_batch = 0;            // cuda only: the largest batch "auto" may pick (0: memory's)
   bool host_values = true;      // cuda shadowkv: also values in pinned host memory
+  bool engine_loop = true;      // cuda: each case also through the engine loop
   int max_host_sequences = -1;  // cuda shadowkv: at most this many sequences with host values
   TensorParallelOptions tensor_parallel;  // cuda only
 };
@@ -291,11 +293,17 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
   if (!config.ok()) return Fail(config.status().ToString());
   auto step_batch = StepBatchOf(o, *config, *contexts, *batches, policies, tensor_parallel);
   if (!step_batch.ok()) return Fail(step_batch.status().ToString());
-  cuda::CudaModelOptions options;
-  options.max_batch = *step_batch;
-  options.max_step_tokens = std::max(o.prefill_chunk, options.max_batch);
-  options.kernels = KernelOptionsFromFlags();
-  Result<std::unique_ptr<cuda::CudaModelGroup>> model_or = Status(ErrorCode::kInternal, "unset");
+  // One serving model: its group runs the step-level cases directly, and the engine-loop case
+  // of each remakes the serving pool for its policy, batch and context.
+  cuda::CudaServingOptions serving_options;
+  serving_options.max_batch = *step_batch;
+  serving_options.prefill_chunk = o.prefill_chunk;
+  serving_options.sequences = 1;  // a small first pool; every case makes its own
+  serving_options.context = std::min<int64_t>(o.prefill_chunk, config->context_length);
+  serving_options.tensor_parallel = tensor_parallel;
+  serving_options.kernels = KernelOptionsFromFlags();
+  Result<std::unique_ptr<cuda::CudaServingModel>> serving_or =
+      Status(ErrorCode::kInternal, "unset");
   if (synthetic) {
     // Random weights were never trained to a context length, and RoPE rotates any position:
     // the named model's limit gives way to the longest context asked for (e.g. Llama-3-8B's
@@ -307,12 +315,69 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                    static_cast<long long>(config->context_length), static_cast<long long>(needed));
       config->context_length = needed;
     }
-    model_or = cuda::CudaModelGroup::CreateSynthetic(*config, 1, options, tensor_parallel);
+    serving_or = cuda::CudaServingModel::CreateSynthetic(*config, serving_options);
   } else {
-    model_or = cuda::CudaModelGroup::Load(model_path, options, tensor_parallel);
+    serving_or = cuda::CudaServingModel::Load(model_path, serving_options);
   }
-  if (!model_or.ok()) return Fail(model_or.status().ToString());
-  cuda::CudaModelGroup& model = **model_or;
+  if (!serving_or.ok()) return Fail(serving_or.status().ToString());
+  cuda::CudaServingModel& serving = **serving_or;
+  cuda::CudaModelGroup& model = serving.group();
+  // The same case through the engine loop (the server's, without HTTP): decode while every
+  // request decodes. A pool that does not fit the case's batch beside its prompt slot is tried
+  // with fewer sequences.
+  auto engine_loop = [&](const kv::KvPolicyConfig& kv, int64_t context,
+                         int batch) -> Result<engine::LoopBenchResult> {
+    const bool shadowkv = kv::IsPolicy(kv, kv::PolicyKind::kShadowKv);
+    Status made = Status::Ok();
+    for (int tries = 0; tries < 4 && batch > 0; ++tries, --batch) {
+      made = serving.RemakePool(kv, batch, shadowkv ? 1 : 0, context + o.gen_tokens + 1);
+      if (made.code() != ErrorCode::kResourceExhausted) break;
+    }
+    SKV_RETURN_IF_ERROR(made);
+    SKV_ASSIGN_OR_RETURN(auto policy, serving.MakePolicy(kv));
+    engine::LoopBenchCase c;
+    c.context = context;
+    c.batch = batch;
+    c.gen_tokens = o.gen_tokens;
+    c.prefill_chunk = o.prefill_chunk;
+    auto result = engine::RunLoopBench(serving, *policy, c);
+    // The next case's step-level run sizes its own cache from free memory.
+    SKV_RETURN_IF_ERROR(serving.RemakePool(kv::KvPolicyConfig{}, 1, 0,
+                                           std::min<int64_t>(o.prefill_chunk, context)));
+    return result;
+  };
+  auto print_loop = [&](const std::string& policy, int64_t context, int step_batch_used,
+                        double step_tokens_per_s, const Result<engine::LoopBenchResult>& loop,
+                        nlohmann::json* row) {
+    if (!loop.ok()) {
+      std::printf("         engine loop: -- %s\n", loop.status().ToString().c_str());
+      (*row)["engine_loop_error"] = loop.status().ToString();
+      return;
+    }
+    const engine::LoopBenchResult& l = loop.value();
+    std::printf(
+        "%-8s %7lld %5d  engine loop: %.1f tok/s decode (%.0f%% of the step loop's %.1f at "
+        "batch %d), ITL p50 %.2f ms; per decode step %.2f ms (model %.2f, schedule %.3f, "
+        "publish %.3f)%s\n",
+        policy.c_str(), static_cast<long long>(context), l.batch, l.steady_tokens_per_s,
+        100.0 * l.steady_tokens_per_s / std::max(step_tokens_per_s, 1e-9), step_tokens_per_s,
+        step_batch_used, l.steady_itl_p50_ms, l.step_ms, l.model_ms, l.schedule_ms, l.publish_ms,
+        l.forked ? "" : "; the prompt was not shared by copies");
+    std::fflush(stdout);
+    (*row)["engine_loop"] = {
+        {"batch", l.batch},
+        {"decode_tokens_per_s", l.steady_tokens_per_s},
+        {"itl_p50_ms", l.steady_itl_p50_ms},
+        {"whole_run_tokens_per_s", l.whole_tokens_per_s},
+        {"prompt_shared_by_copies", l.forked},
+        {"shared_prefill_seconds", l.prefill_seconds},
+        {"step_ms", l.step_ms},
+        {"model_ms", l.model_ms},
+        {"schedule_ms", l.schedule_ms},
+        {"publish_ms", l.publish_ms},
+        {"hit_rate", l.hit_rate},
+        {"of_step_loop", l.steady_tokens_per_s / std::max(step_tokens_per_s, 1e-9)}};
+  };
 
   const std::string label = synthetic ? std::string(kSyntheticLabel) : std::string();
   if (synthetic) std::printf("*** %s ***\n", label.c_str());
@@ -474,6 +539,10 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
               r.compress_seconds, 100.0 * r.compress_seconds / r.prefill_seconds,
               r.device_bytes_per_sequence / kGiB, r.value_bytes_per_sequence / kGiB,
               r.gpu_bytes_used / kGiB, r.host_bytes / kGiB));
+          if (o.engine_loop) {
+            print_loop(policy, context, top.batch, top.decode_tokens_per_s,
+                       engine_loop(*variant, context, top.batch), &row);
+          }
           rows.push_back(row);
           continue;
         }
@@ -526,6 +595,10 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                     {"floor_bytes_per_step", r.floor_bytes},
                     {"floor_step_ms", r.floor_step_ms},
                     {"floor_tokens_per_s", r.floor_tokens_per_s}});
+        if (o.engine_loop) {
+          print_loop(policy, context, r.batch, r.decode_tokens_per_s,
+                     engine_loop(kv::KvPolicyConfig{}, context, r.batch), &row);
+        }
         rows.push_back(row);
       }
     }
@@ -604,6 +677,10 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
   cmd.add_flag("--host-values,!--no-host-values", o.host_values,
                "cuda shadowkv: --batch auto also measures larger batches whose extra sequences "
                "keep their values in pinned host memory")
+      ->capture_default_str();
+  cmd.add_flag("--engine-loop,!--no-engine-loop", o.engine_loop,
+               "cuda: each case also decodes through the engine loop (the server's loop without "
+               "HTTP: one shared prompt prefilled once, copied to the batch)")
       ->capture_default_str();
   cmd.add_option("--max-host-sequences", o.max_host_sequences,
                  "cuda shadowkv: at most this many sequences with values in pinned host memory "

@@ -279,6 +279,58 @@ def steady_state(records, decoders):
             "itl_count": len(gaps)}, None
 
 
+# The engine loop's and the handlers' time counters in /metrics (docs/SERVER.md, Metrics).
+STEP_SERIES = re.compile(
+    r'^(shadowkv_engine_steps_total|shadowkv_engine_step_rows_total|'
+    r'shadowkv_engine_step_seconds_total|shadowkv_handler_seconds_total|'
+    r'shadowkv_handler_wakeups_total|shadowkv_handler_tokens_total)(\{[^}]*\})? (\S+)$')
+
+
+def scrape_step_counters(base_url):
+    """{series{labels}: value} of the loop's and handlers' counters; {} when unreadable."""
+    try:
+        with urllib.request.urlopen(base_url + "/metrics", timeout=30) as reply:
+            text = reply.read().decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError):
+        return {}
+    counters = {}
+    for line in text.splitlines():
+        match = STEP_SERIES.match(line)
+        if match:
+            counters[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return counters
+
+
+def step_breakdown(before, after):
+    """Per engine step and per handed-out token, from two scrapes around a run."""
+    def delta(key):
+        return after.get(key, 0.0) - before.get(key, 0.0)
+    steps = delta('shadowkv_engine_steps_total{kind="all"}')
+    decode_steps = delta('shadowkv_engine_steps_total{kind="decode_only"}')
+    if steps <= 0:
+        return None
+    phase = 'shadowkv_engine_step_seconds_total{{phase="{}"}}'
+    handler = 'shadowkv_handler_seconds_total{{phase="{}"}}'
+    wakeups = delta("shadowkv_handler_wakeups_total")
+    tokens = delta("shadowkv_handler_tokens_total")
+    return {
+        "steps": steps, "decode_only_steps": decode_steps,
+        "rows_per_step": delta("shadowkv_engine_step_rows_total") / steps,
+        "schedule_ms_per_step": 1000 * delta(phase.format("schedule")) / steps,
+        "model_ms_per_step": 1000 * delta(phase.format("model")) / steps,
+        "publish_ms_per_step": 1000 * delta(phase.format("publish")) / steps,
+        "model_ms_per_decode_only_step": (1000 * delta(phase.format("model_decode_only")) /
+                                          decode_steps) if decode_steps > 0 else None,
+        "handoff_ms_per_wakeup": (1000 * delta(handler.format("handoff")) / wakeups)
+        if wakeups > 0 else None,
+        "tokens_per_wakeup": tokens / wakeups if wakeups > 0 else None,
+        "detokenize_us_per_token": (1e6 * delta(handler.format("detokenize")) / tokens)
+        if tokens > 0 else None,
+        "write_us_per_token": (1e6 * delta(handler.format("write")) / tokens)
+        if tokens > 0 else None,
+    }
+
+
 def summarize(records, args):
     ok = [r for r in records if r["status"] == "200"]
     errors = {}
@@ -349,6 +401,17 @@ def print_summary(policy, s):
                       ("E2E", "e2e_s")):
         d = s[key]
         print(f"  | {name} | {ms(d['mean'])} | {ms(d['p50'])} | {ms(d['p90'])} | {ms(d['p99'])} |")
+    b = s.get("engine_steps")
+    if b:
+        print(f"  engine loop: {b['steps']:.0f} steps ({b['decode_only_steps']:.0f} decode-only), "
+              f"{b['rows_per_step']:.1f} rows/step; ms per step: schedule "
+              f"{b['schedule_ms_per_step']:.3f}, model {b['model_ms_per_step']:.2f} (decode-only "
+              f"{number(b['model_ms_per_decode_only_step'])}), publish "
+              f"{b['publish_ms_per_step']:.3f}; handlers: handoff "
+              f"{number(b['handoff_ms_per_wakeup'], 3)} ms per wake-up "
+              f"({number(b['tokens_per_wakeup'], 1)} tokens), detokenize "
+              f"{number(b['detokenize_us_per_token'], 1)} us and write "
+              f"{number(b['write_us_per_token'], 1)} us per token")
     if s["errors_by_status"]:
         print(f"  errors by status: {s['errors_by_status']}")
     if s["share_right"] is not None:
@@ -508,8 +571,10 @@ async def bench(args, file_prompts, base_url, policies):
                    for i in range(args.num_requests)]
     runs = []
     for policy in policies:
+        before = scrape_step_counters(base_url)
         records = await run_policy(client, args, model, prompts, policy)
         summary = summarize(records, args)
+        summary["engine_steps"] = step_breakdown(before, scrape_step_counters(base_url))
         print_summary(policy or "server", summary)
         runs.append({"kv_policy": policy or "server", "base_url": base_url, "summary": summary,
                      "records": records})

@@ -2,6 +2,7 @@
 // from the device memory left after the model (sequences = 0), with the batch following them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <span>
@@ -75,13 +76,18 @@ TEST(CudaServingPoolTest, SyntheticModelServesItsVocabularyAndSaysSo) {
   const std::vector<int32_t> prompt = m.tokenizer().Encode("random words", false, false);
   // NaN first: every entry must be written.
   std::vector<float> logits(m.config().vocab_size, std::nanf(""));
-  StepInput in;
+  engine::StepRow in;
   in.kv = sequence->get();
   in.tokens = prompt;
   in.finish_prefill = true;
   in.logits_out = logits.data();
-  ASSERT_TRUE(m.Forward(std::span<const StepInput>(&in, 1)).ok());
+  const SamplingParams greedy;
+  in.sampling = &greedy;
+  int32_t next = -1;
+  ASSERT_TRUE(m.Step(std::span<const engine::StepRow>(&in, 1), std::span<int32_t>(&next, 1)).ok());
   for (float value : logits) ASSERT_TRUE(std::isfinite(value));
+  // The token drawn on the device is the argmax of the logits that came back.
+  EXPECT_EQ(next, std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 TEST(CudaServingPoolTest, SyntheticContextMayPassTheNamedModels) {

@@ -1,11 +1,9 @@
 #include "gpu/serving/cuda_serving_model.h"
 
-#include <algorithm>
-#include <limits>
-
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "gpu/tp/cuda_model_group.h"
 #include "model/synthetic.h"
@@ -244,6 +242,46 @@ Status CudaServingModel::MakePool() {
     for (int i = sequences - 1; i >= 0; --i) free_sequences_.push_back(i);
   }
   for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
+  return Status::Ok();
+}
+
+Status CudaServingModel::RemakePool(const kv::KvPolicyConfig& kv, int sequences, int prefill_slots,
+                                    int64_t context) {
+  {
+    std::lock_guard lock(mutex_);
+    const size_t held_slots = static_cast<size_t>(num_slots_) - free_slots_.size();
+    const size_t held_sequences =
+        shadowkv() ? static_cast<size_t>(sequences_) - free_sequences_.size() : 0;
+    if (held_slots != 0 || held_sequences != 0) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "the GPU pool is remade only when no sequence is alive ({} slots and {} "
+                   "ShadowKV sequences are)",
+                   held_slots, held_sequences);
+    }
+  }
+  if (!kv::IsPolicy(kv, kv::PolicyKind::kFull) && !kv::IsPolicy(kv, kv::PolicyKind::kShadowKv)) {
+    return Error(ErrorCode::kUnsupported, "--device cuda serves full or shadowkv, not '{}'",
+                 kv.policy);
+  }
+  SKV_RETURN_IF_ERROR(kv.Validate());
+  if (sequences < 0 || prefill_slots < 0 || context < 1 ||
+      context > group_->config().context_length) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "a pool of {} sequences ({} prompt slots) of {} tokens: the context must be in "
+                 "[1, {}]",
+                 sequences, prefill_slots, context, group_->config().context_length);
+  }
+  group_->FreeKvCache();
+  group_->FreeShadowKv();
+  free_slots_.clear();
+  free_sequences_.clear();
+  bound_.clear();
+  options_.kv = kv;
+  options_.sequences = sequences;
+  options_.prefill_slots = prefill_slots;
+  config_.context_length = context;
+  SKV_RETURN_IF_ERROR(MakePool());
+  if (options_.max_batch == 0) max_batch_ = std::min(sequences_, group_->options().max_batch);
   return Status::Ok();
 }
 

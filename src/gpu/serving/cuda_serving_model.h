@@ -82,6 +82,11 @@ class CudaServingModel final : public engine::ServingModel {
   int sequences() const { return sequences_; }
   bool synthetic() const;
   CudaModelGroup& group() { return *group_; }
+  // Frees the pool and makes one for other settings (bench cases, which also use group()
+  // directly between pools). kInvalidArgument while any of its sequences is alive; the
+  // context must be within the model's.
+  Status RemakePool(const kv::KvPolicyConfig& kv, int sequences, int prefill_slots,
+                    int64_t context);
 
   class Sequence;
 
