@@ -89,6 +89,13 @@ def build_id_prompt(seed, index, length, vocab_size):
     return Prompt([rng.randrange(vocab_size) for _ in range(length)])
 
 
+def build_shared_id_prompt(seed, index, length, vocab_size):
+    """`length` token ids of which all but the last are the same for every request (one shared
+    prompt, as a long system prompt or document), the last from (seed, index)."""
+    shared = build_id_prompt(seed, "shared", length - 1, vocab_size).text
+    return Prompt(shared + [random.Random(f"last:{seed}:{index}").randrange(vocab_size)])
+
+
 def build_prompt(workload, endpoint, seed, index, units):
     rng = random.Random(f"{seed}:{index}")
     if workload == "passkey":
@@ -166,8 +173,9 @@ def error_status(error):
     return type(error).__name__
 
 
-async def stream_request(client, args, model, prompt, index, kv_policy, clock):
-    """Streams one request; returns its record (times in seconds from the run's start)."""
+async def stream_request(client, args, model, prompt, index, kv_policy, clock, max_tokens=None):
+    """Streams one request (--output-tokens, or `max_tokens`); returns its record (times in
+    seconds from the run's start)."""
     record = {"index": index, "kv_policy": kv_policy or "server", "start_s": clock(),
               "first_token_s": None, "end_s": None, "chunk_times_s": [], "prompt_tokens": None,
               "completion_tokens": None, "cached_tokens": None, "finish_reason": None,
@@ -176,8 +184,9 @@ async def stream_request(client, args, model, prompt, index, kv_policy, clock):
     create = (client.chat.completions.create if args.endpoint == "chat" else
               client.completions.create)
     try:
-        stream = await create(**request_arguments(args, model, prompt.text, args.output_tokens,
-                                                  kv_policy, index, True))
+        stream = await create(**request_arguments(args, model, prompt.text,
+                                                  max_tokens or args.output_tokens, kv_policy,
+                                                  index, True))
         async for chunk in stream:
             now = clock()
             if chunk.usage:
@@ -562,8 +571,10 @@ async def bench(args, file_prompts, base_url, policies):
         if not isinstance(vocab_size, int) or vocab_size < 1:
             sys.exit(f"serve_bench: /v1/models reports no vocabulary size for {model!r}; give "
                      "--vocab-size")
-        calibration = {"prompt_ids": args.prompt_ids, "vocab_size": vocab_size}
-        prompts = [build_id_prompt(args.seed, i, args.prompt_ids, vocab_size)
+        calibration = {"prompt_ids": args.prompt_ids, "vocab_size": vocab_size,
+                       "shared_prompt": args.shared_prompt}
+        build = build_shared_id_prompt if args.shared_prompt else build_id_prompt
+        prompts = [build(args.seed, i, args.prompt_ids, vocab_size)
                    for i in range(args.num_requests)]
     else:
         units, calibration = await calibrate(client, args, model)
@@ -571,6 +582,14 @@ async def bench(args, file_prompts, base_url, policies):
                    for i in range(args.num_requests)]
     runs = []
     for policy in policies:
+        if args.shared_prompt:
+            # One request holds the shared part first; the run's requests start from its copies
+            # (reported as cached prompt tokens).
+            warm = Prompt(prompts[0].text[:-1])
+            record = await stream_request(client, args, model, warm, 0, policy, time.perf_counter,
+                                          max_tokens=1)
+            print(f"serve_bench: shared prompt held ({record['status']}, "
+                  f"{record['prompt_tokens']} tokens)", flush=True)
         before = scrape_step_counters(base_url)
         records = await run_policy(client, args, model, prompts, policy)
         summary = summarize(records, args)
@@ -667,6 +686,11 @@ def parse_args(argv):
                       help="let requests stop at end of turn (default: exactly --output-tokens)")
     work.add_argument("--kv-reuse", action="store_true",
                       help="let requests start from held KV states (default: off)")
+    work.add_argument("--shared-prompt", action="store_true",
+                      help="with --prompt-ids: every prompt the same but its last id, held by a "
+                           "first request so that the run's requests start from its copies "
+                           "(long-context decode without a prefill per request; implies "
+                           "--kv-reuse)")
     work.add_argument("--temperature", type=float, default=0.0)
     work.add_argument("--num-requests", type=int, default=16)
     work.add_argument("--concurrency", type=int, default=None,
@@ -699,6 +723,12 @@ def parse_args(argv):
         if args.prompts_file or args.workload != "random":
             parser.error("--prompt-ids is its own workload: drop --prompts-file and --workload")
         args.endpoint = "completions"
+        if args.shared_prompt:
+            if args.prompt_ids < 2:
+                parser.error("--shared-prompt needs --prompt-ids of at least 2")
+            args.kv_reuse = True
+    elif args.shared_prompt:
+        parser.error("--shared-prompt goes with --prompt-ids")
     elif args.vocab_size is not None:
         parser.error("--vocab-size goes with --prompt-ids")
     if args.vocab_size is not None and args.vocab_size < 1:

@@ -142,6 +142,10 @@ def test_prompt_ids(binary, work):
         check(isinstance(vocab, int) and vocab > 256, f"vocab_size {vocab}")
         run_bench("--base-url", server.base_url, "--prompt-ids", "80", "--num-requests", "4",
                   "--concurrency", "2", "--output-tokens", str(OUTPUT_TOKENS), "--json", out)
+        shared = os.path.join(work, "ids_shared.json")
+        run_bench("--base-url", server.base_url, "--prompt-ids", "90", "--shared-prompt",
+                  "--num-requests", "3", "--concurrency", "3", "--output-tokens",
+                  str(OUTPUT_TOKENS), "--json", shared)
         small = os.path.join(work, "ids_small.json")
         run_bench("--base-url", server.base_url, "--prompt-ids", "40", "--vocab-size", "300",
                   "--num-requests", "2", "--output-tokens", str(OUTPUT_TOKENS), "--json", small)
@@ -153,10 +157,20 @@ def test_prompt_ids(binary, work):
     # The server counts exactly the ids sent: no BOS, no tokenizer.
     check(all(r["prompt_tokens"] == 80 for r in run["records"]),
           f"prompt tokens {[r['prompt_tokens'] for r in run['records']]}")
-    check(result["calibration"] == {"prompt_ids": 80, "vocab_size": vocab},
+    check(result["calibration"] == {"prompt_ids": 80, "vocab_size": vocab,
+                                    "shared_prompt": False},
           f"calibration {result['calibration']}")
     check(result["settings"]["endpoint"] == "completions", "endpoint")
     check(result["model_label"] is None, "a real model labelled synthetic")
+    with open(shared) as f:
+        result = json.load(f)
+    run = result["runs"][0]
+    check_run(run, 3, scored=0)
+    # Every request started from a copy of the held shared part (the CPU's full attention
+    # forks): 89 of its 90 prompt tokens were not prefilled again.
+    check([r["cached_tokens"] for r in run["records"]] == [89] * 3,
+          f"cached tokens {[r['cached_tokens'] for r in run['records']]}")
+    check(run["summary"]["engine_steps"] is not None, "no step breakdown from /metrics")
     with open(small) as f:
         result = json.load(f)
     check(result["calibration"]["vocab_size"] == 300, "--vocab-size ignored")
