@@ -220,18 +220,29 @@ async def stream_request(client, args, model, prompt, index, kv_policy, clock, m
 # ---- a run -----------------------------------------------------------------------------------
 
 
-async def run_policy(client, args, model, prompts, kv_policy):
-    """All requests under one KV policy; returns the list of records in index order."""
-    began = time.perf_counter()
-    clock = lambda: time.perf_counter() - began
-    limit = asyncio.Semaphore(args.concurrency) if args.concurrency else None
-    arrivals = [0.0] * len(prompts)
+def arrival_times(args, count):
+    """Seconds from the run's start at which each request arrives (all at once, or Poisson)."""
+    arrivals = [0.0] * count
     if args.request_rate:
         rng = random.Random(args.seed)
         at = 0.0
-        for i in range(len(prompts)):
+        for i in range(count):
             arrivals[i] = at
             at += rng.expovariate(args.request_rate)
+    return arrivals
+
+
+async def run_policy(client, args, model, prompts, kv_policy, indices=None, began=None,
+                     concurrency=None):
+    """The requests `indices` (default all) under one KV policy, `concurrency` (default
+    --concurrency) at a time; returns their records in index order. Times are seconds from
+    `began` (a time.perf_counter value, the same clock in every process)."""
+    began = time.perf_counter() if began is None else began
+    clock = lambda: time.perf_counter() - began
+    concurrency = args.concurrency if concurrency is None else concurrency
+    limit = asyncio.Semaphore(concurrency) if concurrency else None
+    arrivals = arrival_times(args, len(prompts))
+    indices = list(range(len(prompts))) if indices is None else indices
 
     async def one(index):
         while (delay := arrivals[index] - clock()) > 0:  # a timer may fire a little early
@@ -246,7 +257,50 @@ async def run_policy(client, args, model, prompts, kv_policy):
         record["arrival_s"] = arrivals[index]
         return record
 
-    return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+    return list(await asyncio.gather(*(one(i) for i in indices)))
+
+
+def client_process(job):
+    """One client process's share of a run (--client-processes): its own event loop and
+    client, started at the shared `began`."""
+    args, base_url, model, prompts, kv_policy, indices, began, concurrency = job
+
+    async def go():
+        import openai
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
+                                    timeout=args.request_timeout)
+        while (delay := began - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        try:
+            return await run_policy(client, args, model, prompts, kv_policy, indices, began,
+                                    concurrency)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+async def run_policy_split(args, base_url, model, prompts, kv_policy):
+    """run_policy over --client-processes processes, request i in process i mod N with its
+    share of --concurrency: one Python process parses about 10K streamed chunks a second,
+    below what a GPU server sends."""
+    import concurrent.futures
+    import multiprocessing
+    n = min(args.client_processes, len(prompts))
+    began = time.perf_counter() + 5.0  # the processes start and import the client meanwhile
+    jobs = []
+    for w in range(n):
+        indices = list(range(w, len(prompts), n))
+        share = None
+        if args.concurrency:
+            share = max(1, args.concurrency // n + (1 if w < args.concurrency % n else 0))
+        jobs.append((args, base_url, model, prompts, kv_policy, indices, began, share))
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ProcessPoolExecutor(
+            n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = await asyncio.gather(*(loop.run_in_executor(pool, client_process, job)
+                                       for job in jobs))
+    return sorted((r for part in parts for r in part), key=lambda r: r["index"])
 
 
 def steady_state(records, decoders):
@@ -591,7 +645,10 @@ async def bench(args, file_prompts, base_url, policies):
             print(f"serve_bench: shared prompt held ({record['status']}, "
                   f"{record['prompt_tokens']} tokens)", flush=True)
         before = scrape_step_counters(base_url)
-        records = await run_policy(client, args, model, prompts, policy)
+        if args.client_processes > 1:
+            records = await run_policy_split(args, base_url, model, prompts, policy)
+        else:
+            records = await run_policy(client, args, model, prompts, policy)
         summary = summarize(records, args)
         summary["engine_steps"] = step_breakdown(before, scrape_step_counters(base_url))
         print_summary(policy or "server", summary)
@@ -698,6 +755,9 @@ def parse_args(argv):
     work.add_argument("--request-rate", type=float, default=None,
                       help="Poisson arrivals per second instead of all at once")
     work.add_argument("--seed", type=int, default=1)
+    work.add_argument("--client-processes", type=int, default=1,
+                      help="client processes sharing the requests (one Python process reads "
+                           "about 10K streamed tokens a second; a GPU server sends more)")
     work.add_argument("--kv", help="kv_policy per request, comma-separated runs in turn "
                                    "(e.g. full,shadowkv); default the server's")
     work.add_argument("--kv-budget", type=int, help="kv_budget with --kv")
@@ -713,6 +773,8 @@ def parse_args(argv):
     out.add_argument("--plot-python", help="a Python with matplotlib, if this one has none")
     parser.add_argument("server_args", nargs="*", help="more `shadowkv serve` flags (after --)")
     args = parser.parse_args(argv)
+    if args.client_processes < 1:
+        parser.error("--client-processes must be at least 1")
     if args.concurrency is None and not args.request_rate:
         args.concurrency = 4
     if args.prompt_ids is not None:

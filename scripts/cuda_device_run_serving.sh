@@ -90,7 +90,7 @@ for step in "$@"; do
       bundle_ready || exit 1
       timeout 560 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" --model "$model" \
         --server-per-kv --kv full,shadowkv --prompt-ids "$prompt" --output-tokens "$output" \
-        --num-requests "$batch" --concurrency "$batch" --startup-timeout 300 \
+        --num-requests "$batch" --concurrency "$batch" --client-processes 8 --startup-timeout 300 \
         --request-timeout 1200 --json "$out/serve_${prompt}.json" -- --device cuda \
         --ctx-size 32768 --max-batch "$batch" --max-seqs "$batch" --prefill-chunk 2048 \
         --http-threads $((batch + 16)) --max-body 4096 --timeout 3600 \
@@ -102,6 +102,7 @@ for step in "$@"; do
       bundle_ready || exit 1
       timeout 300 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" --model "$model" \
         --prompt-ids 1000 --output-tokens 64 --num-requests 160 --concurrency 160 \
+        --client-processes 8 \
         --startup-timeout 300 --json "$out/serve_load.json" -- --device cuda --kv full \
         --ctx-size 4096 --max-batch 64 --max-seqs 64 --max-queue 64 --prefill-chunk 2048 \
         --http-threads 200 --timeout 600 > "$out/serve_load.log" 2>&1
@@ -138,7 +139,8 @@ for step in "$@"; do
         [ $kv = shadowkv ] && n=${SYNTH_BATCH_SKV:-9} && pool=(--max-seqs "$n" --prefill-slots 1)
         timeout 240 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" \
           --synthetic llama3-8b --prompt-ids "$synth_context" --shared-prompt --output-tokens 256 \
-          --num-requests "$n" --concurrency "$n" --startup-timeout 200 --request-timeout 600 \
+          --num-requests "$n" --concurrency "$n" --client-processes 4 --startup-timeout 200 \
+          --request-timeout 600 \
           --json "$out/serve_synth_$kv.json" -- --kv "$kv" --ctx-size $((synth_context + 512)) \
           --max-batch "$n" "${pool[@]}" --prefill-chunk 4096 \
           --max-body 4096 --timeout 3600 > "$out/serve_synth_$kv.log" 2>&1

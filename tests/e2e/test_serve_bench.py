@@ -144,7 +144,8 @@ def test_prompt_ids(binary, work):
                   "--concurrency", "2", "--output-tokens", str(OUTPUT_TOKENS), "--json", out)
         shared = os.path.join(work, "ids_shared.json")
         run_bench("--base-url", server.base_url, "--prompt-ids", "90", "--shared-prompt",
-                  "--num-requests", "3", "--concurrency", "3", "--output-tokens",
+                  "--num-requests", "3", "--concurrency", "3", "--client-processes", "2",
+                  "--output-tokens",
                   str(OUTPUT_TOKENS), "--json", shared)
         small = os.path.join(work, "ids_small.json")
         run_bench("--base-url", server.base_url, "--prompt-ids", "40", "--vocab-size", "300",
@@ -171,6 +172,10 @@ def test_prompt_ids(binary, work):
     check([r["cached_tokens"] for r in run["records"]] == [89] * 3,
           f"cached tokens {[r['cached_tokens'] for r in run['records']]}")
     check(run["summary"]["engine_steps"] is not None, "no step breakdown from /metrics")
+    # Two client processes: every request once, on one clock (all started near 0).
+    check(sorted(r["index"] for r in run["records"]) == [0, 1, 2], "records lost or repeated")
+    check(all(0 <= r["start_s"] < 5 for r in run["records"]),
+          f"start times {[r['start_s'] for r in run['records']]}")
     with open(small) as f:
         result = json.load(f)
     check(result["calibration"]["vocab_size"] == 300, "--vocab-size ignored")

@@ -225,6 +225,8 @@ Status CudaServingModel::MakePool() {
     sequences = static_cast<int>(std::min<int64_t>(fits, std::numeric_limits<int>::max() / 2));
     bound_ = MemoryBoundText(sequences, "sequences", free_bytes, device.total_bytes);
   }
+  // Full attention: every sequence is a slot (sized from memory above, or given).
+  if (!shadowkv()) slots = sequences;
   slots = std::min(slots, sequences);
   sequences_ = sequences;
   num_slots_ = slots;
