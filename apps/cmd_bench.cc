@@ -334,6 +334,14 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
       if (made.code() != ErrorCode::kResourceExhausted) break;
     }
     SKV_RETURN_IF_ERROR(made);
+    // Every copy of the shared prompt needs its values in device memory: a batch whose values
+    // do not all fit beside the pool's prompt slot runs with as many as do.
+    for (int tries = 0; shadowkv && tries < 3; ++tries) {
+      SKV_ASSIGN_OR_RETURN(const int fit, serving.SequencesWithDeviceValues());
+      if (fit >= batch || fit < 1) break;
+      batch = fit;
+      SKV_RETURN_IF_ERROR(serving.RemakePool(kv, batch, 1, context + o.gen_tokens + 1));
+    }
     SKV_ASSIGN_OR_RETURN(auto policy, serving.MakePolicy(kv));
     engine::LoopBenchCase c;
     c.context = context;

@@ -287,6 +287,14 @@ Status CudaServingModel::RemakePool(const kv::KvPolicyConfig& kv, int sequences,
   return Status::Ok();
 }
 
+Result<int> CudaServingModel::SequencesWithDeviceValues() {
+  if (!shadowkv() || skv_value_bytes_ <= 0) return sequences_;
+  SKV_ASSIGN_OR_RETURN(const int64_t free_bytes, group_->FreeDeviceBytes());
+  const int64_t share = skv_value_bytes_ / group_->num_devices();
+  const int64_t room = free_bytes - kPoolReserveBytes;
+  return static_cast<int>(std::clamp<int64_t>(room / share, 0, sequences_));
+}
+
 CudaServingModel::~CudaServingModel() = default;
 
 bool CudaServingModel::synthetic() const { return group_->synthetic(); }

@@ -87,6 +87,9 @@ class CudaServingModel final : public engine::ServingModel {
   // context must be within the model's.
   Status RemakePool(const kv::KvPolicyConfig& kv, int sequences, int prefill_slots,
                     int64_t context);
+  // ShadowKV: how many of the pool's sequences could have their values in device memory now
+  // (values are placed as each prompt is compressed); the pool's size for full attention.
+  Result<int> SequencesWithDeviceValues();
 
   class Sequence;
 
