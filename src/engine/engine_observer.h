@@ -25,6 +25,15 @@ struct StepTimes {
   double publish_seconds = 0;   // handing tokens to requests, ending finished ones
   int64_t rows = 0;             // sequences in the step
   int64_t prompt_tokens = 0;    // prompt tokens in the step
+
+  StepTimes& operator+=(const StepTimes& o) {
+    schedule_seconds += o.schedule_seconds;
+    model_seconds += o.model_seconds;
+    publish_seconds += o.publish_seconds;
+    rows += o.rows;
+    prompt_tokens += o.prompt_tokens;
+    return *this;
+  }
 };
 
 // Called from the engine loop's thread; implementations synchronise with their readers.

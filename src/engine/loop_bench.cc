@@ -25,9 +25,7 @@ class StepTotals : public EngineObserver {
   void AddStep(const StepTimes& t) override {
     if (t.prompt_tokens > 0) return;
     std::lock_guard lock(mutex_);
-    totals_.schedule_seconds += t.schedule_seconds;
-    totals_.model_seconds += t.model_seconds;
-    totals_.publish_seconds += t.publish_seconds;
+    totals_ += t;
     ++steps_;
   }
   void Reset() {

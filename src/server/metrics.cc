@@ -83,11 +83,7 @@ void Metrics::SetEngineGauges(const EngineGauges& gauges) {
 
 void Metrics::AddStep(const StepTimes& t) {
   std::lock_guard lock(mutex_);
-  step_totals_.schedule_seconds += t.schedule_seconds;
-  step_totals_.model_seconds += t.model_seconds;
-  step_totals_.publish_seconds += t.publish_seconds;
-  step_totals_.rows += t.rows;
-  step_totals_.prompt_tokens += t.prompt_tokens;
+  step_totals_ += t;
   ++steps_;
   if (t.prompt_tokens == 0) {
     ++decode_only_steps_;
