@@ -295,5 +295,49 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
   for (const auto& tokens : out) EXPECT_EQ(tokens.size(), 10u);
 }
 
+// A held sequence forks on the device: the copy (and the original) decode exactly as the
+// original would have, for a full-cache slot and for a compressed ShadowKV sequence.
+TEST(CudaServingTest, ForkedSequencesDecodeAsTheOriginal) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const char* name : {"full", "shadowkv"}) {
+    SCOPED_TRACE(name);
+    auto model = CudaServingModel::Load(ServingModelPath(), Options(name));
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    auto policy = (*model)->MakePolicy(Options(name).kv).value();
+    auto original = policy->NewSequence().value();
+    const int64_t vocab = (*model)->config().vocab_size;
+    std::vector<float> logits(vocab);
+    const std::vector<int32_t> prompt = Tokens(600, 21);  // long enough to compress
+    engine::StepRow row;
+    row.kv = original.get();
+    row.tokens = prompt;
+    row.finish_prefill = true;
+    row.logits_out = logits.data();
+    ASSERT_TRUE(StepOne(**model, row).ok());
+    auto copy = original->Fork();
+    ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+    EXPECT_EQ((*copy)->num_tokens(), original->num_tokens());
+    EXPECT_EQ((*copy)->memory().fast_bytes, original->memory().fast_bytes);
+    // The same tokens, one step each, through both: the same logits.
+    for (int t = 0; t < 6; ++t) {
+      const int32_t token = 40 + t;
+      std::vector<float> a(vocab), b(vocab);
+      engine::StepRow step;
+      step.tokens = std::span<const int32_t>(&token, 1);
+      step.kv = original.get();
+      step.logits_out = a.data();
+      ASSERT_TRUE(StepOne(**model, step).ok());
+      step.kv = copy->get();
+      step.logits_out = b.data();
+      ASSERT_TRUE(StepOne(**model, step).ok());
+      EXPECT_EQ(a, b) << "step " << t;
+    }
+    // The pool (3 sequences) holds one more copy, then says so.
+    auto second = original->Fork();
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    EXPECT_EQ(original->Fork().status().code(), ErrorCode::kResourceExhausted);
+  }
+}
+
 }  // namespace
 }  // namespace shadowkv::cuda
