@@ -98,8 +98,9 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
     live.push_back(Live{static_cast<int>(i), std::move(submitted.handle)});
   }
 
-  // Hands out tokens as the loop pushes them: a short wait on the oldest unfinished request,
-  // then whatever the others have.
+  // Hands out tokens as the loop pushes them: a wait on the oldest unfinished request (woken by
+  // its tokens; the batch's rows get theirs in the same steps), then whatever the others have.
+  // A longer wait keeps this thread off the cores the model's threads spin on.
   std::vector<int32_t> tokens;
   std::vector<Clock::time_point> pushed;
   size_t remaining = live.size();
@@ -109,7 +110,7 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
       if (l.done) continue;
       tokens.clear();
       pushed.clear();
-      const auto timeout = waited ? std::chrono::milliseconds(0) : std::chrono::milliseconds(2);
+      const auto timeout = waited ? std::chrono::milliseconds(0) : std::chrono::milliseconds(50);
       waited = true;
       const bool ended = l.handle->Wait(timeout, &tokens, &pushed);
       GenerationResult& res = results[l.request];
