@@ -61,6 +61,7 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
   options.prefill_chunk = options_.prefill_chunk;
   options.fast_memory_limit = options_.kv_memory_limit;
   options.max_held_states = 0;
+  options.own_thread = false;  // this thread runs the loop: no token crosses threads
   engine::Scheduler scheduler(model_, options, nullptr);
 
   struct Live {
@@ -98,21 +99,17 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
     live.push_back(Live{static_cast<int>(i), std::move(submitted.handle)});
   }
 
-  // Hands out tokens as the loop pushes them: a wait on the oldest unfinished request (woken by
-  // its tokens; the batch's rows get theirs in the same steps), then whatever the others have.
-  // A longer wait keeps this thread off the cores the model's threads spin on.
+  // One turn of the loop, then every token it pushed to the callbacks.
   std::vector<int32_t> tokens;
   std::vector<Clock::time_point> pushed;
   size_t remaining = live.size();
   while (remaining > 0) {
-    bool waited = false;
+    scheduler.RunStep();
     for (Live& l : live) {
       if (l.done) continue;
       tokens.clear();
       pushed.clear();
-      const auto timeout = waited ? std::chrono::milliseconds(0) : std::chrono::milliseconds(50);
-      waited = true;
-      const bool ended = l.handle->Wait(timeout, &tokens, &pushed);
+      const bool ended = l.handle->Wait(std::chrono::milliseconds(0), &tokens, &pushed);
       GenerationResult& res = results[l.request];
       const GenerationRequest& req = requests[l.request];
       const int64_t prompt_done = l.handle->prompt_done();

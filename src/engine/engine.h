@@ -54,8 +54,8 @@ class Engine {
       : model_(model), policy_(policy), options_(options) {}
 
   // Runs all requests to completion in one engine loop (continuous batching, prompts admitted
-  // as running sequences finish). Results are in request order; callbacks run on the caller's
-  // thread.
+  // as running sequences finish), turned by the caller's thread: tokens reach the callbacks
+  // between steps, as a single process would want. Results are in request order.
   std::vector<GenerationResult> Run(std::span<const GenerationRequest> requests,
                                     const TokenCallback& on_token = nullptr,
                                     const PrefillProgress& on_prefill = nullptr);

@@ -94,8 +94,10 @@ struct Scheduler::Running {
 
 Scheduler::Scheduler(ServingModel& model, SchedulerOptions options, EngineObserver* metrics)
     : model_(model), options_(options), metrics_(metrics), held_(options.max_held_states) {
-  thread_ = std::thread([this] { Loop(); });
+  if (options_.own_thread) thread_ = std::thread([this] { Loop(); });
 }
+
+bool Scheduler::RunStep() { return Turn(); }
 
 Scheduler::~Scheduler() { Shutdown(std::chrono::milliseconds(0)); }
 
@@ -171,14 +173,22 @@ void Scheduler::Shutdown(std::chrono::milliseconds grace) {
       std::lock_guard lock(mutex_);
       if (waiting_.empty() && gauges_.running_sequences == 0) break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (options_.own_thread) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } else {
+      Turn();  // the caller drives the loop: run it out here
+    }
   }
   {
     std::lock_guard lock(mutex_);
     stop_now_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    thread_.join();
+  } else if (!options_.own_thread) {
+    StopNow();
+  }
 }
 
 int Scheduler::RetryAfterSeconds() const {
@@ -207,22 +217,35 @@ void Scheduler::Loop() {
       if (running_.empty() && waiting_.empty() && !stop_now_) {
         cv_.wait_for(lock, std::chrono::milliseconds(100));
       }
-      if (stop_now_) {
-        for (Waiting& w : waiting_) w.handle->End(EndReason::kShutdown, Status::Ok());
-        waiting_.clear();
-        lock.unlock();
-        for (auto& r : running_) Finish(*r, EndReason::kShutdown, Status::Ok());
-        running_.clear();
-        held_.Clear();
-        PublishGauges();
-        return;
-      }
-      Admit();
+      if (stop_now_) break;
     }
-    EndExpired(Clock::now());
-    if (!running_.empty()) Step();
-    PublishGauges();
+    Turn();
   }
+  StopNow();
+}
+
+bool Scheduler::Turn() {
+  {
+    std::lock_guard lock(mutex_);
+    if (running_.empty() && waiting_.empty()) return false;
+    Admit();
+  }
+  EndExpired(Clock::now());
+  if (!running_.empty()) Step();
+  PublishGauges();
+  return true;
+}
+
+void Scheduler::StopNow() {
+  {
+    std::lock_guard lock(mutex_);
+    for (Waiting& w : waiting_) w.handle->End(EndReason::kShutdown, Status::Ok());
+    waiting_.clear();
+  }
+  for (auto& r : running_) Finish(*r, EndReason::kShutdown, Status::Ok());
+  running_.clear();
+  held_.Clear();
+  PublishGauges();
 }
 
 void Scheduler::Admit() {

@@ -32,6 +32,9 @@ struct SchedulerOptions {
   int64_t fast_memory_limit = 0;  // bytes of fast-tier KV (running + held); 0 = no limit
   int64_t slow_memory_limit = 0;  // bytes of slow-tier KV; 0 = no limit
   int max_held_states = 32;       // finished KV states kept for multi-turn reuse (0 = none)
+  // The loop's thread: its own (the server), or the caller's, through RunStep (a single
+  // caller such as `generate`, which would otherwise hand every token across threads).
+  bool own_thread = true;
 };
 
 struct SequenceRequest {
@@ -105,9 +108,13 @@ struct SubmitResult {
 
 class Scheduler {
  public:
-  // `metrics` may be null. The loop thread starts at once.
+  // `metrics` may be null. With options.own_thread the loop thread starts at once.
   Scheduler(ServingModel& model, SchedulerOptions options, EngineObserver* metrics);
   ~Scheduler();
+
+  // Without its own thread: one turn of the loop on the caller's thread (admission, ends, one
+  // step); false when there was nothing to run. Only for a scheduler made with own_thread off.
+  bool RunStep();
 
   SubmitResult Submit(SequenceRequest request);
   // Several requests queued at once (admitted together while the batch has room), each
@@ -133,7 +140,9 @@ class Scheduler {
 
   SubmitResult Check(const SequenceRequest& request) const;  // kOk, or why it can never run
   void Loop();
-  void Admit();  // under mutex_
+  bool Turn();     // one turn of the loop; false when nothing ran
+  void StopNow();  // ends every request (kShutdown), drops held states
+  void Admit();    // under mutex_
   void EndExpired(Clock::time_point now);
   bool Step();  // one forward step; false when nothing ran
   void Finish(Running& running, EndReason reason, Status status);
