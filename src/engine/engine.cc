@@ -88,11 +88,8 @@ std::vector<GenerationResult> Engine::Run(std::span<const GenerationRequest> req
     seq.policy = &policy_;
     seq.reuse = false;
     engine::SubmitResult submitted = scheduler.Submit(std::move(seq));
-    if (submitted.code != engine::SubmitResult::Code::kOk) {
-      res.status = Error(submitted.code == engine::SubmitResult::Code::kTooLarge
-                             ? ErrorCode::kResourceExhausted
-                             : ErrorCode::kInvalidArgument,
-                         "{}", submitted.message);
+    if (Status refused = submitted.ToStatus(); !refused.ok()) {
+      res.status = std::move(refused);
       res.finish_reason = FinishReason::kError;
       continue;
     }

@@ -36,18 +36,19 @@ struct StepTimes {
   }
 };
 
-// Called from the engine loop's thread; implementations synchronise with their readers.
+// Called from the engine loop's thread; implementations synchronise with their readers and
+// override what they keep (every report is ignored by default).
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
-  virtual void AddPromptTokens(int64_t prompt_tokens, int64_t reused_tokens) = 0;
-  virtual void AddGeneratedTokens(int64_t count) = 0;
-  virtual void ObserveTimeToFirstToken(double seconds) = 0;
-  virtual void ObserveInterTokenLatency(double seconds) = 0;
+  virtual void AddPromptTokens(int64_t /*prompt_tokens*/, int64_t /*reused_tokens*/) {}
+  virtual void AddGeneratedTokens(int64_t /*count*/) {}
+  virtual void ObserveTimeToFirstToken(double /*seconds*/) {}
+  virtual void ObserveInterTokenLatency(double /*seconds*/) {}
   // A finished request's share of its KV state's statistics.
-  virtual void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats) = 0;
-  virtual void SetEngineGauges(const EngineGauges& gauges) = 0;
-  virtual void AddStep(const StepTimes& times) = 0;
+  virtual void AddPolicyStats(std::string_view /*policy*/, const kv::PolicyStats& /*stats*/) {}
+  virtual void SetEngineGauges(const EngineGauges& /*gauges*/) {}
+  virtual void AddStep(const StepTimes& /*times*/) {}
 };
 
 }  // namespace shadowkv::engine

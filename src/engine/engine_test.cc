@@ -8,6 +8,7 @@
 
 #include "../../tests/unit/tiny_model.h"
 #include "kv/policies.h"
+#include "support/greedy_by_hand.h"
 
 namespace shadowkv {
 namespace {
@@ -45,23 +46,7 @@ class EngineTest : public ::testing::Test {
   // One prompt in one chunk, then greedy decoding, straight on the model.
   static std::vector<int32_t> ByHand(const kv::KvPolicy& policy, const GenerationRequest& r) {
     auto kv = policy.NewSequence().value();
-    std::vector<float> logits(model_->config().vocab_size);
-    StepInput in;
-    in.kv = kv.get();
-    in.tokens = r.prompt;
-    in.finish_prefill = true;
-    in.logits_out = logits.data();
-    EXPECT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
-    std::vector<int32_t> out;
-    for (int i = 0; i < r.max_new_tokens; ++i) {
-      out.push_back(Argmax(logits));
-      in.tokens = std::span<const int32_t>(&out.back(), 1);
-      in.finish_prefill = false;
-      if (i + 1 < r.max_new_tokens) {
-        EXPECT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
-      }
-    }
-    return out;
+    return testing::GreedyByHand(*model_, *kv, r.prompt, r.prompt.size(), true, r.max_new_tokens);
   }
 
   static CpuModel* model_;

@@ -16,12 +16,6 @@ namespace {
 // Sums the loop's decode-only steps.
 class StepTotals : public EngineObserver {
  public:
-  void AddPromptTokens(int64_t, int64_t) override {}
-  void AddGeneratedTokens(int64_t) override {}
-  void ObserveTimeToFirstToken(double) override {}
-  void ObserveInterTokenLatency(double) override {}
-  void AddPolicyStats(std::string_view, const kv::PolicyStats&) override {}
-  void SetEngineGauges(const EngineGauges&) override {}
   void AddStep(const StepTimes& t) override {
     if (t.prompt_tokens > 0) return;
     std::lock_guard lock(mutex_);
@@ -45,10 +39,8 @@ class StepTotals : public EngineObserver {
 };
 
 Result<std::shared_ptr<SequenceHandle>> Admitted(SubmitResult s) {
-  if (s.code == SubmitResult::Code::kOk) return std::move(s.handle);
-  return Error(s.code == SubmitResult::Code::kTooLarge ? ErrorCode::kResourceExhausted
-                                                       : ErrorCode::kInvalidArgument,
-               "{}", s.message);
+  SKV_RETURN_IF_ERROR(s.ToStatus());
+  return std::move(s.handle);
 }
 
 Status EndStatus(const SequenceHandle& handle, const char* what) {

@@ -75,6 +75,13 @@ void SequenceHandle::SetReused(int64_t tokens) {
   reused_ = tokens;
 }
 
+Status SubmitResult::ToStatus() const {
+  if (code == Code::kOk) return Status::Ok();
+  return Status(
+      code == Code::kTooLarge ? ErrorCode::kResourceExhausted : ErrorCode::kInvalidArgument,
+      message);
+}
+
 // ---- Scheduler ----
 
 struct Scheduler::Running {

@@ -104,6 +104,10 @@ struct SubmitResult {
   enum class Code { kOk, kQueueFull, kTooLarge, kShuttingDown, kInvalid } code = Code::kOk;
   std::string message;
   std::shared_ptr<SequenceHandle> handle;
+
+  // For callers without HTTP statuses: Ok, kResourceExhausted (too large for the memory
+  // limits) or kInvalidArgument (any other refusal), with the message.
+  Status ToStatus() const;
 };
 
 class Scheduler {

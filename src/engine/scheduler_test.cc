@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../../tests/unit/tiny_model.h"
+#include "support/greedy_by_hand.h"
 
 namespace shadowkv::engine {
 namespace {
@@ -69,25 +70,7 @@ class SchedulerTest : public ::testing::Test {
                                           const std::vector<int32_t>& prompt, int max_new,
                                           int chunk) {
     auto kv = policy.NewSequence().value();
-    std::vector<float> logits(model_->config().vocab_size);
-    auto feed = [&](std::span<const int32_t> tokens, bool finish) {
-      StepInput in;
-      in.kv = kv.get();
-      in.tokens = tokens;
-      in.finish_prefill = finish;
-      in.logits_out = logits.data();
-      EXPECT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
-    };
-    for (size_t done = 0; done < prompt.size(); done += chunk) {
-      const size_t count = std::min<size_t>(chunk, prompt.size() - done);
-      feed(std::span<const int32_t>(prompt).subspan(done, count), done + count == prompt.size());
-    }
-    std::vector<int32_t> out;
-    for (int i = 0; i < max_new; ++i) {
-      out.push_back(Argmax(logits));
-      if (i + 1 < max_new) feed(std::span<const int32_t>(&out.back(), 1), false);
-    }
-    return out;
+    return testing::GreedyByHand(*model_, *kv, prompt, chunk, true, max_new);
   }
 
   // Every request ended by its length with the tokens greedy decoding gives it alone.
@@ -136,28 +119,11 @@ std::vector<int32_t> ContinueByHand(CpuModel& model, const kv::KvPolicy& policy,
                                     const std::vector<int32_t>& turn1, size_t fed_turn1,
                                     const std::vector<int32_t>& turn2_new, int chunk, int max_new) {
   auto kv = policy.NewSequence().value();
-  std::vector<float> logits(model.config().vocab_size);
-  auto run = [&](std::span<const int32_t> tokens, bool finish) {
-    for (size_t done = 0; done < tokens.size();) {
-      const size_t count = std::min<size_t>(chunk, tokens.size() - done);
-      StepInput in;
-      in.kv = kv.get();
-      in.tokens = tokens.subspan(done, count);
-      done += count;
-      in.finish_prefill = finish && done == tokens.size();
-      in.logits_out = logits.data();
-      EXPECT_TRUE(model.Forward(std::span<const StepInput>(&in, 1)).ok());
-    }
-  };
-  run(prompt, true);
-  for (size_t i = 0; i < fed_turn1; ++i) run(std::span<const int32_t>(&turn1[i], 1), false);
-  run(turn2_new, false);
-  std::vector<int32_t> out;
-  for (int i = 0; i < max_new; ++i) {
-    out.push_back(Argmax(logits));
-    if (i + 1 < max_new) run(std::span<const int32_t>(&out.back(), 1), false);
-  }
-  return out;
+  std::vector<float> logits;
+  testing::FeedByHand(model, *kv, prompt, chunk, true, logits);
+  testing::FeedByHand(model, *kv, std::span<const int32_t>(turn1).first(fed_turn1), 1, false,
+                      logits);
+  return testing::GreedyByHand(model, *kv, turn2_new, chunk, false, max_new);
 }
 
 TEST_F(SchedulerTest, SecondTurnReusesTheHeldStateForEveryPolicy) {
@@ -255,16 +221,10 @@ class TokenCountingPolicy : public kv::KvPolicy {
 // Sums what the loop reports of each policy's statistics.
 class PolicyStatsObserver : public EngineObserver {
  public:
-  void AddPromptTokens(int64_t, int64_t) override {}
-  void AddGeneratedTokens(int64_t) override {}
-  void ObserveTimeToFirstToken(double) override {}
-  void ObserveInterTokenLatency(double) override {}
   void AddPolicyStats(std::string_view policy, const kv::PolicyStats& stats) override {
     std::lock_guard lock(mutex_);
     stats_[std::string(policy)] += stats;
   }
-  void SetEngineGauges(const EngineGauges&) override {}
-  void AddStep(const StepTimes&) override {}
   int64_t selections(const std::string& policy) {
     std::lock_guard lock(mutex_);
     return stats_[policy].chunk_selections;
@@ -465,25 +425,11 @@ TEST_F(SchedulerTest, AHeldPromptServesConcurrentRequestsThroughCopies) {
     EXPECT_EQ(handles[i]->reused_tokens(), 70) << "request " << i;
     // The copy holds the prompt prefilled in chunks of 32; the new token goes in alone.
     auto kv = policy->NewSequence().value();
-    std::vector<float> logits(model_->config().vocab_size);
-    StepInput in;
-    in.kv = kv.get();
-    in.logits_out = logits.data();
-    for (size_t done = 0; done < shared.size(); done += 32) {
-      in.tokens = std::span<const int32_t>(shared).subspan(
-          done, std::min<size_t>(32, shared.size() - done));
-      in.finish_prefill = done + 32 >= shared.size();
-      ASSERT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
-    }
-    std::vector<int32_t> want;
-    int32_t next = requests[i].prompt.back();
-    in.finish_prefill = false;
-    for (int t = 0; t < requests[i].max_new_tokens; ++t) {
-      in.tokens = std::span<const int32_t>(&next, 1);
-      ASSERT_TRUE(model_->Forward(std::span<const StepInput>(&in, 1)).ok());
-      next = Argmax(logits);
-      want.push_back(next);
-    }
+    std::vector<float> logits;
+    testing::FeedByHand(*model_, *kv, shared, 32, true, logits);
+    const std::vector<int32_t> want =
+        testing::GreedyByHand(*model_, *kv, std::span<const int32_t>(&requests[i].prompt.back(), 1),
+                              1, false, requests[i].max_new_tokens);
     EXPECT_EQ(got, want) << "request " << i;
   }
 }

@@ -93,11 +93,7 @@ void Metrics::AddStep(const StepTimes& t) {
 
 void Metrics::AddHandlerTimes(const HandlerTimes& t) {
   std::lock_guard lock(mutex_);
-  handler_totals_.handoff_seconds += t.handoff_seconds;
-  handler_totals_.handoffs += t.handoffs;
-  handler_totals_.detokenize_seconds += t.detokenize_seconds;
-  handler_totals_.write_seconds += t.write_seconds;
-  handler_totals_.tokens += t.tokens;
+  handler_totals_ += t;
 }
 
 int64_t Metrics::requests_total(std::string_view endpoint, int http_status) const {

@@ -39,6 +39,15 @@ struct HandlerTimes {
   double detokenize_seconds = 0;  // token ids to text, stop sequences
   double write_seconds = 0;       // writing events to the socket
   int64_t tokens = 0;
+
+  HandlerTimes& operator+=(const HandlerTimes& o) {
+    handoff_seconds += o.handoff_seconds;
+    handoffs += o.handoffs;
+    detokenize_seconds += o.detokenize_seconds;
+    write_seconds += o.write_seconds;
+    tokens += o.tokens;
+    return *this;
+  }
 };
 
 using engine::EngineGauges;

@@ -261,26 +261,23 @@ Status CudaServingModel::RemakePool(const kv::KvPolicyConfig& kv, int sequences,
                    held_slots, held_sequences);
     }
   }
-  if (!kv::IsPolicy(kv, kv::PolicyKind::kFull) && !kv::IsPolicy(kv, kv::PolicyKind::kShadowKv)) {
-    return Error(ErrorCode::kUnsupported, "--device cuda serves full or shadowkv, not '{}'",
-                 kv.policy);
-  }
-  SKV_RETURN_IF_ERROR(kv.Validate());
-  if (sequences < 0 || prefill_slots < 0 || context < 1 ||
-      context > group_->config().context_length) {
+  CudaServingOptions remade = options_;
+  remade.kv = kv;
+  remade.sequences = sequences;
+  remade.prefill_slots = prefill_slots;
+  remade.context = context;
+  SKV_RETURN_IF_ERROR(CheckServingOptions(remade));
+  if (context < 1 || context > group_->config().context_length) {
     return Error(ErrorCode::kInvalidArgument,
-                 "a pool of {} sequences ({} prompt slots) of {} tokens: the context must be in "
-                 "[1, {}]",
-                 sequences, prefill_slots, context, group_->config().context_length);
+                 "a pool of {} tokens per sequence: the context must be in [1, {}]", context,
+                 group_->config().context_length);
   }
   group_->FreeKvCache();
   group_->FreeShadowKv();
   free_slots_.clear();
   free_sequences_.clear();
   bound_.clear();
-  options_.kv = kv;
-  options_.sequences = sequences;
-  options_.prefill_slots = prefill_slots;
+  options_ = remade;
   config_.context_length = context;
   SKV_RETURN_IF_ERROR(MakePool());
   if (options_.max_batch == 0) max_batch_ = std::min(sequences_, group_->options().max_batch);
@@ -362,6 +359,13 @@ void CudaServingModel::Release(Sequence& s) {
   if (sequence_free) free_sequences_.push_back(s.sequence_);
 }
 
+void CudaServingModel::GiveBackSlot(Sequence& s) {
+  group_->ResetSlot(s.slot_);
+  std::lock_guard lock(mutex_);
+  free_slots_.push_back(s.slot_);
+  s.slot_ = -1;
+}
+
 Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::Fork(const Sequence& s) {
   // Values in host memory stay with their one sequence: copying them would double the slowest
   // tier for a state that is cheap to prefill again by comparison.
@@ -375,10 +379,7 @@ Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::Fork(const Sequence& s
     copy.has_values_ = true;
     SKV_RETURN_IF_ERROR(group_->CopyShadowKvSequence(s.sequence_, copy.sequence_));
     copy.compressed_ = true;
-    group_->ResetSlot(copy.slot_);  // a compressed sequence needs no full-cache slot
-    std::lock_guard lock(mutex_);
-    free_slots_.push_back(copy.slot_);
-    copy.slot_ = -1;
+    GiveBackSlot(copy);  // a compressed sequence needs no full-cache slot
   } else {
     SKV_RETURN_IF_ERROR(group_->CopySlot(s.slot_, copy.slot_));
   }
@@ -407,10 +408,7 @@ Status CudaServingModel::Compress(Sequence& s) {
   }
   SKV_RETURN_IF_ERROR(compressed);
   s.compressed_ = true;
-  group_->ResetSlot(s.slot_);
-  std::lock_guard lock(mutex_);
-  free_slots_.push_back(s.slot_);
-  s.slot_ = -1;
+  GiveBackSlot(s);
   return Status::Ok();
 }
 

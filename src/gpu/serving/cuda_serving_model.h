@@ -108,6 +108,7 @@ class CudaServingModel final : public engine::ServingModel {
   Result<std::unique_ptr<kv::SequenceKv>> NewSequence();
   void Release(Sequence& sequence);
   Result<std::unique_ptr<kv::SequenceKv>> Fork(const Sequence& sequence);
+  void GiveBackSlot(Sequence& sequence);  // its full-cache slot back to the pool
   Status Compress(Sequence& sequence);
   bool shadowkv() const { return kv::IsPolicy(options_.kv, kv::PolicyKind::kShadowKv); }
 
