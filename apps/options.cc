@@ -28,8 +28,7 @@ void AddTensorParallelOptions(CLI::App& app, TensorParallelOptions& flags) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   // Hidden (empty group): all ranks on one GPU through the single-device communicator.
-  app.add_flag("--tp-local", flags.local,
-               "run the --tensor-parallel ranks on one GPU (diagnostic)")
+  app.add_flag("--tp-local", flags.local, "run the --tensor-parallel ranks on one GPU (diagnostic)")
       ->group("");
 }
 
@@ -73,7 +72,24 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
       ->capture_default_str();
   app.add_option("--chunk-size", c.chunk_size, "shadowkv: tokens per chunk")->capture_default_str();
   app.add_option("--rank", c.rank, "shadowkv: rank of the pre-RoPE key factorisation (0 = ratio)");
-  app.add_option("--rank-ratio", c.rank_ratio, "shadowkv: rank as a fraction of KV heads x head dim")
+  app.add_option("--rank-ratio", c.rank_ratio,
+                 "shadowkv: rank as a fraction of KV heads x head dim")
+      ->capture_default_str();
+  app.add_option("--rank-energy", c.rank_energy,
+                 "shadowkv: per-layer rank holding this share of the key energy (0 = fixed rank)")
+      ->capture_default_str();
+  app.add_option("--rank-min", c.rank_min, "shadowkv: smallest per-layer rank")
+      ->capture_default_str();
+  app.add_option("--rank-max", c.rank_max, "shadowkv: largest per-layer rank (0 = the width)")
+      ->capture_default_str();
+  app.add_option("--select", c.selection,
+                 "shadowkv: chunk selection: landmarks | rerank | heads | mass")
+      ->capture_default_str();
+  app.add_option("--rerank-factor", c.rerank_factor,
+                 "shadowkv --select rerank: candidates per kept chunk")
+      ->capture_default_str();
+  app.add_option("--select-mass", c.select_mass,
+                 "shadowkv --select mass: share of the landmark score each KV head keeps")
       ->capture_default_str();
   app.add_option("--outliers", c.outlier_chunks, "shadowkv: outlier chunks per KV head (-1 = auto)")
       ->capture_default_str();
@@ -85,7 +101,8 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
                "shadowkv: store chunk landmarks as FP8 e4m3, one scale per landmark");
   app.add_option("--value-store", c.value_store_path,
                  "shadowkv: directory for a file-backed value store (default: RAM)");
-  app.add_option("--snap-window", c.snap_window, "snapkv: observation window")->capture_default_str();
+  app.add_option("--snap-window", c.snap_window, "snapkv: observation window")
+      ->capture_default_str();
   app.add_option("--snap-kernel", c.snap_kernel, "snapkv: pooling kernel")->capture_default_str();
   app.add_option("--snap-pooling", c.snap_pooling, "snapkv: max | avg")->capture_default_str();
   app.add_option("--page-size", c.quest_page_size, "quest: tokens per page")->capture_default_str();
@@ -123,7 +140,8 @@ Result<std::string> ReadPromptText(const std::string& text, const std::string& f
     buffer << in.rdbuf();
     result = buffer.str();
   }
-  if (result.empty()) return Error(ErrorCode::kInvalidArgument, "no prompt: give -p TEXT or -f FILE");
+  if (result.empty())
+    return Error(ErrorCode::kInvalidArgument, "no prompt: give -p TEXT or -f FILE");
   return result;
 }
 

@@ -54,6 +54,28 @@ Status KvPolicyConfig::Validate() const {
   if (rank == 0 && !(rank_ratio > 0.0 && rank_ratio <= 1.0)) {
     return Error(ErrorCode::kInvalidArgument, "rank ratio {} is not in (0, 1]", rank_ratio);
   }
+  if (!(rank_energy >= 0.0 && rank_energy <= 1.0)) {
+    return Error(ErrorCode::kInvalidArgument, "rank energy {} is not in [0, 1]", rank_energy);
+  }
+  if (rank_min < 0 || rank_max < 0) {
+    return Error(ErrorCode::kInvalidArgument, "rank bounds [{}, {}] must not be negative", rank_min,
+                 rank_max);
+  }
+  if (rank_max > 0 && rank_min > rank_max) {
+    return Error(ErrorCode::kInvalidArgument, "rank floor {} is above the rank cap {}", rank_min,
+                 rank_max);
+  }
+  if (selection != "landmarks" && selection != "rerank" && selection != "heads" &&
+      selection != "mass") {
+    return Error(ErrorCode::kInvalidArgument,
+                 "chunk selection '{}' is not landmarks, rerank, heads or mass", selection);
+  }
+  if (rerank_factor < 1) {
+    return Error(ErrorCode::kInvalidArgument, "rerank factor {} must be at least 1", rerank_factor);
+  }
+  if (!(select_mass > 0.0 && select_mass <= 1.0)) {
+    return Error(ErrorCode::kInvalidArgument, "selection mass {} is not in (0, 1]", select_mass);
+  }
   if (exact_layers < 0) {
     return Error(ErrorCode::kInvalidArgument, "exact layers {} is negative", exact_layers);
   }
@@ -127,6 +149,12 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"chunk", Assign(&KvPolicyConfig::chunk_size)},
       {"rank", Assign(&KvPolicyConfig::rank)},
       {"rank_ratio", Assign(&KvPolicyConfig::rank_ratio)},
+      {"rank_energy", Assign(&KvPolicyConfig::rank_energy)},
+      {"rank_min", Assign(&KvPolicyConfig::rank_min)},
+      {"rank_max", Assign(&KvPolicyConfig::rank_max)},
+      {"select", Assign(&KvPolicyConfig::selection)},
+      {"rerank_factor", Assign(&KvPolicyConfig::rerank_factor)},
+      {"mass", Assign(&KvPolicyConfig::select_mass)},
       {"basis_groups", Assign(&KvPolicyConfig::basis_groups)},
       {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
       {"window", Assign(&KvPolicyConfig::local_window)},
@@ -160,16 +188,17 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
       const std::string_view item = rest.substr(0, item_end);
       const size_t equals = item.find('=');
       if (equals == std::string_view::npos || equals == 0) {
-        return Error(ErrorCode::kInvalidArgument,
-                     "KV policy variant '{}': '{}' is not KEY=VALUE", text, item);
+        return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': '{}' is not KEY=VALUE",
+                     text, item);
       }
       const std::string_view key = item.substr(0, equals);
       const auto setter = VariantKeys().find(key);
       if (setter == VariantKeys().end()) {
         std::vector<std::string> known;
         for (const auto& [name, unused] : VariantKeys()) known.push_back(name);
-        return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': unknown setting '{}' (known: {})",
-                     text, key, fmt::join(known, ", "));
+        return Error(ErrorCode::kInvalidArgument,
+                     "KV policy variant '{}': unknown setting '{}' (known: {})", text, key,
+                     fmt::join(known, ", "));
       }
       if (Status s = setter->second(config, item.substr(equals + 1)); !s.ok()) {
         return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': {} '{}' for '{}'", text,

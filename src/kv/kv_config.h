@@ -25,6 +25,24 @@ struct KvPolicyConfig {
   int chunk_size = 8;
   int rank = 0;                 // r; 0 = from rank_ratio
   double rank_ratio = 1 / 6.4;  // r = ceil8(ratio * num_kv_heads * head_dim)
+  // Rank from the key spectrum: with rank_energy > 0 each layer (of each sequence, and each
+  // basis group) keeps the smallest multiple of 8 whose top eigenvalues hold this share of its
+  // pre-RoPE key energy, clamped to [rank_min, rank_max] (rank_max 0 = the basis width); `rank`
+  // and `rank_ratio` are then unused. 0 = one fixed rank for every layer.
+  double rank_energy = 0.0;
+  int rank_min = 8;
+  int rank_max = 0;
+  // Chunk selection at each decode step (docs/DESIGN.md, "Chunk selection"):
+  //   landmarks  the method's: per KV head, the K chunks whose landmarks score highest (softmax
+  //              of q.L summed over the queries, max over the GQA group);
+  //   rerank     landmarks pick rerank_factor * K candidates, whose rebuilt keys are scored
+  //              exactly, and the best K are kept;
+  //   heads      each query head of a GQA group picks its own best chunks, K in all per KV head;
+  //   mass       per KV head the fewest chunks holding select_mass of the landmark score, between
+  //              a floor and a cap around K.
+  std::string selection = "landmarks";
+  int rerank_factor = 4;
+  double select_mass = 0.9;
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
   int local_window = 32;        // W: exact tokens at the end of the prompt
   // Factorise the keys of this many equal groups of KV heads separately, each with its own
@@ -65,7 +83,8 @@ struct KvPolicyConfig {
 
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
-// budget_min, chunk, rank, rank_ratio, basis_groups, outliers, window, successors (0 or 1),
+// budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_max, select, rerank_factor,
+// mass, basis_groups, outliers, window, successors (0 or 1),
 // exact_layers, fp8_values (0 or 1), fp8_landmarks (0 or 1), snap_window, snap_kernel,
 // snap_pooling, page, dense_layers, sinks. Settings not
 // named come from `base`. Unknown keys, malformed values and invalid results are

@@ -49,6 +49,18 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(fp8->fp8_values, 1);
   EXPECT_EQ(fp8->fp8_landmarks, 1);
   EXPECT_EQ(config->fp8_values, 0);
+  auto modes = ParseKvVariant(
+      "shadowkv:rank_energy=0.95:rank_min=16:rank_max=96:select=rerank:rerank_factor=3:mass=0.8",
+      base);
+  ASSERT_TRUE(modes.ok()) << modes.status().ToString();
+  EXPECT_DOUBLE_EQ(modes->rank_energy, 0.95);
+  EXPECT_EQ(modes->rank_min, 16);
+  EXPECT_EQ(modes->rank_max, 96);
+  EXPECT_EQ(modes->selection, "rerank");
+  EXPECT_EQ(modes->rerank_factor, 3);
+  EXPECT_DOUBLE_EQ(modes->select_mass, 0.8);
+  EXPECT_EQ(config->selection, "landmarks");
+  EXPECT_DOUBLE_EQ(config->rank_energy, 0.0);
 }
 
 TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
@@ -57,14 +69,19 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
     const char* text;
     const char* mentions;
   };
-  for (const Case& c : {Case{"shadowkv:colour=red", "unknown setting 'colour'"},
-                        Case{"shadowkv:rank", "not KEY=VALUE"},
-                        Case{"shadowkv:rank=12x", "12x"},
-                        Case{"shadowkv:budget=", "budget"},
-                        Case{"shadowkv:chunk=0", "chunk size 0"},
-                        Case{"shadowkv:fp8_values=2", "fp8_values must be 0 or 1"},
-                        Case{"shadowkv:fp8_landmarks=-1", "fp8_landmarks must be 0 or 1"},
-                        Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
+  for (const Case& c :
+       {Case{"shadowkv:colour=red", "unknown setting 'colour'"},
+        Case{"shadowkv:rank", "not KEY=VALUE"}, Case{"shadowkv:rank=12x", "12x"},
+        Case{"shadowkv:budget=", "budget"}, Case{"shadowkv:chunk=0", "chunk size 0"},
+        Case{"shadowkv:fp8_values=2", "fp8_values must be 0 or 1"},
+        Case{"shadowkv:fp8_landmarks=-1", "fp8_landmarks must be 0 or 1"},
+        Case{"shadowkv:rank_energy=1.5", "rank energy 1.5"},
+        Case{"shadowkv:rank_min=64:rank_max=32", "rank floor 64"},
+        Case{"shadowkv:rank_min=-8", "must not be negative"},
+        Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
+        Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
+        Case{"shadowkv:mass=0", "selection mass 0"},
+        Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);
     ASSERT_FALSE(config.ok()) << c.text;
     EXPECT_EQ(config.status().code(), ErrorCode::kInvalidArgument) << c.text;

@@ -566,6 +566,11 @@ Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& confi
     return Error(ErrorCode::kInvalidArgument, "rotary dim {} does not fit head dim {}",
                  geometry.rope.rotary_dim, geometry.head_dim);
   }
+  if (config.rank_energy > 0.0 || config.selection != "landmarks") {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV: rank_energy and selection '{}' are not implemented yet",
+                 config.selection);
+  }
   Settings settings{config, geometry, config.chunk_size, config.local_window, 0};
   const int groups = config.basis_groups;
   if (groups < 1 || geometry.num_kv_heads % groups != 0) {

@@ -12,12 +12,12 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
   const int64_t bf16 = 2;
   const int64_t layers = num_layers, heads = num_kv_heads;
   const int64_t chunked_rows = static_cast<int64_t>(capacity_chunks) * chunk_size;
-  return layers * (2 * heads * attn_capacity * head_dim * bf16          // attention K and V
-                   + recent_capacity * kv_width() * bf16                // exact pre-RoPE keys
-                   + chunked_rows * rank * bf16                         // A
-                   + static_cast<int64_t>(rank) * kv_width() * bf16     // B
-                   + heads * capacity_chunks                            // outlier flags
-                   + heads * max_budget * 4)                            // gather slots
+  return layers * (2 * heads * attn_capacity * head_dim * bf16       // attention K and V
+                   + recent_capacity * kv_width() * bf16             // exact pre-RoPE keys
+                   + chunked_rows * rank * bf16                      // A
+                   + static_cast<int64_t>(rank) * kv_width() * bf16  // B
+                   + heads * capacity_chunks                         // outlier flags
+                   + heads * max_budget * 4)                         // gather slots
          + LandmarkBytesPerSequence();
 }
 
@@ -27,8 +27,8 @@ int64_t SkvGeometry::LandmarkBytesPerSequence() const {
 }
 
 int64_t SkvGeometry::ValueCodeBytesPerSequence() const {
-  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size *
-         head_dim * (fp8_values ? 1 : 2);
+  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size * head_dim *
+         (fp8_values ? 1 : 2);
 }
 
 int64_t SkvGeometry::ValueBytesPerSequence() const {
@@ -43,8 +43,14 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
   }
   if (config.basis_groups != 1) {
-    return Error(ErrorCode::kUnsupported, "ShadowKV basis_groups runs on the CPU only (on the "
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV basis_groups runs on the CPU only (on the "
                  "GPU, --tensor-parallel N gives each rank's heads their own basis)");
+  }
+  if (config.rank_energy > 0.0 || config.selection != "landmarks") {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV on the GPU: rank_energy and selection '{}' are not implemented yet",
+                 config.selection);
   }
   SkvGeometry g;
   g.num_layers = num_layers;
@@ -54,8 +60,10 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.local_window = config.local_window;
   SKV_ASSIGN_OR_RETURN(g.rank, kv::ResolveRank(config.rank, config.rank_ratio, g.kv_width()));
   if (g.rank % 8 != 0) {
-    return Error(ErrorCode::kUnsupported, "ShadowKV on the GPU needs a rank that is a multiple of "
-                 "8; {} is not", g.rank);
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV on the GPU needs a rank that is a multiple of "
+                 "8; {} is not",
+                 g.rank);
   }
   if (capacity_tokens < 1 || capacity_tokens / g.chunk_size > (1 << 24)) {
     return Error(ErrorCode::kInvalidArgument, "ShadowKV capacity of {} tokens", capacity_tokens);
