@@ -27,6 +27,7 @@
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
 #include "gpu/model/cuda_model.h"
+#include "gpu/model/shadowkv_plan.h"
 #endif
 
 namespace shadowkv::app {
@@ -195,25 +196,64 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         full_index = static_cast<int>(p);
         continue;
       }
+      SKV_ASSIGN_OR_RETURN(const Attendance attendance,
+                           ShadowKvAttendance(policies[p], static_cast<int64_t>(prompt.size())));
       SKV_RETURN_IF_ERROR(model_->AllocateShadowKv(policies[p], 1, capacity_));
       SKV_RETURN_IF_ERROR(model_->AllocateShadowKvValues(0, /*on_host=*/false));
       SKV_RETURN_IF_ERROR(model_->CompressToShadowKv(0, 0));
       model_->ResetShadowKvCounters();
-      SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, /*shadowkv=*/true, &(*answers)[p]));
+      eval::BackendAnswer& answer = (*answers)[p];
+      SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, &attendance, &answer));
       const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
-      (*answers)[p].stats.chunk_selections = stats.chunks_selected;
-      (*answers)[p].stats.chunk_hits = stats.chunk_hits;
-      (*answers)[p].rank = stats.rank;
+      answer.stats.chunk_selections = stats.chunks_selected;
+      answer.stats.chunk_hits = stats.chunk_hits;
+      answer.rank = stats.rank;
+      answer.outlier_chunks = attendance.outlier_chunks;
+      SKV_ASSIGN_OR_RETURN(const auto bytes,
+                           model_->ShadowKvBytesPerSequence(policies[p], capacity_));
+      answer.memory = {bytes.first, bytes.second};
       model_->FreeShadowKv();
     }
     if (full_index >= 0) {
-      SKV_RETURN_IF_ERROR(
-          Decode(first, max_new_tokens, /*shadowkv=*/false, &(*answers)[full_index]));
+      eval::BackendAnswer& answer = (*answers)[full_index];
+      SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &answer));
+      const ModelConfig& c = model_->config();
+      // bf16 keys and values of every layer for the tokens the slot holds.
+      answer.memory.fast_bytes =
+          int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim * model_->slot_length(0);
     }
     return Status::Ok();
   }
 
  private:
+  // What a GPU ShadowKV sequence attends per decode query and layer, from the same plan its
+  // kernels follow (shadowkv_plan.h): its outlier and budget chunks, then the exact tokens from
+  // the first exact position to the new token.
+  struct Attendance {
+    int64_t selected_tokens = 0;  // (outlier + budget chunks) * chunk size
+    int64_t exact_first = 0;      // first exact position right after compression
+    int chunk_size = 0;
+    int local_window = 0;
+    int64_t outlier_chunks = 0;
+  };
+  Result<Attendance> ShadowKvAttendance(const kv::KvPolicyConfig& config,
+                                        int64_t prompt_tokens) const {
+    const ModelConfig& c = model_->config();
+    SKV_ASSIGN_OR_RETURN(
+        const cuda::SkvGeometry geometry,
+        cuda::MakeSkvGeometry(config, c.num_layers, c.num_kv_heads, c.head_dim, capacity_));
+    SKV_ASSIGN_OR_RETURN(const cuda::SkvCompressionPlan plan,
+                         cuda::PlanSkvCompression(config, geometry, prompt_tokens));
+    Attendance a;
+    a.selected_tokens = static_cast<int64_t>(plan.info.outlier_chunks + plan.info.budget_chunks) *
+                        geometry.chunk_size;
+    a.exact_first = plan.exact_first;
+    a.chunk_size = geometry.chunk_size;
+    a.local_window = geometry.local_window;
+    a.outlier_chunks = plan.info.outlier_chunks;
+    return a;
+  }
+
   // The policies without GPU kernels: the GPU's prompt keys and values, all but the last
   // tokens (as many as the widest SnapKV window, at least one), go to the CPU model, which runs
   // those last tokens to record their queries and the next-token logits; then the policies
@@ -254,9 +294,10 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     return Status::Ok();
   }
 
-  // Greedy decoding from `first` (the prefill's next token) in the prefilled slot or in
-  // ShadowKV sequence 0.
-  Status Decode(int32_t first, int max_new_tokens, bool shadowkv, eval::BackendAnswer* answer) {
+  // Greedy decoding from `first` (the prefill's next token) in the prefilled slot, or with
+  // `shadowkv` in ShadowKV sequence 0; counts the tokens each step's queries attend.
+  Status Decode(int32_t first, int max_new_tokens, const Attendance* shadowkv,
+                eval::BackendAnswer* answer) {
     eval::GreedyStream stream;
     stream.remaining = max_new_tokens;
     eval::PushToken(stream, first, tokenizer_);
@@ -268,6 +309,15 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         stream.truncated = true;
         break;
       }
+      const int64_t held = length + 1;  // the step's own token included
+      const int64_t attended =
+          shadowkv ? shadowkv->selected_tokens + held -
+                         cuda::SkvExactFirst(held, shadowkv->exact_first, shadowkv->chunk_size,
+                                             shadowkv->local_window)
+                   : held;
+      answer->stats.prepare_calls += 1;
+      answer->stats.context_tokens += held;
+      answer->stats.attended_tokens += attended;
       int32_t token = stream.feed.front();
       const std::span<const int> seqs(&index, 1);
       const std::span<int32_t> tokens(&token, 1);

@@ -240,6 +240,7 @@ Status Runner::AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens
     PolicyOutput out = Output(p, answers[p].tokens, metric, *outcome, outcome->prompt_tokens);
     out.truncated = answers[p].truncated;
     out.stats = answers[p].stats;
+    out.memory = answers[p].memory;
     out.rank = answers[p].rank;
     out.outlier_chunks = answers[p].outlier_chunks;
     outcome->outputs.push_back(std::move(out));
@@ -252,9 +253,8 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
     const GreedyStream& stream = conversation.streams[p];
     const kv::SequenceKv& sequence = *conversation.sequences[p];
     const size_t begin = std::min(conversation.turn_start[p], stream.generated.size());
-    PolicyOutput out =
-        Output(p, std::span<const int32_t>(stream.generated).subspan(begin), metric, *outcome,
-               conversation.prefill_tokens);
+    PolicyOutput out = Output(p, std::span<const int32_t>(stream.generated).subspan(begin), metric,
+                              *outcome, conversation.prefill_tokens);
     out.truncated = stream.truncated;
     ShadowKvShape(sequence, &out.rank, &out.outlier_chunks);
     out.stats = sequence.stats();
@@ -301,8 +301,8 @@ Status Runner::AskQuestion(const TaskInfo& task, const SampleRequest& request,
   outcome.task = task.name;
   outcome.length = request.target_tokens;
   outcome.index = request.index;
-  outcome.depth = grid_depth >= 0 ? grid_depth
-                                  : (sample.depths.size() == 1 ? sample.depths[0] : -1.0);
+  outcome.depth =
+      grid_depth >= 0 ? grid_depth : (sample.depths.size() == 1 ? sample.depths[0] : -1.0);
   outcome.answers = sample.answers;
   if (backend_) {
     SKV_RETURN_IF_ERROR(
@@ -430,6 +430,7 @@ Status AnswerFromRecord(CpuModel& model, const PrefillRecord& record,
     answer.tokens = std::move(streams[p].generated);
     answer.truncated = streams[p].truncated;
     answer.stats = sequences[p]->stats();
+    answer.memory = sequences[p]->memory();
     ShadowKvShape(*sequences[p], &answer.rank, &answer.outlier_chunks);
   }
   return Status::Ok();

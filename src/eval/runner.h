@@ -88,9 +88,10 @@ using ProgressFn = std::function<void(const EvalProgress&)>;
 struct BackendAnswer {
   std::vector<int32_t> tokens;  // generated, end-of-generation token included when reached
   bool truncated = false;
-  kv::PolicyStats stats;        // chunk selections and hits where the policy selects chunks
-  int rank = 0;                 // shadowkv
-  int64_t outlier_chunks = 0;   // shadowkv, per KV head
+  kv::PolicyStats stats;       // chunk selections and hits where the policy selects chunks
+  kv::MemoryUsage memory;      // KV bytes of the answer's sequence (fast tier, slow tier)
+  int rank = 0;                // shadowkv
+  int64_t outlier_chunks = 0;  // shadowkv, per KV head
 };
 
 // Answers single questions somewhere other than the CPU model (the CUDA backend): every
