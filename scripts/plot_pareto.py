@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Accuracy against cost, one point per KV policy: the Pareto view of `shadowkv eval` reports.
+
+Usage: scripts/plot_pareto.py REPORT.json [REPORT.json...] --out OUT.png
+           [--bench BENCH.json]   # `shadowkv bench --json` of the same policies on the same model
+           [--length TOKENS]      # the report's context length to plot (default: its first)
+
+Left panel: the average score over the report's tasks, with its 95% bootstrap interval, against
+the fast-tier KV bytes per context token: the mean over questions of the report's
+`kv_fast_bytes` divided by the row's context length (prompt plus answer). The CUDA backend sizes
+a ShadowKV sequence for that length, so on the GPU the bytes are what one sequence allocates;
+the CPU backend counts fp32, the GPU bf16, so compare points of one backend only. Right panel
+(with --bench): the same scores against the bench's decode tokens per second, each policy at
+its best batch at the bench context closest to the length. Points on the upper-left (less
+memory) or upper-right (more speed) frontier are drawn filled; the others hollow.
+Also prints the table it plots.
+"""
+import argparse
+import json
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def points(report, length):
+    key = str(length)
+    scores = report["scores"][key]["average"]
+    intervals = report.get("intervals", {}).get(key, {}).get("average", {})
+    attended = report.get("attended_tokens_per_query", {}).get(key, {})
+    fast = {}
+    for question in report["questions"]:
+        if question["length"] != length:
+            continue
+        for output in question["outputs"]:
+            fast.setdefault(output["policy"], []).append(output.get("kv_fast_bytes", 0))
+    rows = []
+    for policy, score in scores.items():
+        values = fast.get(policy, [])
+        per_token = sum(values) / len(values) / length if values else math.nan
+        low, high = intervals.get(policy, [math.nan, math.nan]) or [math.nan, math.nan]
+        rows.append({"policy": policy, "score": score, "low": low, "high": high,
+                     "bytes_per_token": per_token if per_token > 0 else math.nan,
+                     "attended": attended.get(policy)})
+    return rows
+
+
+def best_speed(bench, policy, length):
+    results = [r for r in bench["results"] if r.get("policy") == policy]
+    if not results:
+        return math.nan
+    context = min({r["context"] for r in results}, key=lambda c: abs(c - length))
+    return max(r["decode_tokens_per_s"] for r in results if r["context"] == context)
+
+
+def frontier(rows, x_key, larger_x_better):
+    """Policies no other point beats on both score and x."""
+    kept = set()
+    for a in rows:
+        if math.isnan(a[x_key]):
+            continue
+        beaten = False
+        for b in rows:
+            if b is a or math.isnan(b[x_key]):
+                continue
+            better_x = b[x_key] >= a[x_key] if larger_x_better else b[x_key] <= a[x_key]
+            if better_x and b["score"] >= a["score"] and (b[x_key] != a[x_key] or
+                                                           b["score"] != a["score"]):
+                beaten = True
+                break
+        if not beaten:
+            kept.add(a["policy"])
+    return kept
+
+
+def scatter(ax, rows, x_key, larger_x_better, xlabel):
+    best = frontier(rows, x_key, larger_x_better)
+    for row in rows:
+        if math.isnan(row[x_key]):
+            continue
+        filled = row["policy"] in best
+        err = None
+        if not math.isnan(row["low"]):
+            err = [[row["score"] - row["low"]], [row["high"] - row["score"]]]
+        ax.errorbar(row[x_key], row["score"], yerr=err, fmt="o", capsize=3,
+                    markerfacecolor=None if filled else "none")
+        ax.annotate(row["policy"], (row[x_key], row["score"]), fontsize=7,
+                    xytext=(4, 3), textcoords="offset points")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("average score (%), 95% interval")
+    ax.grid(alpha=0.3)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--bench")
+    parser.add_argument("--length", type=int)
+    args = parser.parse_args()
+    rows, model = [], ""
+    for path in args.reports:
+        with open(path) as handle:
+            report = json.load(handle)
+        length = args.length or report["settings"]["lengths"][0]
+        model = report["model"].get("summary", "").split(" (")[0] or model
+        seen = {row["policy"] for row in rows}
+        rows += [row for row in points(report, length) if row["policy"] not in seen]
+    bench = None
+    if args.bench:
+        with open(args.bench) as handle:
+            bench = json.load(handle)
+        for row in rows:
+            row["tokens_per_s"] = best_speed(bench, row["policy"], length)
+    print(f"{'policy':44} {'score':>6} {'95% interval':>16} {'bytes/token':>12} "
+          f"{'attended':>9}" + (f" {'decode tok/s':>13}" if bench else ""))
+    for row in rows:
+        interval = f"[{row['low']:.1f}, {row['high']:.1f}]"
+        attended = f"{row['attended']:.1f}" if row["attended"] is not None else "-"
+        line = (f"{row['policy']:44} {row['score']:6.1f} {interval:>16} "
+                f"{row['bytes_per_token']:12.0f} {attended:>9}")
+        if bench:
+            line += f" {row['tokens_per_s']:13.1f}"
+        print(line)
+    panels = 2 if bench else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.8), squeeze=False,
+                             constrained_layout=True)
+    scatter(axes[0][0], rows, "bytes_per_token", False, "fast-tier KV bytes per context token")
+    if bench:
+        scatter(axes[0][1], rows, "tokens_per_s", True, "bench decode tokens/s (best batch)")
+    fig.suptitle(f"{model}: score against cost at {length} tokens")
+    fig.savefig(args.out, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
