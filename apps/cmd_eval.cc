@@ -47,6 +47,7 @@ struct EvalOptions {
   bool niah_grid = false;
   int grid_depths = 10;
   int multi_turn = 0;
+  bool fresh_turns = false;
   int prefill_chunk = 512;
   Device device = Device::kCpu;  // with cuda, full and shadowkv are answered on the GPU
   bool plain = false;
@@ -393,6 +394,7 @@ int RunEvalCommand(const EvalOptions& o) {
   settings.seed = o.seed;
   settings.depth = o.depth;
   settings.turns = o.multi_turn;
+  settings.fresh_turns = o.fresh_turns;
   settings.prefill_chunk = o.prefill_chunk;
   for (int i = 0; i < o.grid_depths; ++i) {
     settings.grid_depths.push_back(
@@ -550,10 +552,15 @@ Command AddEvalCommand(CLI::App& app) {
   cmd->add_option("--grid-depths", options->grid_depths, "needle depths of the grid, 0..100%")
       ->capture_default_str()
       ->check(CLI::Range(1, 101));
-  cmd->add_option("--multi-turn", options->multi_turn,
-                  "multi-turn NIAH: N needles, asked one per turn in one conversation")
-      ->check(CLI::Range(1, 40))
-      ->excludes(grid);
+  auto* turns =
+      cmd->add_option("--multi-turn", options->multi_turn,
+                      "multi-turn NIAH: N needles, asked one per turn in one conversation")
+          ->check(CLI::Range(1, 40))
+          ->excludes(grid);
+  cmd->add_flag("--fresh-turns", options->fresh_turns,
+                "multi-turn: prefill each policy's whole conversation again for every turn "
+                "instead of reusing its KV (the reference for reuse)")
+      ->needs(turns);
   cmd->add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens per forward step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

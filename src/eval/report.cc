@@ -302,7 +302,10 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
     settings["depth"] =
         st.depth < 0 ? nlohmann::ordered_json("random") : nlohmann::ordered_json(st.depth);
   if (st.mode == EvalMode::kNiahGrid) settings["grid_depths"] = st.grid_depths;
-  if (st.mode == EvalMode::kMultiTurn) settings["turns"] = st.turns;
+  if (st.mode == EvalMode::kMultiTurn) {
+    settings["turns"] = st.turns;
+    settings["kv_across_turns"] = st.fresh_turns ? "fresh prefill" : "reused";
+  }
 
   settings["bootstrap"] = {
       {"method", "percentile bootstrap over questions; the average resamples within each row"},

@@ -35,6 +35,7 @@ struct Conversation {
   std::vector<std::unique_ptr<kv::SequenceKv>> sequences;  // [policy]
   std::vector<GreedyStream> streams;                       // [policy]
   std::vector<size_t> turn_start;                          // [policy] first token of this turn
+  std::vector<std::vector<int32_t>> held;                  // [policy] tokens its sequence holds
   int64_t prefill_tokens = 0;                              // the shared prompt
 };
 
@@ -64,6 +65,11 @@ class Runner {
   Status Continue(const std::string& followup, int max_new_tokens, Conversation* conversation,
                   QuestionOutcome* outcome);
   void Collect(Conversation& conversation, Metric metric, QuestionOutcome* outcome);
+  // EvalSettings::fresh_turns: replaces policy `p`'s sequence by a fresh prefill of what it held
+  // plus its pending feed, and pushes the token that prefill predicts.
+  Status PrefillAgain(size_t p, Conversation* conversation);
+  // kInternal where a sequence holds other than the tokens recorded for it.
+  Status CheckHeld(const Conversation& conversation) const;
   // The backend's answers to one prompt, scored into `outcome`.
   Status AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens, Metric metric,
                     QuestionOutcome* outcome);
@@ -167,6 +173,7 @@ Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
   const int32_t first = Argmax(first_logits);
   conversation->streams.resize(policies_.size());
   conversation->turn_start.assign(policies_.size(), 0);
+  conversation->held.assign(policies_.size(), prompt);
   std::vector<GreedyStream*> streams;
   for (size_t p = 0; p < policies_.size(); ++p) {
     GreedyStream& stream = conversation->streams[p];
@@ -177,6 +184,28 @@ Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
   }
   SKV_RETURN_IF_ERROR(RunGreedy(model_, streams));
   outcome->decode_seconds = Since(start);
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    // Every generated token but the last was fed.
+    const auto& generated = conversation->streams[p].generated;
+    conversation->held[p].insert(conversation->held[p].end(), generated.begin(),
+                                 generated.end() - 1);
+  }
+  return CheckHeld(*conversation);
+}
+
+Status Runner::PrefillAgain(size_t p, Conversation* conversation) {
+  GreedyStream& stream = conversation->streams[p];
+  std::vector<int32_t> tokens = conversation->held[p];
+  tokens.insert(tokens.end(), stream.feed.begin(), stream.feed.end());
+  SKV_ASSIGN_OR_RETURN(PrefillRecord record,
+                       RecordPrefill(model_, tokens, settings_.prefill_chunk));
+  SKV_ASSIGN_OR_RETURN(auto sequence, policies_[p]->NewSequence());
+  SKV_RETURN_IF_ERROR(ReplayPrefill(record, *sequence));
+  conversation->sequences[p] = std::move(sequence);
+  conversation->held[p] = std::move(tokens);
+  stream.kv = conversation->sequences[p].get();
+  stream.feed.clear();
+  PushToken(stream, Argmax(record.last_logits), model_.tokenizer());
   return Status::Ok();
 }
 
@@ -205,8 +234,39 @@ Status Runner::Continue(const std::string& followup, int max_new_tokens, Convers
   const GreedyStream& reference = conversation->streams[0];
   outcome->prompt_tokens =
       conversation->sequences[0]->num_tokens() + static_cast<int64_t>(reference.feed.size());
+  std::vector<size_t> fed_from(policies_.size());  // [policy] first token generated this turn
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    GreedyStream& stream = conversation->streams[p];
+    if (stream.feed.empty()) continue;
+    if (settings_.fresh_turns) {
+      SKV_RETURN_IF_ERROR(PrefillAgain(p, conversation));
+    } else {
+      conversation->held[p].insert(conversation->held[p].end(), stream.feed.begin(),
+                                   stream.feed.end());
+    }
+    fed_from[p] = stream.generated.size() - (settings_.fresh_turns ? 1 : 0);
+  }
   SKV_RETURN_IF_ERROR(RunGreedy(model_, streams));
   outcome->decode_seconds = Since(start);
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    const auto& generated = conversation->streams[p].generated;
+    if (conversation->streams[p].truncated || fed_from[p] == 0) continue;
+    // This turn's generated tokens, all but the last, went into the sequence.
+    conversation->held[p].insert(conversation->held[p].end(), generated.begin() + fed_from[p],
+                                 generated.end() - 1);
+  }
+  return CheckHeld(*conversation);
+}
+
+Status Runner::CheckHeld(const Conversation& conversation) const {
+  for (size_t p = 0; p < policies_.size(); ++p) {
+    const int64_t held = static_cast<int64_t>(conversation.held[p].size());
+    if (!conversation.streams[p].truncated && held != conversation.sequences[p]->num_tokens()) {
+      return Error(ErrorCode::kInternal, "policy {}: {} tokens recorded, its sequence holds {}",
+                   policies_[p]->config().display_name(), held,
+                   conversation.sequences[p]->num_tokens());
+    }
+  }
   return Status::Ok();
 }
 

@@ -28,9 +28,13 @@ struct EvalSettings {
   std::vector<int64_t> lengths;    // target tokens (prompt + generation cap)
   int samples = 4;                 // per task and length (per grid cell, per length)
   uint64_t seed = 42;
-  double depth = -1.0;                       // kTasks: fixed needle depth, < 0 random
-  std::vector<double> grid_depths;           // kNiahGrid
-  int turns = 0;                             // kMultiTurn: needles = questions
+  double depth = -1.0;              // kTasks: fixed needle depth, < 0 random
+  std::vector<double> grid_depths;  // kNiahGrid
+  int turns = 0;                    // kMultiTurn: needles = questions
+  // kMultiTurn: each later turn prefills the policy's whole conversation so far into a new
+  // sequence (full-attention prefill, then the policy compresses it) instead of appending the
+  // follow-up to the held one: the reference that KV reuse across turns is measured against.
+  bool fresh_turns = false;
   std::vector<kv::KvPolicyConfig> policies;  // one per policy, in report order
   int prefill_chunk = 512;
 };

@@ -83,9 +83,10 @@ TEST_F(EvalRunnerTest, EveryPolicyAnswersEveryQuestion) {
   }
 }
 
-// Runs `tokens` through a fresh full-attention sequence and decodes greedily.
-std::vector<int32_t> FreshAnswer(CpuModel& model, const std::vector<int32_t>& tokens, int max_new) {
-  kv::KvPolicyConfig config;
+// Runs `tokens` through a fresh sequence of `config` (full attention by default) and decodes
+// greedily.
+std::vector<int32_t> FreshAnswer(CpuModel& model, const std::vector<int32_t>& tokens, int max_new,
+                                 const kv::KvPolicyConfig& config = {}) {
   auto policy = kv::MakeKvPolicy(config, model.kv_geometry()).value();
   auto sequence = policy->NewSequence().value();
   std::vector<float> logits(model.config().vocab_size);
@@ -102,6 +103,68 @@ std::vector<int32_t> FreshAnswer(CpuModel& model, const std::vector<int32_t>& to
   eval::GreedyStream* streams[] = {&stream};
   EXPECT_TRUE(eval::RunGreedy(model, streams).ok());
   return stream.generated;
+}
+
+// Policy `p`'s conversation before turn `until` (0-based): prompt, answer 1, follow-up 2, ...
+std::vector<int32_t> ConversationBefore(const eval::EvalReport& report, size_t p, int until,
+                                        const eval::MultiTurnSample& sample,
+                                        const eval::PromptFormat& format,
+                                        const Tokenizer& tokenizer) {
+  std::vector<int32_t> conversation = tokenizer.Encode(sample.first.prompt, true, true);
+  for (int turn = 0; turn < until; ++turn) {
+    const std::vector<int32_t>& answer = report.questions[turn].outputs[p].tokens;
+    conversation.insert(conversation.end(), answer.begin(), answer.end());
+    std::string followup = format.Followup(sample.followups[turn]);
+    const int32_t last = answer.back();
+    const std::string last_text = tokenizer.Decode(std::span<const int32_t>(&last, 1));
+    if (tokenizer.IsEndOfGeneration(last) && followup.starts_with(last_text)) {
+      followup.erase(0, last_text.size());  // the answer's end token closed the turn
+    }
+    const auto more = tokenizer.Encode(followup, false, true);
+    conversation.insert(conversation.end(), more.begin(), more.end());
+  }
+  return conversation;
+}
+
+// With fresh_turns every later turn is what a new sequence of the same policy answers after a
+// prefill of that policy's conversation so far; full attention answers the same either way.
+TEST_F(EvalRunnerTest, FreshTurnsPrefillEachPolicysConversationAgain) {
+  const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
+  eval::EvalSettings settings;
+  settings.mode = eval::EvalMode::kMultiTurn;
+  settings.turns = 3;
+  settings.lengths = {1800};
+  settings.samples = 1;
+  settings.seed = 5;
+  settings.policies = AllPolicies();
+  auto reused = eval::RunEval(*model_, format_, tasks, settings);
+  ASSERT_TRUE(reused.ok()) << reused.status().ToString();
+  settings.fresh_turns = true;
+  auto fresh = eval::RunEval(*model_, format_, tasks, settings);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_EQ(fresh->questions.size(), 3u);
+  auto sample = eval::SynthesizeMultiTurn(3, 1800, 5, 0, tasks).value();
+  for (int turn = 0; turn < 3; ++turn) {
+    EXPECT_EQ(fresh->questions[turn].outputs[0].tokens, reused->questions[turn].outputs[0].tokens)
+        << "full attention, turn " << turn + 1;
+  }
+  // SnapKV compresses the whole conversation again, so it holds less than the sequence that
+  // kept every follow-up and answer exact; full attention holds the same tokens either way.
+  const auto& fresh_last = fresh->questions[2].outputs;
+  const auto& reused_last = reused->questions[2].outputs;
+  ASSERT_EQ(fresh_last[2].policy, "snapkv");
+  EXPECT_LT(fresh_last[2].memory.fast_bytes, reused_last[2].memory.fast_bytes);
+  EXPECT_EQ(fresh_last[0].memory.fast_bytes, reused_last[0].memory.fast_bytes);
+  for (size_t p = 0; p < settings.policies.size(); ++p) {
+    for (int turn = 1; turn < 3; ++turn) {
+      const std::vector<int32_t>& answer = fresh->questions[turn].outputs[p].tokens;
+      const std::vector<int32_t> before =
+          ConversationBefore(*fresh, p, turn, sample, format_, model_->tokenizer());
+      EXPECT_GE(answer.size(), 8u) << "too short to compare anything";
+      EXPECT_EQ(answer, FreshAnswer(*model_, before, 128, settings.policies[p]))
+          << settings.policies[p].policy << ", turn " << turn + 1;
+    }
+  }
 }
 
 TEST_F(EvalRunnerTest, MultiTurnContinuesTheConversationOnTheSameKvState) {
