@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Accuracy against speed on a GPU machine (docs/RESULTS.md, "Twenty samples per task"): the GPU
+# tests of ShadowKV, `eval --device cuda` of several KV settings and `bench` of the same settings,
+# from the CUDA bundle of scripts/cuda_bundle.sh (.devrun/skv/shadowkv_cuda.tar.xz, kept in
+# $HOME by the first step that finds it). Models were assembled beforehand (see
+# scripts/cuda_device_run_serving.sh, step assemble). Logs and JSON go to $OUT.
+# Usage: scripts/cuda_device_run_accuracy.sh STEP...
+#   tests              the GPU tests of ShadowKV and the models (CudaShadowKv*, CudaModel*)
+#   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV
+#   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
+#   synth:CTX          the same on synthetic Llama-3-8B weights
+# MODEL is a file under $HOME/m (qwen, smol: $HOME/m/qwen.gguf); $TAG names the outputs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/shadowkv_out}
+mkdir -p "$out"
+bundle=$HOME/shadowkv_cuda.tar.xz
+stage=/tmp/shadowkv_accuracy
+haystack=$HOME/jargon.txt.gz
+kv=${KV:-full,shadowkv}
+tag=${TAG:-run}
+[ -e .devrun/skv/shadowkv_cuda.tar.xz ] && cp .devrun/skv/shadowkv_cuda.tar.xz "$bundle"
+[ -e .devrun/skv/jargon.txt.gz ] && cp .devrun/skv/jargon.txt.gz "$haystack"
+. scripts/cuda_bundle_env.sh
+unpack_cuda_bundle "$bundle" "$stage" || exit 1
+echo "bundle commit: $(cat "$stage/COMMIT")"
+
+for step in "$@"; do
+  start=$(date +%s)
+  IFS=: read -r what model length <<< "$step"
+  case "$what" in
+    tests)
+      timeout 400 "$stage/bin/shadowkv_gpu_tests" \
+        --gtest_filter='CudaShadowKv*:CudaModel*:CudaSkv*:CudaRerank*:CudaSelect*' \
+        > "$out/gpu_tests_${tag}.log" 2>&1
+      echo "tests: exit $?"
+      grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran|\[ parity" "$out/gpu_tests_${tag}.log" | head -40
+      ;;
+    eval)
+      timeout "${LIMIT:-400}" "$stage/bin/shadowkv" eval -m "$HOME/m/$model.gguf" \
+        --haystack "$haystack" --device cuda --kv "$kv" --lengths "$length" \
+        --samples "${SAMPLES:-20}" ${SEED:+--seed "$SEED"} \
+        --json "$out/${model}_${length}_${tag}.json" > "$out/${model}_${length}_${tag}.log" 2>&1
+      echo "eval $model $length: exit $?"
+      grep -vE "^\[eval\]" "$out/${model}_${length}_${tag}.log" | tail -22
+      ;;
+    bench)
+      timeout "${LIMIT:-300}" "$stage/bin/shadowkv" bench --device cuda -m "$HOME/m/$model.gguf" \
+        --kv "$kv" --context "$length" --batch auto --gen 128 --prefill-chunk 2048 \
+        --no-engine-loop --json "$out/bench_${model}_${length}_${tag}.json" \
+        > "$out/bench_${model}_${length}_${tag}.log" 2>&1
+      echo "bench $model $length: exit $?"
+      grep -E "decode|tok/s|rank|batch" "$out/bench_${model}_${length}_${tag}.log" | tail -20
+      ;;
+    synth)
+      timeout "${LIMIT:-400}" "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
+        --kv "$kv" --context "$model" --batch auto --gen 64 --prefill-chunk 4096 \
+        --no-host-values --no-engine-loop --json "$out/bench_synth_${model}_${tag}.json" \
+        > "$out/bench_synth_${model}_${tag}.log" 2>&1
+      echo "synth $model: exit $?"
+      grep -E "decode|tok/s|rank|batch" "$out/bench_synth_${model}_${tag}.log" | tail -20
+      ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "[$step: $(( $(date +%s) - start )) s]"
+done
