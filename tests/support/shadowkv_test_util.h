@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -154,7 +155,7 @@ inline std::unique_ptr<KvPolicy> MakePolicy(const KvPolicyConfig& config, const 
 
 // Largest |a − b| relative to the largest |b|, over every layer.
 inline double RelativeError(const std::vector<std::vector<float>>& a,
-                     const std::vector<std::vector<float>>& b) {
+                            const std::vector<std::vector<float>>& b) {
   double worst = 0, scale = 0;
   for (size_t l = 0; l < a.size(); ++l) {
     for (size_t i = 0; i < a[l].size(); ++i) {
@@ -176,10 +177,9 @@ inline KvPolicyConfig ShadowConfig(int chunk, int window, int64_t outliers, int 
   return c;
 }
 
-
 // Chunk `c`'s rows of one KV head from the stream: [chunk, head_dim] post-RoPE keys or values.
 inline std::vector<float> ChunkRows(const TokenStream& stream, int layer, int h, int chunk_size,
-                             int64_t chunk, bool values) {
+                                    int64_t chunk, bool values) {
   const KvGeometry& g = stream.geometry();
   std::vector<float> rows;
   for (int t = 0; t < chunk_size; ++t) {
@@ -209,6 +209,51 @@ void ForEachHeadAtFirstDecode(const TokenStream& stream, const KvPolicyConfig& c
       ASSERT_NO_FATAL_FAILURE(fn(layer, h, input.heads[h], info));
     }
   }
+}
+
+// A setting at a budget every chunk fits in, which must attend exactly as full attention does
+// through prefill (two blocks), decode steps that graduate chunks and a multi-token turn.
+struct EquivalenceCase {
+  int chunk, window, prompt;
+  int64_t outliers;
+  int key_rank, rank;  // rank 0: full (kv_width)
+  int basis_groups = 1;
+  std::string selection = "landmarks";
+  double rank_energy = 0.0;
+};
+
+inline void CheckEquivalence(const EquivalenceCase& c) {
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, c.key_rank, 17);
+  KvPolicyConfig full_config;
+  auto full = MakePolicy(full_config, g);
+  KvPolicyConfig shadow_config =
+      ShadowConfig(c.chunk, c.window, c.outliers, c.rank ? c.rank : g.kv_width());
+  shadow_config.basis_groups = c.basis_groups;
+  shadow_config.selection = c.selection;
+  shadow_config.rank_energy = c.rank_energy;
+  auto shadow = MakePolicy(shadow_config, g);
+  ASSERT_TRUE(full && shadow);
+  Runner expected(*full, stream), actual(*shadow, stream);
+  // Prompt in two blocks, the second finishing prefill.
+  const int first_block = c.prompt / 3;
+  for (Runner* r : {&expected, &actual}) r->Step(first_block);
+  EXPECT_LT(RelativeError(actual.outputs(), expected.outputs()), 1e-6);
+  for (Runner* r : {&expected, &actual}) r->Step(c.prompt - first_block, true);
+  EXPECT_LT(RelativeError(actual.outputs(), expected.outputs()), 1e-6);
+  EXPECT_EQ(actual.shadow().Inspect(0).compressed, c.prompt >= c.window + c.chunk);
+  const int64_t chunks_after_prefill = actual.shadow().Inspect(0).num_chunks;
+  // Decode steps (graduating several chunks), a multi-token turn, then more decode.
+  auto compare = [&](int count) {
+    for (Runner* r : {&expected, &actual}) r->Step(count);
+    EXPECT_LT(RelativeError(actual.outputs(), expected.outputs()), 1e-4)
+        << "after " << actual.sequence().num_tokens() << " tokens";
+  };
+  for (int step = 0; step < 3 * c.chunk + 2; ++step) compare(1);
+  compare(2 * c.chunk + 3);
+  for (int step = 0; step < c.chunk; ++step) compare(1);
+  EXPECT_GT(actual.shadow().Inspect(1).num_chunks, chunks_after_prefill + 3);
+  EXPECT_EQ(actual.sequence().num_tokens(), expected.sequence().num_tokens());
 }
 
 inline std::set<int64_t> AsSet(const std::vector<int32_t>& chunks) {
