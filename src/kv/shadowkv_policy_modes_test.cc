@@ -146,18 +146,11 @@ void CheckSparseMode(const std::string& mode) {
     } else {
       // A multi-token turn (its queries select together), appended and prepared at each layer.
       for (int layer = 0; layer < g.num_layers; ++layer) {
-        std::vector<float> pre, post, values, queries;
-        for (int i = 0; i < count; ++i) {
-          auto t = stream.Make(layer, position + i);
-          pre.insert(pre.end(), t.pre.begin(), t.pre.end());
-          post.insert(post.end(), t.post.begin(), t.post.end());
-          values.insert(values.end(), t.values.begin(), t.values.end());
-          queries.insert(queries.end(), t.queries.begin(), t.queries.end());
-        }
-        TokenBlock block{count, position, pre.data(), post.data(), values.data(), queries.data()};
+        const TokenStream::Block tokens = stream.MakeBlock(layer, position, count);
+        const TokenBlock block = tokens.View();
         ASSERT_TRUE(runner.sequence().Append(layer, block).ok());
         AttentionInput input;
-        ASSERT_TRUE(runner.sequence().Prepare(layer, queries.data(), count, &input).ok());
+        ASSERT_TRUE(runner.sequence().Prepare(layer, tokens.queries.data(), count, &input).ok());
         ASSERT_TRUE(input.heads[0].back().causal);
       }
     }

@@ -76,6 +76,27 @@ class TokenStream {
     return t;
   }
 
+  // `count` consecutive tokens from `position`, rows concatenated, as one TokenBlock sees them.
+  struct Block {
+    int count = 0;
+    int64_t position = 0;
+    std::vector<float> pre, post, values, queries;
+    TokenBlock View() const {
+      return {count, position, pre.data(), post.data(), values.data(), queries.data()};
+    }
+  };
+  Block MakeBlock(int layer, int64_t position, int count) const {
+    Block b{count, position, {}, {}, {}, {}};
+    for (int i = 0; i < count; ++i) {
+      auto t = Make(layer, position + i);
+      b.pre.insert(b.pre.end(), t.pre.begin(), t.pre.end());
+      b.post.insert(b.post.end(), t.post.begin(), t.post.end());
+      b.values.insert(b.values.end(), t.values.begin(), t.values.end());
+      b.queries.insert(b.queries.end(), t.queries.begin(), t.queries.end());
+    }
+    return b;
+  }
+
   const KvGeometry& geometry() const { return g_; }
 
  private:
@@ -101,15 +122,9 @@ class Runner {
     const KvGeometry& g = stream_.geometry();
     outputs_.assign(g.num_layers, {});
     for (int layer = 0; layer < g.num_layers; ++layer) {
-      std::vector<float> pre, post, values, queries;
-      for (int i = 0; i < count; ++i) {
-        auto t = stream_.Make(layer, position_ + i);
-        pre.insert(pre.end(), t.pre.begin(), t.pre.end());
-        post.insert(post.end(), t.post.begin(), t.post.end());
-        values.insert(values.end(), t.values.begin(), t.values.end());
-        queries.insert(queries.end(), t.queries.begin(), t.queries.end());
-      }
-      TokenBlock block{count, position_, pre.data(), post.data(), values.data(), queries.data()};
+      const TokenStream::Block tokens = stream_.MakeBlock(layer, position_, count);
+      const TokenBlock block = tokens.View();
+      const std::vector<float>& queries = tokens.queries;
       ASSERT_TRUE(sequence_->Append(layer, block).ok());
       AttentionInput input;
       ASSERT_TRUE(sequence_->Prepare(layer, queries.data(), count, &input).ok());
