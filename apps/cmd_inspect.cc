@@ -1,16 +1,17 @@
 // `shadowkv inspect`: the paper's observations on a real model and prompt — singular-value
 // spectra of pre-RoPE keys, post-RoPE keys and values per layer, chunk landmark fidelity
 // (min cosine similarity, outlier fraction), and ShadowKV's chunk hit rate over a decode run.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.h"
 #include "engine/sampler.h"
 #include "kv/low_rank.h"
+#include "kv/shadowkv_policy.h"
 #include "model/cpu_model.h"
 #include "options.h"
 
@@ -52,26 +53,33 @@ class RecordingSequence final : public kv::ForwardingSequenceKv {
   int width_;
 };
 
-// Spectrum summary of rows [tokens, width]: leading singular values and ranks for energy levels.
-Result<nlohmann::json> Spectrum(const std::vector<float>& rows, int64_t tokens, int width,
-                                int keep) {
+// Spectrum summary of rows [tokens, width]: leading singular values, the ranks holding each
+// energy level, and (`rule`) the rank ShadowKV's rank_energy rule picks at each level (multiple
+// of 8, the settings' floor and cap; one basis over the whole width).
+Result<nlohmann::json> Spectrum(const std::vector<float>& rows, int64_t tokens, int width, int keep,
+                                const kv::KvPolicyConfig& rule) {
   const std::vector<double> gram = kv::GramMatrix(rows.data(), tokens, width, width);
   SKV_ASSIGN_OR_RETURN(std::vector<double> eig, kv::GramEigenvalues(gram, width));
   double total = 0;
   for (double e : eig) total += std::max(0.0, e);
-  nlohmann::json ranks;
+  nlohmann::json ranks, chosen;
   for (double level : {0.90, 0.95, 0.99}) {
     double cumulative = 0;
     int rank = 0;
     while (rank < width && cumulative < level * total) cumulative += std::max(0.0, eig[rank++]);
-    ranks[fmt::format("{:.0f}", level * 100)] = rank;
+    const std::string key = fmt::format("{:.0f}", level * 100);
+    ranks[key] = rank;
+    chosen[key] =
+        kv::RankForEnergy(eig, total, level, rule.rank_min, std::min(rule.rank_max, width));
   }
   std::vector<double> singular;
   const double top = std::sqrt(std::max(eig.empty() ? 0.0 : eig[0], 1e-30));
   for (int i = 0; i < std::min(keep, width); ++i) {
     singular.push_back(std::sqrt(std::max(0.0, eig[i])) / top);  // relative to the largest
   }
-  return nlohmann::json{{"rank_for_energy", ranks}, {"relative_singular_values", singular}};
+  return nlohmann::json{{"rank_for_energy", ranks},
+                        {"shadowkv_rank_for_energy", chosen},
+                        {"relative_singular_values", singular}};
 }
 
 // Per chunk and KV head, the smallest cosine similarity between the chunk's landmark (mean
@@ -128,6 +136,8 @@ struct DecodeRun {
   int64_t forced_matches = 0;   // teacher-forced: steps whose argmax was the forced next token
   kv::PolicyStats stats;
   std::vector<kv::PolicyStats> layer_stats;
+  std::vector<int> layer_ranks;     // ShadowKV: each layer's key rank at the end
+  double fast_bytes_per_token = 0;  // the sequence's fast tier over the tokens it holds
 };
 
 // `steps` greedy decode steps from `first_token`. With `forced`, token i + 1 fed is forced[i + 1]
@@ -172,6 +182,15 @@ Result<DecodeRun> ShadowDecode(CpuModel& model, const kv::KvPolicy& policy,
   SKV_ASSIGN_OR_RETURN(DecodeRun run, GreedyDecode(model, sequence.get(), first, steps, forced));
   // The first forced token's agreement replaces the last step's (which has nothing to match).
   run.forced_matches += first_match;
+  if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(sequence.get())) {
+    for (int l = 0; l < model.config().num_layers; ++l) {
+      run.layer_ranks.push_back(shadow->Inspect(l).rank);
+    }
+  }
+  if (sequence->num_tokens() > 0) {
+    run.fast_bytes_per_token =
+        static_cast<double>(sequence->memory().fast_bytes) / sequence->num_tokens();
+  }
   return run;
 }
 
@@ -207,7 +226,7 @@ int RunInspect(const InspectOptions& o) {
     for (auto [name, rows] : {std::pair{"pre_rope_keys", &recording.k_pre[l]},
                               std::pair{"post_rope_keys", &recording.k_post[l]},
                               std::pair{"values", &recording.values[l]}}) {
-      auto spectrum = Spectrum(*rows, tokens, width, o.max_spectrum);
+      auto spectrum = Spectrum(*rows, tokens, width, o.max_spectrum, o.kv);
       if (!spectrum.ok()) return Fail(spectrum.status().ToString());
       layer[name] = *spectrum;
     }
@@ -215,15 +234,16 @@ int RunInspect(const InspectOptions& o) {
         ChunkMinCosines(recording.k_post[l], tokens, c.num_kv_heads, c.head_dim, chunk);
     std::sort(cosines.begin(), cosines.end());
     auto fraction_below = [&](double x) {
-      return cosines.empty() ? 0.0
-                             : static_cast<double>(std::lower_bound(cosines.begin(), cosines.end(), x) -
-                                                   cosines.begin()) / cosines.size();
+      return cosines.empty()
+                 ? 0.0
+                 : static_cast<double>(std::lower_bound(cosines.begin(), cosines.end(), x) -
+                                       cosines.begin()) /
+                       cosines.size();
     };
-    layer["chunk_min_cosine"] = {
-        {"chunks", cosines.size()},
-        {"median", cosines.empty() ? 0.0 : cosines[cosines.size() / 2]},
-        {"fraction_below_0.5", fraction_below(0.5)},
-        {"fraction_below_0.8", fraction_below(0.8)}};
+    layer["chunk_min_cosine"] = {{"chunks", cosines.size()},
+                                 {"median", cosines.empty() ? 0.0 : cosines[cosines.size() / 2]},
+                                 {"fraction_below_0.5", fraction_below(0.5)},
+                                 {"fraction_below_0.8", fraction_below(0.8)}};
     layers.push_back(layer);
   }
 
@@ -262,44 +282,53 @@ int RunInspect(const InspectOptions& o) {
       {"prompt_tokens", tokens},
       {"chunk_size", chunk},
       {"layers", layers},
-      {"shadowkv", {{"decode_tokens", o.decode_tokens},
-                    {"hit_rate", stats.hit_rate()},
-                    {"hit_rate_per_layer", layer_hits},
-                    {"agreement_with_full",
-                     {{"free_running", free_agreement},
-                      {"first_divergence", first_divergence},
-                      {"teacher_forced_top1", forced_agreement},
-                      {"full_tokens", reference->tokens},
-                      {"shadowkv_tokens", free_run->tokens}}},
-                    {"attended_fraction", stats.context_tokens
-                                              ? static_cast<double>(stats.attended_tokens) /
-                                                    stats.context_tokens
-                                              : 0.0}}}};
+      {"shadowkv",
+       {{"decode_tokens", o.decode_tokens},
+        {"hit_rate", stats.hit_rate()},
+        {"hit_rate_per_layer", layer_hits},
+        {"rank_per_layer", free_run->layer_ranks},
+        {"fast_bytes_per_token", free_run->fast_bytes_per_token},
+        {"agreement_with_full",
+         {{"free_running", free_agreement},
+          {"first_divergence", first_divergence},
+          {"teacher_forced_top1", forced_agreement},
+          {"full_tokens", reference->tokens},
+          {"shadowkv_tokens", free_run->tokens}}},
+        {"attended_fraction",
+         stats.context_tokens ? static_cast<double>(stats.attended_tokens) / stats.context_tokens
+                              : 0.0}}}};
   std::ofstream(o.json_path) << report.dump(1) << "\n";
-  // Summary on stdout: per layer the ranks for 90% energy.
-  std::printf("%5s %10s %10s %10s %12s %10s\n", "layer", "preK r90", "postK r90", "V r90",
-              "minCos<0.5", "hit rate");
+  // Summary on stdout: per layer the ranks for 90% energy, the rank_energy rule's picks for
+  // pre-RoPE keys at 90/95/99%, and the rank this run's ShadowKV used.
+  std::printf("%5s %10s %10s %10s %17s %5s %12s %10s\n", "layer", "preK r90", "postK r90", "V r90",
+              "rule r90/95/99", "rank", "minCos<0.5", "hit rate");
   for (int l = 0; l < c.num_layers; ++l) {
     const auto& L = layers[l];
-    std::printf("%5d %10d %10d %10d %11.1f%% %9.1f%%\n", l,
+    const auto& rule = L["pre_rope_keys"]["shadowkv_rank_for_energy"];
+    const std::string picks = fmt::format("{}/{}/{}", rule["90"].get<int>(), rule["95"].get<int>(),
+                                          rule["99"].get<int>());
+    std::printf("%5d %10d %10d %10d %17s %5d %11.1f%% %9.1f%%\n", l,
                 L["pre_rope_keys"]["rank_for_energy"]["90"].get<int>(),
                 L["post_rope_keys"]["rank_for_energy"]["90"].get<int>(),
-                L["values"]["rank_for_energy"]["90"].get<int>(),
+                L["values"]["rank_for_energy"]["90"].get<int>(), picks.c_str(),
+                l < static_cast<int>(free_run->layer_ranks.size()) ? free_run->layer_ranks[l] : 0,
                 100 * L["chunk_min_cosine"]["fraction_below_0.5"].get<double>(),
                 l < static_cast<int>(layer_hits.size()) ? 100 * layer_hits[l] : 0.0);
   }
-  std::printf("ShadowKV hit rate over %d decode steps: %.1f%%; JSON written to %s\n",
-              o.decode_tokens, 100 * stats.hit_rate(), o.json_path.c_str());
+  std::printf(
+      "ShadowKV hit rate over %d decode steps: %.1f%%; fast-tier KV %.0f bytes per token; JSON "
+      "written to %s\n",
+      o.decode_tokens, 100 * stats.hit_rate(), free_run->fast_bytes_per_token, o.json_path.c_str());
   std::printf(
       "Greedy tokens vs full attention over %d steps: %.1f%% identical free-running (first "
       "divergence at step %lld), %.1f%% top-1 agreement teacher-forced\n",
       o.decode_tokens, 100 * free_agreement, static_cast<long long>(first_divergence),
       100 * forced_agreement);
   if (!o.png_path.empty()) {
-    const std::string command =
-        fmt::format("python3 '{}/scripts/plot_inspect.py' '{}' '{}'", SHADOWKV_SOURCE_DIR,
-                    o.json_path, o.png_path);
-    if (std::system(command.c_str()) != 0) return Fail("plotting failed (needs python3-matplotlib)");
+    const std::string command = fmt::format("python3 '{}/scripts/plot_inspect.py' '{}' '{}'",
+                                            SHADOWKV_SOURCE_DIR, o.json_path, o.png_path);
+    if (std::system(command.c_str()) != 0)
+      return Fail("plotting failed (needs python3-matplotlib)");
   }
   return 0;
 }
@@ -313,9 +342,11 @@ Command AddInspectCommand(CLI::App& app) {
   AddModelOptions(*cmd, options->model);
   AddKvOptions(*cmd, options->kv);
   auto* prompt = cmd->add_option("-p,--prompt", options->prompt, "prompt text");
-  cmd->add_option("-f,--file", options->prompt_file, "read the prompt from a file")->excludes(prompt);
+  cmd->add_option("-f,--file", options->prompt_file, "read the prompt from a file")
+      ->excludes(prompt);
   cmd->add_option("--decode", options->decode_tokens, "greedy decode steps for the hit rate")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", options->json_path, "JSON report path")->capture_default_str();
   cmd->add_option("--png", options->png_path, "also plot the spectra to this PNG");
   return [options] { return RunInspect(*options); };

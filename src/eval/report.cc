@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <numeric>
 
 #include "format/unicode.h"
 #include "kv/policies.h"
@@ -42,6 +43,13 @@ nlohmann::ordered_json KvConfigJson(const kv::KvPolicyConfig& c) {
           {"chunk_size", c.chunk_size},
           {"rank", c.rank},
           {"rank_ratio", c.rank_ratio},
+          {"rank_energy", c.rank_energy},
+          {"rank_min", c.rank_min},
+          {"rank_max", c.rank_max},
+          {"selection", c.selection},
+          {"rerank_factor", c.rerank_factor},
+          {"select_mass", c.select_mass},
+          {"paper", c.paper},
           {"outlier_chunks", c.outlier_chunks},
           {"local_window", c.local_window},
           {"value_store_path", c.value_store_path},
@@ -107,6 +115,28 @@ std::string AttendedFooter(const std::vector<kv::KvPolicyConfig>& policies,
   return out;
 }
 
+// The footer's memory lines at length `l`: fast-tier KV bytes per token of every policy that
+// reports them, and the ranks ShadowKV chose per layer (min/mean/max over layers and questions).
+std::string MemoryFooter(const ScoreSummary& s, size_t l) {
+  std::string bytes, ranks;
+  for (size_t p = 0; p < s.policies.size(); ++p) {
+    if (!std::isnan(s.fast_bytes_per_token[l][p])) {
+      bytes += fmt::format("{}{} {:.0f}", bytes.empty() ? "" : ", ", s.policies[p],
+                           s.fast_bytes_per_token[l][p]);
+    }
+    const ScoreSummary::RankSpread& r = s.ranks[l][p];
+    if (!std::isnan(r.mean)) {
+      ranks += fmt::format("{}{} {:.0f}/{:.1f}/{:.0f}", ranks.empty() ? "" : ", ", s.policies[p],
+                           r.min, r.mean, r.max);
+    }
+  }
+  std::string out;
+  if (!bytes.empty()) out += "fast-tier KV bytes per token (mean over questions): " + bytes + "\n";
+  if (!ranks.empty())
+    out += "key rank per layer (min/mean/max over layers and questions): " + ranks + "\n";
+  return out;
+}
+
 nlohmann::ordered_json IntervalJson(const Interval& ci) {
   if (std::isnan(ci.low)) return nullptr;
   return nlohmann::ordered_json::array({ci.low, ci.high});
@@ -148,6 +178,10 @@ ScoreSummary Summarize(const EvalReport& report) {
   std::vector<std::vector<Strata>> deltas = values;
   std::vector<std::vector<double>> attended_sum(num_lengths, std::vector<double>(num_policies, 0));
   std::vector<std::vector<int>> attended_count(num_lengths, std::vector<int>(num_policies, 0));
+  auto bytes_sum = attended_sum;
+  auto bytes_count = attended_count;
+  std::vector<std::vector<std::vector<int>>> ranks(num_lengths,
+                                                   std::vector<std::vector<int>>(num_policies));
   for (const QuestionOutcome& q : report.questions) {
     const size_t l = length_index[q.length], r = row_index[RowLabel(mode, q)];
     for (size_t p = 0; p < q.outputs.size() && p < num_policies; ++p) {
@@ -158,6 +192,12 @@ ScoreSummary Summarize(const EvalReport& report) {
         attended_sum[l][p] += attended;
         attended_count[l][p]++;
       }
+      const PolicyOutput& o = q.outputs[p];
+      if (o.kv_tokens > 0 && o.memory.fast_bytes > 0) {
+        bytes_sum[l][p] += static_cast<double>(o.memory.fast_bytes) / o.kv_tokens;
+        bytes_count[l][p]++;
+      }
+      ranks[l][p].insert(ranks[l][p].end(), o.layer_ranks.begin(), o.layer_ranks.end());
     }
   }
   auto grid = [&](auto value) {
@@ -173,6 +213,8 @@ ScoreSummary Summarize(const EvalReport& report) {
   s.averages.assign(num_lengths, std::vector<double>(num_policies, kNaN));
   s.average_differences = s.averages;
   s.attended_tokens = s.averages;
+  s.fast_bytes_per_token = s.averages;
+  s.ranks.assign(num_lengths, std::vector<ScoreSummary::RankSpread>(num_policies));
   s.average_intervals.assign(num_lengths, std::vector<Interval>(num_policies));
   s.average_difference_intervals = s.average_intervals;
   for (size_t l = 0; l < num_lengths; ++l) {
@@ -197,6 +239,13 @@ ScoreSummary Summarize(const EvalReport& report) {
         s.average_difference_intervals[l][p] = BootstrapMeanOfMeans(deltas[l][p], average_seed);
       }
       if (attended_count[l][p]) s.attended_tokens[l][p] = attended_sum[l][p] / attended_count[l][p];
+      if (bytes_count[l][p]) s.fast_bytes_per_token[l][p] = bytes_sum[l][p] / bytes_count[l][p];
+      const std::vector<int>& r = ranks[l][p];
+      if (!r.empty()) {
+        s.ranks[l][p] = {static_cast<double>(*std::min_element(r.begin(), r.end())),
+                         std::accumulate(r.begin(), r.end(), 0.0) / r.size(),
+                         static_cast<double>(*std::max_element(r.begin(), r.end()))};
+      }
     }
   }
   return s;
@@ -246,6 +295,7 @@ std::string FormatTables(const EvalReport& report) {
     if (s.policies.size() > 1)
       add_row(difference_row, s.average_differences[l], s.average_difference_intervals[l]);
     out += AttendedFooter(report.settings.policies, s.attended_tokens[l]);
+    out += MemoryFooter(s, l);
     out += "\n";
   }
   out += fmt::format(
@@ -278,6 +328,7 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
         if (o.rank > 0) {
           used["rank"] = o.rank;
           used["outlier_chunks_per_kv_head"] = o.outlier_chunks;
+          if (!o.layer_ranks.empty()) used["layer_ranks"] = o.layer_ranks;
         }
         resolved[std::to_string(length)] = used;
         break;
@@ -372,6 +423,10 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
                ? static_cast<double>(o.stats.attended_tokens) / o.stats.context_tokens
                : 1.0},
           {"attended_tokens_per_query", Number(AttendedTokensPerQuery(o))}};
+      if (o.kv_tokens > 0 && o.memory.fast_bytes > 0) {
+        out["kv_fast_bytes_per_token"] = static_cast<double>(o.memory.fast_bytes) / o.kv_tokens;
+      }
+      if (!o.layer_ranks.empty()) out["layer_ranks"] = o.layer_ranks;
       if (kv::PolicyKindOf(o.policy) != kv::PolicyKind::kFull) {
         out["budget_tokens"] = o.budget_tokens;
       }

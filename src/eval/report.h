@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,16 @@ struct ScoreSummary {
   // Tokens each decode query read per layer (PolicyStats attended / prepare calls), mean over
   // questions, [length][policy]; NaN where the backend reports no attended tokens.
   std::vector<std::vector<double>> attended_tokens;
+  // Fast-tier KV bytes per token the sequence held (PolicyOutput memory / kv_tokens), mean over
+  // questions, [length][policy]; NaN where the backend reports no memory.
+  std::vector<std::vector<double>> fast_bytes_per_token;
+  // The layers' ranks (PolicyOutput::layer_ranks) over every layer and question, [length][policy];
+  // NaN where no rank was reported (not ShadowKV, or a backend without them).
+  struct RankSpread {
+    double min = std::numeric_limits<double>::quiet_NaN();
+    double mean = min, max = min;
+  };
+  std::vector<std::vector<RankSpread>> ranks;
 };
 
 // A policy output's attended tokens per decode query and layer; NaN where not reported.

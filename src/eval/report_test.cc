@@ -189,6 +189,48 @@ TEST(ReportTest, AttendedTokensPerQueryAreShownPerPolicyAndTheSparseSpreadIsStat
   EXPECT_NE(ReportToCsv(report).find(",330.00,\"budget=300;"), std::string::npos);
 }
 
+TEST(ReportTest, FastTierBytesPerTokenAndLayerRanksAreReported) {
+  EvalReport report = TwoPolicies(EvalMode::kTasks);
+  kv::KvPolicyConfig shadow;
+  shadow.policy = "shadowkv";
+  shadow.label = "shadowkv:rank_energy=0.9";
+  report.settings.policies = {report.settings.policies[0], shadow};
+  auto with_memory = [](QuestionOutcome q, std::vector<int> ranks, int64_t shadow_bytes) {
+    q.outputs[0].memory.fast_bytes = 4000;
+    q.outputs[0].kv_tokens = 1000;
+    q.outputs[1].policy = "shadowkv:rank_energy=0.9";
+    q.outputs[1].memory.fast_bytes = shadow_bytes;
+    q.outputs[1].kv_tokens = 1000;
+    q.outputs[1].layer_ranks = ranks;
+    q.outputs[1].rank = ranks[0];
+    return q;
+  };
+  report.questions = {with_memory(Question("vt", 2048, {1.0, 1.0}), {8, 16, 24}, 1000),
+                      with_memory(Question("vt", 2048, {1.0, 0.0}), {16, 16, 40}, 1500)};
+  const ScoreSummary s = Summarize(report);
+  EXPECT_DOUBLE_EQ(s.fast_bytes_per_token[0][0], 4.0);
+  EXPECT_DOUBLE_EQ(s.fast_bytes_per_token[0][1], 1.25);
+  EXPECT_DOUBLE_EQ(s.ranks[0][1].min, 8.0);
+  EXPECT_DOUBLE_EQ(s.ranks[0][1].mean, 20.0);
+  EXPECT_DOUBLE_EQ(s.ranks[0][1].max, 40.0);
+  EXPECT_TRUE(std::isnan(s.ranks[0][0].mean));  // full attention has no rank
+  const std::string table = FormatTables(report);
+  EXPECT_NE(table.find("fast-tier KV bytes per token (mean over questions): full 4, "
+                       "shadowkv:rank_energy=0.9 1"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("key rank per layer (min/mean/max over layers and questions): "
+                       "shadowkv:rank_energy=0.9 8/20.0/40"),
+            std::string::npos)
+      << table;
+  const auto json = ReportToJson(report);
+  EXPECT_EQ(json["questions"][1]["outputs"][1]["layer_ranks"], nlohmann::json({16, 16, 40}));
+  EXPECT_EQ(json["questions"][1]["outputs"][1]["kv_fast_bytes_per_token"], 1.5);
+  EXPECT_FALSE(json["questions"][0]["outputs"][0].contains("layer_ranks"));
+  EXPECT_EQ(json["settings"]["policies"][1]["resolved_on_first_question"]["2048"]["layer_ranks"],
+            nlohmann::json({8, 16, 24}));
+}
+
 TEST(ReportTest, AnAnswerEndingInsideACharacterStillMakesValidJson) {
   EvalReport report = TwoPolicies(EvalMode::kTasks);
   report.model_path = "/models/\xFFm.gguf";

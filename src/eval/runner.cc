@@ -20,11 +20,15 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// A ShadowKV sequence's rank and outlier chunks (layer 0, KV head 0); other policies: unchanged.
-void ShadowKvShape(const kv::SequenceKv& sequence, int* rank, int64_t* outlier_chunks) {
+// A ShadowKV sequence's rank and outlier chunks (layer 0, KV head 0) and every layer's rank;
+// other policies: unchanged.
+void ShadowKvShape(const kv::SequenceKv& sequence, int num_layers, int* rank,
+                   std::vector<int>* layer_ranks, int64_t* outlier_chunks) {
   if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {
     const kv::ShadowKvLayerInfo info = shadow->Inspect(0);
     *rank = info.rank;
+    layer_ranks->clear();
+    for (int l = 0; l < num_layers; ++l) layer_ranks->push_back(shadow->Inspect(l).rank);
     *outlier_chunks =
         info.outlier_chunks.empty() ? 0 : static_cast<int64_t>(info.outlier_chunks[0].size());
   }
@@ -302,6 +306,7 @@ Status Runner::AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens
     out.stats = answers[p].stats;
     out.memory = answers[p].memory;
     out.rank = answers[p].rank;
+    out.layer_ranks = answers[p].layer_ranks;
     out.outlier_chunks = answers[p].outlier_chunks;
     outcome->outputs.push_back(std::move(out));
   }
@@ -316,9 +321,11 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
     PolicyOutput out = Output(p, std::span<const int32_t>(stream.generated).subspan(begin), metric,
                               *outcome, conversation.prefill_tokens);
     out.truncated = stream.truncated;
-    ShadowKvShape(sequence, &out.rank, &out.outlier_chunks);
+    ShadowKvShape(sequence, model_.config().num_layers, &out.rank, &out.layer_ranks,
+                  &out.outlier_chunks);
     out.stats = sequence.stats();
     out.memory = sequence.memory();
+    out.kv_tokens = sequence.num_tokens();
     outcome->outputs.push_back(std::move(out));
   }
 }
@@ -491,7 +498,8 @@ Status AnswerFromRecord(CpuModel& model, const PrefillRecord& record,
     answer.truncated = streams[p].truncated;
     answer.stats = sequences[p]->stats();
     answer.memory = sequences[p]->memory();
-    ShadowKvShape(*sequences[p], &answer.rank, &answer.outlier_chunks);
+    ShadowKvShape(*sequences[p], model.config().num_layers, &answer.rank, &answer.layer_ranks,
+                  &answer.outlier_chunks);
   }
   return Status::Ok();
 }

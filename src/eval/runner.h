@@ -46,12 +46,14 @@ struct PolicyOutput {
   std::vector<int32_t> tokens;  // generated tokens
   double score = 0.0;           // in [0, 1]
   int generated_tokens = 0;
-  bool truncated = false;      // the context filled up before the answer ended
-  int64_t budget_tokens = 0;   // the policy's budget for this prompt (0: full)
-  int rank = 0;                // shadowkv: rank of the key factorisation (layer 0)
-  int64_t outlier_chunks = 0;  // shadowkv: outlier chunks per KV head (layer 0, head 0)
+  bool truncated = false;        // the context filled up before the answer ended
+  int64_t budget_tokens = 0;     // the policy's budget for this prompt (0: full)
+  int rank = 0;                  // shadowkv: rank of the key factorisation (layer 0)
+  std::vector<int> layer_ranks;  // shadowkv: each layer's rank ([num_layers]; 0 uncompressed)
+  int64_t outlier_chunks = 0;    // shadowkv: outlier chunks per KV head (layer 0, head 0)
   kv::PolicyStats stats;
   kv::MemoryUsage memory;
+  int64_t kv_tokens = 0;  // tokens the sequence held when `memory` was taken (0: not reported)
 };
 
 // One question of one sample (multi-turn: one row per turn), answered by every policy.
@@ -92,10 +94,11 @@ using ProgressFn = std::function<void(const EvalProgress&)>;
 struct BackendAnswer {
   std::vector<int32_t> tokens;  // generated, end-of-generation token included when reached
   bool truncated = false;
-  kv::PolicyStats stats;       // chunk selections and hits where the policy selects chunks
-  kv::MemoryUsage memory;      // KV bytes of the answer's sequence (fast tier, slow tier)
-  int rank = 0;                // shadowkv
-  int64_t outlier_chunks = 0;  // shadowkv, per KV head
+  kv::PolicyStats stats;         // chunk selections and hits where the policy selects chunks
+  kv::MemoryUsage memory;        // KV bytes of the answer's sequence (fast tier, slow tier)
+  int rank = 0;                  // shadowkv
+  std::vector<int> layer_ranks;  // shadowkv, [num_layers] where the backend reports them
+  int64_t outlier_chunks = 0;    // shadowkv, per KV head
 };
 
 // Answers single questions somewhere other than the CPU model (the CUDA backend): every

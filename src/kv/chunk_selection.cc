@@ -215,41 +215,82 @@ std::vector<int32_t> PickOutlierChunks(std::span<const float> min_cosine, int64_
   return order;
 }
 
+namespace {
+
+// Row g of sums [group_size, num_rows]: softmax over the rows of q_g·row/√head_dim, summed over
+// the queries (the rows are landmarks, or candidate tokens for the exact scores).
+void HeadSoftmaxSums(const float* queries, int num_queries, int64_t query_stride, int group_size,
+                     const float* rows, int64_t num_rows, int head_dim, ScoreScratch* scratch,
+                     float* sums) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const auto length = static_cast<size_t>(num_rows);
+  const int lm_rows = static_cast<int>(num_rows);
+  if (num_queries == 1) {
+    // One query: its softmax rows are the sums.
+    GroupLogits(queries, group_size, rows, num_rows, head_dim, scale, sums);
+    for (int g = 0; g < group_size; ++g) SoftmaxRow(sums + g * length, lm_rows);
+    return;
+  }
+  std::fill(sums, sums + group_size * length, 0.0f);
+  scratch->logits.resize(std::min(num_queries, kQueryBlock) * length);
+  for (int g = 0; g < group_size; ++g) {
+    float* sum = sums + g * length;
+    for (int begin = 0; begin < num_queries; begin += kQueryBlock) {
+      const int count = std::min(kQueryBlock, num_queries - begin);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, count, lm_rows, head_dim, scale,
+                  queries + begin * query_stride + g * head_dim, static_cast<int>(query_stride),
+                  rows, head_dim, 0.0f, scratch->logits.data(), lm_rows);
+      for (int r = 0; r < count; ++r) {
+        float* row = scratch->logits.data() + r * length;
+        SoftmaxRow(row, lm_rows);
+        for (size_t l = 0; l < length; ++l) sum[l] += row[l];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void ScoreLandmarksPerHead(const float* queries, int num_queries, int64_t query_stride,
+                           int group_size, const float* landmarks, int64_t num_landmarks,
+                           int head_dim, ScoreScratch* scratch, float* head_scores) {
+  if (num_landmarks == 0) return;
+  HeadSoftmaxSums(queries, num_queries, query_stride, group_size, landmarks, num_landmarks,
+                  head_dim, scratch, head_scores);
+}
+
 void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride, int group_size,
                     const float* landmarks, int64_t num_landmarks, int head_dim,
                     ScoreScratch* scratch, float* scores) {
   if (num_landmarks == 0) return;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const auto length = static_cast<size_t>(num_landmarks);
-  const int lm_rows = static_cast<int>(num_landmarks);
-  if (num_queries == 1) {
-    // One query: its softmax rows are the sums.
-    scratch->sums.resize(group_size * length);
-    GroupLogits(queries, group_size, landmarks, num_landmarks, head_dim, scale,
-                scratch->sums.data());
-    for (int g = 0; g < group_size; ++g) SoftmaxRow(scratch->sums.data() + g * length, lm_rows);
-  } else {
-    scratch->sums.assign(group_size * length, 0.0f);
-    scratch->logits.resize(std::min(num_queries, kQueryBlock) * length);
-    for (int g = 0; g < group_size; ++g) {
-      float* sum = scratch->sums.data() + g * length;
-      for (int begin = 0; begin < num_queries; begin += kQueryBlock) {
-        const int rows = std::min(kQueryBlock, num_queries - begin);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, lm_rows, head_dim, scale,
-                    queries + begin * query_stride + g * head_dim, static_cast<int>(query_stride),
-                    landmarks, head_dim, 0.0f, scratch->logits.data(), lm_rows);
-        for (int r = 0; r < rows; ++r) {
-          float* row = scratch->logits.data() + r * length;
-          SoftmaxRow(row, lm_rows);
-          for (size_t l = 0; l < length; ++l) sum[l] += row[l];
-        }
-      }
-    }
-  }
+  scratch->sums.resize(group_size * length);
+  HeadSoftmaxSums(queries, num_queries, query_stride, group_size, landmarks, num_landmarks,
+                  head_dim, scratch, scratch->sums.data());
   std::copy(scratch->sums.begin(), scratch->sums.begin() + length, scores);
   for (int g = 1; g < group_size; ++g) {
     const float* sum = scratch->sums.data() + g * length;
     for (size_t l = 0; l < length; ++l) scores[l] = std::max(scores[l], sum[l]);
+  }
+}
+
+void ScoreChunksExact(const float* queries, int num_queries, int64_t query_stride, int group_size,
+                      const float* keys, int64_t num_chunks, int chunk_size, int head_dim,
+                      ScoreScratch* scratch, float* scores) {
+  if (num_chunks == 0) return;
+  const int64_t tokens = num_chunks * chunk_size;
+  scratch->sums.resize(static_cast<size_t>(group_size) * tokens);
+  HeadSoftmaxSums(queries, num_queries, query_stride, group_size, keys, tokens, head_dim, scratch,
+                  scratch->sums.data());
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    float best = 0.0f;
+    for (int g = 0; g < group_size; ++g) {
+      const float* probabilities = scratch->sums.data() + g * tokens + c * chunk_size;
+      float sum = 0.0f;
+      for (int t = 0; t < chunk_size; ++t) sum += probabilities[t];
+      best = g == 0 ? sum : std::max(best, sum);
+    }
+    scores[c] = best;
   }
 }
 
@@ -289,6 +330,83 @@ void SelectTopKWithSuccessors(std::span<const float> scores, std::span<const int
     if (chunk_ids[i - 1] == chunk_ids[i] - 1) (*shifted)[i] = std::max(scores[i], scores[i - 1]);
   }
   SelectTopK(*shifted, k, values, selected);
+}
+
+namespace {
+
+// The first `count` indices of `scores` (offset `first` in `order`) by decreasing score, ties
+// lower index first; order[first, first + scores.size()) holds all indices afterwards.
+void RankByScore(std::span<const float> scores, int64_t count, std::vector<int32_t>* order,
+                 size_t first) {
+  const auto begin = order->begin() + static_cast<std::ptrdiff_t>(first);
+  std::iota(begin, begin + static_cast<std::ptrdiff_t>(scores.size()), 0);
+  std::partial_sort(
+      begin, begin + count, begin + static_cast<std::ptrdiff_t>(scores.size()),
+      [&](int32_t a, int32_t b) { return scores[a] != scores[b] ? scores[a] > scores[b] : a < b; });
+}
+
+}  // namespace
+
+void SelectRoundRobinOverHeads(std::span<const float> head_scores, int group_size,
+                               int64_t num_items, int64_t k, std::vector<int32_t>* order,
+                               std::vector<int32_t>* selected) {
+  SKV_CHECK(group_size >= 1 && head_scores.size() == static_cast<size_t>(group_size) * num_items);
+  k = std::clamp<int64_t>(k, 0, num_items);
+  selected->clear();
+  if (k == 0) return;
+  // A head's cursor only passes chunks already taken, so it never reads past its k-th best:
+  // ranking the top k of each head is enough.
+  const auto items = static_cast<size_t>(num_items);
+  order->resize(group_size * items);
+  for (int g = 0; g < group_size; ++g) {
+    RankByScore(head_scores.subspan(g * items, items), k, order, g * items);
+  }
+  std::vector<uint8_t> taken(items, 0);
+  std::vector<int64_t> cursor(group_size, 0);
+  while (static_cast<int64_t>(selected->size()) < k) {
+    for (int g = 0; g < group_size && static_cast<int64_t>(selected->size()) < k; ++g) {
+      const int32_t* ranked = order->data() + g * items;
+      while (taken[ranked[cursor[g]]]) ++cursor[g];
+      const int32_t item = ranked[cursor[g]++];
+      taken[item] = 1;
+      selected->push_back(item);
+    }
+  }
+  std::sort(selected->begin(), selected->end());
+}
+
+MassBounds MassSelectionBounds(int64_t k, int64_t num_items) {
+  const int64_t cap = std::min(2 * k, num_items);
+  return {std::min(std::max<int64_t>(1, k / 4), cap), cap};
+}
+
+void SelectByMass(std::span<const float> scores, double mass, MassBounds bounds,
+                  std::vector<int32_t>* order, std::vector<int32_t>* selected) {
+  const auto count = static_cast<int64_t>(scores.size());
+  const int64_t cap = std::clamp<int64_t>(bounds.cap, 0, count);
+  const int64_t floor = std::clamp<int64_t>(bounds.floor, 0, cap);
+  selected->clear();
+  if (cap == 0) return;
+  double total = 0.0;
+  for (float s : scores) total += s;
+  order->resize(scores.size());
+  RankByScore(scores, cap, order, 0);
+  int64_t taken = floor;
+  if (total > 0.0 && std::isfinite(total)) {
+    const double target = mass * total;
+    double running = 0.0;
+    taken = cap;
+    for (int64_t i = 0; i < cap; ++i) {
+      running += scores[(*order)[i]];
+      if (running >= target) {
+        taken = i + 1;
+        break;
+      }
+    }
+    taken = std::max(taken, floor);
+  }
+  selected->assign(order->begin(), order->begin() + taken);
+  std::sort(selected->begin(), selected->end());
 }
 
 void GatherSlots::Resize(int32_t num_slots, int64_t num_items) {

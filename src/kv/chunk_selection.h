@@ -40,6 +40,22 @@ void ScoreLandmarks(const float* queries, int num_queries, int64_t query_stride,
                     const float* landmarks, int64_t num_landmarks, int head_dim,
                     ScoreScratch* scratch, float* scores);
 
+// ScoreLandmarks before the max over the group: head_scores [group_size, num_landmarks], row g
+// the softmax sums of query head g. ScoreLandmarks is the column-wise max of these rows.
+void ScoreLandmarksPerHead(const float* queries, int num_queries, int64_t query_stride,
+                           int group_size, const float* landmarks, int64_t num_landmarks,
+                           int head_dim, ScoreScratch* scratch, float* head_scores);
+
+// Exact scores of `num_chunks` candidate chunks of one KV head (selection "rerank"), in
+// ScoreLandmarks's form with the chunks' own keys in place of their landmarks: for each query
+// head g of the group, softmax over all num_chunks * chunk_size candidate TOKENS of q·k/√head_dim,
+// summed over the queries; chunk c's score for head g is the sum over its tokens; its score is
+// the max over the group. keys: [num_chunks * chunk_size, head_dim] (chunk c's rows together);
+// scores: [num_chunks]. Queries as for ScoreLandmarks.
+void ScoreChunksExact(const float* queries, int num_queries, int64_t query_stride, int group_size,
+                      const float* keys, int64_t num_chunks, int chunk_size, int head_dim,
+                      ScoreScratch* scratch, float* scores);
+
 // Indices of the k highest scores (ties: lower index first), in increasing index order.
 // `values` is scratch; `selected` receives min(k, scores.size()) indices.
 void SelectTopK(std::span<const float> scores, int64_t k, std::vector<float>* values,
@@ -54,6 +70,32 @@ void SelectTopK(std::span<const float> scores, int64_t k, std::vector<float>* va
 void SelectTopKWithSuccessors(std::span<const float> scores, std::span<const int32_t> chunk_ids,
                               int64_t k, std::vector<float>* shifted, std::vector<float>* values,
                               std::vector<int32_t>* selected);
+
+// Selection "heads": each query head of the group ranks the chunks by its own scores
+// (head_scores [group_size, num_items], as ScoreLandmarksPerHead gives; within a head, higher
+// score first, ties lower index first). Rounds go over the heads in order 0..group_size-1, each
+// head taking its best chunk not taken yet, until min(k, num_items) distinct chunks are taken
+// (the last round may stop part-way). `selected` receives them in increasing index order;
+// `order` is scratch.
+void SelectRoundRobinOverHeads(std::span<const float> head_scores, int group_size,
+                               int64_t num_items, int64_t k, std::vector<int32_t>* order,
+                               std::vector<int32_t>* selected);
+
+// Chunks a "mass" selection may take around a budget of k chunks: at least max(1, k / 4)
+// (rounded down), at most 2 k; neither above num_items.
+struct MassBounds {
+  int64_t floor = 0;
+  int64_t cap = 0;
+};
+MassBounds MassSelectionBounds(int64_t k, int64_t num_items);
+
+// Selection "mass": chunks in decreasing score (ties lower index first) until their share of the
+// total score reaches `mass` — in fp64, the first n whose running sum is >= mass * total (the
+// scores normalised to sum 1, without a division per chunk) — the count n then clamped to
+// [bounds.floor, bounds.cap]. A total that is not positive and finite takes the floor. `selected`
+// receives the chunks in increasing index order; `order` is scratch.
+void SelectByMass(std::span<const float> scores, double mass, MassBounds bounds,
+                  std::vector<int32_t>* order, std::vector<int32_t>* selected);
 
 // Which item (landmark index) each gather-buffer slot holds, so that a chunk selected at two
 // consecutive steps is reused in place instead of being rebuilt and fetched again.

@@ -173,7 +173,7 @@ TEST(ChunkSelectionTest, SuccessorsFollowTheirLeadersWithinTheBudget) {
   EXPECT_EQ(select(scores, chunks, 2), std::vector<int32_t>({4, 5}));  // top chunk, next one
   EXPECT_EQ(select(scores, chunks, 4), std::vector<int32_t>({1, 2, 4, 5}));
   EXPECT_EQ(select(scores, chunks, 5), std::vector<int32_t>({1, 2, 3, 4, 5}));  // 2's successor
-  EXPECT_EQ(select(scores, chunks, 3), std::vector<int32_t>({1, 4, 5}));  // 1's successor cut
+  EXPECT_EQ(select(scores, chunks, 3), std::vector<int32_t>({1, 4, 5}));        // 1's successor cut
   EXPECT_EQ(select({0.1f, 0.2f, 0.9f}, {0, 1, 2}, 2), std::vector<int32_t>({1, 2}));  // no 3
   // Chunk 5 is an outlier (not in the list): item 4 (chunk 6) is not chunk 4's successor.
   EXPECT_EQ(select({0.1f, 0.2f, 0.3f, 0.4f, 0.9f, 0.5f}, {0, 1, 2, 3, 4, 6}, 2),
@@ -184,6 +184,171 @@ TEST(ChunkSelectionTest, SuccessorsFollowTheirLeadersWithinTheBudget) {
             std::vector<int32_t>({3, 4}));  // chunk 6 does not follow chunk 4: 3 is next best
   EXPECT_TRUE(select(scores, chunks, 0).empty());
   EXPECT_EQ(select(scores, chunks, 20).size(), scores.size());
+}
+
+TEST(ChunkSelectionTest, PerHeadScoresAreTheRowsWhoseMaxIsTheScore) {
+  const int group = 3, head_dim = 32, num_landmarks = 50, stride = group * head_dim;
+  for (int num_queries : {1, 4}) {
+    auto q = Random(num_queries * stride, 60 + num_queries, 1.5f);
+    auto landmarks = Random(num_landmarks * head_dim, 61, 1.5f);
+    std::vector<float> scores(num_landmarks), rows(group * num_landmarks);
+    ScoreScratch scratch;
+    ScoreLandmarks(q.data(), num_queries, stride, group, landmarks.data(), num_landmarks, head_dim,
+                   &scratch, scores.data());
+    ScoreLandmarksPerHead(q.data(), num_queries, stride, group, landmarks.data(), num_landmarks,
+                          head_dim, &scratch, rows.data());
+    for (int g = 0; g < group; ++g) {
+      // Row g is head g scored as a group of one.
+      const std::vector<float> head_queries(q.begin() + g * head_dim, q.end());
+      auto expected =
+          NaiveScores(head_queries, num_queries, stride, 1, landmarks, num_landmarks, head_dim);
+      for (int l = 0; l < num_landmarks; ++l) {
+        ASSERT_NEAR(rows[g * num_landmarks + l], expected[l], 2e-5 * expected[l] + 1e-9);
+      }
+    }
+    for (int l = 0; l < num_landmarks; ++l) {
+      float best = rows[l];
+      for (int g = 1; g < group; ++g) best = std::max(best, rows[g * num_landmarks + l]);
+      ASSERT_EQ(best, scores[l]) << "landmark " << l;
+    }
+  }
+}
+
+// Naive fp64 exact chunk scores: per query head softmax over every candidate token, summed over
+// queries, summed over each chunk's tokens, max over the group.
+std::vector<double> NaiveExactScores(const std::vector<float>& q, int num_queries, int64_t stride,
+                                     int group, const std::vector<float>& keys, int num_chunks,
+                                     int chunk, int head_dim) {
+  const int tokens = num_chunks * chunk;
+  std::vector<double> best(num_chunks, -1.0);
+  for (int g = 0; g < group; ++g) {
+    std::vector<double> mass(num_chunks, 0.0);
+    for (int i = 0; i < num_queries; ++i) {
+      const float* qi = q.data() + i * stride + g * head_dim;
+      std::vector<double> logits(tokens);
+      double top = -1e300, total = 0;
+      for (int t = 0; t < tokens; ++t) {
+        double dot = 0;
+        for (int d = 0; d < head_dim; ++d) dot += double(qi[d]) * keys[t * head_dim + d];
+        logits[t] = dot / std::sqrt(double(head_dim));
+        top = std::max(top, logits[t]);
+      }
+      for (auto& x : logits) total += (x = std::exp(x - top));
+      for (int t = 0; t < tokens; ++t) mass[t / chunk] += logits[t] / total;
+    }
+    for (int c = 0; c < num_chunks; ++c) best[c] = std::max(best[c], mass[c]);
+  }
+  return best;
+}
+
+TEST(ChunkSelectionTest, ExactChunkScoresMatchNaive) {
+  const int group = 3, head_dim = 64, chunk = 8, num_chunks = 37;
+  const int64_t stride = 2 * group * head_dim;
+  for (int num_queries : {1, 5}) {
+    auto q = Random(num_queries * stride, 70 + num_queries, 1.5f);
+    auto keys = Random(num_chunks * chunk * head_dim, 71, 1.5f);
+    std::vector<float> scores(num_chunks);
+    ScoreScratch scratch;
+    ScoreChunksExact(q.data(), num_queries, stride, group, keys.data(), num_chunks, chunk, head_dim,
+                     &scratch, scores.data());
+    auto expected =
+        NaiveExactScores(q, num_queries, stride, group, keys, num_chunks, chunk, head_dim);
+    for (int c = 0; c < num_chunks; ++c) {
+      ASSERT_NEAR(scores[c], expected[c], 2e-5 * expected[c] + 1e-8) << "chunk " << c;
+    }
+  }
+  // A chunk of one token is a landmark of itself: the exact scores equal the landmark scores.
+  auto q = Random(stride, 72, 1.5f);
+  auto keys = Random(20 * head_dim, 73, 1.5f);
+  std::vector<float> exact(20), landmark(20);
+  ScoreScratch scratch;
+  ScoreChunksExact(q.data(), 1, stride, group, keys.data(), 20, 1, head_dim, &scratch,
+                   exact.data());
+  ScoreLandmarks(q.data(), 1, stride, group, keys.data(), 20, head_dim, &scratch, landmark.data());
+  EXPECT_EQ(exact, landmark);
+}
+
+TEST(ChunkSelectionTest, RoundRobinTakesEachHeadsBestInTurn) {
+  // Head 0 ranks 0,1,2,3,4,5; head 1 ranks 0,3,4,1,5,2 (by score).
+  const std::vector<float> scores = {0.9f, 0.8f, 0.7f, 0.6f, 0.5f, 0.4f,  //
+                                     0.9f, 0.3f, 0.1f, 0.8f, 0.7f, 0.2f};
+  std::vector<int32_t> order, selected;
+  auto select = [&](std::span<const float> s, int group, int64_t items, int64_t k) {
+    SelectRoundRobinOverHeads(s, group, items, k, &order, &selected);
+    return selected;
+  };
+  // Round 1: head 0 takes 0, head 1's best (0) is taken, so 3. Round 2: 1, then 4.
+  EXPECT_EQ(select(scores, 2, 6, 1), std::vector<int32_t>({0}));
+  EXPECT_EQ(select(scores, 2, 6, 2), std::vector<int32_t>({0, 3}));
+  EXPECT_EQ(select(scores, 2, 6, 3), std::vector<int32_t>({0, 1, 3}));
+  EXPECT_EQ(select(scores, 2, 6, 4), std::vector<int32_t>({0, 1, 3, 4}));
+  EXPECT_EQ(select(scores, 2, 6, 5), std::vector<int32_t>({0, 1, 2, 3, 4}));
+  EXPECT_EQ(select(scores, 2, 6, 9).size(), 6u);
+  EXPECT_TRUE(select(scores, 2, 6, 0).empty());
+  // The max over the group would take 0, 1, 3 for k = 3 too, but for k = 2 it takes {0, 1}.
+  // Ties within a head: lower index first.
+  const std::vector<float> ties = {0.5f, 0.5f, 0.5f, 0.1f};
+  EXPECT_EQ(select(ties, 1, 4, 2), std::vector<int32_t>({0, 1}));
+  // Against a naive version on random scores.
+  auto random = Random(4 * 40, 80);
+  for (int64_t k : {1, 7, 13, 40}) {
+    auto got = select(random, 4, 40, k);
+    std::vector<std::vector<int32_t>> ranked(4);
+    for (int g = 0; g < 4; ++g) {
+      for (int i = 0; i < 40; ++i) ranked[g].push_back(i);
+      std::stable_sort(ranked[g].begin(), ranked[g].end(),
+                       [&](int a, int b) { return random[g * 40 + a] > random[g * 40 + b]; });
+    }
+    std::vector<int32_t> expected;
+    std::vector<bool> taken(40, false);
+    for (int round = 0; static_cast<int64_t>(expected.size()) < k; ++round) {
+      for (int g = 0; g < 4 && static_cast<int64_t>(expected.size()) < k; ++g) {
+        for (int32_t item : ranked[g]) {
+          if (!taken[item]) {
+            taken[item] = true;
+            expected.push_back(item);
+            break;
+          }
+        }
+      }
+    }
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(got, expected) << "k " << k;
+  }
+}
+
+TEST(ChunkSelectionTest, MassBoundsAroundTheBudget) {
+  EXPECT_EQ(MassSelectionBounds(8, 100).floor, 2);
+  EXPECT_EQ(MassSelectionBounds(8, 100).cap, 16);
+  EXPECT_EQ(MassSelectionBounds(2, 100).floor, 1);  // never below one chunk
+  EXPECT_EQ(MassSelectionBounds(2, 100).cap, 4);
+  EXPECT_EQ(MassSelectionBounds(8, 10).cap, 10);  // no more than there are
+  EXPECT_EQ(MassSelectionBounds(8, 1).floor, 1);
+  EXPECT_EQ(MassSelectionBounds(8, 1).cap, 1);
+  EXPECT_EQ(MassSelectionBounds(8, 0).floor, 0);
+}
+
+TEST(ChunkSelectionTest, MassTakesTheFewestChunksHoldingTheShare) {
+  // Total 10: chunk 1 holds 4, chunk 3 holds 3, chunk 2 holds 2, chunk 0 holds 1.
+  const std::vector<float> scores = {1, 4, 2, 3};
+  std::vector<int32_t> order, selected;
+  auto select = [&](std::span<const float> s, double mass, int64_t floor, int64_t cap) {
+    SelectByMass(s, mass, {floor, cap}, &order, &selected);
+    return selected;
+  };
+  EXPECT_EQ(select(scores, 0.3, 1, 4), std::vector<int32_t>({1}));
+  EXPECT_EQ(select(scores, 0.5, 1, 4), std::vector<int32_t>({1, 3}));
+  EXPECT_EQ(select(scores, 0.7, 1, 4), std::vector<int32_t>({1, 3}));  // exactly at the share
+  EXPECT_EQ(select(scores, 0.71, 1, 4), std::vector<int32_t>({1, 2, 3}));
+  EXPECT_EQ(select(scores, 1.0, 1, 4), std::vector<int32_t>({0, 1, 2, 3}));
+  EXPECT_EQ(select(scores, 0.3, 3, 4), std::vector<int32_t>({1, 2, 3}));  // the floor binds
+  EXPECT_EQ(select(scores, 0.9, 1, 2), std::vector<int32_t>({1, 3}));     // the cap binds
+  // Scaling every score leaves the choice alone (only shares count).
+  EXPECT_EQ(select(std::vector<float>{10, 40, 20, 30}, 0.5, 1, 4), std::vector<int32_t>({1, 3}));
+  // Ties: lower index first; a zero total takes the floor.
+  EXPECT_EQ(select(std::vector<float>{2, 2, 2, 2}, 0.5, 1, 4), std::vector<int32_t>({0, 1}));
+  EXPECT_EQ(select(std::vector<float>{0, 0, 0, 0}, 0.5, 2, 4), std::vector<int32_t>({0, 1}));
+  EXPECT_TRUE(select(scores, 0.5, 0, 0).empty());
 }
 
 TEST(ChunkSelectionTest, GatherSlotsCountHitsAndReuseSlots) {

@@ -27,6 +27,9 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "successors must be 0 or 1, not {}",
                  select_successors);
   }
+  if (paper != 0 && paper != 1) {
+    return Error(ErrorCode::kInvalidArgument, "paper must be 0 or 1, not {}", paper);
+  }
   if (fp8_values != 0 && fp8_values != 1) {
     return Error(ErrorCode::kInvalidArgument, "fp8_values must be 0 or 1, not {}", fp8_values);
   }
@@ -168,14 +171,48 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"page", Assign(&KvPolicyConfig::quest_page_size)},
       {"dense_layers", Assign(&KvPolicyConfig::quest_dense_layers)},
       {"sinks", Assign(&KvPolicyConfig::sink_tokens)},
+      {"paper", Assign(&KvPolicyConfig::paper)},
   };
   return keys;
 }
 
+// The variant keys whose settings paper=1 forces.
+constexpr std::string_view kPaperForcedKeys[] = {
+    "budget",     "budget_fraction", "budget_min",    "chunk",
+    "rank",       "rank_ratio",      "rank_energy",   "rank_min",
+    "rank_max",   "select",          "rerank_factor", "mass",
+    "outliers",   "window",          "successors",    "exact_layers",
+    "fp8_values", "fp8_landmarks"};
+
 }  // namespace
+
+KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
+  if (config.paper != 1) return config;
+  const KvPolicyConfig defaults;
+  config.budget_tokens = 0;
+  config.budget_fraction = 0.015625;
+  config.budget_min_tokens = 256;
+  config.chunk_size = 8;
+  config.rank = 0;
+  config.rank_ratio = 1 / 6.4;
+  config.rank_energy = 0.0;
+  config.rank_min = defaults.rank_min;
+  config.rank_max = 0;
+  config.selection = "landmarks";
+  config.rerank_factor = defaults.rerank_factor;
+  config.select_mass = defaults.select_mass;
+  config.outlier_chunks = -1;
+  config.local_window = 32;
+  config.select_successors = 0;
+  config.exact_layers = 0;
+  config.fp8_values = 0;
+  config.fp8_landmarks = 0;
+  return config;
+}
 
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base) {
   KvPolicyConfig config = base;
+  std::vector<std::string_view> named;
   config.label.clear();
   std::string_view rest = text;
   const size_t name_end = rest.find(':');
@@ -200,6 +237,7 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
                      "KV policy variant '{}': unknown setting '{}' (known: {})", text, key,
                      fmt::join(known, ", "));
       }
+      named.push_back(key);
       if (Status s = setter->second(config, item.substr(equals + 1)); !s.ok()) {
         return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': {} '{}' for '{}'", text,
                      "bad value", item.substr(equals + 1), key);
@@ -209,6 +247,17 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
     }
   }
   SKV_RETURN_IF_ERROR(config.Validate());
+  if (config.paper == 1) {
+    for (std::string_view key : named) {
+      if (std::find(std::begin(kPaperForcedKeys), std::end(kPaperForcedKeys), key) !=
+          std::end(kPaperForcedKeys)) {
+        return Error(ErrorCode::kInvalidArgument,
+                     "KV policy variant '{}': paper=1 fixes '{}'; name one or the other", text,
+                     key);
+      }
+    }
+    config = WithPaperSettings(std::move(config));
+  }
   return config;
 }
 

@@ -61,6 +61,8 @@ struct KvPolicyConfig {
   int fp8_values = 0;
   int fp8_landmarks = 0;
   std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)
+  // 1: ShadowKV as published, whatever the defaults become (see WithPaperSettings); 0 or 1.
+  int paper = 0;
 
   // SnapKV (docs/DESIGN.md, "Baselines").
   int snap_window = 32;
@@ -81,10 +83,19 @@ struct KvPolicyConfig {
   const std::string& display_name() const { return label.empty() ? policy : label; }
 };
 
+// With config.paper == 1, `config` with the method's published settings forced: the fixed rank
+// rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, rank_energy 0),
+// selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
+// absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
+// fp32 values and landmarks. Deployment settings (basis_groups, value_store_path) are kept.
+// Otherwise `config` unchanged.
+KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
+
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_max, select, rerank_factor,
-// mass, basis_groups, outliers, window, successors (0 or 1),
+// mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no setting
+// it forces may be named too: kInvalidArgument),
 // exact_layers, fp8_values (0 or 1), fp8_landmarks (0 or 1), snap_window, snap_kernel,
 // snap_pooling, page, dense_layers, sinks. Settings not
 // named come from `base`. Unknown keys, malformed values and invalid results are

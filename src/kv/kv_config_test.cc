@@ -63,6 +63,50 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_DOUBLE_EQ(config->rank_energy, 0.0);
 }
 
+TEST(KvConfigTest, PaperForcesThePublishedSettings) {
+  // Base settings far from the method's: paper=1 puts every one of them back.
+  KvPolicyConfig base;
+  base.rank = 64;
+  base.rank_energy = 0.9;
+  base.selection = "mass";
+  base.budget_tokens = 1024;
+  base.budget_fraction = 0.1;
+  base.budget_min_tokens = 64;
+  base.outlier_chunks = 3;
+  base.chunk_size = 4;
+  base.local_window = 8;
+  base.select_successors = 1;
+  base.exact_layers = 2;
+  base.fp8_values = 1;
+  base.basis_groups = 2;
+  auto paper = ParseKvVariant("shadowkv:paper=1", base);
+  ASSERT_TRUE(paper.ok()) << paper.status().ToString();
+  EXPECT_EQ(paper->paper, 1);
+  EXPECT_EQ(paper->rank, 0);
+  EXPECT_DOUBLE_EQ(paper->rank_ratio, 1 / 6.4);
+  EXPECT_DOUBLE_EQ(paper->rank_energy, 0.0);
+  EXPECT_EQ(paper->selection, "landmarks");
+  EXPECT_EQ(paper->budget_tokens, 0);
+  EXPECT_DOUBLE_EQ(paper->budget_fraction, 0.015625);
+  EXPECT_EQ(paper->budget_min_tokens, 256);
+  EXPECT_EQ(paper->outlier_chunks, -1);
+  EXPECT_EQ(paper->chunk_size, 8);
+  EXPECT_EQ(paper->local_window, 32);
+  EXPECT_EQ(paper->select_successors, 0);
+  EXPECT_EQ(paper->exact_layers, 0);
+  EXPECT_EQ(paper->fp8_values, 0);
+  EXPECT_EQ(paper->basis_groups, 2);  // a deployment setting, kept
+  EXPECT_EQ(paper->label, "shadowkv:paper=1");
+  // The same through WithPaperSettings; paper=0 changes nothing.
+  KvPolicyConfig in_code = base;
+  in_code.paper = 1;
+  EXPECT_EQ(WithPaperSettings(in_code).selection, "landmarks");
+  EXPECT_EQ(WithPaperSettings(base).selection, "mass");
+  auto off = ParseKvVariant("shadowkv:paper=0:rank=32", base);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->rank, 32);
+}
+
 TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
   const KvPolicyConfig base;
   struct Case {
@@ -81,6 +125,9 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
         Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
         Case{"shadowkv:mass=0", "selection mass 0"},
+        Case{"shadowkv:paper=2", "paper must be 0 or 1"},
+        Case{"shadowkv:paper=1:rank=64", "paper=1 fixes 'rank'"},
+        Case{"shadowkv:select=heads:paper=1", "paper=1 fixes 'select'"},
         Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);
     ASSERT_FALSE(config.ok()) << c.text;

@@ -142,13 +142,55 @@ Result<LowRankBasis> FitLowRankBasis(std::span<const float> gram, int width, int
   return FitTopEigenvectors(gram, width, rank);
 }
 
+int RankForEnergy(std::span<const double> eigenvalues, double total, double energy, int floor,
+                  int cap) {
+  const int width = static_cast<int>(eigenvalues.size());
+  const int top = cap > 0 ? std::min(cap, width) : width;
+  const int low = std::min(top, std::max(8, (floor + 7) / 8 * 8));
+  if (energy >= 1.0) return top;
+  if (total <= 0.0) return low;
+  const double target = energy * total;
+  double kept = 0.0;
+  int needed = width;
+  for (int r = 0; r < width; ++r) {
+    kept += std::max(0.0, eigenvalues[r]);
+    if (kept >= target) {
+      needed = r + 1;
+      break;
+    }
+  }
+  return std::clamp((needed + 7) / 8 * 8, low, top);
+}
+
 int RankPerGroup(int rank, int groups) {
   if (groups <= 1 || rank <= 0) return rank;
   return ((rank + groups - 1) / groups + 7) / 8 * 8;
 }
 
+namespace {
+
+// One basis of `width` columns by `rule`: a fixed rank solves for the top eigenpairs only; an
+// energy rule needs the whole spectrum, so it solves for every eigenpair once and truncates.
+Result<LowRankBasis> FitByRule(std::span<const double> gram, int width, const RankRule& rule) {
+  if (rule.energy <= 0.0) return FitLowRankBasis(gram, width, rule.rank);
+  SKV_ASSIGN_OR_RETURN(LowRankBasis fit, FitLowRankBasis(gram, width, width));
+  const int rank =
+      RankForEnergy(fit.eigenvalues, fit.total_energy, rule.energy, rule.floor, rule.cap);
+  fit.rank = rank;
+  fit.eigenvalues.resize(rank);
+  fit.basis.resize(static_cast<size_t>(rank) * width);
+  return fit;
+}
+
+}  // namespace
+
 Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int width, int groups,
                                            int rank_per_group) {
+  return FitBlockDiagonalBasis(gram, width, groups, RankRule{.rank = rank_per_group});
+}
+
+Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int width, int groups,
+                                           const RankRule& rule, std::vector<int>* group_ranks) {
   if (groups < 1 || width % groups != 0) {
     return Error(ErrorCode::kInvalidArgument, "{} basis groups do not divide the key width {}",
                  groups, width);
@@ -157,14 +199,18 @@ Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int wid
     return Error(ErrorCode::kInvalidArgument, "Gram matrix of {} entries is not {}x{}", gram.size(),
                  width, width);
   }
-  if (groups == 1) return FitLowRankBasis(gram, width, rank_per_group);
+  if (group_ranks != nullptr) group_ranks->clear();
+  if (groups == 1) {
+    SKV_ASSIGN_OR_RETURN(LowRankBasis fit, FitByRule(gram, width, rule));
+    if (group_ranks != nullptr) group_ranks->push_back(fit.rank);
+    return fit;
+  }
   const int block = width / groups;
+  std::vector<LowRankBasis> parts;
+  std::vector<double> sub(static_cast<size_t>(block) * block);
   LowRankBasis fit;
   fit.width = width;
-  fit.rank = groups * rank_per_group;
-  fit.basis.assign(static_cast<size_t>(fit.rank) * width, 0.0f);
   for (int i = 0; i < width; ++i) fit.total_energy += gram[static_cast<size_t>(i) * width + i];
-  std::vector<double> sub(static_cast<size_t>(block) * block);
   for (int g = 0; g < groups; ++g) {
     const int first = g * block;
     for (int i = 0; i < block; ++i) {
@@ -173,12 +219,19 @@ Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int wid
             gram[static_cast<size_t>(first + i) * width + first + j];
       }
     }
-    SKV_ASSIGN_OR_RETURN(LowRankBasis part, FitLowRankBasis(sub, block, rank_per_group));
-    fit.eigenvalues.insert(fit.eigenvalues.end(), part.eigenvalues.begin(),
-                           part.eigenvalues.end());
-    for (int r = 0; r < rank_per_group; ++r) {
+    SKV_ASSIGN_OR_RETURN(LowRankBasis part, FitByRule(sub, block, rule));
+    fit.rank += part.rank;
+    if (group_ranks != nullptr) group_ranks->push_back(part.rank);
+    parts.push_back(std::move(part));
+  }
+  fit.basis.assign(static_cast<size_t>(fit.rank) * width, 0.0f);
+  int row = 0;
+  for (int g = 0; g < groups; ++g) {
+    const LowRankBasis& part = parts[g];
+    fit.eigenvalues.insert(fit.eigenvalues.end(), part.eigenvalues.begin(), part.eigenvalues.end());
+    for (int r = 0; r < part.rank; ++r, ++row) {
       std::copy_n(part.basis.data() + static_cast<size_t>(r) * block, block,
-                  fit.basis.data() + static_cast<size_t>(g * rank_per_group + r) * width + first);
+                  fit.basis.data() + static_cast<size_t>(row) * width + g * block);
     }
   }
   return fit;

@@ -18,6 +18,25 @@ namespace shadowkv::kv {
 // 8 and capped at `width`. A rank above `width` is kInvalidArgument.
 Result<int> ResolveRank(int rank, double rank_ratio, int width);
 
+// Rank from the spectrum: the smallest r whose top-r eigenvalues (`eigenvalues`, the whole
+// spectrum of one Gram matrix, largest first; negative rounding noise counts as 0) sum to at least
+// `energy * total` (total: the Gram's trace), rounded up to a multiple of 8, then raised to
+// `floor` rounded up to 8 and lowered to the cap: `cap` if > 0, else the width
+// (eigenvalues.size()); never above the width. energy >= 1 always gives the cap (rounding in the
+// eigenvalues must not drop the last directions of an "exact" setting); total <= 0 (all-zero
+// keys) needs no direction and gives the floor (at least 8, or the width if smaller).
+int RankForEnergy(std::span<const double> eigenvalues, double total, double energy, int floor,
+                  int cap);
+
+// How a basis picks its rank: `rank` rows, or with energy > 0 RankForEnergy(energy, floor, cap)
+// on the spectrum it fits (each basis group on its own).
+struct RankRule {
+  int rank = 0;
+  double energy = 0.0;
+  int floor = 8;
+  int cap = 0;
+};
+
 // G = XᵀX for X = rows [num_rows, width] (row i at rows + i * row_stride): [width, width], full
 // symmetric, row-major. fp32 BLAS on blocks of rows, summed in fp64 (fp32 alone drifts).
 std::vector<double> GramMatrix(const float* rows, int64_t num_rows, int width, int64_t row_stride);
@@ -56,6 +75,12 @@ int RankPerGroup(int rank, int groups);
 // A = X·Bᵀ and X ≈ A·B work as for one basis.
 Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int width, int groups,
                                            int rank_per_group);
+// The same with each group's rank from `rule`: with an energy rule each group solves its whole
+// spectrum once (every eigenpair), takes RankForEnergy of it and keeps that many vectors, so
+// groups may differ in rank; `group_ranks` receives them ([groups]) when not null.
+Result<LowRankBasis> FitBlockDiagonalBasis(std::span<const double> gram, int width, int groups,
+                                           const RankRule& rule,
+                                           std::vector<int>* group_ranks = nullptr);
 
 // Coefficients A = X·Bᵀ: rows [num_rows, width] (stride row_stride) → out [num_rows, rank].
 void ProjectOntoBasis(const LowRankBasis& basis, const float* rows, int64_t num_rows,

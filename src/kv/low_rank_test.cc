@@ -228,8 +228,76 @@ TEST(LowRankTest, BlockDiagonalBasisFitsEachGroupOnItsOwn) {
   auto shared = FitLowRankBasis(gram, width, groups * per_group);
   ASSERT_TRUE(shared.ok());
   EXPECT_LE(shared->discarded_energy(), fit->discarded_energy() * (1 + 1e-9));
-  EXPECT_FALSE(FitBlockDiagonalBasis(gram, width, 5, 2).ok());  // 5 does not divide 48
+  EXPECT_FALSE(FitBlockDiagonalBasis(gram, width, 5, 2).ok());   // 5 does not divide 48
   EXPECT_FALSE(FitBlockDiagonalBasis(gram, width, 3, 17).ok());  // above a group's width
+}
+
+TEST(LowRankTest, RankForEnergyOnHandMadeSpectra) {
+  // Flat: every direction holds the same share, so 90% of 64 needs 58, rounded up to 64.
+  const std::vector<double> flat(64, 1.0);
+  EXPECT_EQ(RankForEnergy(flat, 64.0, 0.9, 8, 0), 64);
+  EXPECT_EQ(RankForEnergy(flat, 64.0, 0.5, 8, 0), 32);
+  EXPECT_EQ(RankForEnergy(flat, 64.0, 0.51, 8, 0), 40);  // 33 directions, rounded up to 40
+  // One dominant direction: one is enough, and the multiple of 8 makes it 8.
+  std::vector<double> dominant(64, 0.01);
+  dominant[0] = 100.0;
+  EXPECT_EQ(RankForEnergy(dominant, 100.63, 0.9, 8, 0), 8);
+  EXPECT_EQ(RankForEnergy(dominant, 100.63, 0.9, 0, 0), 8);  // never below 8
+  // Exactly at the threshold: 8 directions hold exactly half, so 8 suffice; a hair more needs 9.
+  std::vector<double> half(32, 0.0);
+  std::fill(half.begin(), half.begin() + 16, 1.0);
+  EXPECT_EQ(RankForEnergy(half, 16.0, 0.5, 8, 0), 8);
+  EXPECT_EQ(RankForEnergy(half, 16.0, 0.5 + 1e-9, 8, 0), 16);
+  // The floor (rounded up to 8) and the cap bind.
+  EXPECT_EQ(RankForEnergy(dominant, 100.63, 0.9, 20, 0), 24);
+  EXPECT_EQ(RankForEnergy(flat, 64.0, 0.9, 8, 40), 40);
+  EXPECT_EQ(RankForEnergy(flat, 64.0, 0.9, 48, 40), 40);  // the cap wins over the floor
+  EXPECT_EQ(RankForEnergy(flat, 64.0, 0.9, 8, 100), 64);  // never above the width
+  // Energy 1 takes every direction even where the tail is rounding noise; cap still applies.
+  std::vector<double> noisy = half;
+  noisy[20] = -1e-12;
+  EXPECT_EQ(RankForEnergy(noisy, 16.0, 1.0, 8, 0), 32);
+  EXPECT_EQ(RankForEnergy(noisy, 16.0, 1.0, 8, 24), 24);
+  // A width that is no multiple of 8 caps the rounding; all-zero keys take the floor.
+  EXPECT_EQ(RankForEnergy(std::vector<double>(12, 1.0), 12.0, 0.9, 8, 0), 12);
+  EXPECT_EQ(RankForEnergy(std::vector<double>(64, 0.0), 0.0, 0.9, 16, 0), 16);
+  // Negative rounding noise counts as zero, not as lost energy.
+  std::vector<double> negative = {10.0, -5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                                  1.0,  0.0,  0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  EXPECT_EQ(RankForEnergy(negative, 11.0, 0.95, 8, 0), 16);
+}
+
+TEST(LowRankTest, EnergyRuleFitsEachGroupItsOwnRank) {
+  // Group 0 (columns 0-15) holds 3 strong directions, group 1 (16-31) is isotropic noise.
+  const int width = 32, rows = 2000;
+  auto x = LowRankPlusNoise(rows, width, 3, 0.0f, 9);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < 16; ++j) x[i * width + 16 + j] = normal(rng);
+  }
+  const auto gram = GramMatrix(x.data(), rows, width, width);
+  std::vector<int> ranks;
+  const RankRule rule{0, 0.9, 8, 0};
+  auto fit = FitBlockDiagonalBasis(gram, width, 2, rule, &ranks);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_EQ(ranks, std::vector<int>({8, 16}));
+  EXPECT_EQ(fit->rank, 24);
+  ASSERT_EQ(fit->eigenvalues.size(), 24u);
+  ASSERT_EQ(fit->basis.size(), 24u * width);
+  for (int r = 0; r < 24; ++r) {
+    for (int j = 0; j < width; ++j) {
+      if ((r < 8) != (j < 16)) {
+        ASSERT_EQ(fit->basis[r * width + j], 0.0f) << r << "," << j;
+      }
+    }
+  }
+  // One group: the rank from the whole spectrum, and energy 1 keeps every direction exactly.
+  auto one = FitBlockDiagonalBasis(gram, width, 1, RankRule{0, 1.0, 8, 0}, &ranks);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->rank, width);
+  EXPECT_EQ(ranks, std::vector<int>({width}));
+  EXPECT_LT(ResidualEnergy(x, rows, *one), 1e-6 * one->total_energy);
 }
 
 TEST(LowRankTest, RejectsBadRank) {

@@ -28,13 +28,31 @@ ValueFormat ValueFormatOf(const KvPolicyConfig& config) {
   return config.fp8_values != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
 }
 
+enum class Selection { kLandmarks, kRerank, kHeads, kMass };
+
+Selection SelectionOf(const std::string& name) {
+  if (name == "rerank") return Selection::kRerank;
+  if (name == "heads") return Selection::kHeads;
+  if (name == "mass") return Selection::kMass;
+  return Selection::kLandmarks;
+}
+
+// Gather slots per KV head for `landmarks` landmarks and a budget of K chunks: what the most a
+// step may select ("mass" may take up to its cap, the others K).
+int64_t GatherSlotCount(Selection selection, int64_t budget_chunks, int64_t landmarks) {
+  if (selection == Selection::kMass) return MassSelectionBounds(budget_chunks, landmarks).cap;
+  return std::min(budget_chunks, landmarks);
+}
+
 // The settings a sequence needs, resolved once by the policy.
 struct Settings {
   KvPolicyConfig config;
   KvGeometry geometry;
   int chunk_size = 0;
   int local_window = 0;
-  int rank = 0;
+  int rank = 0;        // the fixed rank over all groups; with an energy rule, its cap
+  RankRule rank_rule;  // per basis group
+  Selection selection = Selection::kLandmarks;
 };
 
 // K chunks per KV head for a context of `context_tokens`: the budget rounded down to chunks.
@@ -145,8 +163,16 @@ struct Scratch {
   std::vector<float> shifted;
   std::vector<int32_t> selected;
   std::vector<GatherSlots::Fill> misses;
-  std::vector<float> miss_coefficients;  // [misses * chunk_size, rank]
-  std::vector<float> rebuilt;            // [misses * chunk_size, head_dim]
+  std::vector<float> head_scores;        // [group_size, landmarks] (selection "heads")
+  std::vector<int32_t> order;            // ranking scratch of the selections
+  std::vector<int32_t> candidates;       // "rerank": landmark items, increasing
+  std::vector<float> candidate_keys;     // "rerank": [candidates * chunk_size, head_dim]
+  std::vector<float> exact_scores;       // "rerank": [candidates]
+  std::vector<int32_t> positions;        // "rerank": kept candidates (positions in candidates)
+  std::vector<int32_t> rebuild_items;    // chunks whose keys RebuildKeys makes
+  std::vector<float*> rebuild_targets;   // where each goes
+  std::vector<float> miss_coefficients;  // [rebuilt chunks * chunk_size, rank]
+  std::vector<float> rebuilt;            // [rebuilt chunks * chunk_size, head_dim]
   std::vector<float> runs;               // value runs being packed for the store
 };
 
@@ -181,8 +207,19 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   Status AddChunks(LayerState& layer, int h, int64_t num_chunks,
                    const std::vector<int32_t>& outliers);
   void DropExactRows(LayerState& layer, int64_t rows);
-  // Fills the gather slots of scratch_.misses; counts the bytes read into `stats`.
-  Status Rebuild(const LayerState& layer, HeadState& head, int h, PolicyStats* stats);
+  // Chooses head h's chunks for this step into scratch_.selected (landmark items, increasing)
+  // by the configured selection; "rerank" also leaves its candidates' keys in scratch_.
+  void SelectChunks(const LayerState& layer, const HeadState& head, int h, const float* queries,
+                    int num_queries);
+  // "rerank": the candidates' post-RoPE keys into scratch_.candidate_keys, copied from the
+  // gather buffer where a slot holds them and rebuilt otherwise.
+  void CandidateKeys(const LayerState& layer, const HeadState& head, int h);
+  // Rebuilds the post-RoPE keys of chunks scratch_.rebuild_items of head h into
+  // scratch_.rebuild_targets (chunk_size * head_dim floats each).
+  void RebuildKeys(const LayerState& layer, const HeadState& head, int h);
+  // Fills the gather slots of scratch_.misses (keys rebuilt, or with "rerank" copied from its
+  // candidates' keys; values from the slow tier); counts the bytes read into `stats`.
+  Status FillMisses(const LayerState& layer, HeadState& head, int h, PolicyStats* stats);
 
   Settings settings_;
   std::unique_ptr<ValueStore> store_;
@@ -253,8 +290,8 @@ Status ShadowKvSequenceImpl::Compress(LayerState& layer) {
   const std::vector<double> gram = GramMatrix(layer.exact_keys_pre.data(), rows, width, width);
   const int groups = settings_.config.basis_groups;
   SKV_ASSIGN_OR_RETURN(layer.basis,
-                       FitBlockDiagonalBasis(gram, width, groups, settings_.rank / groups));
-  layer.coefficients.resize(static_cast<size_t>(chunked) * settings_.rank);
+                       FitBlockDiagonalBasis(gram, width, groups, settings_.rank_rule));
+  layer.coefficients.resize(static_cast<size_t>(chunked) * layer.basis.rank);
   ProjectOntoBasis(layer.basis, layer.exact_keys_pre.data(), chunked, width,
                    layer.coefficients.data());
 
@@ -329,7 +366,7 @@ Status ShadowKvSequenceImpl::AddChunks(LayerState& layer, int h, int64_t num_chu
   SKV_ASSIGN_OR_RETURN(const int64_t first_run, store_->Append(scratch_.runs.data(), kept));
   for (int64_t i = 0; i < kept; ++i) head.value_runs.push_back(first_run + i);
 
-  const int64_t slots = std::min(budget_chunks_, head.num_landmarks());
+  const int64_t slots = GatherSlotCount(settings_.selection, budget_chunks_, head.num_landmarks());
   head.slots.Resize(static_cast<int32_t>(slots), head.num_landmarks());
   head.gather_keys.resize(slots * chunk_floats);
   head.gather_values.resize(slots * chunk_floats);
@@ -346,7 +383,7 @@ Status ShadowKvSequenceImpl::Graduate(LayerState& layer, int64_t block_first_pos
   if (num_chunks <= 0) return Status::Ok();
   const int64_t graduating = num_chunks * chunk;
   const size_t old_size = layer.coefficients.size();
-  layer.coefficients.resize(old_size + graduating * settings_.rank);
+  layer.coefficients.resize(old_size + graduating * layer.basis.rank);
   ProjectOntoBasis(layer.basis, layer.exact_keys_pre.data(), graduating,
                    settings_.geometry.kv_width(), layer.coefficients.data() + old_size);
   static const std::vector<int32_t> kNoOutliers;
@@ -389,26 +426,29 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
             {head.outlier_keys.data(), head.outlier_values.data(), rows, g.head_dim, false, 0});
         attended += rows;
       }
-      const int64_t selected_count = std::min(budget_chunks_, head.num_landmarks());
-      if (selected_count > 0) {
-        scratch_.scores.resize(head.num_landmarks());
-        ScoreLandmarks(queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim, num_queries,
-                       g.q_width(), g.group_size(), head.landmarks.data(), head.num_landmarks(),
-                       g.head_dim, &scratch_.score, scratch_.scores.data());
-        if (settings_.config.select_successors != 0) {
-          SelectTopKWithSuccessors(scratch_.scores, head.landmark_chunks, selected_count,
-                                   &scratch_.shifted, &scratch_.top_values, &scratch_.selected);
-        } else {
-          SelectTopK(scratch_.scores, selected_count, &scratch_.top_values, &scratch_.selected);
-        }
+      if (head.num_landmarks() > 0 && budget_chunks_ > 0) {
+        SelectChunks(layer, head, h, queries, num_queries);
+        const auto selected_count = static_cast<int64_t>(scratch_.selected.size());
         const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
-        SKV_RETURN_IF_ERROR(Rebuild(layer, head, h, &step));
+        SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
         step.chunk_selections += selected_count;
         step.chunk_hits += hits;
-        const auto rows = static_cast<int32_t>(selected_count * chunk);
-        segments.push_back(
-            {head.gather_keys.data(), head.gather_values.data(), rows, g.head_dim, false, 0});
-        attended += rows;
+        // One segment per run of occupied slots: all of them, except where "mass" selects
+        // fewer chunks than it has slots.
+        const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
+        for (int32_t s = 0; s < head.slots.num_slots();) {
+          if (head.slots.item_in_slot(s) < 0) {
+            ++s;
+            continue;
+          }
+          int32_t end = s;
+          while (end < head.slots.num_slots() && head.slots.item_in_slot(end) >= 0) ++end;
+          segments.push_back({head.gather_keys.data() + s * chunk_floats,
+                              head.gather_values.data() + s * chunk_floats, (end - s) * chunk,
+                              g.head_dim, false, 0});
+          s = end;
+        }
+        attended += selected_count * chunk;
       }
     }
     if (exact_rows > 0) {
@@ -424,19 +464,85 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
   return Status::Ok();
 }
 
-Status ShadowKvSequenceImpl::Rebuild(const LayerState& layer, HeadState& head, int h,
-                                     PolicyStats* stats) {
-  const auto& misses = scratch_.misses;
-  if (misses.empty()) return Status::Ok();
+void ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState& head, int h,
+                                        const float* queries, int num_queries) {
+  const KvGeometry& g = settings_.geometry;
+  const float* group_queries = queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim;
+  const int64_t items = head.num_landmarks();
+  const int64_t k = std::min(budget_chunks_, items);
+  auto& s = scratch_;
+  if (settings_.selection == Selection::kHeads) {
+    s.head_scores.resize(static_cast<size_t>(g.group_size()) * items);
+    ScoreLandmarksPerHead(group_queries, num_queries, g.q_width(), g.group_size(),
+                          head.landmarks.data(), items, g.head_dim, &s.score, s.head_scores.data());
+    SelectRoundRobinOverHeads(s.head_scores, g.group_size(), items, k, &s.order, &s.selected);
+    return;
+  }
+  s.scores.resize(items);
+  ScoreLandmarks(group_queries, num_queries, g.q_width(), g.group_size(), head.landmarks.data(),
+                 items, g.head_dim, &s.score, s.scores.data());
+  switch (settings_.selection) {
+    case Selection::kMass:
+      SelectByMass(s.scores, settings_.config.select_mass,
+                   MassSelectionBounds(budget_chunks_, items), &s.order, &s.selected);
+      return;
+    case Selection::kRerank: {
+      const int64_t wanted = std::min<int64_t>(
+          static_cast<int64_t>(settings_.config.rerank_factor) * budget_chunks_, items);
+      SelectTopK(s.scores, wanted, &s.top_values, &s.candidates);
+      CandidateKeys(layer, head, h);
+      const auto count = static_cast<int64_t>(s.candidates.size());
+      s.exact_scores.resize(count);
+      ScoreChunksExact(group_queries, num_queries, g.q_width(), g.group_size(),
+                       s.candidate_keys.data(), count, settings_.chunk_size, g.head_dim, &s.score,
+                       s.exact_scores.data());
+      SelectTopK(s.exact_scores, k, &s.top_values, &s.positions);
+      s.selected.clear();
+      for (int32_t position : s.positions) s.selected.push_back(s.candidates[position]);
+      return;
+    }
+    default:
+      if (settings_.config.select_successors != 0) {
+        SelectTopKWithSuccessors(s.scores, head.landmark_chunks, k, &s.shifted, &s.top_values,
+                                 &s.selected);
+      } else {
+        SelectTopK(s.scores, k, &s.top_values, &s.selected);
+      }
+  }
+}
+
+void ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadState& head, int h) {
+  const int64_t chunk_floats =
+      static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
+  auto& s = scratch_;
+  s.candidate_keys.resize(s.candidates.size() * chunk_floats);
+  s.rebuild_items.clear();
+  s.rebuild_targets.clear();
+  for (size_t i = 0; i < s.candidates.size(); ++i) {
+    float* target = s.candidate_keys.data() + i * chunk_floats;
+    const int32_t slot = head.slots.slot_of_item(s.candidates[i]);
+    if (slot >= 0) {
+      std::memcpy(target, head.gather_keys.data() + slot * chunk_floats, chunk_floats * kFloat);
+    } else {
+      s.rebuild_items.push_back(s.candidates[i]);
+      s.rebuild_targets.push_back(target);
+    }
+  }
+  RebuildKeys(layer, head, h);
+}
+
+void ShadowKvSequenceImpl::RebuildKeys(const LayerState& layer, const HeadState& head, int h) {
+  const auto& items = scratch_.rebuild_items;
+  if (items.empty()) return;
   const KvGeometry& g = settings_.geometry;
   const int chunk = settings_.chunk_size;
-  const int rank = settings_.rank;
+  const int rank = layer.basis.rank;
   const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
-  const auto count = static_cast<int64_t>(misses.size());
-  // Gather the misses' A rows so one GEMM rebuilds all their keys for this head.
+  const auto count = static_cast<int64_t>(items.size());
+  // Gather the chunks' A rows so one GEMM rebuilds all their keys for this head.
   scratch_.miss_coefficients.resize(count * chunk * rank);
   for (int64_t i = 0; i < count; ++i) {
-    const int64_t first_row = static_cast<int64_t>(head.landmark_chunks[misses[i].item]) * chunk;
+    const int64_t first_row = static_cast<int64_t>(head.landmark_chunks[items[i]]) * chunk;
     std::memcpy(scratch_.miss_coefficients.data() + i * chunk * rank,
                 layer.coefficients.data() + first_row * rank, chunk * rank * kFloat);
   }
@@ -444,17 +550,40 @@ Status ShadowKvSequenceImpl::Rebuild(const LayerState& layer, HeadState& head, i
   RebuildColumns(layer.basis, scratch_.miss_coefficients.data(), count * chunk, h * g.head_dim,
                  g.head_dim, scratch_.rebuilt.data(), g.head_dim);
   for (int64_t i = 0; i < count; ++i) {
-    const auto [slot, item] = misses[i];
-    const int64_t first_position = static_cast<int64_t>(head.landmark_chunks[item]) * chunk;
+    const int64_t first_position = static_cast<int64_t>(head.landmark_chunks[items[i]]) * chunk;
     const float* rebuilt = scratch_.rebuilt.data() + i * chunk_floats;
-    float* keys = head.gather_keys.data() + slot * chunk_floats;
+    float* keys = scratch_.rebuild_targets[i];
     for (int t = 0; t < chunk; ++t) {
       rope_table_.Rotate(rebuilt + t * g.head_dim, first_position + t, keys + t * g.head_dim);
+    }
+  }
+}
+
+Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head, int h,
+                                        PolicyStats* stats) {
+  auto& s = scratch_;
+  if (s.misses.empty()) return Status::Ok();
+  const int64_t chunk_floats =
+      static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
+  const bool from_candidates = settings_.selection == Selection::kRerank;
+  s.rebuild_items.clear();
+  s.rebuild_targets.clear();
+  for (const auto [slot, item] : s.misses) {
+    float* keys = head.gather_keys.data() + slot * chunk_floats;
+    if (from_candidates) {
+      // Every kept chunk was a candidate, and its keys are already made.
+      const auto at = std::lower_bound(s.candidates.begin(), s.candidates.end(), item);
+      std::memcpy(keys, s.candidate_keys.data() + (at - s.candidates.begin()) * chunk_floats,
+                  chunk_floats * kFloat);
+    } else {
+      s.rebuild_items.push_back(item);
+      s.rebuild_targets.push_back(keys);
     }
     SKV_RETURN_IF_ERROR(
         store_->Read(head.value_runs[item], head.gather_values.data() + slot * chunk_floats));
   }
-  stats->bytes_fetched += count * store_->run_bytes();
+  RebuildKeys(layer, head, h);
+  stats->bytes_fetched += static_cast<int64_t>(s.misses.size()) * store_->run_bytes();
   return Status::Ok();
 }
 
@@ -514,7 +643,9 @@ class ShadowKvPolicy final : public KvPolicy {
         std::make_unique<ShadowKvSequenceImpl>(settings_, std::move(store)));
   }
 
-  // The sizes memory() reports right after FinishPrefill of a `num_tokens` prompt.
+  // The sizes memory() reports right after FinishPrefill of a `num_tokens` prompt. With
+  // rank_energy a layer's rank is known only once its keys are: this assumes every layer (and
+  // group) at the cap (rank_max, or the basis width), an upper bound of what memory() reports.
   MemoryUsage EstimateMemory(int64_t num_tokens) const override {
     const KvGeometry& g = geometry_;
     const int64_t width = g.kv_width();
@@ -531,7 +662,7 @@ class ShadowKvPolicy final : public KvPolicy {
       const int64_t outliers =
           ResolveOutlierChunks(config_.outlier_chunks, budget_chunks * chunk, num_chunks);
       const int64_t landmarks = num_chunks - outliers;
-      const int64_t gathered = std::min(budget_chunks, landmarks);
+      const int64_t gathered = GatherSlotCount(settings_.selection, budget_chunks, landmarks);
       layer_floats += num_chunks * chunk * settings_.rank + settings_.rank * width +
                       g.num_kv_heads * 2 * (outliers + gathered) * chunk * g.head_dim;
       layer_landmark_bytes = LandmarkBytes(config_, g.num_kv_heads * landmarks, g.head_dim);
@@ -550,9 +681,11 @@ class ShadowKvPolicy final : public KvPolicy {
 
 }  // namespace
 
-Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& config,
+Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& requested,
                                                      const KvGeometry& geometry) {
-  SKV_RETURN_IF_ERROR(config.Validate());
+  SKV_RETURN_IF_ERROR(requested.Validate());
+  // A config made in code (not parsed) with paper=1 gets the same forced settings.
+  const KvPolicyConfig config = WithPaperSettings(requested);
   if (geometry.num_layers <= 0 || geometry.head_dim <= 0 || geometry.num_kv_heads <= 0 ||
       geometry.num_query_heads % geometry.num_kv_heads != 0) {
     return Error(ErrorCode::kInvalidArgument,
@@ -566,24 +699,41 @@ Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& confi
     return Error(ErrorCode::kInvalidArgument, "rotary dim {} does not fit head dim {}",
                  geometry.rope.rotary_dim, geometry.head_dim);
   }
-  if (config.rank_energy > 0.0 || config.selection != "landmarks") {
-    return Error(ErrorCode::kUnsupported,
-                 "ShadowKV: rank_energy and selection '{}' are not implemented yet",
+  if (config.select_successors != 0 && config.selection != "landmarks") {
+    return Error(ErrorCode::kInvalidArgument,
+                 "ShadowKV: successors=1 works with select=landmarks only, not '{}'",
                  config.selection);
   }
-  Settings settings{config, geometry, config.chunk_size, config.local_window, 0};
+  Settings settings;
+  settings.config = config;
+  settings.geometry = geometry;
+  settings.chunk_size = config.chunk_size;
+  settings.local_window = config.local_window;
+  settings.selection = SelectionOf(config.selection);
   const int groups = config.basis_groups;
   if (groups < 1 || geometry.num_kv_heads % groups != 0) {
     return Error(ErrorCode::kInvalidArgument,
                  "ShadowKV basis groups {} do not divide the model's {} KV heads", groups,
                  geometry.num_kv_heads);
   }
-  auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio,
-                          geometry.kv_width() / groups);
-  if (!rank.ok()) {
-    return Error(ErrorCode::kInvalidArgument, "ShadowKV: {}", rank.status().message());
+  const int group_width = geometry.kv_width() / groups;
+  if (config.rank_energy > 0.0) {
+    if (config.rank_max > group_width) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "ShadowKV: rank cap {} exceeds the basis width {} (num_kv_heads * head_dim / "
+                   "basis_groups)",
+                   config.rank_max, group_width);
+    }
+    settings.rank_rule = {0, config.rank_energy, config.rank_min, config.rank_max};
+    settings.rank = (config.rank_max > 0 ? config.rank_max : group_width) * groups;
+  } else {
+    auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio, group_width);
+    if (!rank.ok()) {
+      return Error(ErrorCode::kInvalidArgument, "ShadowKV: {}", rank.status().message());
+    }
+    settings.rank_rule.rank = *rank;
+    settings.rank = *rank * groups;
   }
-  settings.rank = *rank * groups;
   if (config.budget_tokens > 0 && config.budget_tokens < config.chunk_size) {
     return Error(ErrorCode::kInvalidArgument,
                  "ShadowKV budget of {} tokens is below one chunk of {} tokens",

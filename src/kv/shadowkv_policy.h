@@ -10,6 +10,15 @@
 // positions; values from the slow tier). Tokens leaving the recent window in whole chunks are
 // projected onto the same basis ("graduated"), so generation never drops tokens.
 //
+// With rank_energy > 0 each layer's basis takes its own rank from its key spectrum at compression
+// (RankForEnergy, low_rank.h); A, the rebuild and memory() follow that rank, and EstimateMemory
+// assumes the cap. `selection` (chunk_selection.h) replaces the landmark top-K: "rerank" makes
+// its candidates' keys in a scratch buffer (copied from a gather slot that holds the chunk,
+// rebuilt otherwise), keeps the best K by exact score and copies the misses' keys from that
+// scratch, so values are read for the kept K only and nothing is rebuilt twice; "heads" takes
+// chunks round-robin over the group's query heads; "mass" takes between max(1, K/4) and 2K chunks
+// (the gather buffer has 2K slots) and attends one segment per run of occupied slots.
+//
 // FP8 (core/fp8.h), off by default: with fp8_values the slow tier holds each value run (one chunk
 // of one KV head) as e4m3 codes with one fp32 scale and gathers it dequantised; the outlier
 // chunks and the exact window keep fp32 values. With fp8_landmarks each landmark is rounded

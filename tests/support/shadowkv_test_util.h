@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -75,6 +76,27 @@ class TokenStream {
     return t;
   }
 
+  // `count` consecutive tokens from `position`, rows concatenated, as one TokenBlock sees them.
+  struct Block {
+    int count = 0;
+    int64_t position = 0;
+    std::vector<float> pre, post, values, queries;
+    TokenBlock View() const {
+      return {count, position, pre.data(), post.data(), values.data(), queries.data()};
+    }
+  };
+  Block MakeBlock(int layer, int64_t position, int count) const {
+    Block b{count, position, {}, {}, {}, {}};
+    for (int i = 0; i < count; ++i) {
+      auto t = Make(layer, position + i);
+      b.pre.insert(b.pre.end(), t.pre.begin(), t.pre.end());
+      b.post.insert(b.post.end(), t.post.begin(), t.post.end());
+      b.values.insert(b.values.end(), t.values.begin(), t.values.end());
+      b.queries.insert(b.queries.end(), t.queries.begin(), t.queries.end());
+    }
+    return b;
+  }
+
   const KvGeometry& geometry() const { return g_; }
 
  private:
@@ -100,15 +122,9 @@ class Runner {
     const KvGeometry& g = stream_.geometry();
     outputs_.assign(g.num_layers, {});
     for (int layer = 0; layer < g.num_layers; ++layer) {
-      std::vector<float> pre, post, values, queries;
-      for (int i = 0; i < count; ++i) {
-        auto t = stream_.Make(layer, position_ + i);
-        pre.insert(pre.end(), t.pre.begin(), t.pre.end());
-        post.insert(post.end(), t.post.begin(), t.post.end());
-        values.insert(values.end(), t.values.begin(), t.values.end());
-        queries.insert(queries.end(), t.queries.begin(), t.queries.end());
-      }
-      TokenBlock block{count, position_, pre.data(), post.data(), values.data(), queries.data()};
+      const TokenStream::Block tokens = stream_.MakeBlock(layer, position_, count);
+      const TokenBlock block = tokens.View();
+      const std::vector<float>& queries = tokens.queries;
       ASSERT_TRUE(sequence_->Append(layer, block).ok());
       AttentionInput input;
       ASSERT_TRUE(sequence_->Prepare(layer, queries.data(), count, &input).ok());
@@ -154,7 +170,7 @@ inline std::unique_ptr<KvPolicy> MakePolicy(const KvPolicyConfig& config, const 
 
 // Largest |a − b| relative to the largest |b|, over every layer.
 inline double RelativeError(const std::vector<std::vector<float>>& a,
-                     const std::vector<std::vector<float>>& b) {
+                            const std::vector<std::vector<float>>& b) {
   double worst = 0, scale = 0;
   for (size_t l = 0; l < a.size(); ++l) {
     for (size_t i = 0; i < a[l].size(); ++i) {
@@ -176,10 +192,9 @@ inline KvPolicyConfig ShadowConfig(int chunk, int window, int64_t outliers, int 
   return c;
 }
 
-
 // Chunk `c`'s rows of one KV head from the stream: [chunk, head_dim] post-RoPE keys or values.
 inline std::vector<float> ChunkRows(const TokenStream& stream, int layer, int h, int chunk_size,
-                             int64_t chunk, bool values) {
+                                    int64_t chunk, bool values) {
   const KvGeometry& g = stream.geometry();
   std::vector<float> rows;
   for (int t = 0; t < chunk_size; ++t) {
@@ -209,6 +224,51 @@ void ForEachHeadAtFirstDecode(const TokenStream& stream, const KvPolicyConfig& c
       ASSERT_NO_FATAL_FAILURE(fn(layer, h, input.heads[h], info));
     }
   }
+}
+
+// A setting at a budget every chunk fits in, which must attend exactly as full attention does
+// through prefill (two blocks), decode steps that graduate chunks and a multi-token turn.
+struct EquivalenceCase {
+  int chunk, window, prompt;
+  int64_t outliers;
+  int key_rank, rank;  // rank 0: full (kv_width)
+  int basis_groups = 1;
+  std::string selection = "landmarks";
+  double rank_energy = 0.0;
+};
+
+inline void CheckEquivalence(const EquivalenceCase& c) {
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, c.key_rank, 17);
+  KvPolicyConfig full_config;
+  auto full = MakePolicy(full_config, g);
+  KvPolicyConfig shadow_config =
+      ShadowConfig(c.chunk, c.window, c.outliers, c.rank ? c.rank : g.kv_width());
+  shadow_config.basis_groups = c.basis_groups;
+  shadow_config.selection = c.selection;
+  shadow_config.rank_energy = c.rank_energy;
+  auto shadow = MakePolicy(shadow_config, g);
+  ASSERT_TRUE(full && shadow);
+  Runner expected(*full, stream), actual(*shadow, stream);
+  // Prompt in two blocks, the second finishing prefill.
+  const int first_block = c.prompt / 3;
+  for (Runner* r : {&expected, &actual}) r->Step(first_block);
+  EXPECT_LT(RelativeError(actual.outputs(), expected.outputs()), 1e-6);
+  for (Runner* r : {&expected, &actual}) r->Step(c.prompt - first_block, true);
+  EXPECT_LT(RelativeError(actual.outputs(), expected.outputs()), 1e-6);
+  EXPECT_EQ(actual.shadow().Inspect(0).compressed, c.prompt >= c.window + c.chunk);
+  const int64_t chunks_after_prefill = actual.shadow().Inspect(0).num_chunks;
+  // Decode steps (graduating several chunks), a multi-token turn, then more decode.
+  auto compare = [&](int count) {
+    for (Runner* r : {&expected, &actual}) r->Step(count);
+    EXPECT_LT(RelativeError(actual.outputs(), expected.outputs()), 1e-4)
+        << "after " << actual.sequence().num_tokens() << " tokens";
+  };
+  for (int step = 0; step < 3 * c.chunk + 2; ++step) compare(1);
+  compare(2 * c.chunk + 3);
+  for (int step = 0; step < c.chunk; ++step) compare(1);
+  EXPECT_GT(actual.shadow().Inspect(1).num_chunks, chunks_after_prefill + 3);
+  EXPECT_EQ(actual.sequence().num_tokens(), expected.sequence().num_tokens());
 }
 
 inline std::set<int64_t> AsSet(const std::vector<int32_t>& chunks) {

@@ -1,0 +1,266 @@
+// Tests of ShadowKV's rank from the spectrum and its chunk selection modes at the policy level.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kv/policies.h"
+#include "kv/shadowkv_policy.h"
+#include "support/shadowkv_test_util.h"
+
+namespace shadowkv::kv {
+namespace {
+
+using namespace shadowkv_testing;
+
+const std::vector<std::string> kModes = {"landmarks", "rerank", "heads", "mass"};
+
+TEST(ShadowKvModesTest, EveryModeAtFullBudgetAndRankEqualsFullAttention) {
+  for (const std::string& mode : kModes) {
+    SCOPED_TRACE(mode);
+    CheckEquivalence({8, 32, 300, 2, 0, 0, 1, mode});
+  }
+}
+
+TEST(ShadowKvModesTest, RankEnergyOneIsTheFullWidthAndExact) {
+  CheckEquivalence({8, 32, 300, 2, 0, 0, 1, "landmarks", 1.0});
+  CheckEquivalence({8, 32, 300, 3, 0, 0, 3, "rerank", 1.0});  // one basis per KV head
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 3);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  config.rank_energy = 1.0;
+  auto policy = MakePolicy(config, g);
+  Runner runner(*policy, stream);
+  runner.Step(300, true);
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    EXPECT_EQ(runner.shadow().Inspect(layer).rank, g.kv_width());
+  }
+}
+
+TEST(ShadowKvModesTest, RankFromTheSpectrumFollowsTheKeysOwnRank) {
+  // Keys of rank 24: 99% of their energy needs 24 directions (a multiple of 8) and those
+  // rebuild them exactly, so attention at full budget is full attention's.
+  CheckEquivalence({8, 32, 300, 3, 24, 0, 1, "landmarks", 0.99});
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 24, 17);
+  KvPolicyConfig config = ShadowConfig(8, 32, 3);
+  config.rank_energy = 0.99;
+  auto policy = MakePolicy(config, g);
+  Runner runner(*policy, stream);
+  runner.Step(300, true);
+  const MemoryUsage estimate = policy->EstimateMemory(300);
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    EXPECT_EQ(runner.shadow().Inspect(layer).rank, 24) << "layer " << layer;
+  }
+  // The estimate assumes the cap (the width): an upper bound of what the layers hold.
+  EXPECT_LT(runner.sequence().memory().fast_bytes, estimate.fast_bytes);
+  config.rank_max = 16;  // the cap binds
+  auto capped = MakePolicy(config, g);
+  Runner capped_runner(*capped, stream);
+  capped_runner.Step(300, true);
+  EXPECT_EQ(capped_runner.shadow().Inspect(1).rank, 16);
+  EXPECT_EQ(capped_runner.sequence().memory().fast_bytes, capped->EstimateMemory(300).fast_bytes);
+  config.rank_max = 200;  // above the width of 192
+  const auto too_wide = MakeKvPolicy(config, g);
+  ASSERT_FALSE(too_wide.ok());
+  EXPECT_NE(too_wide.status().message().find("192"), std::string::npos);
+}
+
+// Sparse budget, full rank: each mode through prefill, decode steps that graduate chunks and a
+// multi-token turn. At every step each KV head attends its outliers, the chunks its gather slots
+// hold (their keys and values exactly the stream's, rebuilt or reused) and the window; the
+// attended count is what the policy reports.
+void CheckSparseMode(const std::string& mode) {
+  SCOPED_TRACE(mode);
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 29);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
+  config.budget_tokens = 64;  // K = 8 chunks
+  config.selection = mode;
+  config.rerank_factor = 2;
+  config.select_mass = 0.5;
+  auto policy = MakePolicy(config, g);
+  Runner runner(*policy, stream);
+  runner.Step(300, true);
+  int64_t position = 300;
+  int64_t partly_filled = 0;  // head steps that left some gather slots empty
+  for (int step = 0; step < 24; ++step) {
+    const int count = step == 12 ? 9 : 1;
+    if (count == 1) {
+      for (int layer = 0; layer < g.num_layers; ++layer) {
+        const PolicyStats before = runner.sequence().layer_stats()[layer];
+        AttentionInput input;
+        ASSERT_NO_FATAL_FAILURE(
+            runner.AppendOne(layer, static_cast<int>(position), nullptr, &input));
+        PolicyStats added = runner.sequence().layer_stats()[layer];
+        added -= before;
+        const auto info = runner.shadow().Inspect(layer);
+        int64_t attended = 0;
+        for (int h = 0; h < g.num_kv_heads; ++h) {
+          const auto& segments = input.heads[h];
+          ASSERT_GE(segments.size(), 3u);
+          std::vector<int64_t> held;
+          for (int64_t chunk : info.gathered_chunks[h]) {
+            if (chunk >= 0) held.push_back(chunk);
+          }
+          const std::set<int64_t> distinct(held.begin(), held.end());
+          ASSERT_EQ(distinct.size(), held.size());
+          for (int64_t chunk : held) {
+            ASSERT_EQ(AsSet(info.outlier_chunks[h]).count(chunk), 0u);
+            ASSERT_LT(chunk, info.num_chunks);
+          }
+          partly_filled += held.size() < info.gathered_chunks[h].size();
+          if (mode == "mass") {
+            ASSERT_GE(held.size(), 2u);   // floor K/4
+            ASSERT_LE(held.size(), 16u);  // cap 2K
+          } else {
+            ASSERT_EQ(held.size(), 8u);
+          }
+          // The gathered segments, in slot order, hold the chunks' exact rows.
+          size_t next = 0;
+          int row = 0;
+          for (size_t s = 1; s + 1 < segments.size(); ++s) {
+            for (int t = 0; t < segments[s].num_tokens; ++t, ++row) {
+              if (row == 8) {
+                row = 0;
+                ++next;
+              }
+              ASSERT_LT(next, held.size());
+              const auto keys = ChunkRows(stream, layer, h, 8, held[next], false);
+              const auto values = ChunkRows(stream, layer, h, 8, held[next], true);
+              for (int d = 0; d < g.head_dim; ++d) {
+                ASSERT_NEAR(segments[s].keys[t * g.head_dim + d], keys[row * g.head_dim + d], 1e-4);
+                ASSERT_EQ(segments[s].values[t * g.head_dim + d], values[row * g.head_dim + d]);
+              }
+            }
+          }
+          ASSERT_EQ(next + 1, held.size());
+          ASSERT_TRUE(segments.back().causal);
+          attended += input.num_tokens(h);
+        }
+        EXPECT_EQ(added.attended_tokens, attended / g.num_kv_heads);
+      }
+    } else {
+      // A multi-token turn (its queries select together), appended and prepared at each layer.
+      for (int layer = 0; layer < g.num_layers; ++layer) {
+        const TokenStream::Block tokens = stream.MakeBlock(layer, position, count);
+        const TokenBlock block = tokens.View();
+        ASSERT_TRUE(runner.sequence().Append(layer, block).ok());
+        AttentionInput input;
+        ASSERT_TRUE(runner.sequence().Prepare(layer, tokens.queries.data(), count, &input).ok());
+        ASSERT_TRUE(input.heads[0].back().causal);
+      }
+    }
+    position += count;
+  }
+  EXPECT_GT(runner.shadow().Inspect(0).num_chunks, 33 + 3);  // chunks graduated
+  EXPECT_GT(runner.sequence().stats().chunk_hits, 0);        // reuse still counted
+  // Only "mass" selects fewer chunks than it has slots (then in several runs of slots).
+  if (mode == "mass") {
+    EXPECT_GT(partly_filled, 0);
+  } else {
+    EXPECT_EQ(partly_filled, 0);
+  }
+}
+
+TEST(ShadowKvModesTest, LandmarksSparseStepsHoldExactChunks) { CheckSparseMode("landmarks"); }
+TEST(ShadowKvModesTest, RerankSparseStepsHoldExactChunks) { CheckSparseMode("rerank"); }
+TEST(ShadowKvModesTest, HeadsSparseStepsHoldExactChunks) { CheckSparseMode("heads"); }
+TEST(ShadowKvModesTest, MassSparseStepsHoldExactChunks) { CheckSparseMode("mass"); }
+
+TEST(ShadowKvModesTest, RerankOverEveryChunkSelectsTheHighestExactMass) {
+  // rerank_factor * K >= L at full rank: every landmark chunk is a candidate scored on its exact
+  // keys, so the kept K are the chunks of highest exact attention mass (fp64 reference).
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 37);
+  KvPolicyConfig config = ShadowConfig(8, 32, 4, g.kv_width());
+  config.budget_tokens = 80;  // K = 10 of 29 landmark chunks; 4 * 10 >= 29
+  config.selection = "rerank";
+  auto policy = MakePolicy(config, g);
+  Runner runner(*policy, stream);
+  runner.Step(300, true);
+  const int d = g.head_dim;
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    AttentionInput input;
+    ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
+    const auto info = runner.shadow().Inspect(layer);
+    const auto queries = stream.Make(layer, 300).queries;
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      const auto& chunks = info.landmark_chunks[h];
+      ASSERT_EQ(chunks.size(), 29u);
+      std::vector<std::vector<float>> keys;
+      for (int32_t c : chunks) keys.push_back(ChunkRows(stream, layer, h, 8, c, false));
+      std::vector<double> best(chunks.size(), -1.0);
+      for (int q = 0; q < g.group_size(); ++q) {
+        const float* query = queries.data() + (h * g.group_size() + q) * d;
+        std::vector<double> logits;
+        for (const auto& rows : keys) {
+          for (int t = 0; t < 8; ++t) {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) dot += double(query[i]) * rows[t * d + i];
+            logits.push_back(dot / std::sqrt(double(d)));
+          }
+        }
+        const double top = *std::max_element(logits.begin(), logits.end());
+        double total = 0;
+        for (double& x : logits) total += (x = std::exp(x - top));
+        for (size_t c = 0; c < chunks.size(); ++c) {
+          double mass = 0;
+          for (int t = 0; t < 8; ++t) mass += logits[c * 8 + t] / total;
+          best[c] = std::max(best[c], mass);
+        }
+      }
+      std::vector<size_t> order(chunks.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return best[a] > best[b]; });
+      std::set<int64_t> expected;
+      for (int i = 0; i < 10; ++i) expected.insert(chunks[order[i]]);
+      EXPECT_EQ(AsSet(info.gathered_chunks[h]), expected) << "layer " << layer << " head " << h;
+    }
+  }
+}
+
+TEST(ShadowKvModesTest, SuccessorsOnlyWithLandmarks) {
+  const KvGeometry g = TestGeometry();
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  config.select_successors = 1;
+  EXPECT_TRUE(MakeKvPolicy(config, g).ok());
+  config.selection = "mass";
+  const auto refused = MakeKvPolicy(config, g);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("successors"), std::string::npos);
+}
+
+TEST(ShadowKvModesTest, PaperSettingIgnoresOtherDefaults) {
+  // A config made in code with paper=1 runs the published method whatever else it says.
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 11);
+  KvPolicyConfig base;
+  base.policy = "shadowkv";
+  base.paper = 1;
+  KvPolicyConfig changed = base;
+  changed.rank_energy = 0.5;
+  changed.selection = "heads";
+  changed.chunk_size = 4;
+  changed.budget_tokens = 40;
+  auto paper = MakePolicy(base, g);
+  auto forced = MakePolicy(changed, g);
+  EXPECT_EQ(forced->config().selection, "landmarks");
+  EXPECT_EQ(forced->config().chunk_size, 8);
+  Runner a(*paper, stream), b(*forced, stream);
+  for (Runner* r : {&a, &b}) r->Step(400, true);
+  for (int step = 0; step < 3; ++step) {
+    for (Runner* r : {&a, &b}) r->Step(1);
+    EXPECT_EQ(a.outputs(), b.outputs());
+  }
+  // Rank 192 / 6.4 = 30 rounded up to 32; the budget floor of 256 tokens is 32 chunks.
+  EXPECT_EQ(b.shadow().Inspect(0).rank, 32);
+  EXPECT_EQ(b.shadow().Inspect(0).budget_chunks, 32);
+}
+
+}  // namespace
+}  // namespace shadowkv::kv
