@@ -78,6 +78,7 @@ struct ShadowKvState {
   DeviceBuffer<float> landmark_scales;
   DeviceBuffer<uint8_t> outlier;
   DeviceBuffer<int32_t> slot_chunk;
+  DeviceBuffer<int32_t> layer_rank;  // [seq, layer] each layer's own rank (SkvLayout::layer_rank)
   DeviceBuffer<SkvSequenceInfo> info;
   DeviceBuffer<Bf16*> value_table;
   DeviceBuffer<unsigned long long> counters;

@@ -41,15 +41,24 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKerne
   const SkvLayout& l = p.layout;
   const int width = l.kv_width(), chunk = l.chunk_size;
   const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
+  Bf16* coefficients =
+      l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
+  // Past the layer's own rank (a per-layer rank) the coefficients are zeros, as B's rows there
+  // are: written, not computed, so that the row never keeps what an earlier sequence left.
+  const int rank = l.RankOf(m.seq, p.layer);
+  const int first = blockIdx.y * kGraduateBasisRows;
+  const int last = min(l.rank, first + kGraduateBasisRows), own_last = min(last, rank);
+  const int zero_from = max(first, own_last), zeros = last - zero_from;
+  for (int i = threadIdx.x; i < chunk * zeros; i += blockDim.x) {
+    coefficients[(i / zeros) * l.rank + zero_from + i % zeros] = __float2bfloat16(0.0f);
+  }
+  if (first >= own_last) return;
   const Bf16* pre = l.keys_pre + layer_index * l.recent_capacity * width;
   for (int i = threadIdx.x; i < chunk * width; i += blockDim.x) pre_rows[i] = __bfloat162float(pre[i]);
   __syncthreads();
   const Bf16* basis = l.basis + layer_index * l.rank * width;
-  Bf16* coefficients =
-      l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int last = min(l.rank, (blockIdx.y + 1) * kGraduateBasisRows);
-  for (int j = blockIdx.y * kGraduateBasisRows + warp; j < last; j += kGraduateThreads / 32) {
+  for (int j = first + warp; j < own_last; j += kGraduateThreads / 32) {
     const Bf16* b = basis + static_cast<int64_t>(j) * width;
     float dot[kSkvMaxGraduateChunk] = {};
     for (int k = lane * 8; k < width; k += 256) {
@@ -401,7 +410,11 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
   __shared__ int miss_slots[kRebuildSlots], miss_chunks[kRebuildSlots], miss_count;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rank_padded = RankPadded(l.rank);
+  const SkvRowMeta m = p.meta[row];
+  // The layer's own rank: the tiles below are laid out for it (shared memory is sized for
+  // l.rank, the most); A's rows keep their stride of l.rank.
+  const int rank = l.RankOf(m.seq, p.layer);
+  const int rank_padded = RankPadded(rank);
   const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 4;
   const int32_t* miss =
       p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
@@ -420,7 +433,6 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
   const int count = miss_count;
   if (count == 0) return;
 
-  const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int width = l.kv_width(), chunk_size = l.chunk_size;
   const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
@@ -431,7 +443,9 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
   for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
     const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
     uint4 value = make_uint4(0, 0, 0, 0);
-    if (k < l.rank) value = *reinterpret_cast<const uint4*>(basis + static_cast<int64_t>(k) * width + v * 8);
+    if (k < rank) {
+      value = *reinterpret_cast<const uint4*>(basis + static_cast<int64_t>(k) * width + v * 8);
+    }
     *reinterpret_cast<uint4*>(b_tile + k * b_pitch + v * 8) = value;
   }
   __syncthreads();
@@ -447,7 +461,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
       const int r = i / (rank_padded / 8), v = i % (rank_padded / 8);
       const int token_row = tile * 16 + r;
       uint4 value = make_uint4(0, 0, 0, 0);
-      if (token_row < total_rows && v * 8 < l.rank) {
+      if (token_row < total_rows && v * 8 < rank) {
         const int which = token_row / chunk_size, t = token_row % chunk_size;
         value = *reinterpret_cast<const uint4*>(
             coefficients + (static_cast<int64_t>(miss_chunks[which]) * chunk_size + t) * l.rank +

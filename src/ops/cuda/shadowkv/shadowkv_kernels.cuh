@@ -27,7 +27,7 @@ struct SkvLayout {
   int head_dim = 0;
   int group = 0;          // query heads per KV head
   int chunk_size = 0;     // C
-  int rank = 0;           // r (multiple of 8)
+  int rank = 0;           // r (multiple of 8): what A's rows and B are laid out for
   int capacity_chunks = 0;  // chunks one sequence can hold
   int max_budget = 0;       // K slots reserved per (sequence, layer, KV head)
   int recent_capacity = 0;  // W + C rows of exact keys
@@ -37,6 +37,11 @@ struct SkvLayout {
   __nv_bfloat16* keys_pre = nullptr;      // [seqs, layers, recent_capacity, kv_width]
   __nv_bfloat16* coefficients = nullptr;  // A: [seqs, layers, capacity_chunks * C, rank]
   __nv_bfloat16* basis = nullptr;         // B: [seqs, layers, rank, kv_width]
+  // [seqs, layers] the rank each layer of each sequence uses, a multiple of 8 up to `rank` (a
+  // per-layer rank from the key spectrum), or null: `rank` everywhere. B's rows and A's columns
+  // past a layer's rank hold zeros, so a kernel that reads the whole `rank` stays right; the
+  // kernels stop at the layer's rank to save the work.
+  const int32_t* layer_rank = nullptr;
   __nv_bfloat16* landmarks = nullptr;     // [seqs, layers, kv_heads, capacity_chunks, head_dim]
   // FP8 landmarks (core/fp8.h) instead of `landmarks`: e4m3 codes in the same order, and one
   // scale per landmark [seqs, layers, kv_heads, capacity_chunks]. Fast kernels only, with
@@ -60,6 +65,10 @@ struct SkvLayout {
   // Index of (sequence, layer, KV head) in the [seqs, layers, kv_heads, ...] buffers.
   SKV_HOST_DEVICE int64_t HeadIndex(int seq, int layer, int head) const {
     return (static_cast<int64_t>(seq) * num_layers + layer) * num_kv_heads + head;
+  }
+  // The rank (sequence, layer) uses (device code: layer_rank is device memory).
+  SKV_HOST_DEVICE int RankOf(int seq, int layer) const {
+    return layer_rank ? layer_rank[static_cast<int64_t>(seq) * num_layers + layer] : rank;
   }
   // Sequence `seq`'s two counters, or null where the layout keeps none.
   SKV_HOST_DEVICE unsigned long long* SequenceCounters(int seq) const {
