@@ -89,7 +89,8 @@ TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheSh
 
 // A per-layer rank lays the storage out at its cap (rank_max, or the width when 0), so the
 // memory of a sequence is that of the fixed rank at the cap plus one rank per layer; the pool's
-// planning counts the same. A cap the kernels cannot take and modes not built are refused.
+// planning counts the same. A cap the kernels cannot take and modes not built are refused;
+// re-ranking sizes its candidates from the budget at capacity, within the kernels' bound.
 TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   kv::KvPolicyConfig fixed;
   fixed.policy = "shadowkv";
@@ -129,6 +130,18 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   EXPECT_EQ(odd.status().code(), ErrorCode::kUnsupported);
   EXPECT_NE(odd.status().message().find("rank_max"), std::string::npos) << odd.status().ToString();
   spectrum.rank_max = 0;
+  spectrum.selection = "rerank";  // 4 x 8 candidates of the 64 chunks
+  auto rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(rerank.ok()) << rerank.status().ToString();
+  EXPECT_EQ(rerank->max_candidates, 32);
+  spectrum.rerank_factor = 100;  // no more candidates than chunks
+  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(rerank.ok());
+  EXPECT_EQ(rerank->max_candidates, 64);
+  spectrum.rerank_factor = 1000;
+  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 1 << 17);  // 1000 x 8 of 16384 chunks > 4096
+  EXPECT_EQ(rerank.status().code(), ErrorCode::kUnsupported) << rerank.status().ToString();
+  spectrum.rerank_factor = 4;
   spectrum.selection = "mass";
   auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
@@ -387,6 +400,112 @@ TEST(CudaShadowKvParityTest, PerLayerRankWithFp8StoresMatchesTheCpuAtThatRank) {
   kv::KvPolicyConfig cpu = ParityConfig(true);
   cpu.rank = 32;
   CheckParity(FloorRankConfig(true), cpu, /*copies=*/false, /*want_ranks=*/32);
+}
+
+// Decodes the parity prompts on the GPU alone under `config`: four rows (sequences 2 and 3
+// copies of 0 and 1, so the selection runs in two halves), greedy on each original's logits,
+// 24 steps with graduations. Returns the logits of every step and row, and checks the copies
+// equal their originals bit for bit and that every step selected K chunks per KV head.
+std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
+                               std::vector<std::vector<int32_t>>* gathered) {
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  const std::string path = WriteTinyModel(spec, "gpu_shadowkv_rerank");
+  CudaModelOptions options;
+  options.max_batch = 4;
+  options.max_step_tokens = 512;
+  auto gpu_or = CudaModel::Load(path, options);
+  EXPECT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+  if (!gpu_or.ok()) return {};
+  CudaModel& gpu = **gpu_or;
+  const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 11), SomeTokens(237, 12)};
+  EXPECT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
+  const Status allocated = gpu.AllocateShadowKv(config, 4, 512);
+  EXPECT_TRUE(allocated.ok()) << allocated.ToString();
+  if (!allocated.ok()) return {};
+  for (int s = 0; s < 4; ++s) EXPECT_TRUE(gpu.AllocateShadowKvValues(s, s % 2 == 1).ok());
+  for (int s = 0; s < 2; ++s) {
+    CudaStepInput in;
+    in.slot = s;
+    in.tokens = prompts[s];
+    EXPECT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
+    const Status compressed = gpu.CompressToShadowKv(s, s);
+    EXPECT_TRUE(compressed.ok()) << compressed.ToString();
+  }
+  gpu.FreeKvCache();
+  for (int s = 2; s < 4; ++s) EXPECT_TRUE(gpu.CopyShadowKvSequence(s - 2, s).ok());
+  const int vocab = static_cast<int>(gpu.config().vocab_size);
+  std::vector<int32_t> next = {prompts[0].back(), prompts[1].back()};
+  std::vector<float> all;
+  for (int step = 0; step < 24; ++step) {
+    std::vector<float> got(4 * static_cast<size_t>(vocab));
+    std::vector<int32_t> tokens = {next[0], next[1], next[0], next[1]};
+    const std::vector<int> seqs = {0, 1, 2, 3};
+    const Status status = gpu.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}, got.data());
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    if (!status.ok()) return {};
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_TRUE(std::equal(got.begin() + (s + 2) * vocab, got.begin() + (s + 3) * vocab,
+                             got.begin() + s * vocab))
+          << config.display_name() << ": copy " << s + 2 << " differs at step " << step;
+      const std::vector<float> row(got.begin() + s * vocab, got.begin() + (s + 1) * vocab);
+      EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float x) { return std::isfinite(x); }))
+          << config.display_name() << ": sequence " << s << ", step " << step;
+      next[s] = Argmax(row);
+      for (int layer = 0; layer < spec.layers; ++layer) {
+        for (int h = 0; h < spec.kv_heads; ++h) {
+          auto chunks = gpu.ShadowKvGatheredChunks(s, layer, h);
+          EXPECT_TRUE(chunks.ok());
+          if (chunks.ok()) gathered->push_back(*chunks);
+        }
+      }
+    }
+    all.insert(all.end(), got.begin(), got.begin() + 2 * vocab);
+  }
+  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, 24ll * 4 * spec.layers * spec.kv_heads * 8)
+      << config.display_name();
+  return all;
+}
+
+// Re-ranking through the whole step (graph replay, the selection in halves, host values,
+// graduations). With rerank_factor 1 the candidates are the landmarks' K and all are kept, so
+// the step must equal the landmark selection bit for bit; with 4 it decodes on its own choice.
+// Where the CPU policy re-ranks too, the parity with it as for the landmarks.
+TEST(CudaShadowKvParityTest, RerankRunsThroughTheDecodeStep) {
+  SKV_SKIP_WITHOUT_GPU();
+  const kv::KvPolicyConfig landmarks = ParityConfig(false);
+  kv::KvPolicyConfig rerank = landmarks;
+  rerank.selection = "rerank";
+  rerank.rerank_factor = 1;
+  rerank.label = "shadowkv:select=rerank:rerank_factor=1";
+  std::vector<std::vector<int32_t>> landmark_chunks, rerank_chunks, wide_chunks;
+  const std::vector<float> want = DecodeOnGpu(landmarks, &landmark_chunks);
+  const std::vector<float> got = DecodeOnGpu(rerank, &rerank_chunks);
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(got, want) << "rerank_factor 1 keeps the landmarks' choice";
+  EXPECT_EQ(rerank_chunks, landmark_chunks);
+  rerank.rerank_factor = 4;
+  rerank.label = "shadowkv:select=rerank";
+  const std::vector<float> wide = DecodeOnGpu(rerank, &wide_chunks);
+  ASSERT_EQ(wide.size(), want.size());
+  int64_t same = 0, total = 0;
+  for (size_t i = 0; i < wide_chunks.size() && i < landmark_chunks.size(); ++i) {
+    std::set<int32_t> a(wide_chunks[i].begin(), wide_chunks[i].end());
+    for (int32_t c : landmark_chunks[i]) same += a.count(c);
+    total += static_cast<int64_t>(landmark_chunks[i].size());
+  }
+  std::printf("[ rerank   ] rerank_factor 4: %lld of %lld gathered chunks also the landmarks'\n",
+              static_cast<long long>(same), static_cast<long long>(total));
+  EXPECT_LT(same, total) << "re-ranking 4K candidates never changed a choice";
+
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_rerank_cpu"), 2, Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (auto cpu_policy = kv::MakeKvPolicy(rerank, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
+    std::printf("[ rerank   ] no CPU parity: the CPU policy says %s\n",
+                cpu_policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the

@@ -126,6 +126,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
       batch * c.num_query_heads * SkvScoreBlocks(static_cast<int>(g.capacity_chunks)) * 2)));
   SKV_RETURN_IF_ERROR(sized(s->miss_chunk.Allocate(batch * heads * g.max_budget)));
+  if (g.max_candidates > 0) {
+    SKV_RETURN_IF_ERROR(sized(s->candidates.Allocate(batch * heads * g.max_candidates)));
+    SKV_RETURN_IF_ERROR(sized(
+        s->exact_logits.Allocate(batch * c.num_query_heads * g.max_candidates * g.chunk_size)));
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->info.get(), 0, s->info.bytes()));
@@ -172,6 +177,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.rank = g.rank;
   l.capacity_chunks = g.capacity_chunks;
   l.max_budget = g.max_budget;
+  l.max_candidates = g.max_candidates;
   l.recent_capacity = g.recent_capacity;
   l.attn.keys = s->attn_keys.get();
   l.attn.values = s->attn_values.get();
@@ -199,10 +205,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
     return Error(
         ErrorCode::kUnsupported,
         "ShadowKV kernels do not support this shape (head_dim {}, group {}, rank {}{}, "
-        "budget {} chunks, {} chunks of capacity)",
+        "budget {} chunks, {} chunks of capacity{})",
         c.head_dim, l.group, g.rank,
         g.per_layer_rank() ? " (the per-layer rank's cap: a smaller rank_max may fit)" : "",
-        g.max_budget, g.capacity_chunks);
+        g.max_budget, g.capacity_chunks,
+        g.max_candidates > 0 ? fmt::format(", {} re-rank candidates", g.max_candidates) : "");
   }
   SKV_CUDA_RETURN_IF_ERROR(configured);
   SKV_RETURN_IF_ERROR(UploadValueTable(*s, m.stream));
@@ -581,8 +588,9 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
   stats.num_sequences = s.num_sequences;
   stats.rank = s.geometry.rank;
   stats.max_budget_chunks = s.geometry.max_budget;
-  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() + s.softmax_partials.bytes() +
-                       s.miss_chunk.bytes();
+  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() +
+                       s.softmax_partials.bytes() + s.miss_chunk.bytes() + s.candidates.bytes() +
+                       s.exact_logits.bytes();
   for (int i = 0; i < s.num_sequences; ++i) {
     if (s.host_values[i]) {
       ++stats.host_value_sequences;

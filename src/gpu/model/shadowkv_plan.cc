@@ -48,7 +48,7 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
                  "ShadowKV basis_groups runs on the CPU only (on the "
                  "GPU, --tensor-parallel N gives each rank's heads their own basis)");
   }
-  if (config.selection != "landmarks") {
+  if (config.selection != "landmarks" && config.selection != "rerank") {
     return Error(ErrorCode::kUnsupported,
                  "ShadowKV on the GPU: chunk selection '{}' is not implemented yet",
                  config.selection);
@@ -94,6 +94,18 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.max_budget = static_cast<int>(std::max<int64_t>(1, budget / g.chunk_size));
   g.max_outliers = static_cast<int>(kv::ResolveOutlierChunks(
       config.outlier_chunks, static_cast<int64_t>(g.max_budget) * g.chunk_size, g.capacity_chunks));
+  if (config.selection == "rerank") {
+    g.rerank_factor = config.rerank_factor;
+    const int64_t candidates = std::min<int64_t>(
+        static_cast<int64_t>(config.rerank_factor) * g.max_budget, g.capacity_chunks);
+    if (candidates > kSkvMaxRerankCandidates) {
+      return Error(ErrorCode::kUnsupported,
+                   "ShadowKV on the GPU re-ranks at most {} candidate chunks; rerank_factor {} x "
+                   "a budget of {} chunks asks for {}",
+                   kSkvMaxRerankCandidates, config.rerank_factor, g.max_budget, candidates);
+    }
+    g.max_candidates = static_cast<int>(candidates);
+  }
   g.recent_capacity = g.local_window + g.chunk_size;
   g.attn_capacity =
       static_cast<int64_t>(g.max_outliers + g.max_budget) * g.chunk_size + g.recent_capacity;

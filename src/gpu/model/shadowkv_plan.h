@@ -28,6 +28,10 @@ struct SkvGeometry {
   int64_t capacity_tokens = 0;  // prompt plus generated tokens one sequence may reach
   int capacity_chunks = 0;      // capacity_tokens / chunk_size, rounded up to a multiple of 16
   int max_budget = 0;           // K for a prompt of capacity_tokens (budgets grow with length)
+  // Chunk selection "rerank": the landmarks keep rerank_factor · K candidates per KV head (at
+  // most max_candidates, the capacity's), whose rebuilt keys pick the K. 0: landmarks alone.
+  int rerank_factor = 0;
+  int max_candidates = 0;
   int max_outliers = 0;         // O for that budget
   int recent_capacity = 0;      // local_window + chunk_size
   int64_t attn_capacity = 0;    // (max_outliers + max_budget) * C + recent_capacity

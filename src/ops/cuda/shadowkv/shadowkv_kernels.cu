@@ -2,11 +2,9 @@
 // rebuild keys (misses only) → the ordinary split decode kernel over the attention buffer.
 // Every grid is sized from the capacities, never from this step's counts, so a decode step can
 // be captured once as a CUDA graph; blocks with nothing to do return at once.
-#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
-
-#include <cub/block/block_scan.cuh>
-
+#include <algorithm>
 #include <cmath>
+#include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/kernel_attributes.h"
@@ -14,6 +12,7 @@
 #include "ops/cuda/shadowkv/gather_slots.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 #include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -271,7 +270,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   uint32_t* keys = shared_words;
   uint32_t* wanted = keys + l.capacity_chunks;
   int* selected = reinterpret_cast<int*>(wanted + words);
-  int* free_slots = selected + l.max_budget;
+  int* free_slots = selected + max(l.max_budget, l.max_candidates);
   const float* logits = p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group *
                                        l.capacity_chunks;
   int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
@@ -304,7 +303,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
     selectable_local += live;
   }
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
-  const int k = min(info.budget_chunks, selectable);
+  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable);
 
   // Radix select of the k-th largest key, 8 bits at a time.
   if (tid == 0) {
@@ -359,6 +358,10 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   }
   __syncthreads();
 
+  if (p.candidates) {
+    SkvWriteCandidates(p, row, h, k, selected);
+    return;
+  }
   AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
                                slot_chunk, miss, l.SequenceCounters(m.seq));
 }
@@ -501,16 +504,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
       const int which = token_row / chunk_size, t = token_row % chunk_size;
       const bool rotates = pair < rotary_half;
       int a, b;
-      if (rotates && p.halves) {
-        a = pair;
-        b = pair + rotary_half;
-      } else if (p.halves) {
-        a = p.rotary_dim + 2 * (pair - rotary_half);
-        b = a + 1;
-      } else {
-        a = 2 * pair;
-        b = 2 * pair + 1;
-      }
+      SkvRopePairDims(pair, p.rotary_dim, p.halves, &a, &b);
       float x0 = out_tile[r * out_pitch + a], x1 = out_tile[r * out_pitch + b];
       if (rotates) {
         const int position = miss_chunks[which] * chunk_size + t;
@@ -654,8 +648,10 @@ __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvL
 
 }  // namespace
 
-int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget) {
-  return 4ll * capacity_chunks + 4ll * ((capacity_chunks + 31) / 32) + 8ll * max_budget;
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates) {
+  // Keys, the wanted bitmap, the selected list (the candidates under re-ranking), free slots.
+  return 4ll * capacity_chunks + 4ll * ((capacity_chunks + 31) / 32) +
+         4ll * std::max(max_budget, max_candidates) + 4ll * max_budget;
 }
 
 cudaError_t SkvConfigureKernels(const SkvLayout& l) {
@@ -664,8 +660,9 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
-  const int64_t select_bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget) +
-                               static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
+  const int64_t select_bytes =
+      SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates) +
+      static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
   const int64_t rebuild_bytes = RebuildSharedBytes(l.rank, l.head_dim);
   const int64_t graduate_bytes = GraduateSharedBytes(l);
   const int64_t coefficient_bytes = GraduateCoefficientsSharedBytes(l);
@@ -680,7 +677,8 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   auto raise = [&](const void* kernel, int64_t bytes) {
     return AllowDynamicSharedMemory(kernel, static_cast<int>(bytes));
   };
-  const int64_t dynamic_select = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  const int64_t dynamic_select =
+      SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
   if ((e = raise(reinterpret_cast<const void*>(SkvSelectKernel), dynamic_select)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateKernel), graduate_bytes)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateCoefficientsKernel),
@@ -691,6 +689,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
                                           : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
   if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
   if (SkvRebuildFastSharedBytes(l.rank, l.head_dim) > limit) return cudaErrorInvalidValue;
+  if (l.max_candidates > 0 && (e = SkvConfigureRerank(l)) != cudaSuccess) return e;
   return SkvConfigureFastKernels(l, dynamic_select);
 }
 
@@ -742,6 +741,11 @@ SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& p, int first, int count) {
         p.softmax_partials + heads * l.group * SkvScoreBlocks(l.capacity_chunks) * 2;
   }
   part.miss_chunk = p.miss_chunk + heads * l.max_budget;
+  if (p.candidates) {
+    part.candidates = p.candidates + heads * l.max_candidates;
+    part.exact_logits =
+        p.exact_logits + heads * l.group * static_cast<int64_t>(l.max_candidates) * l.chunk_size;
+  }
   return part;
 }
 
@@ -749,7 +753,10 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
   if (l.max_budget > kSkvMaxBudgetChunks) return cudaErrorInvalidValue;
-  const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  if (p.candidates && (l.max_candidates < 1 || p.rerank_factor < 1 || !p.exact_logits)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
   if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
   if (p.select_successors) return cudaErrorInvalidValue;  // the fast kernels only
   SkvSelectKernel<<<dim3(l.num_kv_heads, p.rows), kSelectThreads, bytes, stream>>>(p);

@@ -30,6 +30,7 @@ struct SkvLayout {
   int rank = 0;           // r (multiple of 8): what A's rows and B are laid out for
   int capacity_chunks = 0;  // chunks one sequence can hold
   int max_budget = 0;       // K slots reserved per (sequence, layer, KV head)
+  int max_candidates = 0;   // re-ranking only: candidates per (row, KV head) at most, else 0
   int recent_capacity = 0;  // W + C rows of exact keys
   // Attention buffer, K and V: [seqs, layers, kv_heads, attn capacity, head_dim]: rows
   // [0, O·C) outlier chunks, [O·C, (O+K)·C) gather slots, then the exact recent tokens.
@@ -121,6 +122,15 @@ struct SkvDecodeParams {
   int select_registers = 0;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
+  // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
+  // keeps min(rerank_factor · K, selectable, layout.max_candidates) chunks per (row, KV head)
+  // into candidates [rows, kv_heads, max_candidates] (increasing, then -1) and assigns no gather
+  // slot; LaunchSkvRerank then scores their rebuilt keys exactly into exact_logits [rows,
+  // kv_heads * group, max_candidates * C] and keeps the best K, assigning the slots as the
+  // select does.
+  int rerank_factor = 0;
+  int32_t* candidates = nullptr;
+  float* exact_logits = nullptr;
 };
 
 constexpr int kSkvKernelsFirst = 0;
@@ -140,6 +150,12 @@ cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);
 // Softmax per query head, max over the group, top-K (ties: lower chunk first), hits against the
 // gather slots, misses written to miss_chunk and slot_chunk; counters updated.
 cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
+// Re-ranking, after a LaunchSkvSelect that kept candidates: each candidate's keys rebuilt from
+// A and B with RoPE (rounded to bf16, as the gather rows hold them) and scored against the
+// row's queries; per query head the softmax over all candidate tokens, a chunk's score the sum
+// of its tokens' probabilities, max over the group; the best K (ties: the lower chunk) go to
+// the gather slots as LaunchSkvSelect's would (hits, misses, counters).
+cudaError_t LaunchSkvRerank(const SkvDecodeParams& params, cudaStream_t stream);
 // Values of the missed chunks: store → attention buffer gather rows.
 cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& params, cudaStream_t stream);
 // Keys of the missed chunks: A rows · B_h on tensor cores, RoPE at the chunk's positions.
@@ -175,8 +191,9 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 // Reads the same fields as the landmarks (all but min_cosine).
 cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
 
-// Dynamic shared memory of the select kernel.
-int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);
+// Dynamic shared memory of the select kernel (max_candidates: the layout's, 0 without
+// re-ranking).
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates = 0);
 
 // Checks the layout against the kernels' limits and raises their shared-memory limits (call
 // before the first launch, outside any graph capture). cudaErrorInvalidValue: not supported.
