@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "core/fp8.h"
@@ -35,8 +36,43 @@ struct SelectVariant {
   int registers = 0;
 };
 
+// The per-query-head selection's reference (selection "heads"): each query head's own landmark
+// softmax (ScoreLandmarks over a group of one), its chunks in descending score order (ties: the
+// lower index), taken round-robin over the heads, skipping those taken, until k; the items in
+// increasing order.
+std::vector<int32_t> SelectByHeads(const float* queries, int group, int head_dim,
+                                   const std::vector<float>& list, int64_t count, int64_t k) {
+  std::vector<std::vector<int32_t>> order(group);
+  for (int g = 0; g < group; ++g) {
+    std::vector<float> scores(count);
+    kv::ScoreScratch scratch;
+    kv::ScoreLandmarks(queries + g * head_dim, 1, group * head_dim, 1, list.data(), count, head_dim,
+                       &scratch, scores.data());
+    order[g].resize(count);
+    std::iota(order[g].begin(), order[g].end(), 0);
+    std::stable_sort(order[g].begin(), order[g].end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  }
+  std::vector<uint8_t> taken(count, 0);
+  std::vector<size_t> next(group, 0);
+  int64_t chosen = 0;
+  while (chosen < std::min(k, count)) {
+    for (int g = 0; g < group && chosen < std::min(k, count); ++g) {
+      while (taken[order[g][next[g]]]) ++next[g];
+      taken[order[g][next[g]++]] = 1;
+      ++chosen;
+    }
+  }
+  std::vector<int32_t> selected;
+  for (int64_t i = 0; i < count; ++i) {
+    if (taken[i]) selected.push_back(static_cast<int32_t>(i));
+  }
+  return selected;
+}
+
+// `heads`: the per-query-head selection (SkvDecodeParams::select_heads) against SelectByHeads.
 void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bool fp8 = false,
-                    bool tied = false, SelectVariant select = {}) {
+                    bool tied = false, SelectVariant select = {}, bool heads = false) {
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {tied ? kCapacity - 100 : 1900, tied ? kCapacity / 2 : 1234};
   std::mt19937 rng(5);
@@ -130,6 +166,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     p.select_successors = successors ? 1 : 0;
     p.coarse_select = select.coarse;
     p.select_registers = select.registers;
+    p.select_heads = heads ? 1 : 0;
+    if (heads) SKV_ASSERT_CUDA(SkvConfigureSelectHeads(l));
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -156,7 +194,10 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
                            scores.data());
         std::vector<float> top_values;
         std::vector<int32_t> selected;
-        if (successors) {
+        if (heads) {
+          selected = SelectByHeads(queries.data() + (int64_t{row} * kHeads + h) * kGroup * kDim,
+                                   kGroup, kDim, list, count, kBudget);
+        } else if (successors) {
           std::vector<float> shifted;
           kv::SelectTopKWithSuccessors(scores, chunk_of, kBudget, &shifted, &top_values, &selected);
         } else {
@@ -223,6 +264,19 @@ TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
   SKV_SKIP_WITHOUT_GPU();
   if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "FP8 landmarks: fast kernels only";
   CheckSelection(GetParam(), 2000, /*successors=*/false, /*fp8=*/true);
+}
+
+// Per-query-head selection, either kernel variant (the select is one kernel for both; the
+// scoring differs), with and without thousands of tied scores at the K-th place.
+TEST_P(CudaShadowKvKernelsTest, PerQueryHeadSelectionMatchesTheRoundRobinReference) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const bool tied : {false, true}) {
+    for (const int capacity : {2000, 9000}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, tied " << tied);
+      CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, tied, {},
+                     /*heads=*/true);
+    }
+  }
 }
 
 TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {

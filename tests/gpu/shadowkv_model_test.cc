@@ -142,6 +142,11 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 1 << 17);  // 1000 x 8 of 16384 chunks > 4096
   EXPECT_EQ(rerank.status().code(), ErrorCode::kUnsupported) << rerank.status().ToString();
   spectrum.rerank_factor = 4;
+  spectrum.selection = "heads";
+  EXPECT_TRUE(MakeSkvGeometry(spectrum, 2, 2, 64, 512).ok());
+  spectrum.select_successors = 1;  // one selection rule at a time
+  EXPECT_EQ(MakeSkvGeometry(spectrum, 2, 2, 64, 512).status().code(), ErrorCode::kUnsupported);
+  spectrum.select_successors = 0;
   spectrum.selection = "mass";
   auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
@@ -506,6 +511,32 @@ TEST(CudaShadowKvParityTest, RerankRunsThroughTheDecodeStep) {
     return;
   }
   CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+}
+
+// Per-query-head selection through the whole step: copies equal to their originals, K chunks
+// per head at every step, a choice of its own; where the CPU policy selects per head too, the
+// parity with it as for the landmarks.
+TEST(CudaShadowKvParityTest, PerQueryHeadSelectionRunsThroughTheDecodeStep) {
+  SKV_SKIP_WITHOUT_GPU();
+  kv::KvPolicyConfig heads = ParityConfig(false);
+  heads.selection = "heads";
+  heads.label = "shadowkv:select=heads";
+  std::vector<std::vector<int32_t>> landmark_chunks, head_chunks;
+  const std::vector<float> landmarks = DecodeOnGpu(ParityConfig(false), &landmark_chunks);
+  const std::vector<float> got = DecodeOnGpu(heads, &head_chunks);
+  ASSERT_EQ(got.size(), landmarks.size());
+  ASSERT_FALSE(got.empty());
+  EXPECT_NE(head_chunks, landmark_chunks) << "per-head selection never changed a choice";
+
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_heads_cpu"), 2, Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (auto cpu_policy = kv::MakeKvPolicy(heads, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
+    std::printf("[ heads    ] no CPU parity: the CPU policy says %s\n",
+                cpu_policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(heads, heads, /*copies=*/true, /*want_ranks=*/24);
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the

@@ -47,6 +47,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.select_registers = settings.select_registers;
   p.rebuild_slots = settings.rebuild_slots;
   p.select_successors = s.config.select_successors;
+  p.select_heads = s.geometry.select_heads ? 1 : 0;
   if (s.geometry.max_candidates > 0) {
     p.rerank_factor = s.geometry.rerank_factor;
     p.candidates = s.candidates.get();

@@ -200,7 +200,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.values = s->value_table.get();
   l.info = s->info.get();
   l.counters = s->counters.get();
-  const cudaError_t configured = SkvConfigureKernels(l);
+  cudaError_t configured = SkvConfigureKernels(l);
+  if (configured == cudaSuccess && g.select_heads) configured = SkvConfigureSelectHeads(l);
   if (configured == cudaErrorInvalidValue) {
     return Error(
         ErrorCode::kUnsupported,
@@ -209,7 +210,9 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
         c.head_dim, l.group, g.rank,
         g.per_layer_rank() ? " (the per-layer rank's cap: a smaller rank_max may fit)" : "",
         g.max_budget, g.capacity_chunks,
-        g.max_candidates > 0 ? fmt::format(", {} re-rank candidates", g.max_candidates) : "");
+        g.max_candidates > 0 ? fmt::format(", {} re-rank candidates", g.max_candidates)
+        : g.select_heads     ? std::string(", per-query-head selection")
+                             : std::string());
   }
   SKV_CUDA_RETURN_IF_ERROR(configured);
   SKV_RETURN_IF_ERROR(UploadValueTable(*s, m.stream));

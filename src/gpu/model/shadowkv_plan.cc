@@ -48,9 +48,16 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
                  "ShadowKV basis_groups runs on the CPU only (on the "
                  "GPU, --tensor-parallel N gives each rank's heads their own basis)");
   }
-  if (config.selection != "landmarks" && config.selection != "rerank") {
+  if (config.selection != "landmarks" && config.selection != "rerank" &&
+      config.selection != "heads") {
     return Error(ErrorCode::kUnsupported,
                  "ShadowKV on the GPU: chunk selection '{}' is not implemented yet",
+                 config.selection);
+  }
+  if (config.select_successors != 0 && config.selection != "landmarks") {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV on the GPU: successor selection (successors=1) goes with the landmark "
+                 "selection only, not '{}'",
                  config.selection);
   }
   SkvGeometry g;
@@ -106,6 +113,7 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
     }
     g.max_candidates = static_cast<int>(candidates);
   }
+  g.select_heads = config.selection == "heads";
   g.recent_capacity = g.local_window + g.chunk_size;
   g.attn_capacity =
       static_cast<int64_t>(g.max_outliers + g.max_budget) * g.chunk_size + g.recent_capacity;

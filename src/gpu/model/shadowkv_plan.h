@@ -32,6 +32,7 @@ struct SkvGeometry {
   // most max_candidates, the capacity's), whose rebuilt keys pick the K. 0: landmarks alone.
   int rerank_factor = 0;
   int max_candidates = 0;
+  bool select_heads = false;    // selection "heads": each query head's own ranking, round-robin
   int max_outliers = 0;         // O for that budget
   int recent_capacity = 0;      // local_window + chunk_size
   int64_t attn_capacity = 0;    // (max_outliers + max_budget) * C + recent_capacity

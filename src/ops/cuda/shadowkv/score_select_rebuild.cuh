@@ -26,6 +26,8 @@ cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& params, cudaStream_t str
 
 // The re-ranking kernels' shared memory limits (rerank.cu).
 cudaError_t SkvConfigureRerank(const SkvLayout& layout);
+// The per-query-head select (select_heads.cu), either kernel variant.
+cudaError_t LaunchSkvSelectHeads(const SkvDecodeParams& params, cudaStream_t stream);
 
 // Chunks a select keeps for (row, KV head) of a sequence with `budget_chunks`: K, or under
 // re-ranking its candidates (before the cap by the selectable chunks).

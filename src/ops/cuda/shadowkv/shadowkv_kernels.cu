@@ -756,6 +756,10 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.candidates && (l.max_candidates < 1 || p.rerank_factor < 1 || !p.exact_logits)) {
     return cudaErrorInvalidValue;
   }
+  if (p.select_heads) {
+    if (p.candidates || p.select_successors) return cudaErrorInvalidValue;  // one mode at a time
+    return LaunchSkvSelectHeads(p, stream);
+  }
   const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
   if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
   if (p.select_successors) return cudaErrorInvalidValue;  // the fast kernels only

@@ -131,6 +131,10 @@ struct SkvDecodeParams {
   int rerank_factor = 0;
   int32_t* candidates = nullptr;
   float* exact_logits = nullptr;
+  // Per-query-head selection (selection "heads"): LaunchSkvSelect ranks the chunks by each
+  // query head's own landmark softmax and takes them round-robin over the group's heads (each
+  // its best not yet taken) until K; needs SkvConfigureSelectHeads.
+  int select_heads = 0;
 };
 
 constexpr int kSkvKernelsFirst = 0;
@@ -198,5 +202,7 @@ int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candid
 // Checks the layout against the kernels' limits and raises their shared-memory limits (call
 // before the first launch, outside any graph capture). cudaErrorInvalidValue: not supported.
 cudaError_t SkvConfigureKernels(const SkvLayout& layout);
+// The same for the per-query-head select (SkvDecodeParams::select_heads).
+cudaError_t SkvConfigureSelectHeads(const SkvLayout& layout);
 
 }  // namespace shadowkv::cuda
