@@ -1,9 +1,14 @@
 // ShadowKV kernels (both variants) against the CPU policy's own functions on identical bf16
 // inputs: landmark scoring + top-k (ScoreLandmarks, SelectTopK) and the gather-slot reuse
 // (GatherSlots) over two steps, for two sequences with different chunk counts and outliers in
-// one launch; the key rebuild against RebuildColumns + Rope::Apply at positions past 1e5.
+// one launch; the key rebuild against RebuildColumns + Rope::Apply at positions past 1e5, also
+// at per-layer ranks below the layout's.
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
+
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "core/fp8.h"
@@ -11,7 +16,6 @@
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
-#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -32,8 +36,43 @@ struct SelectVariant {
   int registers = 0;
 };
 
+// The per-query-head selection's reference (selection "heads"): each query head's own landmark
+// softmax (ScoreLandmarks over a group of one), its chunks in descending score order (ties: the
+// lower index), taken round-robin over the heads, skipping those taken, until k; the items in
+// increasing order.
+std::vector<int32_t> SelectByHeads(const float* queries, int group, int head_dim,
+                                   const std::vector<float>& list, int64_t count, int64_t k) {
+  std::vector<std::vector<int32_t>> order(group);
+  for (int g = 0; g < group; ++g) {
+    std::vector<float> scores(count);
+    kv::ScoreScratch scratch;
+    kv::ScoreLandmarks(queries + g * head_dim, 1, group * head_dim, 1, list.data(), count, head_dim,
+                       &scratch, scores.data());
+    order[g].resize(count);
+    std::iota(order[g].begin(), order[g].end(), 0);
+    std::stable_sort(order[g].begin(), order[g].end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+  }
+  std::vector<uint8_t> taken(count, 0);
+  std::vector<size_t> next(group, 0);
+  int64_t chosen = 0;
+  while (chosen < std::min(k, count)) {
+    for (int g = 0; g < group && chosen < std::min(k, count); ++g) {
+      while (taken[order[g][next[g]]]) ++next[g];
+      taken[order[g][next[g]++]] = 1;
+      ++chosen;
+    }
+  }
+  std::vector<int32_t> selected;
+  for (int64_t i = 0; i < count; ++i) {
+    if (taken[i]) selected.push_back(static_cast<int32_t>(i));
+  }
+  return selected;
+}
+
+// `heads`: the per-query-head selection (SkvDecodeParams::select_heads) against SelectByHeads.
 void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bool fp8 = false,
-                    bool tied = false, SelectVariant select = {}) {
+                    bool tied = false, SelectVariant select = {}, bool heads = false) {
   constexpr int kHeads = 2, kGroup = 4, kDim = 128, kBudget = 64, kSeqs = 2;
   const int num_chunks[kSeqs] = {tied ? kCapacity - 100 : 1900, tied ? kCapacity / 2 : 1234};
   std::mt19937 rng(5);
@@ -127,6 +166,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     p.select_successors = successors ? 1 : 0;
     p.coarse_select = select.coarse;
     p.select_registers = select.registers;
+    p.select_heads = heads ? 1 : 0;
+    if (heads) SKV_ASSERT_CUDA(SkvConfigureSelectHeads(l));
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -153,7 +194,10 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
                            scores.data());
         std::vector<float> top_values;
         std::vector<int32_t> selected;
-        if (successors) {
+        if (heads) {
+          selected = SelectByHeads(queries.data() + (int64_t{row} * kHeads + h) * kGroup * kDim,
+                                   kGroup, kDim, list, count, kBudget);
+        } else if (successors) {
           std::vector<float> shifted;
           kv::SelectTopKWithSuccessors(scores, chunk_of, kBudget, &shifted, &top_values, &selected);
         } else {
@@ -222,6 +266,19 @@ TEST_P(CudaShadowKvKernelsTest, Fp8LandmarkSelectionMatchesCpu) {
   CheckSelection(GetParam(), 2000, /*successors=*/false, /*fp8=*/true);
 }
 
+// Per-query-head selection, either kernel variant (the select is one kernel for both; the
+// scoring differs), with and without thousands of tied scores at the K-th place.
+TEST_P(CudaShadowKvKernelsTest, PerQueryHeadSelectionMatchesTheRoundRobinReference) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const bool tied : {false, true}) {
+    for (const int capacity : {2000, 9000}) {
+      SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, tied " << tied);
+      CheckSelection(GetParam(), capacity, /*successors=*/false, /*fp8=*/false, tied, {},
+                     /*heads=*/true);
+    }
+  }
+}
+
 TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
   SKV_SKIP_WITHOUT_GPU();
   if (GetParam() != kSkvKernelsFast) GTEST_SKIP() << "successor selection: fast kernels only";
@@ -231,8 +288,11 @@ TEST_P(CudaShadowKvKernelsTest, SuccessorSelectionMatchesCpu) {
 // Keys of the missed chunks = rows of A times B_h, rotated at the chunk's own positions; slots
 // without a miss keep whatever they held. Rank 40 (not a multiple of 16) pads the mma's k.
 // `slots`: gather slots per block of the fast kernels (SkvDecodeParams::rebuild_slots; 96 slots
-// leave the last block of 64 part-empty).
-void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0) {
+// leave the last block of 64 part-empty). `own_ranks`: each sequence's rank below the layout's
+// `rank` (SkvLayout::layer_rank; 0 = none): A's and B's entries past it hold random values
+// here, so a kernel that read past its sequence's rank would rebuild other keys.
+void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, int slots = 0,
+                  std::array<int, 2> own_ranks = {0, 0}) {
   constexpr int kHeads = 2, kChunk = 8, kCapacity = 15800, kBudget = 96, kSeqs = 2;
   const int width = kHeads * head_dim;
   std::mt19937 rng(11 + head_dim + rank);
@@ -265,6 +325,10 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
   auto d_info = ToDevice(info);
   auto d_meta = ToDevice(meta);
   auto d_keys = Poisoned<uint16_t>(int64_t{kSeqs} * kHeads * attn_capacity * head_dim);
+  const bool per_layer = own_ranks[0] > 0;
+  std::vector<int32_t> layer_rank(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) layer_rank[s] = per_layer ? own_ranks[s] : rank;
+  auto d_layer_rank = ToDevice(layer_rank);
   SkvLayout l;
   l.num_layers = 1;
   l.num_kv_heads = kHeads;
@@ -283,6 +347,7 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
   l.attn.capacity = attn_capacity;
   l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
   l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
+  if (per_layer) l.layer_rank = d_layer_rank.get();
   l.info = d_info.get();
   SKV_ASSERT_CUDA(SkvConfigureKernels(l));
   SkvDecodeParams p;
@@ -300,12 +365,12 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
 
   int64_t checked = 0;
   for (int r = 0; r < kSeqs; ++r) {
-    const int s = meta[r].seq;
-    kv::LowRankBasis cpu_basis;
+    const int s = meta[r].seq, own = layer_rank[s];
+    kv::LowRankBasis cpu_basis;  // the sequence's first `own` rows of B
     cpu_basis.width = width;
-    cpu_basis.rank = rank;
+    cpu_basis.rank = own;
     cpu_basis.basis.assign(basis.begin() + int64_t{s} * rank * width,
-                           basis.begin() + int64_t{s + 1} * rank * width);
+                           basis.begin() + (int64_t{s} * rank + own) * width);
     for (int h = 0; h < kHeads; ++h) {
       for (int slot = 0; slot < kBudget; ++slot) {
         const int chunk = miss[(r * kHeads + h) * kBudget + slot];
@@ -316,15 +381,20 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
           continue;
         }
         std::vector<float> want(int64_t{kChunk} * head_dim);
-        kv::RebuildColumns(cpu_basis,
-                           coefficients.data() + (int64_t{s} * kCapacity + chunk) * kChunk * rank,
-                           kChunk, h * head_dim, head_dim, want.data(), head_dim);
+        std::vector<float> own_rows(int64_t{kChunk} * own);  // the first `own` of each A row
+        for (int t = 0; t < kChunk; ++t) {
+          std::copy_n(coefficients.data() + ((int64_t{s} * kCapacity + chunk) * kChunk + t) * rank,
+                      own, own_rows.data() + int64_t{t} * own);
+        }
+        kv::RebuildColumns(cpu_basis, own_rows.data(), kChunk, h * head_dim, head_dim, want.data(),
+                           head_dim);
         for (int t = 0; t < kChunk; ++t) {
           rope.Apply(want.data() + t * head_dim, 1, head_dim, int64_t{chunk} * kChunk + t);
         }
         const std::vector<float> got(got_chunk, got_chunk + kChunk * head_dim);
         ASSERT_LT(RelativeError(got, want), 6e-3)
-            << "seq " << s << " head " << h << " slot " << slot << " chunk " << chunk;
+            << "seq " << s << " head " << h << " slot " << slot << " chunk " << chunk
+            << " (layout rank " << rank << ", the sequence's rank " << own << ")";
         ++checked;
       }
     }
@@ -354,6 +424,20 @@ TEST_P(CudaShadowKvKernelsTest, RebuildMatchesCpuLowRankAndRopePairs) {
     CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 160, slots);
     CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 128, 80, slots);
     CheckRebuild(GetParam(), RopeConfig::Style::kPairs, 64, 40, slots);
+  }
+}
+
+// A per-layer rank below the layout's: the register-basis kernel (cap 160 or 80, head_dim 128,
+// halves or pairs), the shared-basis fast kernel and the first kernel (cap 128; cap 40 at
+// head_dim 64) each stop at the sequence's own rank, one sequence at the cap itself.
+TEST_P(CudaShadowKvKernelsTest, RebuildStopsAtEachSequencesOwnRank) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const auto style : {RopeConfig::Style::kHalves, RopeConfig::Style::kPairs}) {
+    SCOPED_TRACE(::testing::Message() << "halves " << (style == RopeConfig::Style::kHalves));
+    CheckRebuild(GetParam(), style, 128, 160, 0, {40, 160});
+    CheckRebuild(GetParam(), style, 128, 80, 0, {8, 72});
+    CheckRebuild(GetParam(), style, 128, 128, 0, {96, 24});
+    CheckRebuild(GetParam(), style, 64, 40, 0, {16, 40});
   }
 }
 

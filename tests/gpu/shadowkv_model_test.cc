@@ -1,9 +1,11 @@
 // GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts: logits of
 // every decode step within bf16 tolerance, the same chunks in the gather buffers (up to ties and
 // rounding), two sequences of different lengths in one batch (one with values in pinned host
-// memory), graduation of generated chunks; the row planner against the CPU's rule; and a
-// sequence saved to host memory and restored into another allocation decoding the same.
+// memory), graduation of generated chunks; per-layer ranks from the key spectrum (the host rule,
+// the layout at the cap, decode at a rank below it); the row planner against the CPU's rule; and
+// a sequence saved to host memory and restored into another allocation decoding the same.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -11,6 +13,7 @@
 #include "gpu/bench/cuda_bench.h"
 #include "gpu/model/cuda_model.h"
 #include "gpu/model/shadowkv_plan.h"
+#include "gpu/serving/pool_memory.h"
 #include "gpu_test_util.h"
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
@@ -69,6 +72,87 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
 }
 
+// Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the
+// spectrum given stops at 16 (a fit at the cap), so shares past 95% take the cap.
+TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheShare) {
+  std::vector<double> eigenvalues(16);
+  for (int i = 0; i < 8; ++i) eigenvalues[i] = 10.0;
+  for (int i = 8; i < 16; ++i) eigenvalues[i] = 15.0 / 8;
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.05, 8, 16), 8);  // the first direction
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 8, 16), 8);
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 16), 16);
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.99, 8, 16), 16);   // not held: the cap
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 16, 32), 16);  // the floor
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 8), 8);     // the cap
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 24, 32), 24);     // no energy: the floor
+}
+
+// A per-layer rank lays the storage out at its cap (rank_max, or the width when 0), so the
+// memory of a sequence is that of the fixed rank at the cap plus one rank per layer; the pool's
+// planning counts the same. A cap the kernels cannot take and modes not built are refused;
+// re-ranking sizes its candidates from the budget at capacity, within the kernels' bound.
+TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
+  kv::KvPolicyConfig fixed;
+  fixed.policy = "shadowkv";
+  fixed.budget_tokens = 64;
+  kv::KvPolicyConfig spectrum = fixed;
+  spectrum.rank_energy = 0.9;
+  spectrum.rank_min = 12;
+  auto wide = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(wide.ok()) << wide.status().ToString();
+  EXPECT_TRUE(wide->per_layer_rank());
+  EXPECT_EQ(wide->rank, 128);  // the width
+  EXPECT_EQ(wide->rank_floor, 16);
+  fixed.rank = 128;
+  auto at_width = MakeSkvGeometry(fixed, 2, 2, 64, 512);
+  ASSERT_TRUE(at_width.ok());
+  EXPECT_EQ(wide->DeviceBytesPerSequence(), at_width->DeviceBytesPerSequence());
+  spectrum.rank_max = 64;
+  auto capped = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->rank, 64);
+  fixed.rank = 64;
+  auto at_cap = MakeSkvGeometry(fixed, 2, 2, 64, 512);
+  ASSERT_TRUE(at_cap.ok());
+  EXPECT_EQ(capped->DeviceBytesPerSequence(), at_cap->DeviceBytesPerSequence());
+  // A, B: the cap's 64 columns / rows, not 128.
+  EXPECT_EQ(wide->DeviceBytesPerSequence() - capped->DeviceBytesPerSequence(),
+            2ll * (64 * 8 * 64 + 64 * 128) * 2);
+  ModelConfig model;
+  model.num_layers = 2;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  auto pool = LeastSequenceBytes(model, 512, &spectrum, /*host_values=*/true, {});
+  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+  EXPECT_EQ(*pool, capped->DeviceBytesPerSequence());
+  spectrum.rank_max = 100;
+  auto odd = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  EXPECT_EQ(odd.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(odd.status().message().find("rank_max"), std::string::npos) << odd.status().ToString();
+  spectrum.rank_max = 0;
+  spectrum.selection = "rerank";  // 4 x 8 candidates of the 64 chunks
+  auto rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(rerank.ok()) << rerank.status().ToString();
+  EXPECT_EQ(rerank->max_candidates, 32);
+  spectrum.rerank_factor = 100;  // no more candidates than chunks
+  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(rerank.ok());
+  EXPECT_EQ(rerank->max_candidates, 64);
+  spectrum.rerank_factor = 1000;
+  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 1 << 17);  // 1000 x 8 of 16384 chunks > 4096
+  EXPECT_EQ(rerank.status().code(), ErrorCode::kUnsupported) << rerank.status().ToString();
+  spectrum.rerank_factor = 4;
+  spectrum.selection = "heads";
+  EXPECT_TRUE(MakeSkvGeometry(spectrum, 2, 2, 64, 512).ok());
+  spectrum.select_successors = 1;  // one selection rule at a time
+  EXPECT_EQ(MakeSkvGeometry(spectrum, 2, 2, 64, 512).status().code(), ErrorCode::kUnsupported);
+  spectrum.select_successors = 0;
+  spectrum.selection = "mass";
+  auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
+}
+
 // Capacities round up to whole 16-chunk tiles of the tensor-core scoring, with bf16 landmarks as
 // with FP8 ones, so the scoring never falls back to the CUDA-core kernel.
 TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
@@ -108,11 +192,26 @@ TinyModelSpec SmallLlamaSpec(uint32_t seed) {
   return shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, seed);
 }
 
+// The settings of the parity tests: budget 64 tokens (K = 8 chunks, O = 2).
+kv::KvPolicyConfig ParityConfig(bool fp8) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 64;
+  config.fp8_values = fp8 ? 1 : 0;
+  config.fp8_landmarks = fp8 ? 1 : 0;
+  return config;
+}
+
 // fp8: values and landmarks stored as FP8 on both sides (core/fp8.h, the same rule).
 // copies: sequences 2 and 3 are copies of 0 and 1 (3's values in pinned host memory) decoded in
 // the same steps, so a step has 4 rows and its selection runs in two overlapping halves
 // (RunShadowKvAttention); the copies' logits must equal the originals' bit for bit.
-void CheckParity(bool fp8, bool copies = false) {
+// `gpu_config` / `cpu_config`: the settings of each side where they differ (a per-layer rank
+// that every layer resolves to one rank against that fixed rank on the CPU); `want_ranks`: the
+// rank every layer of every sequence must report on the GPU (0: not checked).
+void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig& cpu_config,
+                 bool copies, int want_ranks) {
+  const bool fp8 = gpu_config.fp8_values != 0;
   TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
@@ -124,12 +223,8 @@ void CheckParity(bool fp8, bool copies = false) {
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
   CudaModel& gpu = **gpu_or;
 
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;  // K = 8 chunks, O = 2
-  config.fp8_values = fp8 ? 1 : 0;
-  config.fp8_landmarks = fp8 ? 1 : 0;
-  auto policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry());
+  const kv::KvPolicyConfig& config = gpu_config;
+  auto policy = kv::MakeKvPolicy(cpu_config, (*cpu)->kv_geometry());
   ASSERT_TRUE(policy.ok()) << policy.status().ToString();
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 11), SomeTokens(237, 12)};
   std::vector<std::unique_ptr<kv::SequenceKv>> sequences;
@@ -164,6 +259,18 @@ void CheckParity(bool fp8, bool copies = false) {
   }
   gpu.FreeKvCache();
   for (int s = 2; s < rows; ++s) ASSERT_TRUE(gpu.CopyShadowKvSequence(s - 2, s).ok());
+  for (int s = 0; s < rows; ++s) {
+    auto ranks = gpu.ShadowKvLayerRanks(s);
+    ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
+    if (want_ranks > 0) {
+      EXPECT_EQ(*ranks, std::vector<int32_t>(spec.layers, want_ranks)) << "sequence " << s;
+    }
+    if (s >= 2) {
+      auto original = gpu.ShadowKvLayerRanks(s - 2);
+      ASSERT_TRUE(original.ok());
+      EXPECT_EQ(*ranks, *original) << "copy " << s << "'s layer ranks";
+    }
+  }
 
   // 24 steps: both sequences cross graduations (300: at +4, +12, +20; 237: at +3, +11, +19).
   double worst = 0.0, worst_differing = 0.0;
@@ -229,13 +336,14 @@ void CheckParity(bool fp8, bool copies = false) {
     EXPECT_EQ(tokens[0], Argmax(std::vector<float>(got.begin(), got.begin() + vocab)));
   }
   const CudaShadowKvStats stats = gpu.shadowkv_stats();
-  std::printf("[ parity   ] shadowkv%s%s: %d of 48 (sequence, step) pairs with the same chunks as the "
-              "CPU, worst logit relative error %.2e there (%.2e elsewhere); %lld of %lld gathered "
-              "chunks also gathered on the CPU; GPU hit rate %.1f%%\n",
-              fp8 ? " (FP8 values and landmarks)" : "",
-              copies ? " (with copies: 4 rows, the selection in halves)" : "", compared, worst, worst_differing, static_cast<long long>(matched),
-              static_cast<long long>(gathered),
-              stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
+  std::printf(
+      "[ parity   ] %s%s%s: %d of 48 (sequence, step) pairs with the same chunks as the "
+      "CPU, worst logit relative error %.2e there (%.2e elsewhere); %lld of %lld gathered "
+      "chunks also gathered on the CPU; GPU hit rate %.1f%%\n",
+      config.display_name().c_str(), fp8 ? " (FP8 values and landmarks)" : "",
+      copies ? " (with copies: 4 rows, the selection in halves)" : "", compared, worst,
+      worst_differing, static_cast<long long>(matched), static_cast<long long>(gathered),
+      stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, 24);
   EXPECT_EQ(stats.host_value_sequences, rows / 2);
   EXPECT_EQ(stats.chunks_selected, 24ll * rows * spec.layers * spec.kv_heads * 8);
@@ -253,6 +361,11 @@ void CheckParity(bool fp8, bool copies = false) {
   }
 }
 
+void CheckParity(bool fp8, bool copies = false) {
+  const kv::KvPolicyConfig config = ParityConfig(fp8);
+  CheckParity(config, config, copies, /*want_ranks=*/24);  // ceil8(128 / 6.4)
+}
+
 TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   SKV_SKIP_WITHOUT_GPU();
   CheckParity(/*fp8=*/false);
@@ -266,6 +379,275 @@ TEST(CudaShadowKvParityTest, Fp8ValuesAndLandmarksMatchTheCpuPolicy) {
 TEST(CudaShadowKvParityTest, FourRowsSelectInOverlappingHalvesAsTheCpuPolicy) {
   SKV_SKIP_WITHOUT_GPU();
   CheckParity(/*fp8=*/false, /*copies=*/true);
+}
+
+// A per-layer rank that every layer resolves to its floor of 32 (a share of 1e-6 is held by the
+// first 8 directions) while A and B stay laid out for the cap, the width 128: the rows past
+// each layer's rank must be zeros and the kernels stop at it, so the GPU decodes as the CPU
+// policy with the fixed rank 32, through graduations, FP8 stores and copied sequences.
+kv::KvPolicyConfig FloorRankConfig(bool fp8) {
+  kv::KvPolicyConfig config = ParityConfig(fp8);
+  config.rank_energy = 1e-6;
+  config.rank_min = 32;
+  config.label = "shadowkv:rank_energy=1e-6:rank_min=32";
+  return config;
+}
+
+TEST(CudaShadowKvParityTest, PerLayerRankBelowItsCapMatchesTheCpuAtThatRank) {
+  SKV_SKIP_WITHOUT_GPU();
+  kv::KvPolicyConfig cpu = ParityConfig(false);
+  cpu.rank = 32;
+  CheckParity(FloorRankConfig(false), cpu, /*copies=*/true, /*want_ranks=*/32);
+}
+
+TEST(CudaShadowKvParityTest, PerLayerRankWithFp8StoresMatchesTheCpuAtThatRank) {
+  SKV_SKIP_WITHOUT_GPU();
+  kv::KvPolicyConfig cpu = ParityConfig(true);
+  cpu.rank = 32;
+  CheckParity(FloorRankConfig(true), cpu, /*copies=*/false, /*want_ranks=*/32);
+}
+
+// Decodes the parity prompts on the GPU alone under `config`: four rows (sequences 2 and 3
+// copies of 0 and 1, so the selection runs in two halves), greedy on each original's logits,
+// 24 steps with graduations. Returns the logits of every step and row, and checks the copies
+// equal their originals bit for bit and that every step selected K chunks per KV head.
+std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
+                               std::vector<std::vector<int32_t>>* gathered) {
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  const std::string path = WriteTinyModel(spec, "gpu_shadowkv_rerank");
+  CudaModelOptions options;
+  options.max_batch = 4;
+  options.max_step_tokens = 512;
+  auto gpu_or = CudaModel::Load(path, options);
+  EXPECT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+  if (!gpu_or.ok()) return {};
+  CudaModel& gpu = **gpu_or;
+  const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 11), SomeTokens(237, 12)};
+  EXPECT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
+  const Status allocated = gpu.AllocateShadowKv(config, 4, 512);
+  EXPECT_TRUE(allocated.ok()) << allocated.ToString();
+  if (!allocated.ok()) return {};
+  for (int s = 0; s < 4; ++s) EXPECT_TRUE(gpu.AllocateShadowKvValues(s, s % 2 == 1).ok());
+  for (int s = 0; s < 2; ++s) {
+    CudaStepInput in;
+    in.slot = s;
+    in.tokens = prompts[s];
+    EXPECT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
+    const Status compressed = gpu.CompressToShadowKv(s, s);
+    EXPECT_TRUE(compressed.ok()) << compressed.ToString();
+  }
+  gpu.FreeKvCache();
+  for (int s = 2; s < 4; ++s) EXPECT_TRUE(gpu.CopyShadowKvSequence(s - 2, s).ok());
+  const int vocab = static_cast<int>(gpu.config().vocab_size);
+  std::vector<int32_t> next = {prompts[0].back(), prompts[1].back()};
+  std::vector<float> all;
+  for (int step = 0; step < 24; ++step) {
+    std::vector<float> got(4 * static_cast<size_t>(vocab));
+    std::vector<int32_t> tokens = {next[0], next[1], next[0], next[1]};
+    const std::vector<int> seqs = {0, 1, 2, 3};
+    const Status status = gpu.ShadowKvDecodeStep(seqs, tokens, CudaSampling{}, got.data());
+    EXPECT_TRUE(status.ok()) << status.ToString();
+    if (!status.ok()) return {};
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_TRUE(std::equal(got.begin() + (s + 2) * vocab, got.begin() + (s + 3) * vocab,
+                             got.begin() + s * vocab))
+          << config.display_name() << ": copy " << s + 2 << " differs at step " << step;
+      const std::vector<float> row(got.begin() + s * vocab, got.begin() + (s + 1) * vocab);
+      EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float x) { return std::isfinite(x); }))
+          << config.display_name() << ": sequence " << s << ", step " << step;
+      next[s] = Argmax(row);
+      for (int layer = 0; layer < spec.layers; ++layer) {
+        for (int h = 0; h < spec.kv_heads; ++h) {
+          auto chunks = gpu.ShadowKvGatheredChunks(s, layer, h);
+          EXPECT_TRUE(chunks.ok());
+          if (chunks.ok()) gathered->push_back(*chunks);
+        }
+      }
+    }
+    all.insert(all.end(), got.begin(), got.begin() + 2 * vocab);
+  }
+  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, 24ll * 4 * spec.layers * spec.kv_heads * 8)
+      << config.display_name();
+  return all;
+}
+
+// Re-ranking through the whole step (graph replay, the selection in halves, host values,
+// graduations). With rerank_factor 1 the candidates are the landmarks' K and all are kept, so
+// the step must equal the landmark selection bit for bit; with 4 it decodes on its own choice.
+// Where the CPU policy re-ranks too, the parity with it as for the landmarks.
+TEST(CudaShadowKvParityTest, RerankRunsThroughTheDecodeStep) {
+  SKV_SKIP_WITHOUT_GPU();
+  const kv::KvPolicyConfig landmarks = ParityConfig(false);
+  kv::KvPolicyConfig rerank = landmarks;
+  rerank.selection = "rerank";
+  rerank.rerank_factor = 1;
+  rerank.label = "shadowkv:select=rerank:rerank_factor=1";
+  std::vector<std::vector<int32_t>> landmark_chunks, rerank_chunks, wide_chunks;
+  const std::vector<float> want = DecodeOnGpu(landmarks, &landmark_chunks);
+  const std::vector<float> got = DecodeOnGpu(rerank, &rerank_chunks);
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(got, want) << "rerank_factor 1 keeps the landmarks' choice";
+  EXPECT_EQ(rerank_chunks, landmark_chunks);
+  rerank.rerank_factor = 4;
+  rerank.label = "shadowkv:select=rerank";
+  const std::vector<float> wide = DecodeOnGpu(rerank, &wide_chunks);
+  ASSERT_EQ(wide.size(), want.size());
+  int64_t same = 0, total = 0;
+  for (size_t i = 0; i < wide_chunks.size() && i < landmark_chunks.size(); ++i) {
+    std::set<int32_t> a(wide_chunks[i].begin(), wide_chunks[i].end());
+    for (int32_t c : landmark_chunks[i]) same += a.count(c);
+    total += static_cast<int64_t>(landmark_chunks[i].size());
+  }
+  std::printf("[ rerank   ] rerank_factor 4: %lld of %lld gathered chunks also the landmarks'\n",
+              static_cast<long long>(same), static_cast<long long>(total));
+  EXPECT_LT(same, total) << "re-ranking 4K candidates never changed a choice";
+
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_rerank_cpu"), 2, Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (auto cpu_policy = kv::MakeKvPolicy(rerank, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
+    std::printf("[ rerank   ] no CPU parity: the CPU policy says %s\n",
+                cpu_policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+}
+
+// Per-query-head selection through the whole step: copies equal to their originals, K chunks
+// per head at every step, a choice of its own; where the CPU policy selects per head too, the
+// parity with it as for the landmarks.
+TEST(CudaShadowKvParityTest, PerQueryHeadSelectionRunsThroughTheDecodeStep) {
+  SKV_SKIP_WITHOUT_GPU();
+  kv::KvPolicyConfig heads = ParityConfig(false);
+  heads.selection = "heads";
+  heads.label = "shadowkv:select=heads";
+  std::vector<std::vector<int32_t>> landmark_chunks, head_chunks;
+  const std::vector<float> landmarks = DecodeOnGpu(ParityConfig(false), &landmark_chunks);
+  const std::vector<float> got = DecodeOnGpu(heads, &head_chunks);
+  ASSERT_EQ(got.size(), landmarks.size());
+  ASSERT_FALSE(got.empty());
+  EXPECT_NE(head_chunks, landmark_chunks) << "per-head selection never changed a choice";
+
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_heads_cpu"), 2, Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (auto cpu_policy = kv::MakeKvPolicy(heads, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
+    std::printf("[ heads    ] no CPU parity: the CPU policy says %s\n",
+                cpu_policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(heads, heads, /*copies=*/true, /*want_ranks=*/24);
+}
+
+// Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the
+// host) against SkvRankForEnergy applied to the CPU policy's spectrum of the same prompt (fp64,
+// every eigenvalue: the CPU keeps the full rank here). A choice may differ only where the share
+// held at the multiple of 8 that decides lies within 1e-4 of the target, where the two Grams'
+// rounding decides. Then, where the CPU policy runs per-layer ranks too, the decode parity.
+TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
+  SKV_SKIP_WITHOUT_GPU();
+  TinyModelSpec spec = SmallLlamaSpec(7);
+  const std::string path = WriteTinyModel(spec, "gpu_shadowkv_rank");
+  auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  CudaModelOptions options;
+  options.max_batch = 2;
+  options.max_step_tokens = 512;
+  auto gpu_or = CudaModel::Load(path, options);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+  CudaModel& gpu = **gpu_or;
+  const int width = spec.kv_heads * 64;
+  const std::vector<int32_t> prompt = SomeTokens(300, 31);
+
+  // The CPU's full spectrum of every layer.
+  kv::KvPolicyConfig full_rank = ParityConfig(false);
+  full_rank.rank = width;
+  auto policy = kv::MakeKvPolicy(full_rank, (*cpu)->kv_geometry());
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  auto sequence = policy->get()->NewSequence();
+  ASSERT_TRUE(sequence.ok());
+  StepInput in;
+  in.kv = sequence->get();
+  in.tokens = prompt;
+  in.finish_prefill = true;
+  ASSERT_TRUE((*cpu)->Forward(std::span<const StepInput>(&in, 1)).ok());
+  auto* shadow = dynamic_cast<kv::ShadowKvSequence*>(sequence->get());
+  ASSERT_NE(shadow, nullptr);
+  std::vector<kv::ShadowKvLayerInfo> spectra;
+  for (int layer = 0; layer < spec.layers; ++layer) spectra.push_back(shadow->Inspect(layer));
+
+  ASSERT_TRUE(gpu.AllocateKvCache(1, 512, true).ok());
+  CudaStepInput gpu_in;
+  gpu_in.slot = 0;
+  gpu_in.tokens = prompt;
+  ASSERT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&gpu_in, 1)).ok());
+  std::set<int32_t> seen;
+  for (const double energy : {0.5, 0.9, 0.99}) {
+    kv::KvPolicyConfig config = ParityConfig(false);
+    config.rank_energy = energy;
+    config.rank_min = 16;
+    config.rank_max = 96;
+    ASSERT_TRUE(gpu.AllocateShadowKv(config, 1, 512).ok());
+    EXPECT_EQ(gpu.shadowkv_stats().rank, 96);  // the layout's: the cap
+    ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
+    const Status compressed = gpu.CompressToShadowKv(0, 0);
+    ASSERT_TRUE(compressed.ok()) << compressed.ToString();
+    auto ranks = gpu.ShadowKvLayerRanks(0);
+    ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
+    for (int layer = 0; layer < spec.layers; ++layer) {
+      const kv::ShadowKvLayerInfo& info = spectra[layer];
+      const int want = SkvRankForEnergy(info.eigenvalues, info.total_energy, energy, 16, 96);
+      const int got = (*ranks)[layer];
+      seen.insert(got);
+      auto share_at = [&](int rank) {
+        double held = 0.0;
+        for (int i = 0; i < rank && i < static_cast<int>(info.eigenvalues.size()); ++i) {
+          held += info.eigenvalues[i];
+        }
+        return held / info.total_energy;
+      };
+      if (got != want) {
+        const int boundary = std::min(got, want);
+        EXPECT_NEAR(share_at(boundary), energy, 1e-4)
+            << "layer " << layer << " at energy " << energy << ": GPU rank " << got
+            << ", host rule on the CPU spectrum " << want << " (share held at " << boundary << ": "
+            << share_at(boundary) << ", at " << boundary + 8 << ": " << share_at(boundary + 8)
+            << ")";
+      }
+      EXPECT_GE(got, 16);
+      EXPECT_LE(got, 96);
+      EXPECT_EQ(got % 8, 0);
+      std::printf(
+          "[ rank     ] energy %.2f layer %d: GPU rank %d, host rule %d (share held %.4f)\n",
+          energy, layer, got, want, share_at(got));
+    }
+    // A few decode steps at these ranks, one graduation among them: finite logits.
+    const int vocab = static_cast<int>(gpu.config().vocab_size);
+    std::vector<int32_t> token = {prompt.back()};
+    const std::vector<int> seqs = {0};
+    for (int step = 0; step < 6; ++step) {
+      std::vector<float> logits(vocab);
+      const Status status = gpu.ShadowKvDecodeStep(seqs, token, CudaSampling{}, logits.data());
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      ASSERT_TRUE(
+          std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
+          << "energy " << energy << ", step " << step;
+    }
+  }
+  EXPECT_GE(seen.size(), 2u) << "the energies should ask for different ranks";
+
+  kv::KvPolicyConfig config = ParityConfig(false);
+  config.rank_energy = 0.9;
+  config.label = "shadowkv:rank_energy=0.9";
+  gpu.FreeKvCache();
+  gpu.FreeShadowKv();
+  gpu_or->reset();
+  if (auto cpu_policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
+    std::printf("[ rank     ] no decode parity: the CPU policy says %s\n",
+                cpu_policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(config, config, /*copies=*/false, /*want_ranks=*/0);
 }
 
 // The bench re-allocates between its two runs and carries the compressed prompt across in host

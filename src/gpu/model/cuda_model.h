@@ -104,7 +104,7 @@ struct StepBreakdown {
 // The ShadowKV sequences' state and counters.
 struct CudaShadowKvStats {
   int num_sequences = 0;          // allocated
-  int rank = 0;
+  int rank = 0;                   // the rank A and B are sized for (a per-layer rank's cap)
   int max_budget_chunks = 0;
   int64_t device_bytes = 0;       // device memory of the sequences (values included where held)
   int64_t host_bytes = 0;         // pinned host memory of the values kept there
@@ -233,6 +233,9 @@ class CudaModel {
   void ResetShadowKvCounters();
   // Every sequence's chunk counts, [num_sequences].
   Result<std::vector<CudaChunkCounts>> ShadowKvSequenceCounts() const;
+  // The rank each layer of sequence `seq` uses: the one rank, or under rank_energy each layer's
+  // own from its key spectrum (CudaShadowKvStats::rank is then the cap the memory is sized for).
+  Result<std::vector<int32_t>> ShadowKvLayerRanks(int seq) const;
   // The chunks held by the gather slots of (seq, layer, KV head) (-1: empty), for tests.
   Result<std::vector<int32_t>> ShadowKvGatheredChunks(int seq, int layer, int kv_head) const;
 

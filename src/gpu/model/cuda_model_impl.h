@@ -78,6 +78,7 @@ struct ShadowKvState {
   DeviceBuffer<float> landmark_scales;
   DeviceBuffer<uint8_t> outlier;
   DeviceBuffer<int32_t> slot_chunk;
+  DeviceBuffer<int32_t> layer_rank;  // [seq, layer] each layer's own rank (SkvLayout::layer_rank)
   DeviceBuffer<SkvSequenceInfo> info;
   DeviceBuffer<Bf16*> value_table;
   DeviceBuffer<unsigned long long> counters;
@@ -92,6 +93,10 @@ struct ShadowKvState {
   DeviceBuffer<float> logits;       // [max_batch, query heads, capacity_chunks]
   DeviceBuffer<float> softmax_partials;  // [max_batch, query heads, SkvScoreBlocks(capacity), 2]
   DeviceBuffer<int32_t> miss_chunk;  // [max_batch, kv heads, max_budget]
+  // Re-ranking only (SkvDecodeParams::candidates): [max_batch, kv heads, max_candidates] and
+  // [max_batch, query heads, max_candidates * chunk_size].
+  DeviceBuffer<int32_t> candidates;
+  DeviceBuffer<float> exact_logits;
   DeviceBuffer<uint8_t> meta_block;
   uint8_t* host_meta_block = nullptr;
   int64_t meta_bytes = 0;

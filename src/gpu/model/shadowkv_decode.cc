@@ -47,6 +47,19 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.select_registers = settings.select_registers;
   p.rebuild_slots = settings.rebuild_slots;
   p.select_successors = s.config.select_successors;
+  p.select_heads = s.geometry.select_heads ? 1 : 0;
+  if (s.geometry.max_candidates > 0) {
+    p.rerank_factor = s.geometry.rerank_factor;
+    p.candidates = s.candidates.get();
+    p.exact_logits = s.exact_logits.get();
+  }
+  // The chunk selection of `part`: the landmark select, and under re-ranking the exact scoring
+  // of its candidates that picks the K.
+  auto select_chunks = [&](const SkvDecodeParams& part, cudaStream_t on) -> Status {
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(part, on));
+    if (part.candidates) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRerank(part, on));
+    return Status::Ok();
+  };
   if (plan.skv_graduates) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
   // Sparse attention of rows [first, first + count) on `on`.
@@ -78,7 +91,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   if (profiler) {
     // Timed one after the other.
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvScore(p, stream));
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(p, stream));
+    SKV_RETURN_IF_ERROR(select_chunks(p, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kSkvScoring));
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(p, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kSkvFetch));
@@ -91,7 +104,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   // rows of `part` on `on`, the fetch on `fetch_on`.
   auto select_gather_attend = [&](const SkvDecodeParams& part, int first, cudaStream_t on,
                                   cudaStream_t fetch_on, cudaEvent_t fork, cudaEvent_t join) {
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvSelect(part, on));
+    SKV_RETURN_IF_ERROR(select_chunks(part, on));
     SKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, on));
     SKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(fetch_on, fork, 0));
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvFetchValues(part, fetch_on));

@@ -117,6 +117,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   }
   SKV_RETURN_IF_ERROR(sized(s->outlier.Allocate(n * layers * heads * g.capacity_chunks)));
   SKV_RETURN_IF_ERROR(sized(s->slot_chunk.Allocate(n * layers * heads * g.max_budget)));
+  SKV_RETURN_IF_ERROR(sized(s->layer_rank.Allocate(n * layers)));
   SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->value_table.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2 * n)));
@@ -125,9 +126,19 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
       batch * c.num_query_heads * SkvScoreBlocks(static_cast<int>(g.capacity_chunks)) * 2)));
   SKV_RETURN_IF_ERROR(sized(s->miss_chunk.Allocate(batch * heads * g.max_budget)));
+  if (g.max_candidates > 0) {
+    SKV_RETURN_IF_ERROR(sized(s->candidates.Allocate(batch * heads * g.max_candidates)));
+    SKV_RETURN_IF_ERROR(sized(
+        s->exact_logits.Allocate(batch * c.num_query_heads * g.max_candidates * g.chunk_size)));
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->info.get(), 0, s->info.bytes()));
+  {
+    const std::vector<int32_t> full_rank(static_cast<size_t>(n * layers), g.rank);
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(s->layer_rank.get(), full_rank.data(),
+                                        s->layer_rank.bytes(), cudaMemcpyHostToDevice));
+  }
 
   // Per-row plans: [SkvRowMeta x batch] then three int arrays, one block uploaded per step.
   const int64_t at_rows = 0, at_attn = batch * sizeof(SkvRowMeta), at_pre = at_attn + batch * 4,
@@ -166,6 +177,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.rank = g.rank;
   l.capacity_chunks = g.capacity_chunks;
   l.max_budget = g.max_budget;
+  l.max_candidates = g.max_candidates;
   l.recent_capacity = g.recent_capacity;
   l.attn.keys = s->attn_keys.get();
   l.attn.values = s->attn_values.get();
@@ -177,6 +189,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.keys_pre = s->keys_pre.get();
   l.coefficients = s->coefficients.get();
   l.basis = s->basis.get();
+  l.layer_rank = s->layer_rank.get();
   l.landmarks = s->landmarks.get();
   l.fp8_landmarks = g.fp8_landmarks ? 1 : 0;
   l.landmark_codes = s->landmark_codes.get();
@@ -187,12 +200,19 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   l.values = s->value_table.get();
   l.info = s->info.get();
   l.counters = s->counters.get();
-  const cudaError_t configured = SkvConfigureKernels(l);
+  cudaError_t configured = SkvConfigureKernels(l);
+  if (configured == cudaSuccess && g.select_heads) configured = SkvConfigureSelectHeads(l);
   if (configured == cudaErrorInvalidValue) {
-    return Error(ErrorCode::kUnsupported,
-                 "ShadowKV kernels do not support this shape (head_dim {}, group {}, rank {}, "
-                 "budget {} chunks, {} chunks of capacity)",
-                 c.head_dim, l.group, g.rank, g.max_budget, g.capacity_chunks);
+    return Error(
+        ErrorCode::kUnsupported,
+        "ShadowKV kernels do not support this shape (head_dim {}, group {}, rank {}{}, "
+        "budget {} chunks, {} chunks of capacity{})",
+        c.head_dim, l.group, g.rank,
+        g.per_layer_rank() ? " (the per-layer rank's cap: a smaller rank_max may fit)" : "",
+        g.max_budget, g.capacity_chunks,
+        g.max_candidates > 0 ? fmt::format(", {} re-rank candidates", g.max_candidates)
+        : g.select_heads     ? std::string(", per-query-head selection")
+                             : std::string());
   }
   SKV_CUDA_RETURN_IF_ERROR(configured);
   SKV_RETURN_IF_ERROR(UploadValueTable(*s, m.stream));
@@ -302,8 +322,11 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   // 2. Top-r eigenvectors per layer on the CPU (the reference's solver, in fp32 like the Gram
   //    it is given), layers in parallel threads. OpenBLAS runs single-threaded meanwhile:
   //    concurrent callers of its threaded server serialise (measured: 12 s for 32 layers of
-  //    width 1024 on 16 cores).
-  std::vector<uint16_t> basis_host(static_cast<size_t>(layers) * rank * width);
+  //    width 1024 on 16 cores). Under a per-layer rank r is the cap: the layer keeps the rank
+  //    its spectrum asks for (SkvRankForEnergy) and the rows past it are zeros, so that A's
+  //    columns there come out zero below and in every graduation.
+  std::vector<uint16_t> basis_host(static_cast<size_t>(layers) * rank * width, 0);
+  std::vector<int32_t> ranks_host(layers, rank);
   std::vector<Status> fits(layers, Status::Ok());
   const int blas_threads = openblas_get_num_threads();
   openblas_set_num_threads(1);
@@ -321,8 +344,14 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
             fits[layer] = fit.status();
             continue;
           }
+          const int own = g.per_layer_rank() ? SkvRankForEnergy(fit->eigenvalues, fit->total_energy,
+                                                                g.rank_energy, g.rank_floor, rank)
+                                             : rank;
+          ranks_host[layer] = own;
           uint16_t* target = basis_host.data() + static_cast<size_t>(layer) * rank * width;
-          for (size_t i = 0; i < fit->basis.size(); ++i) target[i] = Fp32ToBf16(fit->basis[i]);
+          for (size_t i = 0; i < static_cast<size_t>(own) * width; ++i) {
+            target[i] = Fp32ToBf16(fit->basis[i]);
+          }
         }
       });
     }
@@ -333,6 +362,9 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   Bf16* basis = l.basis + static_cast<int64_t>(seq) * layers * rank * width;
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(basis, basis_host.data(),
                                            basis_host.size() * sizeof(uint16_t),
+                                           cudaMemcpyHostToDevice, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.layer_rank.get() + static_cast<int64_t>(seq) * layers,
+                                           ranks_host.data(), ranks_host.size() * sizeof(int32_t),
                                            cudaMemcpyHostToDevice, stream));
 
   // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
@@ -459,6 +491,7 @@ Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
   SKV_RETURN_IF_ERROR(part(s.landmark_scales));
   SKV_RETURN_IF_ERROR(part(s.outlier));
   SKV_RETURN_IF_ERROR(part(s.slot_chunk));
+  SKV_RETURN_IF_ERROR(part(s.layer_rank));
   return part(s.info);
 }
 
@@ -558,8 +591,9 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
   stats.num_sequences = s.num_sequences;
   stats.rank = s.geometry.rank;
   stats.max_budget_chunks = s.geometry.max_budget;
-  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() + s.softmax_partials.bytes() +
-                       s.miss_chunk.bytes();
+  stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() +
+                       s.softmax_partials.bytes() + s.miss_chunk.bytes() + s.candidates.bytes() +
+                       s.exact_logits.bytes();
   for (int i = 0; i < s.num_sequences; ++i) {
     if (s.host_values[i]) {
       ++stats.host_value_sequences;
@@ -596,6 +630,18 @@ Result<std::vector<CudaChunkCounts>> CudaModel::ShadowKvSequenceCounts() const {
     counts[i].hits = static_cast<int64_t>(counters[2 * i + 1]);
   }
   return counts;
+}
+
+Result<std::vector<int32_t>> CudaModel::ShadowKvLayerRanks(int seq) const {
+  const Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  const ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  std::vector<int32_t> ranks(m.config.num_layers);
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(ranks.data(),
+                                      s.layer_rank.get() + static_cast<int64_t>(seq) * ranks.size(),
+                                      ranks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return ranks;
 }
 
 Result<std::vector<int32_t>> CudaModel::ShadowKvGatheredChunks(int seq, int layer,

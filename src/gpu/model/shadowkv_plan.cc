@@ -17,7 +17,8 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
                    + chunked_rows * rank * bf16                      // A
                    + static_cast<int64_t>(rank) * kv_width() * bf16  // B
                    + heads * capacity_chunks                         // outlier flags
-                   + heads * max_budget * 4)                         // gather slots
+                   + heads * max_budget * 4                          // gather slots
+                   + 4)                                              // the layer's rank
          + LandmarkBytesPerSequence();
 }
 
@@ -47,9 +48,16 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
                  "ShadowKV basis_groups runs on the CPU only (on the "
                  "GPU, --tensor-parallel N gives each rank's heads their own basis)");
   }
-  if (config.rank_energy > 0.0 || config.selection != "landmarks") {
+  if (config.selection != "landmarks" && config.selection != "rerank" &&
+      config.selection != "heads") {
     return Error(ErrorCode::kUnsupported,
-                 "ShadowKV on the GPU: rank_energy and selection '{}' are not implemented yet",
+                 "ShadowKV on the GPU: chunk selection '{}' is not implemented yet",
+                 config.selection);
+  }
+  if (config.select_successors != 0 && config.selection != "landmarks") {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV on the GPU: successor selection (successors=1) goes with the landmark "
+                 "selection only, not '{}'",
                  config.selection);
   }
   SkvGeometry g;
@@ -58,7 +66,21 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.head_dim = head_dim;
   g.chunk_size = config.chunk_size;
   g.local_window = config.local_window;
-  SKV_ASSIGN_OR_RETURN(g.rank, kv::ResolveRank(config.rank, config.rank_ratio, g.kv_width()));
+  if (config.rank_energy > 0.0) {
+    // The kernels work in multiples of 8, so the cap must be one (the width always is for the
+    // head sizes they take); the floor rounds up to one.
+    g.rank_energy = config.rank_energy;
+    g.rank = config.rank_max > 0 ? std::min(config.rank_max, g.kv_width()) : g.kv_width();
+    if (g.rank % 8 != 0) {
+      return Error(ErrorCode::kUnsupported,
+                   "ShadowKV on the GPU needs a rank cap (rank_max) that is a multiple of 8; {} "
+                   "is not",
+                   g.rank);
+    }
+    g.rank_floor = std::min(g.rank, std::max(8, (config.rank_min + 7) / 8 * 8));
+  } else {
+    SKV_ASSIGN_OR_RETURN(g.rank, kv::ResolveRank(config.rank, config.rank_ratio, g.kv_width()));
+  }
   if (g.rank % 8 != 0) {
     return Error(ErrorCode::kUnsupported,
                  "ShadowKV on the GPU needs a rank that is a multiple of "
@@ -79,10 +101,39 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.max_budget = static_cast<int>(std::max<int64_t>(1, budget / g.chunk_size));
   g.max_outliers = static_cast<int>(kv::ResolveOutlierChunks(
       config.outlier_chunks, static_cast<int64_t>(g.max_budget) * g.chunk_size, g.capacity_chunks));
+  if (config.selection == "rerank") {
+    g.rerank_factor = config.rerank_factor;
+    const int64_t candidates = std::min<int64_t>(
+        static_cast<int64_t>(config.rerank_factor) * g.max_budget, g.capacity_chunks);
+    if (candidates > kSkvMaxRerankCandidates) {
+      return Error(ErrorCode::kUnsupported,
+                   "ShadowKV on the GPU re-ranks at most {} candidate chunks; rerank_factor {} x "
+                   "a budget of {} chunks asks for {}",
+                   kSkvMaxRerankCandidates, config.rerank_factor, g.max_budget, candidates);
+    }
+    g.max_candidates = static_cast<int>(candidates);
+  }
+  g.select_heads = config.selection == "heads";
   g.recent_capacity = g.local_window + g.chunk_size;
   g.attn_capacity =
       static_cast<int64_t>(g.max_outliers + g.max_budget) * g.chunk_size + g.recent_capacity;
   return g;
+}
+
+int SkvRankForEnergy(std::span<const double> eigenvalues, double total_energy, double energy,
+                     int floor, int cap) {
+  if (!(total_energy > 0.0)) return floor;
+  const double wanted = energy * total_energy;
+  double held = 0.0;
+  int rank = cap;
+  for (size_t i = 0; i < eigenvalues.size() && static_cast<int>(i) < cap; ++i) {
+    held += eigenvalues[i];
+    if (held >= wanted) {
+      rank = (static_cast<int>(i) + 1 + 7) / 8 * 8;
+      break;
+    }
+  }
+  return std::clamp(rank, floor, cap);
 }
 
 Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/status.h"
 #include "kv/kv_config.h"
@@ -16,11 +17,22 @@ struct SkvGeometry {
   int num_kv_heads = 0;
   int head_dim = 0;
   int chunk_size = 0;
+  // The rank the storage is laid out for: the fixed rank, or with rank_energy > 0 the cap
+  // (rank_max, or the width when 0), so that A and B keep one layout for every sequence; each
+  // (sequence, layer) then uses its own rank up to it (SkvRankForEnergy), and the memory counted
+  // below is the cap's.
   int rank = 0;
+  double rank_energy = 0.0;  // > 0: the rank of each layer from its key spectrum
+  int rank_floor = 0;        // with rank_energy: rank_min rounded up to 8 (at least 8)
   int local_window = 0;
   int64_t capacity_tokens = 0;  // prompt plus generated tokens one sequence may reach
   int capacity_chunks = 0;      // capacity_tokens / chunk_size, rounded up to a multiple of 16
   int max_budget = 0;           // K for a prompt of capacity_tokens (budgets grow with length)
+  // Chunk selection "rerank": the landmarks keep rerank_factor · K candidates per KV head (at
+  // most max_candidates, the capacity's), whose rebuilt keys pick the K. 0: landmarks alone.
+  int rerank_factor = 0;
+  int max_candidates = 0;
+  bool select_heads = false;    // selection "heads": each query head's own ranking, round-robin
   int max_outliers = 0;         // O for that budget
   int recent_capacity = 0;      // local_window + chunk_size
   int64_t attn_capacity = 0;    // (max_outliers + max_budget) * C + recent_capacity
@@ -29,7 +41,9 @@ struct SkvGeometry {
   bool fp8_landmarks = false;
 
   int kv_width() const { return num_kv_heads * head_dim; }
-  // Device bytes of one sequence without its values, and the bytes of its values.
+  bool per_layer_rank() const { return rank_energy > 0.0; }
+  // Device bytes of one sequence without its values (A and B at `rank`, the cap under a per-layer
+  // rank), and the bytes of its values.
   int64_t DeviceBytesPerSequence() const;
   int64_t ValueBytesPerSequence() const;
   // Bytes of one sequence's landmarks (with their scales under FP8).
@@ -38,9 +52,17 @@ struct SkvGeometry {
   int64_t ValueCodeBytesPerSequence() const;
 };
 
-// Resolves the settings (rank from the ratio, budget at capacity, outliers) for a model shape.
+// Resolves the settings (rank from the ratio or the cap of a per-layer rank, budget at capacity,
+// outliers) for a model shape. kUnsupported for settings the GPU does not run.
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
                                     int num_kv_heads, int head_dim, int64_t capacity_tokens);
+
+// The rank of one layer under rank_energy (the CPU policy's rule, kept the same on both sides):
+// the smallest multiple of 8 whose top eigenvalues (`eigenvalues`, largest first, of the layer's
+// pre-RoPE key Gram; they may stop at the cap) hold `energy` of `total_energy` (the Gram's
+// trace), clamped to [floor, cap]. A layer whose keys hold no energy takes the floor.
+int SkvRankForEnergy(std::span<const double> eigenvalues, double total_energy, double energy,
+                     int floor, int cap);
 
 // Constants of a sequence compressed from a prompt of `prompt_tokens`, and the first position
 // left exact (chunked tokens). kUnsupported where the prompt is too short for its budget.

@@ -85,7 +85,10 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
 
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
-  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.rank;
+  // The layer's own rank sizes the tiles and the products (shared memory is sized for l.rank,
+  // the most); A's rows and B keep the stride of l.rank.
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
+  const int64_t stride = l.rank;
   const int rank_padded = RankPadded(rank);
   const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 8;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
@@ -93,7 +96,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
   Bf16* a_ring = b_tile + rank_padded * b_pitch + warp * 2 * 16 * a_pitch;
   Bf16* out_tile =
       b_tile + rank_padded * b_pitch + kRebuildWarps * 2 * 16 * a_pitch + warp * 16 * out_pitch;
-  const Bf16* basis = l.basis + layer_index * rank * width + h * kHeadDim;
+  const Bf16* basis = l.basis + layer_index * stride * width + h * kHeadDim;
   for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
     const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
     const bool inside = k < rank;
@@ -103,8 +106,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
   CpAsyncCommit();
   __syncthreads();  // miss lists visible
 
-  const Bf16* coefficients =
-      l.coefficients + layer_index * l.capacity_chunks * chunk_size * static_cast<int64_t>(rank);
+  const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
   const int total_rows = count * chunk_size;
   const int num_tiles = (total_rows + 15) / 16;
   const int vectors = rank_padded / 8;
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
       const Bf16* source = coefficients;
       if (inside) {
         const int which = token_row / chunk_size, t = token_row % chunk_size;
-        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + t) * rank + v * 8;
+        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + t) * stride + v * 8;
       }
       CpAsync16(target + r * a_pitch + v * 8, source, inside ? 16 : 0);
     }
@@ -246,7 +248,11 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
 
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
-  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.rank;
+  // The layer's own rank: the products stop at its 16-wide steps (kKSteps is the cap's); A's
+  // rows and B keep the stride of l.rank.
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
+  const int64_t stride = l.rank;
+  const int steps = RankPadded(rank) / 16;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   Bf16* staging = reinterpret_cast<Bf16*>(rebuild_shared);
   Bf16* out_tile = reinterpret_cast<Bf16*>(rebuild_shared + RegSharedBytes(kKSteps) -
@@ -255,8 +261,8 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
   // 1. B_h [rank_padded, 128] into shared (rows past the rank zero), then each warp's fragments.
   {
     constexpr int kBPitch = kHeadDim + 8;
-    const Bf16* basis = l.basis + layer_index * rank * width + h * kHeadDim;
-    for (int i = threadIdx.x; i < kKSteps * 16 * (kHeadDim / 8); i += blockDim.x) {
+    const Bf16* basis = l.basis + layer_index * stride * width + h * kHeadDim;
+    for (int i = threadIdx.x; i < steps * 16 * (kHeadDim / 8); i += blockDim.x) {
       const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
       const bool inside = k < rank;
       CpAsync16(staging + k * kBPitch + v * 8,
@@ -283,6 +289,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
+        if (ks >= steps) break;
         const int k = ks * 16 + 2 * c;
         frag[mt][ks][0] = pair(k, dim_of(mt, g));
         frag[mt][ks][1] = pair(k, dim_of(mt, g + 8));
@@ -293,21 +300,21 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
   }
   __syncthreads();  // the basis region is reused for the A rows
 
-  const Bf16* coefficients =
-      l.coefficients + layer_index * l.capacity_chunks * chunk_size * static_cast<int64_t>(rank);
+  const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
   Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
                static_cast<int64_t>(info.gather_base) * kHeadDim;
   const int groups = (count + kRegGroupChunks - 1) / kRegGroupChunks;
-  constexpr int kPieces = kKSteps * 2;  // 16-byte pieces of one A row (rank_padded bf16)
+  const int pieces = steps * 2;  // 16-byte pieces of one A row (the layer's padded rank, bf16)
   auto stage = [&](int group) {
     Bf16* target = staging + (group & 1) * kRegGroupChunks * 8 * kAPitch;
-    for (int i = threadIdx.x; i < kRegGroupChunks * 8 * kPieces; i += blockDim.x) {
-      const int r = i / kPieces, v = i % kPieces;  // r: chunk-in-group * 8 + token
+    for (int i = threadIdx.x; i < kRegGroupChunks * 8 * pieces; i += blockDim.x) {
+      const int r = i / pieces, v = i % pieces;  // r: chunk-in-group * 8 + token
       const int which = group * kRegGroupChunks + r / 8;
       const bool inside = which < count && v * 8 < rank;
       const Bf16* source = coefficients;
       if (inside) {
-        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + r % 8) * rank + v * 8;
+        source +=
+            (static_cast<int64_t>(misses.chunks[which]) * chunk_size + r % 8) * stride + v * 8;
       }
       CpAsync16(target + r * kAPitch + v * 8, source, inside ? 16 : 0);
     }
@@ -326,6 +333,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
       float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
+        if (ks >= steps) break;
         // B operand: k = 16ks + 2c.., 16ks + 2c + 8.. of token g.
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(a_rows + g * kAPitch + ks * 16 + 2 * c);
         const uint32_t b1 =

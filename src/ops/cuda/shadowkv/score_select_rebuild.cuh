@@ -24,4 +24,43 @@ cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& params, int64_t dynamic_b
                                 cudaStream_t stream);
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& params, cudaStream_t stream);
 
+// The re-ranking kernels' shared memory limits (rerank.cu).
+cudaError_t SkvConfigureRerank(const SkvLayout& layout);
+// The per-query-head select (select_heads.cu), either kernel variant.
+cudaError_t LaunchSkvSelectHeads(const SkvDecodeParams& params, cudaStream_t stream);
+
+// Chunks a select keeps for (row, KV head) of a sequence with `budget_chunks`: K, or under
+// re-ranking its candidates (before the cap by the selectable chunks).
+__device__ __forceinline__ int SkvSelectWanted(const SkvDecodeParams& p, int budget_chunks) {
+  return p.candidates ? min(budget_chunks * p.rerank_factor, p.layout.max_candidates)
+                      : budget_chunks;
+}
+
+// Under re-ranking, instead of assigning the gather slots: the k selected chunks (increasing)
+// to the row's candidate list, -1 after. Needs `selected` visible.
+__device__ __forceinline__ void SkvWriteCandidates(const SkvDecodeParams& p, int row, int h, int k,
+                                                   const int* selected) {
+  const int limit = p.layout.max_candidates;
+  int32_t* out = p.candidates + (static_cast<int64_t>(row) * p.layout.num_kv_heads + h) * limit;
+  for (int i = threadIdx.x; i < limit; i += blockDim.x) out[i] = i < k ? selected[i] : -1;
+}
+
+// The two dims rotary pair `pair` (of head_dim / 2) rotates, or leaves as they are past the
+// rotary dims: halves (x[i], x[i + rotary/2]), else adjacent pairs; dims past rotary_dim pair up
+// adjacently either way, as the QKV kernel leaves them.
+__device__ __forceinline__ void SkvRopePairDims(int pair, int rotary_dim, bool halves, int* a,
+                                                int* b) {
+  const int rotary_half = rotary_dim / 2;
+  if (pair < rotary_half && halves) {
+    *a = pair;
+    *b = pair + rotary_half;
+  } else if (halves) {
+    *a = rotary_dim + 2 * (pair - rotary_half);
+    *b = *a + 1;
+  } else {
+    *a = 2 * pair;
+    *b = 2 * pair + 1;
+  }
+}
+
 }  // namespace shadowkv::cuda

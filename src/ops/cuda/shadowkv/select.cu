@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
   uint32_t* keys = shared_words;
   uint32_t* wanted = keys + l.capacity_chunks;
   int* selected = reinterpret_cast<int*>(wanted + words);
-  int* free_slots = selected + l.max_budget;
+  int* free_slots = selected + max(l.max_budget, l.max_candidates);
   int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
   int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
   for (int w = tid; w < words; w += kThreads) wanted[w] = 0;
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
   const int selectable = WriteSelectKeys<kGroup, kThreads>(p, row, h, n, keys, reduce, [&](uint32_t key) {
     if (count_while_writing) count_coarse(key);
   });
-  const int k = min(info.budget_chunks, selectable);
+  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable);
   if (p.select_successors) KeepSuccessors<kThreads>(keys, n);
   if (tid == 0) {
     prefix_shared = 0;
@@ -382,6 +382,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
   }
   __syncthreads();
 
+  if (p.candidates) {
+    SkvWriteCandidates(p, row, h, k, selected);
+    return;
+  }
   AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
                                slot_chunk, miss, l.SequenceCounters(m.seq));
 }

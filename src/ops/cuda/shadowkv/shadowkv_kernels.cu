@@ -2,11 +2,9 @@
 // rebuild keys (misses only) → the ordinary split decode kernel over the attention buffer.
 // Every grid is sized from the capacities, never from this step's counts, so a decode step can
 // be captured once as a CUDA graph; blocks with nothing to do return at once.
-#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
-
-#include <cub/block/block_scan.cuh>
-
+#include <algorithm>
 #include <cmath>
+#include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/kernel_attributes.h"
@@ -14,6 +12,7 @@
 #include "ops/cuda/shadowkv/gather_slots.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 #include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -41,15 +40,24 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKerne
   const SkvLayout& l = p.layout;
   const int width = l.kv_width(), chunk = l.chunk_size;
   const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
+  Bf16* coefficients =
+      l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
+  // Past the layer's own rank (a per-layer rank) the coefficients are zeros, as B's rows there
+  // are: written, not computed, so that the row never keeps what an earlier sequence left.
+  const int rank = l.RankOf(m.seq, p.layer);
+  const int first = blockIdx.y * kGraduateBasisRows;
+  const int last = min(l.rank, first + kGraduateBasisRows), own_last = min(last, rank);
+  const int zero_from = max(first, own_last), zeros = last - zero_from;
+  for (int i = threadIdx.x; i < chunk * zeros; i += blockDim.x) {
+    coefficients[(i / zeros) * l.rank + zero_from + i % zeros] = __float2bfloat16(0.0f);
+  }
+  if (first >= own_last) return;
   const Bf16* pre = l.keys_pre + layer_index * l.recent_capacity * width;
   for (int i = threadIdx.x; i < chunk * width; i += blockDim.x) pre_rows[i] = __bfloat162float(pre[i]);
   __syncthreads();
   const Bf16* basis = l.basis + layer_index * l.rank * width;
-  Bf16* coefficients =
-      l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int last = min(l.rank, (blockIdx.y + 1) * kGraduateBasisRows);
-  for (int j = blockIdx.y * kGraduateBasisRows + warp; j < last; j += kGraduateThreads / 32) {
+  for (int j = first + warp; j < own_last; j += kGraduateThreads / 32) {
     const Bf16* b = basis + static_cast<int64_t>(j) * width;
     float dot[kSkvMaxGraduateChunk] = {};
     for (int k = lane * 8; k < width; k += 256) {
@@ -262,7 +270,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   uint32_t* keys = shared_words;
   uint32_t* wanted = keys + l.capacity_chunks;
   int* selected = reinterpret_cast<int*>(wanted + words);
-  int* free_slots = selected + l.max_budget;
+  int* free_slots = selected + max(l.max_budget, l.max_candidates);
   const float* logits = p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group *
                                        l.capacity_chunks;
   int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
@@ -295,7 +303,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
     selectable_local += live;
   }
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
-  const int k = min(info.budget_chunks, selectable);
+  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable);
 
   // Radix select of the k-th largest key, 8 bits at a time.
   if (tid == 0) {
@@ -350,6 +358,10 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   }
   __syncthreads();
 
+  if (p.candidates) {
+    SkvWriteCandidates(p, row, h, k, selected);
+    return;
+  }
   AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
                                slot_chunk, miss, l.SequenceCounters(m.seq));
 }
@@ -401,7 +413,11 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
   __shared__ int miss_slots[kRebuildSlots], miss_chunks[kRebuildSlots], miss_count;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rank_padded = RankPadded(l.rank);
+  const SkvRowMeta m = p.meta[row];
+  // The layer's own rank: the tiles below are laid out for it (shared memory is sized for
+  // l.rank, the most); A's rows keep their stride of l.rank.
+  const int rank = l.RankOf(m.seq, p.layer);
+  const int rank_padded = RankPadded(rank);
   const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 4;
   const int32_t* miss =
       p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
@@ -420,7 +436,6 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
   const int count = miss_count;
   if (count == 0) return;
 
-  const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int width = l.kv_width(), chunk_size = l.chunk_size;
   const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
@@ -431,7 +446,9 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
   for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
     const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
     uint4 value = make_uint4(0, 0, 0, 0);
-    if (k < l.rank) value = *reinterpret_cast<const uint4*>(basis + static_cast<int64_t>(k) * width + v * 8);
+    if (k < rank) {
+      value = *reinterpret_cast<const uint4*>(basis + static_cast<int64_t>(k) * width + v * 8);
+    }
     *reinterpret_cast<uint4*>(b_tile + k * b_pitch + v * 8) = value;
   }
   __syncthreads();
@@ -447,7 +464,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
       const int r = i / (rank_padded / 8), v = i % (rank_padded / 8);
       const int token_row = tile * 16 + r;
       uint4 value = make_uint4(0, 0, 0, 0);
-      if (token_row < total_rows && v * 8 < l.rank) {
+      if (token_row < total_rows && v * 8 < rank) {
         const int which = token_row / chunk_size, t = token_row % chunk_size;
         value = *reinterpret_cast<const uint4*>(
             coefficients + (static_cast<int64_t>(miss_chunks[which]) * chunk_size + t) * l.rank +
@@ -487,16 +504,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
       const int which = token_row / chunk_size, t = token_row % chunk_size;
       const bool rotates = pair < rotary_half;
       int a, b;
-      if (rotates && p.halves) {
-        a = pair;
-        b = pair + rotary_half;
-      } else if (p.halves) {
-        a = p.rotary_dim + 2 * (pair - rotary_half);
-        b = a + 1;
-      } else {
-        a = 2 * pair;
-        b = 2 * pair + 1;
-      }
+      SkvRopePairDims(pair, p.rotary_dim, p.halves, &a, &b);
       float x0 = out_tile[r * out_pitch + a], x1 = out_tile[r * out_pitch + b];
       if (rotates) {
         const int position = miss_chunks[which] * chunk_size + t;
@@ -640,8 +648,10 @@ __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvL
 
 }  // namespace
 
-int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget) {
-  return 4ll * capacity_chunks + 4ll * ((capacity_chunks + 31) / 32) + 8ll * max_budget;
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates) {
+  // Keys, the wanted bitmap, the selected list (the candidates under re-ranking), free slots.
+  return 4ll * capacity_chunks + 4ll * ((capacity_chunks + 31) / 32) +
+         4ll * std::max(max_budget, max_candidates) + 4ll * max_budget;
 }
 
 cudaError_t SkvConfigureKernels(const SkvLayout& l) {
@@ -650,8 +660,9 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   if (e != cudaSuccess) return e;
   e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (e != cudaSuccess) return e;
-  const int64_t select_bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget) +
-                               static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
+  const int64_t select_bytes =
+      SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates) +
+      static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
   const int64_t rebuild_bytes = RebuildSharedBytes(l.rank, l.head_dim);
   const int64_t graduate_bytes = GraduateSharedBytes(l);
   const int64_t coefficient_bytes = GraduateCoefficientsSharedBytes(l);
@@ -666,7 +677,8 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   auto raise = [&](const void* kernel, int64_t bytes) {
     return AllowDynamicSharedMemory(kernel, static_cast<int>(bytes));
   };
-  const int64_t dynamic_select = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  const int64_t dynamic_select =
+      SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
   if ((e = raise(reinterpret_cast<const void*>(SkvSelectKernel), dynamic_select)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateKernel), graduate_bytes)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateCoefficientsKernel),
@@ -677,6 +689,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
                                           : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
   if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
   if (SkvRebuildFastSharedBytes(l.rank, l.head_dim) > limit) return cudaErrorInvalidValue;
+  if (l.max_candidates > 0 && (e = SkvConfigureRerank(l)) != cudaSuccess) return e;
   return SkvConfigureFastKernels(l, dynamic_select);
 }
 
@@ -728,6 +741,11 @@ SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& p, int first, int count) {
         p.softmax_partials + heads * l.group * SkvScoreBlocks(l.capacity_chunks) * 2;
   }
   part.miss_chunk = p.miss_chunk + heads * l.max_budget;
+  if (p.candidates) {
+    part.candidates = p.candidates + heads * l.max_candidates;
+    part.exact_logits =
+        p.exact_logits + heads * l.group * static_cast<int64_t>(l.max_candidates) * l.chunk_size;
+  }
   return part;
 }
 
@@ -735,7 +753,14 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
   if (l.max_budget > kSkvMaxBudgetChunks) return cudaErrorInvalidValue;
-  const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget);
+  if (p.candidates && (l.max_candidates < 1 || p.rerank_factor < 1 || !p.exact_logits)) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.select_heads) {
+    if (p.candidates || p.select_successors) return cudaErrorInvalidValue;  // one mode at a time
+    return LaunchSkvSelectHeads(p, stream);
+  }
+  const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
   if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
   if (p.select_successors) return cudaErrorInvalidValue;  // the fast kernels only
   SkvSelectKernel<<<dim3(l.num_kv_heads, p.rows), kSelectThreads, bytes, stream>>>(p);

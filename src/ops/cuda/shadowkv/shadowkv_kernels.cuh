@@ -27,9 +27,10 @@ struct SkvLayout {
   int head_dim = 0;
   int group = 0;          // query heads per KV head
   int chunk_size = 0;     // C
-  int rank = 0;           // r (multiple of 8)
+  int rank = 0;           // r (multiple of 8): what A's rows and B are laid out for
   int capacity_chunks = 0;  // chunks one sequence can hold
   int max_budget = 0;       // K slots reserved per (sequence, layer, KV head)
+  int max_candidates = 0;   // re-ranking only: candidates per (row, KV head) at most, else 0
   int recent_capacity = 0;  // W + C rows of exact keys
   // Attention buffer, K and V: [seqs, layers, kv_heads, attn capacity, head_dim]: rows
   // [0, O·C) outlier chunks, [O·C, (O+K)·C) gather slots, then the exact recent tokens.
@@ -37,6 +38,11 @@ struct SkvLayout {
   __nv_bfloat16* keys_pre = nullptr;      // [seqs, layers, recent_capacity, kv_width]
   __nv_bfloat16* coefficients = nullptr;  // A: [seqs, layers, capacity_chunks * C, rank]
   __nv_bfloat16* basis = nullptr;         // B: [seqs, layers, rank, kv_width]
+  // [seqs, layers] the rank each layer of each sequence uses, a multiple of 8 up to `rank` (a
+  // per-layer rank from the key spectrum), or null: `rank` everywhere. B's rows and A's columns
+  // past a layer's rank hold zeros, so a kernel that reads the whole `rank` stays right; the
+  // kernels stop at the layer's rank to save the work.
+  const int32_t* layer_rank = nullptr;
   __nv_bfloat16* landmarks = nullptr;     // [seqs, layers, kv_heads, capacity_chunks, head_dim]
   // FP8 landmarks (core/fp8.h) instead of `landmarks`: e4m3 codes in the same order, and one
   // scale per landmark [seqs, layers, kv_heads, capacity_chunks]. Fast kernels only, with
@@ -60,6 +66,10 @@ struct SkvLayout {
   // Index of (sequence, layer, KV head) in the [seqs, layers, kv_heads, ...] buffers.
   SKV_HOST_DEVICE int64_t HeadIndex(int seq, int layer, int head) const {
     return (static_cast<int64_t>(seq) * num_layers + layer) * num_kv_heads + head;
+  }
+  // The rank (sequence, layer) uses (device code: layer_rank is device memory).
+  SKV_HOST_DEVICE int RankOf(int seq, int layer) const {
+    return layer_rank ? layer_rank[static_cast<int64_t>(seq) * num_layers + layer] : rank;
   }
   // Sequence `seq`'s two counters, or null where the layout keeps none.
   SKV_HOST_DEVICE unsigned long long* SequenceCounters(int seq) const {
@@ -112,6 +122,19 @@ struct SkvDecodeParams {
   int select_registers = 0;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
+  // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
+  // keeps min(rerank_factor · K, selectable, layout.max_candidates) chunks per (row, KV head)
+  // into candidates [rows, kv_heads, max_candidates] (increasing, then -1) and assigns no gather
+  // slot; LaunchSkvRerank then scores their rebuilt keys exactly into exact_logits [rows,
+  // kv_heads * group, max_candidates * C] and keeps the best K, assigning the slots as the
+  // select does.
+  int rerank_factor = 0;
+  int32_t* candidates = nullptr;
+  float* exact_logits = nullptr;
+  // Per-query-head selection (selection "heads"): LaunchSkvSelect ranks the chunks by each
+  // query head's own landmark softmax and takes them round-robin over the group's heads (each
+  // its best not yet taken) until K; needs SkvConfigureSelectHeads.
+  int select_heads = 0;
 };
 
 constexpr int kSkvKernelsFirst = 0;
@@ -131,6 +154,12 @@ cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);
 // Softmax per query head, max over the group, top-K (ties: lower chunk first), hits against the
 // gather slots, misses written to miss_chunk and slot_chunk; counters updated.
 cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
+// Re-ranking, after a LaunchSkvSelect that kept candidates: each candidate's keys rebuilt from
+// A and B with RoPE (rounded to bf16, as the gather rows hold them) and scored against the
+// row's queries; per query head the softmax over all candidate tokens, a chunk's score the sum
+// of its tokens' probabilities, max over the group; the best K (ties: the lower chunk) go to
+// the gather slots as LaunchSkvSelect's would (hits, misses, counters).
+cudaError_t LaunchSkvRerank(const SkvDecodeParams& params, cudaStream_t stream);
 // Values of the missed chunks: store → attention buffer gather rows.
 cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& params, cudaStream_t stream);
 // Keys of the missed chunks: A rows · B_h on tensor cores, RoPE at the chunk's positions.
@@ -166,11 +195,14 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 // Reads the same fields as the landmarks (all but min_cosine).
 cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
 
-// Dynamic shared memory of the select kernel.
-int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget);
+// Dynamic shared memory of the select kernel (max_candidates: the layout's, 0 without
+// re-ranking).
+int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates = 0);
 
 // Checks the layout against the kernels' limits and raises their shared-memory limits (call
 // before the first launch, outside any graph capture). cudaErrorInvalidValue: not supported.
 cudaError_t SkvConfigureKernels(const SkvLayout& layout);
+// The same for the per-query-head select (SkvDecodeParams::select_heads).
+cudaError_t SkvConfigureSelectHeads(const SkvLayout& layout);
 
 }  // namespace shadowkv::cuda

@@ -6,6 +6,10 @@
 
 namespace shadowkv::cuda {
 
+// Candidates per (row, KV head) a re-ranking select may keep at most (rerank_factor · K): the
+// re-rank orders them by counting, so its work grows with the square of this.
+constexpr int kSkvMaxRerankCandidates = 4096;
+
 // Per-sequence constants, fixed when the sequence is compressed (mirrored on the device).
 struct SkvSequenceInfo {
   int32_t outlier_chunks = 0;  // O of this sequence
