@@ -16,6 +16,7 @@
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
+#include "shadowkv_test_util.h"
 
 namespace shadowkv::cuda {
 namespace {
@@ -148,10 +149,7 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   int64_t expected_hits = 0;
   std::vector<int64_t> expected_hits_of(kSeqs, 0);
   for (int step = 0; step < 2; ++step) {
-    if (step == 1) {  // a nearby query: most chunks stay selected
-      std::normal_distribution<float> noise(0.0f, 0.3f);
-      for (float& q : queries) q = Bf16ToFp32(Fp32ToBf16(q + noise(rng)));
-    }
+    if (step == 1) PerturbQueries(&queries, rng);
     auto d_queries = ToDevice(ToBf16(queries));
     SkvDecodeParams p;
     p.layout = l;
@@ -178,15 +176,11 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     for (int row = 0; row < kSeqs; ++row) {
       const int s = meta[row].seq, n = num_chunks[s];
       for (int h = 0; h < kHeads; ++h) {
-        std::vector<int32_t> chunk_of;
-        std::vector<float> list;
-        for (int c = 0; c < n; ++c) {
-          if (outlier[(s * kHeads + h) * kCapacity + c]) continue;
-          chunk_of.push_back(c);
-          const float* lm = landmarks.data() + ((int64_t{s} * kHeads + h) * kCapacity + c) * kDim;
-          list.insert(list.end(), lm, lm + kDim);
-        }
-        const int64_t count = static_cast<int64_t>(chunk_of.size());
+        const SelectableLandmarks selectable =
+            LandmarksOf(landmarks, outlier, s, h, kHeads, kCapacity, n, kDim);
+        const std::vector<int32_t>& chunk_of = selectable.chunk_of;
+        const std::vector<float>& list = selectable.list;
+        const int64_t count = selectable.count();
         std::vector<float> scores(count);
         kv::ScoreScratch scratch;
         kv::ScoreLandmarks(queries.data() + (int64_t{row} * kHeads + h) * kGroup * kDim, 1,

@@ -407,6 +407,20 @@ TEST(CudaShadowKvParityTest, PerLayerRankWithFp8StoresMatchesTheCpuAtThatRank) {
   CheckParity(FloorRankConfig(true), cpu, /*copies=*/false, /*want_ranks=*/32);
 }
 
+// CheckParity with the same settings on both sides where the CPU policy takes them (a mode the
+// CPU side builds separately); says so where it does not yet.
+void CheckParityWhereTheCpuRuns(const kv::KvPolicyConfig& config, int want_ranks) {
+  auto cpu = CpuModel::Load(WriteTinyModel(SmallLlamaSpec(7), "gpu_shadowkv_cpu_modes"), 2,
+                            Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (auto policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry()); !policy.ok()) {
+    std::printf("[ parity   ] %s: no CPU parity, the CPU policy says %s\n",
+                config.display_name().c_str(), policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(config, config, /*copies=*/true, want_ranks);
+}
+
 // Decodes the parity prompts on the GPU alone under `config`: four rows (sequences 2 and 3
 // copies of 0 and 1, so the selection runs in two halves), greedy on each original's logits,
 // 24 steps with graduations. Returns the logits of every step and row, and checks the copies
@@ -502,15 +516,7 @@ TEST(CudaShadowKvParityTest, RerankRunsThroughTheDecodeStep) {
               static_cast<long long>(same), static_cast<long long>(total));
   EXPECT_LT(same, total) << "re-ranking 4K candidates never changed a choice";
 
-  TinyModelSpec spec = SmallLlamaSpec(7);
-  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_rerank_cpu"), 2, Numerics::kExact);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  if (auto cpu_policy = kv::MakeKvPolicy(rerank, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
-    std::printf("[ rerank   ] no CPU parity: the CPU policy says %s\n",
-                cpu_policy.status().ToString().c_str());
-    return;
-  }
-  CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+  CheckParityWhereTheCpuRuns(rerank, /*want_ranks=*/24);
 }
 
 // Per-query-head selection through the whole step: copies equal to their originals, K chunks
@@ -528,15 +534,7 @@ TEST(CudaShadowKvParityTest, PerQueryHeadSelectionRunsThroughTheDecodeStep) {
   ASSERT_FALSE(got.empty());
   EXPECT_NE(head_chunks, landmark_chunks) << "per-head selection never changed a choice";
 
-  TinyModelSpec spec = SmallLlamaSpec(7);
-  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_heads_cpu"), 2, Numerics::kExact);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  if (auto cpu_policy = kv::MakeKvPolicy(heads, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
-    std::printf("[ heads    ] no CPU parity: the CPU policy says %s\n",
-                cpu_policy.status().ToString().c_str());
-    return;
-  }
-  CheckParity(heads, heads, /*copies=*/true, /*want_ranks=*/24);
+  CheckParityWhereTheCpuRuns(heads, /*want_ranks=*/24);
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the
@@ -642,12 +640,7 @@ TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
   gpu.FreeKvCache();
   gpu.FreeShadowKv();
   gpu_or->reset();
-  if (auto cpu_policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
-    std::printf("[ rank     ] no decode parity: the CPU policy says %s\n",
-                cpu_policy.status().ToString().c_str());
-    return;
-  }
-  CheckParity(config, config, /*copies=*/false, /*want_ranks=*/0);
+  CheckParityWhereTheCpuRuns(config, /*want_ranks=*/0);
 }
 
 // The bench re-allocates between its two runs and carries the compressed prompt across in host
