@@ -540,8 +540,9 @@ TEST(CudaShadowKvParityTest, PerQueryHeadSelectionRunsThroughTheDecodeStep) {
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the
 // host) against SkvRankForEnergy applied to the CPU policy's spectrum of the same prompt (fp64,
 // every eigenvalue: the CPU keeps the full rank here). A choice may differ only where the share
-// held at the multiple of 8 that decides lies within 1e-4 of the target, where the two Grams'
-// rounding decides. Then, where the CPU policy runs per-layer ranks too, the decode parity.
+// held at the multiple of 8 that decides lies within 2e-3 of the target: the GPU's forward pass
+// rounds the keys to bf16, which moves the spectrum by about that much. Then, where the CPU policy
+// runs per-layer ranks too, the decode parity.
 TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
   SKV_SKIP_WITHOUT_GPU();
   TinyModelSpec spec = SmallLlamaSpec(7);
@@ -606,7 +607,7 @@ TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
       };
       if (got != want) {
         const int boundary = std::min(got, want);
-        EXPECT_NEAR(share_at(boundary), energy, 1e-4)
+        EXPECT_NEAR(share_at(boundary), energy, 2e-3)
             << "layer " << layer << " at energy " << energy << ": GPU rank " << got
             << ", host rule on the CPU spectrum " << want << " (share held at " << boundary << ": "
             << share_at(boundary) << ", at " << boundary + 8 << ": " << share_at(boundary + 8)

@@ -230,14 +230,15 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
         const int32_t* got = slots.data() + (s * kHeads + h) * kBudget;
         for (int slot = 0; slot < kBudget; ++slot) got_kept.insert(got[slot]);
         if (got_kept != want_kept) {
-          // Allowed only at a near-tie of the K-th score (fp32 on the GPU, fp64 here).
+          // Allowed only at a near-tie of the K-th score: fp32 on the GPU, fp64 here, and a key
+          // element that rounds to the other bf16 moves a chunk's mass by about 1e-3.
           std::vector<float> sorted = reference.scores;
           std::sort(sorted.begin(), sorted.end(), std::greater<float>());
           const float kth = sorted[kBudget - 1];
           for (int i = 0; i < kCandidates; ++i) {
             const int32_t chunk = want_candidates[i];
             if (want_kept.count(chunk) != got_kept.count(chunk)) {
-              EXPECT_NEAR(reference.scores[i], kth, 1e-4 * kth)
+              EXPECT_NEAR(reference.scores[i], kth, 2e-3 * kth)
                   << "chunk " << chunk << " kept " << got_kept.count(chunk)
                   << " on the GPU; its exact score " << reference.scores[i] << ", the K-th " << kth;
             }

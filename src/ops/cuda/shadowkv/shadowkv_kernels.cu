@@ -1,5 +1,6 @@
-// ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select → fetch values and
-// rebuild keys (misses only) → the ordinary split decode kernel over the attention buffer.
+// ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select (→ re-rank) → fetch
+// values and rebuild keys (misses only) → the ordinary split decode kernel over the attention
+// buffer.
 // Every grid is sized from the capacities, never from this step's counts, so a decode step can
 // be captured once as a CUDA graph; blocks with nothing to do return at once.
 #include <algorithm>
