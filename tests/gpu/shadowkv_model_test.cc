@@ -85,6 +85,9 @@ TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheSh
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 16, 32), 16);  // the floor
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 8), 8);     // the cap
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 24, 32), 24);     // no energy: the floor
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 32), 32);     // all of it: the cap
+  eigenvalues[1] = -10.0;  // rounding noise holds nothing: 70 in the first 8 (not 60)
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.69, 8, 16), 8);
 }
 
 // A per-layer rank lays the storage out at its cap (rank_max, or the width when 0), so the
