@@ -16,6 +16,7 @@
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
+#include "shadowkv_test_util.h"
 
 namespace shadowkv::cuda {
 namespace {
@@ -148,10 +149,7 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   int64_t expected_hits = 0;
   std::vector<int64_t> expected_hits_of(kSeqs, 0);
   for (int step = 0; step < 2; ++step) {
-    if (step == 1) {  // a nearby query: most chunks stay selected
-      std::normal_distribution<float> noise(0.0f, 0.3f);
-      for (float& q : queries) q = Bf16ToFp32(Fp32ToBf16(q + noise(rng)));
-    }
+    if (step == 1) PerturbQueries(&queries, rng);
     auto d_queries = ToDevice(ToBf16(queries));
     SkvDecodeParams p;
     p.layout = l;
@@ -178,15 +176,11 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     for (int row = 0; row < kSeqs; ++row) {
       const int s = meta[row].seq, n = num_chunks[s];
       for (int h = 0; h < kHeads; ++h) {
-        std::vector<int32_t> chunk_of;
-        std::vector<float> list;
-        for (int c = 0; c < n; ++c) {
-          if (outlier[(s * kHeads + h) * kCapacity + c]) continue;
-          chunk_of.push_back(c);
-          const float* lm = landmarks.data() + ((int64_t{s} * kHeads + h) * kCapacity + c) * kDim;
-          list.insert(list.end(), lm, lm + kDim);
-        }
-        const int64_t count = static_cast<int64_t>(chunk_of.size());
+        const SelectableLandmarks selectable =
+            LandmarksOf(landmarks, outlier, s, h, kHeads, kCapacity, n, kDim);
+        const std::vector<int32_t>& chunk_of = selectable.chunk_of;
+        const std::vector<float>& list = selectable.list;
+        const int64_t count = selectable.count();
         std::vector<float> scores(count);
         kv::ScoreScratch scratch;
         kv::ScoreLandmarks(queries.data() + (int64_t{row} * kHeads + h) * kGroup * kDim, 1,
@@ -438,6 +432,106 @@ TEST_P(CudaShadowKvKernelsTest, RebuildStopsAtEachSequencesOwnRank) {
     CheckRebuild(GetParam(), style, 128, 80, 0, {8, 72});
     CheckRebuild(GetParam(), style, 128, 128, 0, {96, 24});
     CheckRebuild(GetParam(), style, 64, 40, 0, {16, 40});
+  }
+}
+
+// Graduation at per-layer ranks below the layout's: the graduating chunk's A rows are its
+// pre-RoPE keys times Bᵀ over the sequence's own rank and exact zeros past it (B's rows there
+// hold random values, and A's row a poison, so computing or skipping them would show), and
+// no other chunk's rows are touched.
+TEST(CudaShadowKvGraduationTest, ProjectsAtEachSequencesOwnRankAndZerosTheRest) {
+  SKV_SKIP_WITHOUT_GPU();
+  constexpr int kHeads = 2, kDim = 64, kChunk = 8, kWindow = 32, kCapacity = 16, kRank = 32;
+  constexpr int kSeqs = 2, kGraduating = 5, kRecentBase = 24, kAttnCapacity = kRecentBase + 40;
+  const int own_rank[kSeqs] = {16, 32};
+  constexpr int kWidth = kHeads * kDim, kRecent = kWindow + kChunk;
+  std::mt19937 rng(23);
+  const std::vector<float> pre = RandomBf16Values(int64_t{kSeqs} * kRecent * kWidth, rng);
+  const std::vector<float> basis = RandomBf16Values(int64_t{kSeqs} * kRank * kWidth, rng, 0.2f);
+  const std::vector<float> attn_keys =
+      RandomBf16Values(int64_t{kSeqs} * kHeads * kAttnCapacity * kDim, rng);
+  auto d_pre = ToDevice(ToBf16(pre));
+  auto d_basis = ToDevice(ToBf16(basis));
+  auto d_attn_keys = ToDevice(ToBf16(attn_keys));
+  auto d_attn_values = ToDevice(ToBf16(attn_keys));
+  auto d_coefficients = Poisoned<uint16_t>(int64_t{kSeqs} * kCapacity * kChunk * kRank);
+  auto d_landmarks = Poisoned<uint16_t>(int64_t{kSeqs} * kHeads * kCapacity * kDim);
+  auto d_outlier = ToDevice(std::vector<uint8_t>(kSeqs * kHeads * kCapacity, 1));
+  std::vector<DeviceBuffer<uint16_t>> stores;
+  std::vector<__nv_bfloat16*> store_pointers;
+  for (int s = 0; s < kSeqs; ++s) {
+    stores.push_back(Poisoned<uint16_t>(int64_t{kHeads} * kCapacity * kChunk * kDim));
+    store_pointers.push_back(reinterpret_cast<__nv_bfloat16*>(stores.back().get()));
+  }
+  auto d_stores = ToDevice(store_pointers);
+  auto d_layer_rank = ToDevice(std::vector<int32_t>(own_rank, own_rank + kSeqs));
+  auto d_info =
+      ToDevice(std::vector<SkvSequenceInfo>(kSeqs, SkvSequenceInfo{1, 2, 8, kRecentBase}));
+  std::vector<SkvRowMeta> meta(kSeqs);
+  for (int r = 0; r < kSeqs; ++r) {
+    meta[r].seq = kSeqs - 1 - r;
+    meta[r].recent_rows = kRecent;
+    meta[r].graduate_chunk = kGraduating;
+    meta[r].num_chunks = kGraduating + 1;
+  }
+  auto d_meta = ToDevice(meta);
+  SkvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = kHeads;
+  l.head_dim = kDim;
+  l.group = 2;
+  l.chunk_size = kChunk;
+  l.rank = kRank;
+  l.capacity_chunks = kCapacity;
+  l.max_budget = 2;
+  l.recent_capacity = kRecent;
+  l.attn.keys = reinterpret_cast<__nv_bfloat16*>(d_attn_keys.get());
+  l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_attn_values.get());
+  l.attn.num_slots = kSeqs;
+  l.attn.num_layers = 1;
+  l.attn.num_kv_heads = kHeads;
+  l.attn.head_dim = kDim;
+  l.attn.capacity = kAttnCapacity;
+  l.keys_pre = reinterpret_cast<__nv_bfloat16*>(d_pre.get());
+  l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
+  l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
+  l.layer_rank = d_layer_rank.get();
+  l.landmarks = reinterpret_cast<__nv_bfloat16*>(d_landmarks.get());
+  l.outlier = d_outlier.get();
+  l.values = d_stores.get();
+  l.info = d_info.get();
+  SKV_ASSERT_CUDA(SkvConfigureKernels(l));
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = kSeqs;
+  SKV_ASSERT_CUDA(LaunchSkvGraduate(p, nullptr));
+  const std::vector<float> coefficients = ToHostBf16(d_coefficients);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int chunk = 0; chunk < kCapacity; ++chunk) {
+      for (int t = 0; t < kChunk; ++t) {
+        const float* a =
+            coefficients.data() + ((int64_t{s} * kCapacity + chunk) * kChunk + t) * kRank;
+        for (int j = 0; j < kRank; ++j) {
+          if (chunk != kGraduating) {
+            ASSERT_TRUE(std::isnan(a[j])) << "sequence " << s << " chunk " << chunk << " written";
+            continue;
+          }
+          if (j >= own_rank[s]) {
+            ASSERT_EQ(a[j], 0.0f) << "sequence " << s << " (rank " << own_rank[s] << ") token " << t
+                                  << " coefficient " << j << " past its rank";
+            continue;
+          }
+          double want = 0.0;
+          for (int e = 0; e < kWidth; ++e) {
+            want += double{pre[(int64_t{s} * kRecent + t) * kWidth + e]} *
+                    basis[(int64_t{s} * kRank + j) * kWidth + e];
+          }
+          ASSERT_NEAR(a[j], want, 1e-2 * std::max(1.0, std::fabs(want)))
+              << "sequence " << s << " token " << t << " coefficient " << j;
+        }
+      }
+    }
   }
 }
 

@@ -85,6 +85,9 @@ TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheSh
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 16, 32), 16);  // the floor
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 8), 8);     // the cap
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 24, 32), 24);     // no energy: the floor
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 32), 32);     // all of it: the cap
+  eigenvalues[1] = -10.0;  // rounding noise holds nothing: 70 in the first 8 (not 60)
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.69, 8, 16), 8);
 }
 
 // A per-layer rank lays the storage out at its cap (rank_max, or the width when 0), so the
@@ -407,6 +410,20 @@ TEST(CudaShadowKvParityTest, PerLayerRankWithFp8StoresMatchesTheCpuAtThatRank) {
   CheckParity(FloorRankConfig(true), cpu, /*copies=*/false, /*want_ranks=*/32);
 }
 
+// CheckParity with the same settings on both sides where the CPU policy takes them (a mode the
+// CPU side builds separately); says so where it does not yet.
+void CheckParityWhereTheCpuRuns(const kv::KvPolicyConfig& config, int want_ranks) {
+  auto cpu = CpuModel::Load(WriteTinyModel(SmallLlamaSpec(7), "gpu_shadowkv_cpu_modes"), 2,
+                            Numerics::kExact);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  if (auto policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry()); !policy.ok()) {
+    std::printf("[ parity   ] %s: no CPU parity, the CPU policy says %s\n",
+                config.display_name().c_str(), policy.status().ToString().c_str());
+    return;
+  }
+  CheckParity(config, config, /*copies=*/true, want_ranks);
+}
+
 // Decodes the parity prompts on the GPU alone under `config`: four rows (sequences 2 and 3
 // copies of 0 and 1, so the selection runs in two halves), greedy on each original's logits,
 // 24 steps with graduations. Returns the logits of every step and row, and checks the copies
@@ -502,15 +519,7 @@ TEST(CudaShadowKvParityTest, RerankRunsThroughTheDecodeStep) {
               static_cast<long long>(same), static_cast<long long>(total));
   EXPECT_LT(same, total) << "re-ranking 4K candidates never changed a choice";
 
-  TinyModelSpec spec = SmallLlamaSpec(7);
-  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_rerank_cpu"), 2, Numerics::kExact);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  if (auto cpu_policy = kv::MakeKvPolicy(rerank, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
-    std::printf("[ rerank   ] no CPU parity: the CPU policy says %s\n",
-                cpu_policy.status().ToString().c_str());
-    return;
-  }
-  CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+  CheckParityWhereTheCpuRuns(rerank, /*want_ranks=*/24);
 }
 
 // Per-query-head selection through the whole step: copies equal to their originals, K chunks
@@ -528,22 +537,15 @@ TEST(CudaShadowKvParityTest, PerQueryHeadSelectionRunsThroughTheDecodeStep) {
   ASSERT_FALSE(got.empty());
   EXPECT_NE(head_chunks, landmark_chunks) << "per-head selection never changed a choice";
 
-  TinyModelSpec spec = SmallLlamaSpec(7);
-  auto cpu = CpuModel::Load(WriteTinyModel(spec, "gpu_shadowkv_heads_cpu"), 2, Numerics::kExact);
-  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  if (auto cpu_policy = kv::MakeKvPolicy(heads, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
-    std::printf("[ heads    ] no CPU parity: the CPU policy says %s\n",
-                cpu_policy.status().ToString().c_str());
-    return;
-  }
-  CheckParity(heads, heads, /*copies=*/true, /*want_ranks=*/24);
+  CheckParityWhereTheCpuRuns(heads, /*want_ranks=*/24);
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the
 // host) against SkvRankForEnergy applied to the CPU policy's spectrum of the same prompt (fp64,
 // every eigenvalue: the CPU keeps the full rank here). A choice may differ only where the share
-// held at the multiple of 8 that decides lies within 1e-4 of the target, where the two Grams'
-// rounding decides. Then, where the CPU policy runs per-layer ranks too, the decode parity.
+// held at the multiple of 8 that decides lies within 2e-3 of the target: the GPU's forward pass
+// rounds the keys to bf16, which moves the spectrum by about that much. Then, where the CPU policy
+// runs per-layer ranks too, the decode parity.
 TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
   SKV_SKIP_WITHOUT_GPU();
   TinyModelSpec spec = SmallLlamaSpec(7);
@@ -608,7 +610,7 @@ TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
       };
       if (got != want) {
         const int boundary = std::min(got, want);
-        EXPECT_NEAR(share_at(boundary), energy, 1e-4)
+        EXPECT_NEAR(share_at(boundary), energy, 2e-3)
             << "layer " << layer << " at energy " << energy << ": GPU rank " << got
             << ", host rule on the CPU spectrum " << want << " (share held at " << boundary << ": "
             << share_at(boundary) << ", at " << boundary + 8 << ": " << share_at(boundary + 8)
@@ -642,12 +644,7 @@ TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
   gpu.FreeKvCache();
   gpu.FreeShadowKv();
   gpu_or->reset();
-  if (auto cpu_policy = kv::MakeKvPolicy(config, (*cpu)->kv_geometry()); !cpu_policy.ok()) {
-    std::printf("[ rank     ] no decode parity: the CPU policy says %s\n",
-                cpu_policy.status().ToString().c_str());
-    return;
-  }
-  CheckParity(config, config, /*copies=*/false, /*want_ranks=*/0);
+  CheckParityWhereTheCpuRuns(config, /*want_ranks=*/0);
 }
 
 // The bench re-allocates between its two runs and carries the compressed prompt across in host

@@ -13,6 +13,7 @@
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
+#include "shadowkv_test_util.h"
 
 namespace shadowkv::cuda {
 namespace {
@@ -155,10 +156,7 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   int near_ties = 0;
   std::vector<float> queries = RandomBf16Values(int64_t{kSeqs} * kHeads * kGroup * head_dim, rng);
   for (int step = 0; step < 2; ++step) {
-    if (step == 1) {  // a nearby query: most chunks stay selected
-      std::normal_distribution<float> noise(0.0f, 0.3f);
-      for (float& q : queries) q = Bf16ToFp32(Fp32ToBf16(q + noise(rng)));
-    }
+    if (step == 1) PerturbQueries(&queries, rng);
     auto d_queries = ToDevice(ToBf16(queries));
     SkvDecodeParams p;
     p.layout = l;
@@ -195,16 +193,11 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
         SCOPED_TRACE(::testing::Message()
                      << "step " << step << ", sequence " << s << ", head " << h);
         // Landmark candidates.
-        std::vector<int32_t> chunk_of;
-        std::vector<float> list;
-        for (int c = 0; c < n; ++c) {
-          if (outlier[(s * kHeads + h) * kCapacity + c]) continue;
-          chunk_of.push_back(c);
-          const float* lm =
-              landmarks.data() + ((int64_t{s} * kHeads + h) * kCapacity + c) * head_dim;
-          list.insert(list.end(), lm, lm + head_dim);
-        }
-        const int64_t count = static_cast<int64_t>(chunk_of.size());
+        const SelectableLandmarks selectable =
+            LandmarksOf(landmarks, outlier, s, h, kHeads, kCapacity, n, head_dim);
+        const std::vector<int32_t>& chunk_of = selectable.chunk_of;
+        const std::vector<float>& list = selectable.list;
+        const int64_t count = selectable.count();
         const float* q = queries.data() + (int64_t{row} * kHeads + h) * kGroup * head_dim;
         std::vector<float> landmark_scores(count), top_values;
         kv::ScoreScratch scratch;
@@ -237,14 +230,15 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
         const int32_t* got = slots.data() + (s * kHeads + h) * kBudget;
         for (int slot = 0; slot < kBudget; ++slot) got_kept.insert(got[slot]);
         if (got_kept != want_kept) {
-          // Allowed only at a near-tie of the K-th score (fp32 on the GPU, fp64 here).
+          // Allowed only at a near-tie of the K-th score: fp32 on the GPU, fp64 here, and a key
+          // element that rounds to the other bf16 moves a chunk's mass by about 1e-3.
           std::vector<float> sorted = reference.scores;
           std::sort(sorted.begin(), sorted.end(), std::greater<float>());
           const float kth = sorted[kBudget - 1];
           for (int i = 0; i < kCandidates; ++i) {
             const int32_t chunk = want_candidates[i];
             if (want_kept.count(chunk) != got_kept.count(chunk)) {
-              EXPECT_NEAR(reference.scores[i], kth, 1e-4 * kth)
+              EXPECT_NEAR(reference.scores[i], kth, 2e-3 * kth)
                   << "chunk " << chunk << " kept " << got_kept.count(chunk)
                   << " on the GPU; its exact score " << reference.scores[i] << ", the K-th " << kth;
             }

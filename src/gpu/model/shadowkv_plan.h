@@ -57,10 +57,11 @@ struct SkvGeometry {
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
                                     int num_kv_heads, int head_dim, int64_t capacity_tokens);
 
-// The rank of one layer under rank_energy (the CPU policy's rule, kept the same on both sides):
-// the smallest multiple of 8 whose top eigenvalues (`eigenvalues`, largest first, of the layer's
-// pre-RoPE key Gram; they may stop at the cap) hold `energy` of `total_energy` (the Gram's
-// trace), clamped to [floor, cap]. A layer whose keys hold no energy takes the floor.
+// The rank of one layer under rank_energy (the CPU policy's rule, kv::RankForEnergy, kept the
+// same on both sides): the smallest multiple of 8 whose top eigenvalues (`eigenvalues`, largest
+// first, of the layer's pre-RoPE key Gram, negative ones as 0; they may stop at the cap) hold
+// `energy` of `total_energy` (the Gram's trace), clamped to [floor, cap]. energy >= 1 takes the
+// cap; a layer whose keys hold no energy takes the floor.
 int SkvRankForEnergy(std::span<const double> eigenvalues, double total_energy, double energy,
                      int floor, int cap);
 

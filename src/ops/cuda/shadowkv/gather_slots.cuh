@@ -1,12 +1,99 @@
-// Device code shared by both ShadowKV select kernels: the gather-slot assignment that follows
-// the top-K choice (hits keep their slot, misses fill the free slots in slot order).
+// Device code shared by the ShadowKV select kernels: the gather-slot assignment that follows
+// the top-K choice (hits keep their slot, misses fill the free slots in slot order), and the
+// block-wide pieces of a top-K by radix select.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
+
+// Max over a block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+// `scratch` holds 32 floats of shared memory; the call contains barriers.
+__device__ __forceinline__ float SkvBlockMax(float value, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  value = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : -INFINITY;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+// The k-th largest non-zero key of key_of(c), c in [0, n), by four 8-bit radix digits (k from
+// 1 to the number of non-zero keys; 0 leaves it 0): returns it, and in *ties_allowed how many
+// of the keys equal to it are among the k (the first ones in index order). Every thread calls
+// it; it contains barriers, the last of which makes the result visible.
+template <typename KeyOf>
+__device__ __forceinline__ uint32_t SkvRadixKthKey(KeyOf&& key_of, int n, int k, int* histogram,
+                                                   uint32_t* prefix_shared, int* remaining_shared,
+                                                   int* ties_allowed) {
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    *prefix_shared = 0;
+    *remaining_shared = k;
+  }
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
+    for (int b = tid; b < 256; b += blockDim.x) histogram[b] = 0;
+    __syncthreads();
+    const uint32_t prefix = *prefix_shared;
+    for (int c = tid; c < n; c += blockDim.x) {
+      const uint32_t key = key_of(c);
+      if (key != 0u && (key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int remaining = *remaining_shared, above = 0, bin = 255;
+      for (; bin > 0; --bin) {
+        if (above + histogram[bin] >= remaining) break;
+        above += histogram[bin];
+      }
+      *remaining_shared = remaining - above;
+      *prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  __syncthreads();
+  *ties_allowed = *remaining_shared;
+  return *prefix_shared;
+}
+
+// Calls take(place, c) for the chunks among the k of SkvRadixKthKey, in index order: every key
+// above `threshold` and the first `ties_allowed` equal to it; `place` counts them from 0. Every
+// thread calls it; it contains barriers.
+template <typename Scan, typename KeyOf, typename Take>
+__device__ __forceinline__ void SkvTakeInIndexOrder(typename Scan::TempStorage& scan_storage,
+                                                    KeyOf&& key_of, int n, uint32_t threshold,
+                                                    int ties_allowed, Take&& take) {
+  int tie_carry = 0, take_carry = 0;
+  for (int base = 0; base < n; base += blockDim.x) {
+    const int c = base + threadIdx.x;
+    const uint32_t key = c < n ? key_of(c) : 0u;
+    const int tie = key != 0u && key == threshold;
+    int tie_before = 0, tie_total = 0;
+    Scan(scan_storage).ExclusiveSum(tie, tie_before, tie_total);
+    __syncthreads();
+    const int taken =
+        (key != 0u && key > threshold) || (tie && tie_carry + tie_before < ties_allowed);
+    int take_before = 0, take_total = 0;
+    Scan(scan_storage).ExclusiveSum(taken, take_before, take_total);
+    __syncthreads();
+    if (taken) take(take_carry + take_before, c);
+    tie_carry += tie_total;
+    take_carry += take_total;
+  }
+}
 
 // Called by every thread of a block of at least `slots` threads (one thread per gather slot),
 // after a barrier that made `selected` (k chunks, increasing) and `wanted` (their bits)

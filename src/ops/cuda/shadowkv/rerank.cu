@@ -121,23 +121,6 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 constexpr int kRerankThreads = 1024;
 using RerankScan = cub::BlockScan<int, kRerankThreads>;
 
-__device__ __forceinline__ float BlockMax(float value, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  __syncthreads();
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  value = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : -INFINITY;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  return value;
-}
-
 int64_t RerankSharedBytes(const SkvLayout& l) {
   // Candidates and their scores, the kept list and the free slots, the wanted bitmap.
   return 8ll * l.max_candidates + 8ll * l.max_budget + 4ll * ((l.capacity_chunks + 31) / 32);
@@ -181,7 +164,7 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
     const float* x = logits + g * span;
     float local = -INFINITY;
     for (int t = tid; t < tokens; t += kRerankThreads) local = fmaxf(local, x[t]);
-    const float top = BlockMax(local, reduce);
+    const float top = SkvBlockMax(local, reduce);
     float sum = 0.0f;
     for (int t = tid; t < tokens; t += kRerankThreads) sum += expf(x[t] - top);
     const float inv = 1.0f / BlockSum(sum, reduce);
@@ -225,10 +208,8 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
 }  // namespace
 
 cudaError_t SkvConfigureRerank(const SkvLayout& l) {
-  int device = 0, limit = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  int limit = 0;
+  cudaError_t e = SkvSharedMemoryLimit(&limit);
   if (e != cudaSuccess) return e;
   const int64_t exact = ExactSharedBytes(l), select = RerankSharedBytes(l);
   if (exact > limit ||

@@ -24,6 +24,8 @@ cudaError_t LaunchSkvSelectFast(const SkvDecodeParams& params, int64_t dynamic_b
                                 cudaStream_t stream);
 cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& params, cudaStream_t stream);
 
+// The most dynamic shared memory a block of this device may opt in to.
+cudaError_t SkvSharedMemoryLimit(int* limit);
 // The re-ranking kernels' shared memory limits (rerank.cu).
 cudaError_t SkvConfigureRerank(const SkvLayout& layout);
 // The per-query-head select (select_heads.cu), either kernel variant.

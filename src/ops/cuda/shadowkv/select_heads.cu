@@ -23,23 +23,6 @@ int64_t HeadsSharedBytes(const SkvLayout& l) {
   return 4ll * (2ll * l.group * l.max_budget + (l.capacity_chunks + 31) / 32 + 2ll * l.max_budget);
 }
 
-__device__ __forceinline__ float BlockMaxOf(float value, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  __syncthreads();
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  value = lane < static_cast<int>(blockDim.x >> 5) ? scratch[lane] : -INFINITY;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  return value;
-}
-
 // One block per (KV head, row). Per query head g: its softmax over the selectable chunks (the
 // landmarks select's score with the group's max left out), the K-th largest of its radix keys
 // (score bits + 1; 0 = not selectable) by four 8-bit digits, and its top K (ties: the lower
@@ -79,62 +62,22 @@ __global__ void __launch_bounds__(kHeadsThreads) SkvSelectHeadsKernel(SkvDecodeP
     const float* x = logits + static_cast<int64_t>(g) * l.capacity_chunks;
     float local = -INFINITY;
     for (int c = tid; c < n; c += kHeadsThreads) local = fmaxf(local, x[c]);
-    const float top = BlockMaxOf(local, reduce);
+    const float top = SkvBlockMax(local, reduce);
     float sum = 0.0f;
     for (int c = tid; c < n; c += kHeadsThreads) sum += x[c] == -INFINITY ? 0.0f : expf(x[c] - top);
     const float inv = 1.0f / BlockSum(sum, reduce);
     auto key_of = [&](int c) {
       return x[c] == -INFINITY ? 0u : __float_as_uint(expf(x[c] - top) * inv) + 1u;
     };
-    if (tid == 0) {
-      prefix_shared = 0;
-      remaining_shared = k;
-    }
-    uint32_t mask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += kHeadsThreads) histogram[b] = 0;
-      __syncthreads();
-      const uint32_t prefix = prefix_shared;
-      for (int c = tid; c < n; c += kHeadsThreads) {
-        const uint32_t key = key_of(c);
-        if (key != 0u && (key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
-      }
-      __syncthreads();
-      if (tid == 0) {
-        int remaining = remaining_shared, above = 0, bin = 255;
-        for (; bin > 0; --bin) {
-          if (above + histogram[bin] >= remaining) break;
-          above += histogram[bin];
-        }
-        remaining_shared = remaining - above;
-        prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
-      }
-      mask |= 255u << shift;
-      __syncthreads();
-    }
-    const uint32_t threshold = prefix_shared;
-    const int ties_allowed = remaining_shared;
-    // Head g's top k in index order: every key above the threshold, the first ties at it.
-    int tie_carry = 0, take_carry = 0;
-    for (int base = 0; base < n; base += kHeadsThreads) {
-      const int c = base + tid;
-      const uint32_t key = c < n ? key_of(c) : 0u;
-      const int tie = key != 0u && key == threshold;
-      int tie_before = 0, tie_total = 0;
-      HeadsScan(scan_storage).ExclusiveSum(tie, tie_before, tie_total);
-      __syncthreads();
-      const int take =
-          (key != 0u && key > threshold) || (tie && tie_carry + tie_before < ties_allowed);
-      int take_before = 0, take_total = 0;
-      HeadsScan(scan_storage).ExclusiveSum(take, take_before, take_total);
-      __syncthreads();
-      if (take) {
-        list_chunk[g * budget + take_carry + take_before] = c;
-        list_key[g * budget + take_carry + take_before] = key;
-      }
-      tie_carry += tie_total;
-      take_carry += take_total;
-    }
+    int ties_allowed = 0;
+    const uint32_t threshold =
+        SkvRadixKthKey(key_of, n, k, histogram, &prefix_shared, &remaining_shared, &ties_allowed);
+    // Head g's top k in index order.
+    SkvTakeInIndexOrder<HeadsScan>(scan_storage, key_of, n, threshold, ties_allowed,
+                                   [&](int place, int c) {
+                                     list_chunk[g * budget + place] = c;
+                                     list_key[g * budget + place] = key_of(c);
+                                   });
   }
   __syncthreads();
   // Each list in descending key order (ties: the lower chunk), into list_key's words.
@@ -194,10 +137,8 @@ __global__ void __launch_bounds__(kHeadsThreads) SkvSelectHeadsKernel(SkvDecodeP
 }  // namespace
 
 cudaError_t SkvConfigureSelectHeads(const SkvLayout& l) {
-  int device = 0, limit = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  int limit = 0;
+  cudaError_t e = SkvSharedMemoryLimit(&limit);
   if (e != cudaSuccess) return e;
   const int64_t bytes = HeadsSharedBytes(l);
   if (bytes + static_cast<int64_t>(sizeof(HeadsScan::TempStorage)) + 2048 > limit ||

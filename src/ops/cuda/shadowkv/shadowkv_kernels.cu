@@ -1,5 +1,6 @@
-// ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select → fetch values and
-// rebuild keys (misses only) → the ordinary split decode kernel over the attention buffer.
+// ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select (→ re-rank) → fetch
+// values and rebuild keys (misses only) → the ordinary split decode kernel over the attention
+// buffer.
 // Every grid is sized from the capacities, never from this step's counts, so a decode step can
 // be captured once as a CUDA graph; blocks with nothing to do return at once.
 #include <algorithm>
@@ -234,22 +235,6 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreKernel(SkvDecodeParams 
 constexpr int kSelectThreads = 1024;
 using SelectScan = cub::BlockScan<int, kSelectThreads>;
 
-__device__ __forceinline__ float BlockMax1024(float value, float* scratch) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = value;
-  __syncthreads();
-  value = scratch[threadIdx.x & 31];
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  return value;
-}
-
 // One block per (KV head, row). Shared: one 32-bit key per chunk (0: not selectable; else the
 // score's bits + 1, which orders like the score), the wanted bitmap, the selected list and the
 // free slots.
@@ -286,7 +271,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
     const float* x = logits + static_cast<int64_t>(g) * l.capacity_chunks;
     float local = -INFINITY;
     for (int c = tid; c < n; c += kSelectThreads) local = fmaxf(local, x[c]);
-    const float top = BlockMax1024(local, reduce);
+    const float top = SkvBlockMax(local, reduce);
     float sum = 0.0f;
     for (int c = tid; c < n; c += kSelectThreads) sum += x[c] == -INFINITY ? 0.0f : expf(x[c] - top);
     sum = BlockSum(sum, reduce);
@@ -305,56 +290,17 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
   const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable);
 
-  // Radix select of the k-th largest key, 8 bits at a time.
-  if (tid == 0) {
-    prefix_shared = 0;
-    remaining_shared = k;
-  }
-  uint32_t mask = 0;
-  for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
-    for (int b = tid; b < 256; b += kSelectThreads) histogram[b] = 0;
-    __syncthreads();
-    const uint32_t prefix = prefix_shared;
-    for (int c = tid; c < n; c += kSelectThreads) {
-      const uint32_t key = keys[c];
-      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
-    }
-    __syncthreads();
-    if (tid == 0) {
-      int remaining = remaining_shared, above = 0, bin = 255;
-      for (; bin > 0; --bin) {
-        if (above + histogram[bin] >= remaining) break;
-        above += histogram[bin];
-      }
-      remaining_shared = remaining - above;
-      prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
-    }
-    mask |= 255u << shift;
-    __syncthreads();
-  }
-  const uint32_t threshold = prefix_shared;
-  const int ties_allowed = remaining_shared;
-
-  // The selected chunks in index order: every key above the threshold, and the first
-  // ties_allowed keys equal to it.
-  int tie_carry = 0, take_carry = 0;
-  for (int base = 0; base < n && k > 0; base += kSelectThreads) {
-    const int c = base + tid;
-    const uint32_t key = c < n ? keys[c] : 0u;
-    const int tie = key != 0u && key == threshold;
-    int tie_before = 0, tie_total = 0;
-    SelectScan(scan_storage).ExclusiveSum(tie, tie_before, tie_total);
-    __syncthreads();
-    const int take = (key != 0u && key > threshold) || (tie && tie_carry + tie_before < ties_allowed);
-    int take_before = 0, take_total = 0;
-    SelectScan(scan_storage).ExclusiveSum(take, take_before, take_total);
-    __syncthreads();
-    if (take) {
-      selected[take_carry + take_before] = c;
-      atomicOr(&wanted[c >> 5], 1u << (c & 31));
-    }
-    tie_carry += tie_total;
-    take_carry += take_total;
+  // Radix select of the k-th largest key, then the selected chunks in index order.
+  auto key_of = [&](int c) { return keys[c]; };
+  int ties_allowed = 0;
+  const uint32_t threshold =
+      SkvRadixKthKey(key_of, n, k, histogram, &prefix_shared, &remaining_shared, &ties_allowed);
+  if (k > 0) {
+    SkvTakeInIndexOrder<SelectScan>(scan_storage, key_of, n, threshold, ties_allowed,
+                                    [&](int place, int c) {
+                                      selected[place] = c;
+                                      atomicOr(&wanted[c >> 5], 1u << (c & 31));
+                                    });
   }
   __syncthreads();
 
@@ -654,11 +600,16 @@ int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candid
          4ll * std::max(max_budget, max_candidates) + 4ll * max_budget;
 }
 
-cudaError_t SkvConfigureKernels(const SkvLayout& l) {
-  int device = 0, limit = 0;
-  cudaError_t e = cudaGetDevice(&device);
+cudaError_t SkvSharedMemoryLimit(int* limit) {
+  int device = 0;
+  const cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return e;
-  e = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return cudaDeviceGetAttribute(limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+}
+
+cudaError_t SkvConfigureKernels(const SkvLayout& l) {
+  int limit = 0;
+  cudaError_t e = SkvSharedMemoryLimit(&limit);
   if (e != cudaSuccess) return e;
   const int64_t select_bytes =
       SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates) +

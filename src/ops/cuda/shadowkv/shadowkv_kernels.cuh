@@ -1,5 +1,6 @@
 // ShadowKV decode and compression kernels (DESIGN.md): landmark scoring, top-k with gather-slot
-// reuse, value fetch, low-rank key rebuild with RoPE, graduation of generated chunks, and the
+// reuse (or per-query-head, or re-ranked by the candidates' rebuilt keys), value fetch, low-rank
+// key rebuild with RoPE at each layer's own rank, graduation of generated chunks, and the
 // per-chunk landmarks / outliers of a freshly prefilled sequence.
 #pragma once
 
