@@ -572,6 +572,7 @@ TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
   in.kv = sequence->get();
   in.tokens = prompt;
   in.finish_prefill = true;
+  in.logits = StepInput::Logits::kNone;  // only the spectra are wanted
   ASSERT_TRUE((*cpu)->Forward(std::span<const StepInput>(&in, 1)).ok());
   auto* shadow = dynamic_cast<kv::ShadowKvSequence*>(sequence->get());
   ASSERT_NE(shadow, nullptr);
