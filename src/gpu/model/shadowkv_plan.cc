@@ -122,19 +122,10 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
 
 int SkvRankForEnergy(std::span<const double> eigenvalues, double total_energy, double energy,
                      int floor, int cap) {
-  if (energy >= 1.0) return cap;  // rounding in the spectrum must not drop the last directions
-  if (!(total_energy > 0.0)) return floor;
-  const double wanted = energy * total_energy;
-  double held = 0.0;
-  int rank = cap;
-  for (size_t i = 0; i < eigenvalues.size() && static_cast<int>(i) < cap; ++i) {
-    held += std::max(0.0, eigenvalues[i]);  // negative rounding noise holds nothing
-    if (held >= wanted) {
-      rank = (static_cast<int>(i) + 1 + 7) / 8 * 8;
-      break;
-    }
-  }
-  return std::clamp(rank, floor, cap);
+  // The CPU policy's rule on the top-`cap` eigenvalues the GPU's solver returns: a share they do
+  // not reach takes the cap either way.
+  return kv::RankForEnergy(eigenvalues.first(std::min<size_t>(eigenvalues.size(), cap)),
+                           total_energy, energy, floor, cap);
 }
 
 Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,
