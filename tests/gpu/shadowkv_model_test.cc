@@ -73,7 +73,7 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
 }
 
 // Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the
-// spectrum given stops at 16 (a fit at the cap), so shares past 95% take the cap.
+// spectrum given stops at 16 (a fit at a cap of 16), so shares past 95% take the cap.
 TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheShare) {
   std::vector<double> eigenvalues(16);
   for (int i = 0; i < 8; ++i) eigenvalues[i] = 10.0;
@@ -84,8 +84,11 @@ TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheSh
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.99, 8, 16), 16);   // not held: the cap
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 16, 32), 16);  // the floor
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 8), 8);     // the cap
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 24, 32), 24);     // no energy: the floor
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 32), 32);     // all of it: the cap
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 8, 16), 8);      // no energy: the floor
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 16), 16);     // all of it: the cap
+  // A spectrum narrower than the cap is a whole one: its width bounds the rank.
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 24, 32), 16);
+  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 32), 16);
   eigenvalues[1] = -10.0;  // rounding noise holds nothing: 70 in the first 8 (not 60)
   EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.69, 8, 16), 8);
 }

@@ -59,9 +59,10 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
 
 // The rank of one layer under rank_energy (the CPU policy's rule, kv::RankForEnergy, kept the
 // same on both sides): the smallest multiple of 8 whose top eigenvalues (`eigenvalues`, largest
-// first, of the layer's pre-RoPE key Gram, negative ones as 0; they may stop at the cap) hold
-// `energy` of `total_energy` (the Gram's trace), clamped to [floor, cap]. energy >= 1 takes the
-// cap; a layer whose keys hold no energy takes the floor.
+// first, of the layer's pre-RoPE key Gram, negative ones as 0; they may stop at the cap, as the
+// GPU's solver returns them) hold `energy` of `total_energy` (the Gram's trace), clamped to
+// [floor, cap] and to the spectrum's width. energy >= 1 takes the cap; a layer whose keys hold no
+// energy takes the floor.
 int SkvRankForEnergy(std::span<const double> eigenvalues, double total_energy, double energy,
                      int floor, int cap);
 
