@@ -209,6 +209,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       answer.stats.chunk_selections = stats.chunks_selected;
       answer.stats.chunk_hits = stats.chunk_hits;
       answer.rank = stats.rank;
+      SKV_ASSIGN_OR_RETURN(const std::vector<int32_t> ranks, model_->ShadowKvLayerRanks(0));
+      answer.layer_ranks.assign(ranks.begin(), ranks.end());
+      if (!ranks.empty()) answer.rank = ranks.front();  // layer 0's, as the CPU reports
       answer.outlier_chunks = attendance.outlier_chunks;
       SKV_ASSIGN_OR_RETURN(const auto bytes,
                            model_->ShadowKvBytesPerSequence(policies[p], capacity_));

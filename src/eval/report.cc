@@ -63,9 +63,11 @@ nlohmann::ordered_json KvConfigJson(const kv::KvPolicyConfig& c) {
 
 std::string KvConfigText(const kv::KvPolicyConfig& c) {
   return fmt::format(
-      "budget={};fraction={};min={};chunk={};rank={};rank_ratio={:.4f};outliers={};window={};"
+      "budget={};fraction={};min={};chunk={};rank={};rank_ratio={:.4f};rank_energy={};"
+      "rank_min={};rank_max={};select={};rerank_factor={};mass={};paper={};outliers={};window={};"
       "snap_window={};snap_kernel={};snap_pooling={};page={};dense_layers={};sinks={}",
       c.budget_tokens, c.budget_fraction, c.budget_min_tokens, c.chunk_size, c.rank, c.rank_ratio,
+      c.rank_energy, c.rank_min, c.rank_max, c.selection, c.rerank_factor, c.select_mass, c.paper,
       c.outlier_chunks, c.local_window, c.snap_window, c.snap_kernel, c.snap_pooling,
       c.quest_page_size, c.quest_dense_layers, c.sink_tokens);
 }
