@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Accuracy against cost, one point per KV policy: the Pareto view of `shadowkv eval` reports.
 
-Usage: scripts/plot_pareto.py REPORT.json [REPORT.json...] --out OUT.png
+Usage: scripts/plot_pareto.py REPORT.json[.gz] [REPORT.json...] --out OUT.png
            [--bench BENCH.json]   # `shadowkv bench --json` of the same policies on the same model
            [--length TOKENS]      # the report's context length to plot (default: its first)
 
@@ -16,6 +16,7 @@ memory) or upper-right (more speed) frontier are drawn filled; the others hollow
 Also prints the table it plots.
 """
 import argparse
+import gzip
 import json
 import math
 
@@ -23,6 +24,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)
 
 
 def points(report, length):
@@ -102,16 +109,14 @@ def main():
     args = parser.parse_args()
     rows, model = [], ""
     for path in args.reports:
-        with open(path) as handle:
-            report = json.load(handle)
+        report = load(path)
         length = args.length or report["settings"]["lengths"][0]
         model = report["model"].get("summary", "").split(" (")[0] or model
         seen = {row["policy"] for row in rows}
         rows += [row for row in points(report, length) if row["policy"] not in seen]
     bench = None
     if args.bench:
-        with open(args.bench) as handle:
-            bench = json.load(handle)
+        bench = load(args.bench)
         for row in rows:
             row["tokens_per_s"] = best_speed(bench, row["policy"], length)
     print(f"{'policy':44} {'score':>6} {'95% interval':>16} {'bytes/token':>12} "
