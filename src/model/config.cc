@@ -2,13 +2,16 @@
 // stored in, and checked for consistency with each other and the token embedding.
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 namespace shadowkv {
 
-const char* SupportedArchitectures() { return "llama, qwen2"; }
+const char* SupportedArchitectures() {
+  return "llama (sliding window where metadata sets one), qwen2, qwen3, gemma3";
+}
 
 namespace {
 
@@ -42,6 +45,38 @@ Result<float> FloatIn(const gguf::GgufFile& file, const std::string& key, double
 Result<std::string> OptionalString(const gguf::GgufFile& file, const std::string& key) {
   if (file.Find(key) == nullptr) return std::string();
   return file.GetString(key);
+}
+
+bool IsKnownArchitecture(const std::string& a) {
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3";
+}
+
+// Which layers slide, from '{arch}.attention.sliding_window_pattern': a period N (layer l slides
+// unless l % N == N - 1, llama.cpp's reading) or one bool per layer (true: sliding). Absent, a
+// gemma3 model has llama.cpp's period of 6 and any other model slides in every layer.
+Result<std::vector<bool>> WindowedLayers(const gguf::GgufFile& file, const std::string& a,
+                                         int num_layers) {
+  const std::string key = a + ".attention.sliding_window_pattern";
+  const gguf::Value* pattern = file.Find(key);
+  std::vector<bool> windowed(num_layers, true);
+  if (pattern == nullptr && a != "gemma3") return windowed;
+  if (pattern != nullptr && pattern->type == gguf::ValueType::kArray) {
+    const auto& elements = std::get<std::vector<gguf::Value>>(pattern->data);
+    if (pattern->element_type != gguf::ValueType::kBool ||
+        elements.size() != static_cast<size_t>(num_layers)) {
+      return Error(ErrorCode::kCorrupt,
+                   "metadata '{}' must be a period or one bool per layer ({} layers)", key,
+                   num_layers);
+    }
+    for (int l = 0; l < num_layers; ++l) windowed[l] = std::get<bool>(elements[l].data);
+    return windowed;
+  }
+  int period = 6;
+  if (pattern != nullptr) {
+    SKV_ASSIGN_OR_RETURN(period, IntIn(file, key, 1, kMaxLayers));
+  }
+  for (int l = 0; l < num_layers; ++l) windowed[l] = l % period < period - 1;
+  return windowed;
 }
 
 bool IsFloatType(gguf::ValueType type) {
@@ -78,7 +113,7 @@ Status CheckArchitectureFloatsFinite(const gguf::GgufFile& file, const std::stri
 Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   ModelConfig c;
   SKV_ASSIGN_OR_RETURN(c.architecture, file.GetString("general.architecture"));
-  if (c.architecture != "llama" && c.architecture != "qwen2") {
+  if (!IsKnownArchitecture(c.architecture)) {
     return Error(ErrorCode::kUnsupported, "architecture '{}' is not supported (supported: {})",
                  c.architecture, SupportedArchitectures());
   }
@@ -101,18 +136,34 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                  "mixture-of-experts models are not supported ('{}.expert_count' = {})", a,
                  experts);
   }
-  if (c.hidden_size % c.num_query_heads != 0) {
-    return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
-                 c.hidden_size, c.num_query_heads);
+  // qwen3 and gemma3 heads are wider or narrower than hidden / heads and say so in key_length;
+  // llama and qwen2 files must keep the two equal, as the engine always assumed for them.
+  const bool free_head_dim = a == "qwen3" || a == "gemma3";
+  if (!free_head_dim || file.Find(a + ".attention.key_length") == nullptr) {
+    if (c.hidden_size % c.num_query_heads != 0) {
+      return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
+                   c.hidden_size, c.num_query_heads);
+    }
+    c.head_dim = c.hidden_size / c.num_query_heads;
+  } else {
+    SKV_ASSIGN_OR_RETURN(c.head_dim, IntIn(file, a + ".attention.key_length", 1, kMaxHidden));
+    if (static_cast<int64_t>(c.head_dim) * c.num_query_heads > kMaxHidden) {
+      return Error(ErrorCode::kCorrupt, "{} heads of {} exceed the supported width {}",
+                   c.num_query_heads, c.head_dim, kMaxHidden);
+    }
   }
-  c.head_dim = c.hidden_size / c.num_query_heads;
   for (const char* length_key : {".attention.key_length", ".attention.value_length"}) {
     SKV_ASSIGN_OR_RETURN(const int length,
                          OptionalIntIn(file, a + length_key, 1, kMaxHidden, c.head_dim));
     if (length != c.head_dim) {
-      return Error(ErrorCode::kUnsupported, "metadata '{}{}' = {} differs from hidden/heads = {}",
-                   a, length_key, length, c.head_dim);
+      return Error(ErrorCode::kUnsupported, "metadata '{}{}' = {} differs from the head dim {}", a,
+                   length_key, length, c.head_dim);
     }
+  }
+  c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (a == "gemma3" && c.num_layers == 62) {
+    // Gemma 3 27B scales by its query_pre_attn_scalar, hidden / heads (llama.cpp does the same).
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden_size / c.num_query_heads));
   }
   if (c.num_query_heads % c.num_kv_heads != 0) {
     return Error(ErrorCode::kCorrupt, "{} query heads are not a multiple of {} KV heads",
@@ -141,6 +192,16 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   }
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
   c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = a == "qwen3" || a == "gemma3";
+  if (a == "gemma3") {
+    c.post_norms = true;
+    c.activation = FfnActivation::kGeluTanh;
+    c.embedding_scale = std::sqrt(static_cast<float>(c.hidden_size));
+    if (file.Find(a + ".final_logit_softcapping") != nullptr) {
+      SKV_ASSIGN_OR_RETURN(c.final_logit_softcap,
+                           FloatIn(file, a + ".final_logit_softcapping", 1e-3, 1e6));
+    }
+  }
 
   // RoPE.
   SKV_ASSIGN_OR_RETURN(c.rope.rotary_dim,
@@ -160,7 +221,8 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                    c.rope.theta_base);
     }
   }
-  c.rope.style = a == "qwen2" ? RopeConfig::Style::kHalves : RopeConfig::Style::kPairs;
+  // llama.cpp's converter permutes llama's Q/K rows for paired rotation; the others rotate halves.
+  c.rope.style = a == "llama" ? RopeConfig::Style::kPairs : RopeConfig::Style::kHalves;
   SKV_ASSIGN_OR_RETURN(const std::string scaling, OptionalString(file, a + ".rope.scaling.type"));
   if (!scaling.empty() && scaling != "none") {
     if (scaling != "linear") {
@@ -191,15 +253,50 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
       }
     }
   }
+  SKV_RETURN_IF_ERROR(ReadSlidingWindow(file, &c));
   return c;
+}
+
+Status ModelConfig::ReadSlidingWindow(const gguf::GgufFile& file, ModelConfig* c) {
+  const std::string& a = c->architecture;
+  // Qwen configurations carry a sliding_window they do not use (use_sliding_window is false),
+  // so only llama (Mistral-style) and gemma3 files are read for one.
+  const std::string key = a + ".attention.sliding_window";
+  if (a != "llama" && a != "gemma3") return Status::Ok();
+  if (file.Find(key) == nullptr) {
+    if (a == "gemma3") return Error(ErrorCode::kNotFound, "gemma3 metadata '{}' is missing", key);
+    return Status::Ok();
+  }
+  SKV_ASSIGN_OR_RETURN(const int window, IntIn(file, key, 1, kMaxContext));
+  c->sliding_window = window;
+  SKV_ASSIGN_OR_RETURN(c->layer_windowed, WindowedLayers(file, a, c->num_layers));
+  c->rope_windowed = c->rope;
+  if (a == "gemma3") {
+    // Local layers rotate with their own base (10000 unless the file says) and no scaling.
+    c->rope_windowed.theta_base = 10000.0f;
+    if (file.Find(a + ".rope.freq_base_swa") != nullptr) {
+      SKV_ASSIGN_OR_RETURN(c->rope_windowed.theta_base,
+                           FloatIn(file, a + ".rope.freq_base_swa", kMinFreqBase, kMaxFreqBase));
+      if (!(c->rope_windowed.theta_base > 1.0f)) {
+        return Error(ErrorCode::kCorrupt, "metadata '{}.rope.freq_base_swa' must exceed 1", a);
+      }
+    }
+    c->rope_windowed.linear_scale = 1.0f;
+    c->rope_windowed.freq_factors.clear();
+  }
+  return Status::Ok();
 }
 
 std::string ModelConfig::Summary() const {
   return fmt::format(
       "{} ({}): {} layers, hidden {}, {} heads / {} KV heads x {}, FFN {}, vocab {}, "
-      "context {}",
+      "context {}{}",
       name.empty() ? "model" : name, architecture, num_layers, hidden_size, num_query_heads,
-      num_kv_heads, head_dim, ffn_size, vocab_size, context_length);
+      num_kv_heads, head_dim, ffn_size, vocab_size, context_length,
+      sliding_window > 0
+          ? fmt::format(", sliding window {} in {} of {} layers", sliding_window,
+                        std::count(layer_windowed.begin(), layer_windowed.end(), true), num_layers)
+          : std::string());
 }
 
 }  // namespace shadowkv

@@ -1,4 +1,4 @@
-// ModelWeights::Load: tensor names and shapes of the llama/qwen2 layouts in GGUF.
+// ModelWeights::Load: tensor names and shapes of the supported layouts in GGUF (llama.cpp names).
 #include "model/weights.h"
 
 #include "format/quants.h"
@@ -85,6 +85,16 @@ Result<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, const ModelC
     LayerWeights layer;
     SKV_ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(file, p + "attn_norm.weight", hidden));
     SKV_ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(file, p + "ffn_norm.weight", hidden));
+    if (c.qk_norm) {
+      SKV_ASSIGN_OR_RETURN(layer.q_norm, LoadVector(file, p + "attn_q_norm.weight", c.head_dim));
+      SKV_ASSIGN_OR_RETURN(layer.k_norm, LoadVector(file, p + "attn_k_norm.weight", c.head_dim));
+    }
+    if (c.post_norms) {
+      SKV_ASSIGN_OR_RETURN(layer.post_attn_norm,
+                           LoadVector(file, p + "post_attention_norm.weight", hidden));
+      SKV_ASSIGN_OR_RETURN(layer.post_ffn_norm,
+                           LoadVector(file, p + "post_ffw_norm.weight", hidden));
+    }
     SKV_ASSIGN_OR_RETURN(layer.q, LoadLinear(file, p + "attn_q", hidden, q_width, c.qkv_bias));
     SKV_ASSIGN_OR_RETURN(layer.k, LoadLinear(file, p + "attn_k", hidden, kv_width, c.qkv_bias));
     SKV_ASSIGN_OR_RETURN(layer.v, LoadLinear(file, p + "attn_v", hidden, kv_width, c.qkv_bias));
