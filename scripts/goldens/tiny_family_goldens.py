@@ -17,6 +17,7 @@ Writes tests/data/goldens/tiny_FAMILY.{gguf,json,f32}.
 """
 import argparse
 import hashlib
+import math
 import json
 import pathlib
 import platform
@@ -68,7 +69,10 @@ FAMILIES = {
     "qwen3": {"arch": "qwen3", "pre": "qwen2"},
     "gemma3": {"arch": "gemma3", "pre": "default"},
     "mistral": {"arch": "llama", "pre": "default"},
+    "phi3": {"arch": "phi3", "pre": "default"},
 }
+
+PHI3_ORIGINAL_CONTEXT = 16  # LongRoPE's pretraining length, under the prompt's 40 tokens
 
 
 def BuildModel(family, torch, transformers):
@@ -100,6 +104,20 @@ def BuildModel(family, torch, transformers):
                                                              "rope_theta": 10000.0},
                                             tie_word_embeddings=False, **common)
         model = transformers.MistralForCausalLM(config)
+    elif family == "phi3":
+        # Fused qkv_proj and gate_up_proj; LongRoPE with factors away from 1, max positions
+        # 256 over an original 16: the prompt is past 16 tokens, so transformers rotates every
+        # position with the long factors and scales cos/sin by sqrt(1 + ln 16 / ln 16).
+        rotary_pairs = 8  # head_dim 16
+        config = transformers.Phi3Config(
+            num_hidden_layers=2, sliding_window=None, pad_token_id=None, bos_token_id=None,
+            eos_token_id=None, original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "original_max_position_embeddings": PHI3_ORIGINAL_CONTEXT,
+                             "long_factor": [1.0 + 0.75 * i for i in range(rotary_pairs)],
+                             "short_factor": [1.0 + 0.1 * i for i in range(rotary_pairs)]},
+            tie_word_embeddings=False, **common)
+        model = transformers.Phi3ForCausalLM(config)
     else:
         raise ValueError(family)
     # Seeded weights of a scale that keeps activations in a useful range; norm weights away
@@ -125,6 +143,10 @@ def PermuteForPairs(weights, heads):
             .swapaxes(1, 2).reshape(weights.shape))
 
 
+def HeadDim(config):
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def WriteGguf(path, family, model, config, gguf):
     spec = FAMILIES[family]
     arch = spec["arch"]
@@ -137,8 +159,8 @@ def WriteGguf(path, family, model, config, gguf):
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
+    writer.add_key_length(HeadDim(config))
+    writer.add_value_length(HeadDim(config))
     if family == "gemma3":
         writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
         writer.add_sliding_window(config.sliding_window)
@@ -147,6 +169,15 @@ def WriteGguf(path, family, model, config, gguf):
         writer.add_float32(f"{arch}.final_logit_softcapping", config.final_logit_softcapping)
     else:
         writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if family == "phi3":  # as llama.cpp's Phi-3 converter writes LongRoPE
+        rope = config.rope_parameters
+        original = rope["original_max_position_embeddings"]
+        scale = config.max_position_embeddings / original
+        writer.add_rope_dimension_count(HeadDim(config))
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     if family == "mistral":
         writer.add_sliding_window(config.sliding_window)
     tokens, types, merges = Vocabulary()
@@ -166,6 +197,8 @@ def WriteGguf(path, family, model, config, gguf):
         "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
         "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down",
+        # phi3's fused projections, stored fused (q|k|v rows; gate rows then up rows)
+        "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
     }
     if family == "gemma3":  # Gemma's four norms per block
         names.update({"post_attention_layernorm": "post_attention_norm",

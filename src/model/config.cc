@@ -10,7 +10,7 @@
 namespace shadowkv {
 
 const char* SupportedArchitectures() {
-  return "llama (sliding window where metadata sets one), qwen2, qwen3, gemma3";
+  return "llama (sliding window where metadata sets one), qwen2, qwen3, gemma3, phi3";
 }
 
 namespace {
@@ -48,7 +48,7 @@ Result<std::string> OptionalString(const gguf::GgufFile& file, const std::string
 }
 
 bool IsKnownArchitecture(const std::string& a) {
-  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3";
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3";
 }
 
 // Which layers slide, from '{arch}.attention.sliding_window_pattern': a period N (layer l slides
@@ -193,6 +193,9 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
   c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = a == "qwen3" || a == "gemma3";
+  c.fused_qkv = file.FindTensor("blk.0.attn_qkv.weight") != nullptr;
+  c.fused_gate_up = a == "phi3" && file.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  if (c.fused_qkv) c.qkv_bias = file.FindTensor("blk.0.attn_qkv.bias") != nullptr;
   if (a == "gemma3") {
     c.post_norms = true;
     c.activation = FfnActivation::kGeluTanh;
@@ -253,8 +256,58 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
       }
     }
   }
+  SKV_RETURN_IF_ERROR(ReadLongRope(file, &c));
   SKV_RETURN_IF_ERROR(ReadSlidingWindow(file, &c));
   return c;
+}
+
+Status ModelConfig::ReadLongRope(const gguf::GgufFile& file, ModelConfig* c) {
+  const gguf::TensorInfo* long_factors = file.FindTensor("rope_factors_long.weight");
+  const gguf::TensorInfo* short_factors = file.FindTensor("rope_factors_short.weight");
+  if (long_factors == nullptr && short_factors == nullptr) return Status::Ok();
+  const std::string& a = c->architecture;
+  if (long_factors == nullptr || short_factors == nullptr || !c->rope.freq_factors.empty()) {
+    return Error(ErrorCode::kCorrupt,
+                 "LongRoPE needs both rope_factors_long and rope_factors_short, and no "
+                 "rope_freqs beside them");
+  }
+  SKV_ASSIGN_OR_RETURN(const int original,
+                       IntIn(file, a + ".rope.scaling.original_context_length", 1, kMaxContext));
+  // Like llama.cpp (by the context it serves), the factors follow the context the model runs
+  // at, here its whole context: the long ones once it exceeds the pretraining length. Within a
+  // sequence transformers switches at that length, re-rotating what it caches as it goes; a KV
+  // cache cannot, so the two agree for contexts on one side of it.
+  const gguf::TensorInfo* chosen = c->context_length > original ? long_factors : short_factors;
+  if (chosen->type != gguf::GgmlType::kF32 || chosen->num_elements != c->rope.rotary_dim / 2) {
+    return Error(ErrorCode::kCorrupt, "tensor '{}' must be F32 [{}]", chosen->name,
+                 c->rope.rotary_dim / 2);
+  }
+  c->rope.freq_factors.resize(static_cast<size_t>(chosen->num_elements));
+  std::memcpy(c->rope.freq_factors.data(), chosen->data, chosen->size_bytes);
+  for (size_t i = 0; i < c->rope.freq_factors.size(); ++i) {
+    const float f = c->rope.freq_factors[i];
+    if (!std::isfinite(f) || f < 1.0f / kMaxRopeFactor || f > kMaxRopeFactor) {
+      return Error(ErrorCode::kCorrupt,
+                   "tensor '{}' element [{}] = {} is outside the supported range [{}, {}]",
+                   chosen->name, i, f, 1.0f / kMaxRopeFactor, kMaxRopeFactor);
+    }
+  }
+  // cos and sin are scaled by this factor, so every q·k of a fully rotated head by its square.
+  const double scale = static_cast<double>(c->context_length) / original;
+  float factor = scale <= 1.0 || original <= 1
+                     ? 1.0f
+                     : static_cast<float>(std::sqrt(1.0 + std::log(scale) / std::log(original)));
+  if (file.Find(a + ".rope.scaling.attn_factor") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(factor, FloatIn(file, a + ".rope.scaling.attn_factor", 1e-3, 1e3));
+  }
+  if (factor != 1.0f && c->rope.rotary_dim != c->head_dim) {
+    return Error(ErrorCode::kUnsupported,
+                 "LongRoPE's attention factor {} with partial rotation ({} of {} dims) is not "
+                 "supported",
+                 factor, c->rope.rotary_dim, c->head_dim);
+  }
+  c->attention_scale *= factor * factor;
+  return Status::Ok();
 }
 
 Status ModelConfig::ReadSlidingWindow(const gguf::GgufFile& file, ModelConfig* c) {

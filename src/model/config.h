@@ -48,6 +48,8 @@ struct ModelConfig {
   bool qkv_bias = false;         // qwen2 adds a bias to Q, K and V
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
   bool qk_norm = false;          // qwen3, gemma3: per-head RMSNorm of Q and K before RoPE
+  bool fused_qkv = false;        // phi3: one attn_qkv tensor (q rows, k rows, v rows)
+  bool fused_gate_up = false;    // phi3: ffn_up holds the gate rows, then the up rows
   bool post_norms = false;       // gemma3: RMSNorm of the attention and FFN outputs too
   FfnActivation activation = FfnActivation::kSilu;
   float embedding_scale = 1.0f;      // gemma3: token embeddings are multiplied by sqrt(hidden)
@@ -73,6 +75,7 @@ struct ModelConfig {
 
  private:
   static Status ReadSlidingWindow(const gguf::GgufFile& file, ModelConfig* c);
+  static Status ReadLongRope(const gguf::GgufFile& file, ModelConfig* c);
 };
 
 // Architectures FromGguf accepts, for error messages.

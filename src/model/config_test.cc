@@ -326,5 +326,53 @@ TEST(ModelConfigTest, ReadsTheSlidingWindowPattern) {
   EXPECT_TRUE(qwen2->layer_windowed.empty());
 }
 
+// LongRoPE: the long factors once the model's context passes the pretraining length, the short
+// ones within it; the attention factor scales q·k by its square.
+TEST(ModelConfigTest, ChoosesLongRopeFactorsByTheContext) {
+  const std::vector<float> long_factors = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> short_factors = {1.0f, 1.5f, 1.5f, 1.5f};
+  ConfigFile phi3("phi3");
+  phi3.Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+      .Set("phi3.rope.scaling.attn_factor", MakeFloat(ValueType::kFloat32, 1.5))
+      .Tensor("rope_factors_long.weight", {4}, long_factors)
+      .Tensor("rope_factors_short.weight", {4}, short_factors);
+  Result<ModelConfig> config = phi3.Parse();  // context 4096 > 1024
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->rope.freq_factors, long_factors);
+  EXPECT_EQ(config->rope.style, RopeConfig::Style::kHalves);
+  EXPECT_FLOAT_EQ(config->attention_scale, 1.5f * 1.5f / std::sqrt(8.0f));
+
+  // Within the pretraining length; without attn_factor it is sqrt(1 + ln(s) / ln(original)).
+  ConfigFile within(phi3);
+  within.Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 4096));
+  config = within.Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->rope.freq_factors, short_factors);
+  ConfigFile computed("phi3");
+  computed.Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+      .Tensor("rope_factors_long.weight", {4}, long_factors)
+      .Tensor("rope_factors_short.weight", {4}, short_factors);
+  config = computed.Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const double factor = std::sqrt(1.0 + std::log(4.0) / std::log(1024.0));
+  EXPECT_NEAR(config->attention_scale, factor * factor / std::sqrt(8.0), 1e-6);
+
+  ExpectRefused(
+      ConfigFile("phi3")
+          .Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+          .Tensor("rope_factors_long.weight", {4}, long_factors),
+      ErrorCode::kCorrupt, {"rope_factors_long and rope_factors_short"});
+  ExpectRefused(ConfigFile("phi3")
+                    .Tensor("rope_factors_long.weight", {4}, long_factors)
+                    .Tensor("rope_factors_short.weight", {4}, short_factors),
+                ErrorCode::kNotFound, {"phi3.rope.scaling.original_context_length"});
+  ExpectRefused(
+      ConfigFile("phi3")
+          .Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+          .Tensor("rope_factors_long.weight", {3}, {1.0f, 1.0f, 1.0f})
+          .Tensor("rope_factors_short.weight", {4}, short_factors),
+      ErrorCode::kCorrupt, {"'rope_factors_long.weight' must be F32 [4]"});
+}
+
 }  // namespace
 }  // namespace shadowkv

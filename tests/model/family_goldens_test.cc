@@ -133,18 +133,28 @@ TEST_P(FamilyGoldenTest, MatchesTransformers) {
 // Whole prompt in one chunk, and chunks smaller than gemma3's and mistral's window of 8 and
 // larger than it (the window then spans chunk boundaries).
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
-                         ::testing::Combine(::testing::Values("qwen3", "gemma3", "mistral"),
+                         ::testing::Combine(::testing::Values("qwen3", "gemma3", "mistral", "phi3"),
                                             ::testing::Values(size_t{64}, size_t{5}, size_t{13})),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_chunk" +
                                   std::to_string(std::get<1>(info.param));
                          });
 
-// qwen3 has no windowed layer: every policy serves it, with the normed pre-RoPE keys.
-TEST(FamilyPolicyTest, EveryPolicyRunsOnQwen3) {
-  std::unique_ptr<CpuModel> model = LoadTiny("qwen3");
+void RunEveryPolicy(const std::string& family);
+
+// qwen3 and phi3 have no windowed layer: every policy serves them (qwen3's with the normed
+// pre-RoPE keys, phi3's rotated with the LongRoPE factors).
+TEST(FamilyPolicyTest, EveryPolicyRunsOnQwen3AndPhi3) {
+  for (const std::string family : {"qwen3", "phi3"}) {
+    SCOPED_TRACE(family);
+    RunEveryPolicy(family);
+  }
+}
+
+void RunEveryPolicy(const std::string& family) {
+  std::unique_ptr<CpuModel> model = LoadTiny(family);
   ASSERT_NE(model, nullptr);
-  const Golden golden = ReadGolden("qwen3");
+  const Golden golden = ReadGolden(family);
   const std::vector<int32_t> tokens = golden.json["tokens"];
   for (const std::string& name : kv::KnownKvPolicies()) {
     kv::KvPolicyConfig config;

@@ -27,10 +27,10 @@ Status CheckSupported(const ModelConfig& c, const CudaModelOptions& o) {
     return Error(ErrorCode::kInvalidArgument, "model config has an empty dimension: {}",
                  c.Summary());
   }
-  // Gemma's post norms, GELU FFN, embedding scale and soft-cap, and sliding-window masking,
-  // are CPU-only for now.
+  // Gemma's post norms, GELU FFN, embedding scale and soft-cap, phi3's fused tensors and
+  // LongRoPE attention factor, and sliding-window masking are CPU-only for now.
   if (c.post_norms || c.activation != FfnActivation::kSilu || c.embedding_scale != 1.0f ||
-      c.final_logit_softcap > 0.0f) {
+      c.final_logit_softcap > 0.0f || c.fused_qkv || c.fused_gate_up) {
     return Error(ErrorCode::kUnsupported,
                  "architecture '{}' is not supported by the CUDA backend yet (supported there: "
                  "llama, qwen2, qwen3; use --device cpu)",
