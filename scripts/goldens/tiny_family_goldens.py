@@ -70,6 +70,7 @@ FAMILIES = {
     "gemma3": {"arch": "gemma3", "pre": "default"},
     "mistral": {"arch": "llama", "pre": "default"},
     "phi3": {"arch": "phi3", "pre": "default"},
+    "glm4": {"arch": "glm4", "pre": "default"},
 }
 
 PHI3_ORIGINAL_CONTEXT = 16  # LongRoPE's pretraining length, under the prompt's 40 tokens
@@ -118,6 +119,16 @@ def BuildModel(family, torch, transformers):
                              "short_factor": [1.0 + 0.1 * i for i in range(rotary_pairs)]},
             tie_word_embeddings=False, **common)
         model = transformers.Phi3ForCausalLM(config)
+    elif family == "glm4":
+        # Q/K/V biases, rotation of the first half of each head in interleaved pairs, norms
+        # after attention and after the MLP too, fused gate_up_proj.
+        config = transformers.Glm4Config(
+            num_hidden_layers=2, head_dim=16, attention_bias=True, pad_token_id=None,
+            eos_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5},
+            tie_word_embeddings=False, **common)
+        model = transformers.Glm4ForCausalLM(config)
     else:
         raise ValueError(family)
     # Seeded weights of a scale that keeps activations in a useful range; norm weights away
@@ -180,6 +191,9 @@ def WriteGguf(path, family, model, config, gguf):
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     if family == "mistral":
         writer.add_sliding_window(config.sliding_window)
+    if family == "glm4":
+        rope = config.rope_parameters
+        writer.add_rope_dimension_count(int(HeadDim(config) * rope["partial_rotary_factor"]))
     tokens, types, merges = Vocabulary()
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(spec["pre"])
@@ -200,6 +214,10 @@ def WriteGguf(path, family, model, config, gguf):
         # phi3's fused projections, stored fused (q|k|v rows; gate rows then up rows)
         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
     }
+    if family == "glm4":  # GLM-4's four norms per block, as llama.cpp names them
+        names.update({"post_self_attn_layernorm": "post_attention_norm",
+                      "post_attention_layernorm": "ffn_norm",
+                      "post_mlp_layernorm": "post_ffw_norm"})
     if family == "gemma3":  # Gemma's four norms per block
         names.update({"post_attention_layernorm": "post_attention_norm",
                       "pre_feedforward_layernorm": "ffn_norm",

@@ -10,7 +10,7 @@
 namespace shadowkv {
 
 const char* SupportedArchitectures() {
-  return "llama (sliding window where metadata sets one), qwen2, qwen3, gemma3, phi3";
+  return "llama (sliding window where metadata sets one), qwen2, qwen3, gemma3, phi3, glm4";
 }
 
 namespace {
@@ -48,7 +48,8 @@ Result<std::string> OptionalString(const gguf::GgufFile& file, const std::string
 }
 
 bool IsKnownArchitecture(const std::string& a) {
-  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3";
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3" ||
+         a == "glm4";
 }
 
 // Which layers slide, from '{arch}.attention.sliding_window_pattern': a period N (layer l slides
@@ -138,7 +139,7 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   }
   // qwen3 and gemma3 heads are wider or narrower than hidden / heads and say so in key_length;
   // llama and qwen2 files must keep the two equal, as the engine always assumed for them.
-  const bool free_head_dim = a == "qwen3" || a == "gemma3";
+  const bool free_head_dim = a == "qwen3" || a == "gemma3" || a == "glm4";
   if (!free_head_dim || file.Find(a + ".attention.key_length") == nullptr) {
     if (c.hidden_size % c.num_query_heads != 0) {
       return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
@@ -194,7 +195,9 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = a == "qwen3" || a == "gemma3";
   c.fused_qkv = file.FindTensor("blk.0.attn_qkv.weight") != nullptr;
-  c.fused_gate_up = a == "phi3" && file.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  c.fused_gate_up =
+      (a == "phi3" || a == "glm4") && file.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  c.post_norms = a == "glm4";  // GLM-4-0414's norms after attention and MLP (plain weights)
   if (c.fused_qkv) c.qkv_bias = file.FindTensor("blk.0.attn_qkv.bias") != nullptr;
   if (a == "gemma3") {
     c.post_norms = true;
@@ -224,8 +227,10 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                    c.rope.theta_base);
     }
   }
-  // llama.cpp's converter permutes llama's Q/K rows for paired rotation; the others rotate halves.
-  c.rope.style = a == "llama" ? RopeConfig::Style::kPairs : RopeConfig::Style::kHalves;
+  // llama.cpp's converter permutes llama's Q/K rows for paired rotation, GLM-4 rotates pairs
+  // as trained; the others rotate halves.
+  c.rope.style =
+      a == "llama" || a == "glm4" ? RopeConfig::Style::kPairs : RopeConfig::Style::kHalves;
   SKV_ASSIGN_OR_RETURN(const std::string scaling, OptionalString(file, a + ".rope.scaling.type"));
   if (!scaling.empty() && scaling != "none") {
     if (scaling != "linear") {

@@ -49,8 +49,8 @@ struct ModelConfig {
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
   bool qk_norm = false;          // qwen3, gemma3: per-head RMSNorm of Q and K before RoPE
   bool fused_qkv = false;        // phi3: one attn_qkv tensor (q rows, k rows, v rows)
-  bool fused_gate_up = false;    // phi3: ffn_up holds the gate rows, then the up rows
-  bool post_norms = false;       // gemma3: RMSNorm of the attention and FFN outputs too
+  bool fused_gate_up = false;    // phi3, glm4: ffn_up holds the gate rows, then the up rows
+  bool post_norms = false;       // gemma3, glm4: RMSNorm of the attention and FFN outputs too
   FfnActivation activation = FfnActivation::kSilu;
   float embedding_scale = 1.0f;      // gemma3: token embeddings are multiplied by sqrt(hidden)
   float attention_scale = 0.0f;      // softmax scale of q·k (1 / sqrt(head_dim))

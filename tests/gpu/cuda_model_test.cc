@@ -228,6 +228,7 @@ TEST(CudaModelTest, RefusesFamiliesItDoesNotRunYet) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"gemma3", "architecture 'gemma3' is not supported"},
       {"phi3", "architecture 'phi3' is not supported"},
+      {"glm4", "architecture 'glm4' is not supported"},
       {"mistral", "sliding window of 8 tokens"}};
   for (const auto& [family, fragment] : cases) {
     auto gpu = CudaModel::Load(TinyFamilyPath(family), CudaModelOptions{1, 64, true});

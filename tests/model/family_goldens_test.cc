@@ -133,7 +133,8 @@ TEST_P(FamilyGoldenTest, MatchesTransformers) {
 // Whole prompt in one chunk, and chunks smaller than gemma3's and mistral's window of 8 and
 // larger than it (the window then spans chunk boundaries).
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
-                         ::testing::Combine(::testing::Values("qwen3", "gemma3", "mistral", "phi3"),
+                         ::testing::Combine(::testing::Values("qwen3", "gemma3", "mistral", "phi3",
+                                                              "glm4"),
                                             ::testing::Values(size_t{64}, size_t{5}, size_t{13})),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_chunk" +
@@ -142,10 +143,10 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
 
 void RunEveryPolicy(const std::string& family);
 
-// qwen3 and phi3 have no windowed layer: every policy serves them (qwen3's with the normed
-// pre-RoPE keys, phi3's rotated with the LongRoPE factors).
-TEST(FamilyPolicyTest, EveryPolicyRunsOnQwen3AndPhi3) {
-  for (const std::string family : {"qwen3", "phi3"}) {
+// qwen3, phi3 and glm4 have no windowed layer: every policy serves them (qwen3's with the
+// normed pre-RoPE keys, phi3's rotated with the LongRoPE factors, glm4's half rotated).
+TEST(FamilyPolicyTest, EveryPolicyRunsOnTheFamiliesWithoutWindows) {
+  for (const std::string family : {"qwen3", "phi3", "glm4"}) {
     SCOPED_TRACE(family);
     RunEveryPolicy(family);
   }
