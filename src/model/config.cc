@@ -9,9 +9,7 @@
 
 namespace shadowkv {
 
-const char* SupportedArchitectures() {
-  return "llama (sliding window where metadata sets one), qwen2, qwen3, gemma3, phi3, glm4";
-}
+const char* SupportedArchitectures() { return "llama, qwen2, qwen3, gemma3, phi3, glm4"; }
 
 namespace {
 
