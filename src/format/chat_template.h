@@ -1,4 +1,4 @@
-// Chat prompt formats (ChatML, Llama 3): detection from GGUF metadata and rendering.
+// Chat prompt formats (ChatML, Llama 3, Gemma): detection from GGUF metadata and rendering.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,10 @@ enum class ChatFormat {
   // "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" (the template's
   // fallback date).
   kLlama31,
+  // <start_of_turn>{user|model}\n{content, trimmed}<end_of_turn>\n ... then
+  // <start_of_turn>model\n. A system message has no turn of its own: its text and a blank line
+  // open the first turn after it (Gemma 3's template).
+  kGemma,
 };
 
 struct ChatMessage {

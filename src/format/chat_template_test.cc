@@ -113,6 +113,42 @@ TEST(ChatTemplateTest, Llama31AlwaysHasASystemTurn) {
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
 }
 
+TEST(ChatTemplateTest, GemmaFoldsTheSystemPromptIntoTheFirstTurn) {
+  const Result<ChatTemplate> detected = DetectChatTemplate(
+      "{{ bos_token }}{%- for message in loop_messages -%}{{ '<start_of_turn>' + role + '\\n' "
+      "}}{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}");
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kGemma);
+  EXPECT_STREQ(ChatFormatName(ChatFormat::kGemma), "gemma");
+  EXPECT_EQ(
+      ApplyChatTemplate(
+          ChatFormat::kGemma,
+          Messages{
+              {"system", "Be brief."}, {"user", " Hi\n"}, {"assistant", "Hello."}, {"user", "Bye"}},
+          true),
+      "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+      "<start_of_turn>model\nHello.<end_of_turn>\n"
+      "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kGemma, Messages{{"user", "Hi"}}, false),
+            "<start_of_turn>user\nHi<end_of_turn>\n");
+}
+
+TEST(ChatTemplateTest, DetectsTheNewFamiliesWithoutATemplate) {
+  const auto detect = [](const std::string& architecture, std::vector<std::string> tokens) {
+    gguf::GgufWriter writer;
+    writer.AddString("general.architecture", architecture);
+    writer.AddStringArray("tokenizer.ggml.tokens", tokens);
+    auto file = gguf::GgufFile::FromBytes(writer.Finish());
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    return DetectChatFormat(*file.value());
+  };
+  // By the turn tokens, whatever the architecture; else by the architecture.
+  EXPECT_EQ(detect("llama", {"a", "<start_of_turn>", "<end_of_turn>"}).value(), ChatFormat::kGemma);
+  EXPECT_EQ(detect("gemma3", {"a", "b"}).value(), ChatFormat::kGemma);
+  EXPECT_EQ(detect("qwen3", {"a", "b"}).value(), ChatFormat::kChatML);
+  EXPECT_FALSE(detect("llama", {"a", "<start_of_turn>"}).ok());  // half a pair is no format
+}
+
 TEST(ChatTemplateTest, DetectsFromGguf) {
   gguf::GgufWriter with_template;
   with_template.AddString("general.architecture", "llama");

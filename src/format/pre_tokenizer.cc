@@ -132,13 +132,15 @@ Result<PreTokenizerType> ParsePreTokenizerType(std::string_view name) {
     return PreTokenizerType::kGpt2;
   }
   if (name == "smollm" || name == "starcoder") return PreTokenizerType::kSmolLM;
-  if (name == "llama-bpe" || name == "llama3" || name == "llama-v3") {
+  // GLM-4's split (llama.cpp's chatglm4) is Llama 3's expression, contractions included.
+  if (name == "llama-bpe" || name == "llama3" || name == "llama-v3" || name == "glm4" ||
+      name == "chatglm-bpe") {
     return PreTokenizerType::kLlama3;
   }
   if (name == "qwen2") return PreTokenizerType::kQwen2;
   return Error(ErrorCode::kUnsupported,
                "pre-tokenizer '{}' is not supported; supported: smollm (starcoder), llama-bpe "
-               "(llama3, llama-v3), qwen2, gpt2 (gpt-2, default)",
+               "(llama3, llama-v3, glm4, chatglm-bpe), qwen2, gpt2 (gpt-2, default)",
                name);
 }
 

@@ -21,6 +21,8 @@ TEST(PreTokenizerTest, ParsesGgufNames) {
   EXPECT_EQ(ParsePreTokenizerType("smollm").value(), PreTokenizerType::kSmolLM);
   EXPECT_EQ(ParsePreTokenizerType("llama-bpe").value(), PreTokenizerType::kLlama3);
   EXPECT_EQ(ParsePreTokenizerType("qwen2").value(), PreTokenizerType::kQwen2);
+  EXPECT_EQ(ParsePreTokenizerType("glm4").value(), PreTokenizerType::kLlama3);
+  EXPECT_EQ(ParsePreTokenizerType("chatglm-bpe").value(), PreTokenizerType::kLlama3);
   EXPECT_EQ(ParsePreTokenizerType("gpt-2").value(), PreTokenizerType::kGpt2);
   EXPECT_EQ(ParsePreTokenizerType("default").value(), PreTokenizerType::kGpt2);
   EXPECT_EQ(ParsePreTokenizerType("").value(), PreTokenizerType::kGpt2);

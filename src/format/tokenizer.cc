@@ -1,7 +1,9 @@
-// Byte-level BPE: special-token split, pre-tokenization, then rank-ordered merges per piece.
+// Tokenizers: special-token split, then byte-level BPE (pre-tokenization, rank-ordered merges
+// per piece) or SentencePiece (score-ordered merges of characters, byte fallback).
 #include "format/tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "format/gguf.h"
 #include "format/unicode.h"
@@ -96,6 +98,42 @@ struct Candidate {
   }
 };
 
+constexpr std::string_view kSentencePieceSpace = "\xE2\x96\x81";  // U+2581
+
+// Bytes of a UTF-8 sequence from its first byte (1 for a stray continuation byte).
+size_t Utf8SequenceLength(uint8_t lead) {
+  if (lead >= 0xF0 && lead < 0xF8) return 4;
+  if (lead >= 0xE0) return lead < 0xF0 ? 3 : 1;
+  if (lead >= 0xC0) return 2;
+  return 1;
+}
+
+// What a SentencePiece token stands for: <0xAB> byte tokens their byte, others their text with
+// U+2581 as a space (control and user-defined tokens as written).
+std::string SentencePieceBytes(const std::string& text, TokenType type) {
+  const auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (type == TokenType::kByte && text.size() == 6 && text.starts_with("<0x") && text[5] == '>' &&
+      hex(text[3]) >= 0 && hex(text[4]) >= 0) {
+    return std::string(1, static_cast<char>(hex(text[3]) * 16 + hex(text[4])));
+  }
+  if (type == TokenType::kControl || type == TokenType::kUserDefined) return text;
+  std::string bytes;
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, kSentencePieceSpace.size(), kSentencePieceSpace) == 0) {
+      bytes += ' ';
+      i += kSentencePieceSpace.size();
+    } else {
+      bytes += text[i++];
+    }
+  }
+  return bytes;
+}
+
 // Bytes every byte-level vocabulary must spell on its own: without them ordinary text (ASCII,
 // or any character of the Basic Multilingual Plane) loses bytes and can encode to nothing. The
 // other bytes (most C0 controls, 0xC0, 0xC1, 0xF0..0xFF) are left out by some real
@@ -143,11 +181,62 @@ std::string ByteLevelText(std::string_view bytes) {
   return text;
 }
 
+namespace {
+
+// Ids of the special tokens and the add_bos/add_eos flags, common to both tokenizer models.
+Status ReadSpecialTokens(const gguf::GgufFile& file, TokenizerConfig* config) {
+  SKV_ASSIGN_OR_RETURN(config->bos_id, OptionalTokenId(file, "tokenizer.ggml.bos_token_id"));
+  SKV_ASSIGN_OR_RETURN(config->eos_id, OptionalTokenId(file, "tokenizer.ggml.eos_token_id"));
+  SKV_ASSIGN_OR_RETURN(config->eot_id, OptionalTokenId(file, "tokenizer.ggml.eot_token_id"));
+  SKV_ASSIGN_OR_RETURN(config->eom_id, OptionalTokenId(file, "tokenizer.ggml.eom_token_id"));
+  SKV_ASSIGN_OR_RETURN(config->padding_id,
+                       OptionalTokenId(file, "tokenizer.ggml.padding_token_id"));
+  if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(config->add_bos, file.GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(config->add_eos, file.GetBool("tokenizer.ggml.add_eos_token"));
+  }
+  return Status::Ok();
+}
+
+Status ReadTokenTypes(const gguf::GgufFile& file, TokenizerConfig* config) {
+  if (file.Find("tokenizer.ggml.token_type") == nullptr) return Status::Ok();
+  SKV_ASSIGN_OR_RETURN(const std::vector<int64_t> types,
+                       file.GetIntArray("tokenizer.ggml.token_type"));
+  config->token_types.reserve(types.size());
+  for (const int64_t type : types) config->token_types.push_back(static_cast<TokenType>(type));
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Tokenizer>> FromGgufSentencePiece(const gguf::GgufFile& file) {
+  TokenizerConfig config;
+  config.sentencepiece = true;
+  SKV_ASSIGN_OR_RETURN(config.tokens, file.GetStringArray("tokenizer.ggml.tokens"));
+  SKV_RETURN_IF_ERROR(ReadTokenTypes(file, &config));
+  if (file.Find("tokenizer.ggml.scores") == nullptr) {
+    return Error(ErrorCode::kCorrupt, "SentencePiece tokenizer without tokenizer.ggml.scores");
+  }
+  SKV_ASSIGN_OR_RETURN(config.scores, file.GetFloatArray("tokenizer.ggml.scores"));
+  config.add_bos = true;  // llama.cpp's default for SentencePiece vocabularies
+  SKV_RETURN_IF_ERROR(ReadSpecialTokens(file, &config));
+  config.add_space_prefix = true;
+  if (file.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(config.add_space_prefix, file.GetBool("tokenizer.ggml.add_space_prefix"));
+  }
+  return Tokenizer::Create(std::move(config));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& file) {
   SKV_ASSIGN_OR_RETURN(const std::string model, file.GetString("tokenizer.ggml.model"));
+  if (model == "llama") return FromGgufSentencePiece(file);
   if (model != "gpt2") {
     return Error(ErrorCode::kUnsupported,
-                 "tokenizer model '{}' is not supported; supported: gpt2 (byte-level BPE)", model);
+                 "tokenizer model '{}' is not supported; supported: gpt2 (byte-level BPE), llama "
+                 "(SentencePiece)",
+                 model);
   }
   TokenizerConfig config;
   if (file.Find("tokenizer.ggml.pre") != nullptr) {
@@ -157,30 +246,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& fil
   SKV_ASSIGN_OR_RETURN(const PreTokenizerType pre_type, ParsePreTokenizerType(config.pre));
 
   SKV_ASSIGN_OR_RETURN(config.tokens, file.GetStringArray("tokenizer.ggml.tokens"));
-  if (file.Find("tokenizer.ggml.token_type") != nullptr) {
-    SKV_ASSIGN_OR_RETURN(const std::vector<int64_t> types,
-                         file.GetIntArray("tokenizer.ggml.token_type"));
-    config.token_types.reserve(types.size());
-    for (const int64_t type : types) config.token_types.push_back(static_cast<TokenType>(type));
-  }
+  SKV_RETURN_IF_ERROR(ReadTokenTypes(file, &config));
   if (file.Find("tokenizer.ggml.merges") == nullptr) {
     return Error(ErrorCode::kCorrupt, "BPE tokenizer without tokenizer.ggml.merges");
   }
   SKV_ASSIGN_OR_RETURN(config.merges, file.GetStringArray("tokenizer.ggml.merges"));
-
-  SKV_ASSIGN_OR_RETURN(config.bos_id, OptionalTokenId(file, "tokenizer.ggml.bos_token_id"));
-  SKV_ASSIGN_OR_RETURN(config.eos_id, OptionalTokenId(file, "tokenizer.ggml.eos_token_id"));
-  SKV_ASSIGN_OR_RETURN(config.eot_id, OptionalTokenId(file, "tokenizer.ggml.eot_token_id"));
-  SKV_ASSIGN_OR_RETURN(config.eom_id, OptionalTokenId(file, "tokenizer.ggml.eom_token_id"));
-  SKV_ASSIGN_OR_RETURN(config.padding_id, OptionalTokenId(file, "tokenizer.ggml.padding_token_id"));
   // Llama 3 vocabularies expect a BOS unless the file says otherwise.
   config.add_bos = pre_type == PreTokenizerType::kLlama3;
-  if (file.Find("tokenizer.ggml.add_bos_token") != nullptr) {
-    SKV_ASSIGN_OR_RETURN(config.add_bos, file.GetBool("tokenizer.ggml.add_bos_token"));
-  }
-  if (file.Find("tokenizer.ggml.add_eos_token") != nullptr) {
-    SKV_ASSIGN_OR_RETURN(config.add_eos, file.GetBool("tokenizer.ggml.add_eos_token"));
-  }
+  SKV_RETURN_IF_ERROR(ReadSpecialTokens(file, &config));
   return Create(std::move(config));
 }
 
@@ -217,6 +290,20 @@ Status Tokenizer::Build(TokenizerConfig config) {
     }
   }
 
+  sentencepiece_ = config.sentencepiece;
+  add_space_prefix_ = sentencepiece_ && config.add_space_prefix;
+  if (sentencepiece_) {
+    if (config.scores.size() != config.tokens.size()) {
+      return Error(ErrorCode::kCorrupt, "tokenizer has {} tokens but {} scores",
+                   config.tokens.size(), config.scores.size());
+    }
+    for (size_t id = 0; id < config.scores.size(); ++id) {
+      if (!std::isfinite(config.scores[id])) {
+        return Error(ErrorCode::kCorrupt, "token {} has score {}", id, config.scores[id]);
+      }
+    }
+    scores_ = std::move(config.scores);
+  }
   tokens_ = std::move(config.tokens);
   token_types_ = std::move(config.token_types);
   token_ids_.reserve(tokens_.size());
@@ -225,11 +312,19 @@ Status Tokenizer::Build(TokenizerConfig config) {
     token_ids_.emplace(tokens_[id], id);  // the first of duplicate texts wins
     const TokenType type = token_types_[id];
     const bool plain_text = type == TokenType::kControl || type == TokenType::kUserDefined;
-    token_bytes_.push_back(plain_text ? tokens_[id] : UnmapBytes(tokens_[id]));
+    if (sentencepiece_) {
+      token_bytes_.push_back(SentencePieceBytes(tokens_[id], type));
+    } else {
+      token_bytes_.push_back(plain_text ? tokens_[id] : UnmapBytes(tokens_[id]));
+    }
   }
 
   std::string mapped;
-  for (int byte = 0; byte < 256; ++byte) {
+  for (int byte = 0; byte < (sentencepiece_ ? 256 : 0); ++byte) {
+    // <0xAB> tokens: the fallback for characters the vocabulary does not spell.
+    byte_token_ids_[byte] = FindToken(fmt::format("<0x{:02X}>", byte));
+  }
+  for (int byte = 0; byte < (sentencepiece_ ? 0 : 256); ++byte) {
     const char raw = static_cast<char>(byte);
     MapBytes(std::string_view(&raw, 1), mapped);
     // Some vocabularies leave out bytes that never occur in UTF-8 text (0xC0, 0xFF) or rare
@@ -387,6 +482,10 @@ std::vector<int32_t> Tokenizer::Encode(std::span<const TextSegment> segments,
 
 void Tokenizer::EncodeText(std::string_view text, std::vector<int32_t>& out) const {
   if (text.empty()) return;
+  if (sentencepiece_) {
+    EncodeSentencePiece(text, out);
+    return;
+  }
   std::vector<std::string_view> pieces;
   PreTokenize(pre_type_, text, pieces);
   std::string scratch;
@@ -448,6 +547,82 @@ void Tokenizer::EncodePiece(std::string_view piece, std::string& scratch,
   }
   for (int32_t i = 0; i >= 0; i = symbols[i].next) {
     if (symbols[i].id >= 0) out.push_back(symbols[i].id);  // bytes without a token are dropped
+  }
+}
+
+void Tokenizer::EncodeSentencePiece(std::string_view text, std::vector<int32_t>& out) const {
+  // Spaces are spelled U+2581; each run of text starts after the BOS or a special token, where
+  // llama.cpp adds the space prefix.
+  std::string escaped(add_space_prefix_ ? kSentencePieceSpace : std::string_view());
+  for (const char c : text) {
+    if (c == ' ') {
+      escaped += kSentencePieceSpace;
+    } else {
+      escaped += c;
+    }
+  }
+  // Symbols are the characters (a malformed UTF-8 byte is one symbol), linked as in EncodePiece;
+  // a symbol spans escaped[start, start + length).
+  struct Piece {
+    int32_t start, length, prev, next;
+  };
+  struct Bigram {
+    float score;
+    int32_t left, length;                        // length of the merged text, to tell stale entries
+    bool operator<(const Bigram& other) const {  // highest score first, then leftmost
+      return score != other.score ? score < other.score : left > other.left;
+    }
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < escaped.size();) {
+    const size_t length =
+        std::min(Utf8SequenceLength(static_cast<uint8_t>(escaped[i])), escaped.size() - i);
+    const int32_t index = static_cast<int32_t>(pieces.size());
+    pieces.push_back({static_cast<int32_t>(i), static_cast<int32_t>(length), index - 1, index + 1});
+    i += length;
+  }
+  if (pieces.empty()) return;
+  pieces.back().next = -1;
+  std::vector<Bigram> queue;
+  const auto enqueue = [&](int32_t left) {
+    if (left < 0 || pieces[left].next < 0) return;
+    const Piece& a = pieces[left];
+    const int32_t length = a.length + pieces[a.next].length;
+    const int32_t id = FindToken(std::string_view(escaped).substr(a.start, length));
+    if (id < 0) return;
+    queue.push_back({scores_[id], left, length});
+    std::push_heap(queue.begin(), queue.end());
+  };
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(pieces.size()); ++i) enqueue(i);
+  while (!queue.empty()) {
+    std::pop_heap(queue.begin(), queue.end());
+    const Bigram bigram = queue.back();
+    queue.pop_back();
+    Piece& left = pieces[bigram.left];
+    if (left.length == 0 || left.next < 0 ||
+        left.length + pieces[left.next].length != bigram.length) {
+      continue;  // a side has merged since
+    }
+    Piece& right = pieces[left.next];
+    left.length += right.length;
+    right.length = 0;
+    left.next = right.next;
+    if (left.next >= 0) pieces[left.next].prev = bigram.left;
+    enqueue(left.prev);
+    enqueue(bigram.left);
+  }
+  for (int32_t i = 0; i >= 0; i = pieces[i].next) {
+    const std::string_view piece =
+        std::string_view(escaped).substr(pieces[i].start, pieces[i].length);
+    if (const int32_t id = FindToken(piece); id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    for (const char byte : piece) {  // byte fallback; a byte without a token is dropped
+      if (const int32_t id = byte_token_ids_[static_cast<uint8_t>(byte)]; id >= 0) {
+        out.push_back(id);
+      }
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// Byte-level BPE tokenizer (GGUF tokenizer.ggml.model "gpt2") and a streaming detokenizer.
+// Byte-level BPE ("gpt2") and SentencePiece ("llama") tokenizers of GGUF files, and a streaming
+// detokenizer.
 #pragma once
 
 #include <array>
@@ -53,6 +54,11 @@ struct TokenizerConfig {
   int32_t padding_id = -1;
   bool add_bos = false;
   bool add_eos = false;
+  // SentencePiece (tokenizer.ggml.model "llama"): token texts spell spaces as U+2581 and bytes
+  // as <0xAB> tokens; merges go by `scores` (one per token), not by a merge list.
+  bool sentencepiece = false;
+  std::vector<float> scores;
+  bool add_space_prefix = false;  // a space before the text at the start and after specials
 };
 
 // Immutable after construction; safe to use from several threads.
@@ -108,6 +114,8 @@ class Tokenizer {
   // Appends the BPE encoding of one pre-tokenized piece.
   void EncodePiece(std::string_view piece, std::string& scratch, std::vector<int32_t>& out) const;
   void EncodeText(std::string_view text, std::vector<int32_t>& out) const;
+  // SentencePiece: merges the text's characters pairwise, highest-scoring token first.
+  void EncodeSentencePiece(std::string_view text, std::vector<int32_t>& out) const;
   // The special token whose text starts text[pos], longest first; -1 if none may match there.
   int32_t MatchSpecial(std::string_view text, size_t pos, bool parse_special) const;
 
@@ -133,6 +141,9 @@ class Tokenizer {
   std::unordered_set<int32_t> end_of_generation_ids_;
   PreTokenizerType pre_type_ = PreTokenizerType::kGpt2;
   bool ignore_merges_ = false;  // a piece that is itself a token skips the merges (Llama 3)
+  bool sentencepiece_ = false;
+  bool add_space_prefix_ = false;
+  std::vector<float> scores_;  // SentencePiece only
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;
   int32_t eot_id_ = -1;

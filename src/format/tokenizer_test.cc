@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "format/gguf.h"
@@ -360,12 +361,13 @@ TEST(TokenizerTest, FromGguf) {
 }
 
 TEST(TokenizerTest, FromGgufRejectsUnsupportedModels) {
-  auto spm = gguf::GgufFile::FromBytes(SmallGguf("llama", "default"));
-  ASSERT_TRUE(spm.ok()) << spm.status().ToString();
-  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf(*spm.value());
+  auto wordpiece = gguf::GgufFile::FromBytes(SmallGguf("bert", "default"));
+  ASSERT_TRUE(wordpiece.ok()) << wordpiece.status().ToString();
+  Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf(*wordpiece.value());
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_EQ(tokenizer.status().code(), ErrorCode::kUnsupported);
   EXPECT_NE(tokenizer.status().message().find("gpt2"), std::string::npos);
+  EXPECT_NE(tokenizer.status().message().find("llama (SentencePiece)"), std::string::npos);
 
   auto pre = gguf::GgufFile::FromBytes(SmallGguf("gpt2", "chameleon"));
   ASSERT_TRUE(pre.ok()) << pre.status().ToString();
@@ -402,6 +404,109 @@ TEST(StreamingDecoderTest, ReplacesMalformedBytes) {
   EXPECT_EQ(decoder.Push(0xE2), "");
   EXPECT_EQ(decoder.Flush(), "\xEF\xBF\xBD");
   EXPECT_EQ(decoder.Push('y'), "y");
+}
+
+// A SentencePiece vocabulary: U+2581 for spaces, merges by score, <0xAB> byte fallback (only
+// for the bytes of 'c' and of U+00E9; the byte 0xFF has no token).
+constexpr const char* kSp = "\xE2\x96\x81";
+std::unique_ptr<Tokenizer> SentencePieceTokenizer(bool add_space_prefix) {
+  TokenizerConfig config;
+  config.sentencepiece = true;
+  config.add_space_prefix = add_space_prefix;
+  const auto add = [&](std::string text, TokenType type, float score) {
+    config.tokens.push_back(std::move(text));
+    config.token_types.push_back(type);
+    config.scores.push_back(score);
+  };
+  add("<unk>", TokenType::kUnknown, 0.0f);                  // 0
+  add("<bos>", TokenType::kControl, 0.0f);                  // 1
+  add(kSp, TokenType::kNormal, -5.0f);                      // 2
+  add("a", TokenType::kNormal, -3.0f);                      // 3
+  add("b", TokenType::kNormal, -3.0f);                      // 4
+  add(std::string(kSp) + "a", TokenType::kNormal, -1.0f);   // 5
+  add("ab", TokenType::kNormal, -2.0f);                     // 6
+  add(std::string(kSp) + "ab", TokenType::kNormal, -0.5f);  // 7
+  add("<0x63>", TokenType::kByte, 0.0f);                    // 8: 'c'
+  add("<0xC3>", TokenType::kByte, 0.0f);                    // 9
+  add("<0xA9>", TokenType::kByte, 0.0f);                    // 10
+  add("<start_of_turn>", TokenType::kControl, 0.0f);        // 11
+  config.bos_id = 1;
+  config.add_bos = true;
+  auto tokenizer = Tokenizer::Create(std::move(config));
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
+}
+
+TEST(SentencePieceTokenizerTest, MergesByScoreAndFallsBackToBytes) {
+  const auto tokenizer = SentencePieceTokenizer(false);
+  ASSERT_NE(tokenizer, nullptr);
+  using Ids = std::vector<int32_t>;
+  // "a▁ab": ▁a (-1) merges first, then ▁a+b = ▁ab (-0.5); "ab" (-2) never gets its turn.
+  EXPECT_EQ(tokenizer->Encode("a ab", false, false), (Ids{3, 7}));
+  EXPECT_EQ(tokenizer->Encode("ab", true, false), (Ids{1, 6}));
+  // Characters without a token become their byte tokens; a byte without one is dropped.
+  EXPECT_EQ(tokenizer->Encode("c\xC3\xA9\xFF", false, false), (Ids{8, 9, 10}));
+  EXPECT_EQ(tokenizer->Encode("<start_of_turn>ab", false, true), (Ids{11, 6}));
+  // Unparsed, a control token's text is only characters: here just its 'a' has a token.
+  EXPECT_EQ(tokenizer->Encode("<start_of_turn>", false, false), Ids{3});
+  EXPECT_EQ(tokenizer->Decode(Ids{3, 7, 8, 9, 10}), "a abc\xC3\xA9");
+  EXPECT_EQ(tokenizer->Decode(Ids{1, 3}, /*skip_special=*/true), "a");
+  EXPECT_EQ(tokenizer->TokenBytes(7), " ab");
+}
+
+TEST(SentencePieceTokenizerTest, SpacePrefixOpensEachRunOfText) {
+  const auto tokenizer = SentencePieceTokenizer(true);
+  ASSERT_NE(tokenizer, nullptr);
+  using Ids = std::vector<int32_t>;
+  EXPECT_EQ(tokenizer->Encode("ab", false, false), (Ids{7}));
+  EXPECT_EQ(tokenizer->Encode("ab<start_of_turn>ab", false, true), (Ids{7, 11, 7}));
+}
+
+TEST(SentencePieceTokenizerTest, RefusesScoresThatDoNotFit) {
+  TokenizerConfig config;
+  config.sentencepiece = true;
+  config.tokens = {"a", "b"};
+  config.scores = {0.0f};
+  auto tokenizer = Tokenizer::Create(config);
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(tokenizer.status().message().find("2 tokens but 1 scores"), std::string::npos);
+  config.scores = {0.0f, std::numeric_limits<float>::quiet_NaN()};
+  tokenizer = Tokenizer::Create(config);
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_EQ(tokenizer.status().code(), ErrorCode::kCorrupt);
+}
+
+// From GGUF: tokenizer.ggml.model "llama" with scores; without scores it is refused.
+TEST(SentencePieceTokenizerTest, ReadsGguf) {
+  const auto write = [](bool with_scores) {
+    gguf::GgufWriter writer;
+    writer.AddString("tokenizer.ggml.model", "llama");
+    writer.AddStringArray("tokenizer.ggml.tokens", {"<unk>", "a", std::string(kSp) + "a"});
+    if (with_scores) {
+      gguf::Value scores;
+      scores.type = gguf::ValueType::kArray;
+      scores.element_type = gguf::ValueType::kFloat32;
+      std::vector<gguf::Value> elements;
+      for (double score : {0.0, -2.0, -1.0}) {
+        elements.push_back(gguf::MakeFloat(gguf::ValueType::kFloat32, score));
+      }
+      scores.data = std::move(elements);
+      EXPECT_TRUE(writer.AddValue("tokenizer.ggml.scores", scores).ok());
+    }
+    writer.AddBool("tokenizer.ggml.add_bos_token", false);
+    return gguf::GgufFile::FromBytes(writer.Finish());
+  };
+  auto file = write(true);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto tokenizer = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status().ToString();
+  // add_space_prefix defaults to true, as llama.cpp reads SentencePiece files.
+  EXPECT_EQ((*tokenizer)->Encode("a", true, false), (std::vector<int32_t>{2}));
+  file = write(false);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  tokenizer = Tokenizer::FromGguf(**file);
+  ASSERT_FALSE(tokenizer.ok());
+  EXPECT_NE(tokenizer.status().message().find("tokenizer.ggml.scores"), std::string::npos);
 }
 
 }  // namespace

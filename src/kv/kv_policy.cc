@@ -1,6 +1,7 @@
 // MakeKvPolicy: the one place that maps a policy name to its implementation.
 #include "kv/kv_policy.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "kv/policies.h"
@@ -38,13 +39,22 @@ std::optional<PolicyKind> PolicyKindOf(std::string_view name) {
 }
 
 Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
-                                                const KvGeometry& geometry) {
+                                               const KvGeometry& geometry) {
   SKV_RETURN_IF_ERROR(config.Validate());
   if (geometry.num_kv_heads <= 0 || geometry.num_query_heads % geometry.num_kv_heads != 0) {
     return Error(ErrorCode::kInvalidArgument, "{} query heads do not group over {} KV heads",
                  geometry.num_query_heads, geometry.num_kv_heads);
   }
+  const int64_t windowed =
+      std::count(geometry.layer_windowed.begin(), geometry.layer_windowed.end(), true);
   if (const std::optional<PolicyKind> kind = PolicyKindOf(config.policy)) {
+    if (windowed > 0 && *kind != PolicyKind::kFull) {
+      return Error(ErrorCode::kUnsupported,
+                   "KV policy '{}' cannot serve this model: {} of its {} layers attend to a "
+                   "sliding window of {} tokens, which only the 'full' policy keeps positioned "
+                   "for the attention op to mask",
+                   config.policy, windowed, geometry.num_layers, geometry.sliding_window);
+    }
     switch (*kind) {
       case PolicyKind::kFull:
         return MakeFullPolicy(config, geometry);

@@ -33,6 +33,15 @@ struct KvGeometry {
   int head_dim = 0;
   int64_t max_context = 0;  // tokens per sequence
   RopeConfig rope;          // to rotate rebuilt keys at their original positions
+  // Sliding-window layers (gemma3's local layers, Mistral-style models): a query at position p
+  // of layer l with layer_windowed[l] sees only positions p - sliding_window + 1 .. p.
+  // layer_windowed is [num_layers], or empty when no layer slides. The window is applied by the
+  // attention op from the positions of the segments a policy prepares, so it needs a policy
+  // whose segments keep every token at its position: MakeKvPolicy builds only 'full' for such
+  // a geometry and refuses the others (they select or evict by score and position, which would
+  // mix tokens outside the window into a windowed layer's attention).
+  int64_t sliding_window = 0;
+  std::vector<bool> layer_windowed;
 
   int kv_width() const { return num_kv_heads * head_dim; }
   int q_width() const { return num_query_heads * head_dim; }
@@ -148,7 +157,8 @@ class KvPolicy {
   KvGeometry geometry_;
 };
 
-// Builds the policy named by config.policy; impossible settings give kInvalidArgument.
+// Builds the policy named by config.policy; impossible settings give kInvalidArgument, a policy
+// that cannot serve the geometry (a sparse one on sliding-window layers) kUnsupported.
 Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
                                                const KvGeometry& geometry);
 

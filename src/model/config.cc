@@ -2,13 +2,14 @@
 // stored in, and checked for consistency with each other and the token embedding.
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 namespace shadowkv {
 
-const char* SupportedArchitectures() { return "llama, qwen2"; }
+const char* SupportedArchitectures() { return "llama, qwen2, qwen3, gemma3, phi3, glm4"; }
 
 namespace {
 
@@ -42,6 +43,39 @@ Result<float> FloatIn(const gguf::GgufFile& file, const std::string& key, double
 Result<std::string> OptionalString(const gguf::GgufFile& file, const std::string& key) {
   if (file.Find(key) == nullptr) return std::string();
   return file.GetString(key);
+}
+
+bool IsKnownArchitecture(const std::string& a) {
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3" ||
+         a == "glm4";
+}
+
+// Which layers slide, from '{arch}.attention.sliding_window_pattern': a period N (layer l slides
+// unless l % N == N - 1, llama.cpp's reading) or one bool per layer (true: sliding). Absent, a
+// gemma3 model has llama.cpp's period of 6 and any other model slides in every layer.
+Result<std::vector<bool>> WindowedLayers(const gguf::GgufFile& file, const std::string& a,
+                                         int num_layers) {
+  const std::string key = a + ".attention.sliding_window_pattern";
+  const gguf::Value* pattern = file.Find(key);
+  std::vector<bool> windowed(num_layers, true);
+  if (pattern == nullptr && a != "gemma3") return windowed;
+  if (pattern != nullptr && pattern->type == gguf::ValueType::kArray) {
+    const auto& elements = std::get<std::vector<gguf::Value>>(pattern->data);
+    if (pattern->element_type != gguf::ValueType::kBool ||
+        elements.size() != static_cast<size_t>(num_layers)) {
+      return Error(ErrorCode::kCorrupt,
+                   "metadata '{}' must be a period or one bool per layer ({} layers)", key,
+                   num_layers);
+    }
+    for (int l = 0; l < num_layers; ++l) windowed[l] = std::get<bool>(elements[l].data);
+    return windowed;
+  }
+  int period = 6;
+  if (pattern != nullptr) {
+    SKV_ASSIGN_OR_RETURN(period, IntIn(file, key, 1, kMaxLayers));
+  }
+  for (int l = 0; l < num_layers; ++l) windowed[l] = l % period < period - 1;
+  return windowed;
 }
 
 bool IsFloatType(gguf::ValueType type) {
@@ -78,7 +112,7 @@ Status CheckArchitectureFloatsFinite(const gguf::GgufFile& file, const std::stri
 Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   ModelConfig c;
   SKV_ASSIGN_OR_RETURN(c.architecture, file.GetString("general.architecture"));
-  if (c.architecture != "llama" && c.architecture != "qwen2") {
+  if (!IsKnownArchitecture(c.architecture)) {
     return Error(ErrorCode::kUnsupported, "architecture '{}' is not supported (supported: {})",
                  c.architecture, SupportedArchitectures());
   }
@@ -101,18 +135,34 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                  "mixture-of-experts models are not supported ('{}.expert_count' = {})", a,
                  experts);
   }
-  if (c.hidden_size % c.num_query_heads != 0) {
-    return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
-                 c.hidden_size, c.num_query_heads);
+  // qwen3 and gemma3 heads are wider or narrower than hidden / heads and say so in key_length;
+  // llama and qwen2 files must keep the two equal, as the engine always assumed for them.
+  const bool free_head_dim = a == "qwen3" || a == "gemma3" || a == "glm4";
+  if (!free_head_dim || file.Find(a + ".attention.key_length") == nullptr) {
+    if (c.hidden_size % c.num_query_heads != 0) {
+      return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
+                   c.hidden_size, c.num_query_heads);
+    }
+    c.head_dim = c.hidden_size / c.num_query_heads;
+  } else {
+    SKV_ASSIGN_OR_RETURN(c.head_dim, IntIn(file, a + ".attention.key_length", 1, kMaxHidden));
+    if (static_cast<int64_t>(c.head_dim) * c.num_query_heads > kMaxHidden) {
+      return Error(ErrorCode::kCorrupt, "{} heads of {} exceed the supported width {}",
+                   c.num_query_heads, c.head_dim, kMaxHidden);
+    }
   }
-  c.head_dim = c.hidden_size / c.num_query_heads;
   for (const char* length_key : {".attention.key_length", ".attention.value_length"}) {
     SKV_ASSIGN_OR_RETURN(const int length,
                          OptionalIntIn(file, a + length_key, 1, kMaxHidden, c.head_dim));
     if (length != c.head_dim) {
-      return Error(ErrorCode::kUnsupported, "metadata '{}{}' = {} differs from hidden/heads = {}",
-                   a, length_key, length, c.head_dim);
+      return Error(ErrorCode::kUnsupported, "metadata '{}{}' = {} differs from the head dim {}", a,
+                   length_key, length, c.head_dim);
     }
+  }
+  c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (a == "gemma3" && c.num_layers == 62) {
+    // Gemma 3 27B scales by its query_pre_attn_scalar, hidden / heads (llama.cpp does the same).
+    c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden_size / c.num_query_heads));
   }
   if (c.num_query_heads % c.num_kv_heads != 0) {
     return Error(ErrorCode::kCorrupt, "{} query heads are not a multiple of {} KV heads",
@@ -141,6 +191,21 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   }
   c.tied_embeddings = file.FindTensor("output.weight") == nullptr;
   c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = a == "qwen3" || a == "gemma3";
+  c.fused_qkv = file.FindTensor("blk.0.attn_qkv.weight") != nullptr;
+  c.fused_gate_up =
+      (a == "phi3" || a == "glm4") && file.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  c.post_norms = a == "glm4";  // GLM-4-0414's norms after attention and MLP (plain weights)
+  if (c.fused_qkv) c.qkv_bias = file.FindTensor("blk.0.attn_qkv.bias") != nullptr;
+  if (a == "gemma3") {
+    c.post_norms = true;
+    c.activation = FfnActivation::kGeluTanh;
+    c.embedding_scale = std::sqrt(static_cast<float>(c.hidden_size));
+    if (file.Find(a + ".final_logit_softcapping") != nullptr) {
+      SKV_ASSIGN_OR_RETURN(c.final_logit_softcap,
+                           FloatIn(file, a + ".final_logit_softcapping", 1e-3, 1e6));
+    }
+  }
 
   // RoPE.
   SKV_ASSIGN_OR_RETURN(c.rope.rotary_dim,
@@ -160,7 +225,10 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                    c.rope.theta_base);
     }
   }
-  c.rope.style = a == "qwen2" ? RopeConfig::Style::kHalves : RopeConfig::Style::kPairs;
+  // llama.cpp's converter permutes llama's Q/K rows for paired rotation, GLM-4 rotates pairs
+  // as trained; the others rotate halves.
+  c.rope.style =
+      a == "llama" || a == "glm4" ? RopeConfig::Style::kPairs : RopeConfig::Style::kHalves;
   SKV_ASSIGN_OR_RETURN(const std::string scaling, OptionalString(file, a + ".rope.scaling.type"));
   if (!scaling.empty() && scaling != "none") {
     if (scaling != "linear") {
@@ -191,15 +259,100 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
       }
     }
   }
+  SKV_RETURN_IF_ERROR(ReadLongRope(file, &c));
+  SKV_RETURN_IF_ERROR(ReadSlidingWindow(file, &c));
   return c;
+}
+
+Status ModelConfig::ReadLongRope(const gguf::GgufFile& file, ModelConfig* c) {
+  const gguf::TensorInfo* long_factors = file.FindTensor("rope_factors_long.weight");
+  const gguf::TensorInfo* short_factors = file.FindTensor("rope_factors_short.weight");
+  if (long_factors == nullptr && short_factors == nullptr) return Status::Ok();
+  const std::string& a = c->architecture;
+  if (long_factors == nullptr || short_factors == nullptr || !c->rope.freq_factors.empty()) {
+    return Error(ErrorCode::kCorrupt,
+                 "LongRoPE needs both rope_factors_long and rope_factors_short, and no "
+                 "rope_freqs beside them");
+  }
+  SKV_ASSIGN_OR_RETURN(const int original,
+                       IntIn(file, a + ".rope.scaling.original_context_length", 1, kMaxContext));
+  // Like llama.cpp (by the context it serves), the factors follow the context the model runs
+  // at, here its whole context: the long ones once it exceeds the pretraining length. Within a
+  // sequence transformers switches at that length, re-rotating what it caches as it goes; a KV
+  // cache cannot, so the two agree for contexts on one side of it.
+  const gguf::TensorInfo* chosen = c->context_length > original ? long_factors : short_factors;
+  if (chosen->type != gguf::GgmlType::kF32 || chosen->num_elements != c->rope.rotary_dim / 2) {
+    return Error(ErrorCode::kCorrupt, "tensor '{}' must be F32 [{}]", chosen->name,
+                 c->rope.rotary_dim / 2);
+  }
+  c->rope.freq_factors.resize(static_cast<size_t>(chosen->num_elements));
+  std::memcpy(c->rope.freq_factors.data(), chosen->data, chosen->size_bytes);
+  for (size_t i = 0; i < c->rope.freq_factors.size(); ++i) {
+    const float f = c->rope.freq_factors[i];
+    if (!std::isfinite(f) || f < 1.0f / kMaxRopeFactor || f > kMaxRopeFactor) {
+      return Error(ErrorCode::kCorrupt,
+                   "tensor '{}' element [{}] = {} is outside the supported range [{}, {}]",
+                   chosen->name, i, f, 1.0f / kMaxRopeFactor, kMaxRopeFactor);
+    }
+  }
+  // cos and sin are scaled by this factor, so every q·k of a fully rotated head by its square.
+  const double scale = static_cast<double>(c->context_length) / original;
+  float factor = scale <= 1.0 || original <= 1
+                     ? 1.0f
+                     : static_cast<float>(std::sqrt(1.0 + std::log(scale) / std::log(original)));
+  if (file.Find(a + ".rope.scaling.attn_factor") != nullptr) {
+    SKV_ASSIGN_OR_RETURN(factor, FloatIn(file, a + ".rope.scaling.attn_factor", 1e-3, 1e3));
+  }
+  if (factor != 1.0f && c->rope.rotary_dim != c->head_dim) {
+    return Error(ErrorCode::kUnsupported,
+                 "LongRoPE's attention factor {} with partial rotation ({} of {} dims) is not "
+                 "supported",
+                 factor, c->rope.rotary_dim, c->head_dim);
+  }
+  c->attention_scale *= factor * factor;
+  return Status::Ok();
+}
+
+Status ModelConfig::ReadSlidingWindow(const gguf::GgufFile& file, ModelConfig* c) {
+  const std::string& a = c->architecture;
+  // Qwen configurations carry a sliding_window they do not use (use_sliding_window is false),
+  // so only llama (Mistral-style) and gemma3 files are read for one.
+  const std::string key = a + ".attention.sliding_window";
+  if (a != "llama" && a != "gemma3") return Status::Ok();
+  if (file.Find(key) == nullptr) {
+    if (a == "gemma3") return Error(ErrorCode::kNotFound, "gemma3 metadata '{}' is missing", key);
+    return Status::Ok();
+  }
+  SKV_ASSIGN_OR_RETURN(const int window, IntIn(file, key, 1, kMaxContext));
+  c->sliding_window = window;
+  SKV_ASSIGN_OR_RETURN(c->layer_windowed, WindowedLayers(file, a, c->num_layers));
+  c->rope_windowed = c->rope;
+  if (a == "gemma3") {
+    // Local layers rotate with their own base (10000 unless the file says) and no scaling.
+    c->rope_windowed.theta_base = 10000.0f;
+    if (file.Find(a + ".rope.freq_base_swa") != nullptr) {
+      SKV_ASSIGN_OR_RETURN(c->rope_windowed.theta_base,
+                           FloatIn(file, a + ".rope.freq_base_swa", kMinFreqBase, kMaxFreqBase));
+      if (!(c->rope_windowed.theta_base > 1.0f)) {
+        return Error(ErrorCode::kCorrupt, "metadata '{}.rope.freq_base_swa' must exceed 1", a);
+      }
+    }
+    c->rope_windowed.linear_scale = 1.0f;
+    c->rope_windowed.freq_factors.clear();
+  }
+  return Status::Ok();
 }
 
 std::string ModelConfig::Summary() const {
   return fmt::format(
       "{} ({}): {} layers, hidden {}, {} heads / {} KV heads x {}, FFN {}, vocab {}, "
-      "context {}",
+      "context {}{}",
       name.empty() ? "model" : name, architecture, num_layers, hidden_size, num_query_heads,
-      num_kv_heads, head_dim, ffn_size, vocab_size, context_length);
+      num_kv_heads, head_dim, ffn_size, vocab_size, context_length,
+      sliding_window > 0
+          ? fmt::format(", sliding window {} in {} of {} layers", sliding_window,
+                        std::count(layer_windowed.begin(), layer_windowed.end(), true), num_layers)
+          : std::string());
 }
 
 }  // namespace shadowkv

@@ -29,21 +29,22 @@ struct Entry {
   Value value;
 };
 
-// A llama model's metadata (hidden 16, 2 heads of 8, 1 KV head) and its [16, 5] embedding; the
-// metadata is what FromGguf reads, the one tensor what it checks the vocabulary against.
+// A model's metadata (llama unless named; hidden 16, 2 heads of 8, 1 KV head) and its [16, 5]
+// embedding; the metadata is what FromGguf reads, the one tensor what it checks the vocabulary
+// against.
 class ConfigFile {
  public:
-  ConfigFile() {
-    Set("general.architecture", MakeString("llama"));
+  explicit ConfigFile(const std::string& arch = "llama") {
+    Set("general.architecture", MakeString(arch));
     Set("general.name", MakeString("config-test"));
-    Set("llama.block_count", MakeUint(ValueType::kUint32, 3));
-    Set("llama.embedding_length", MakeUint(ValueType::kUint32, 16));
-    Set("llama.attention.head_count", MakeUint(ValueType::kUint32, 2));
-    Set("llama.attention.head_count_kv", MakeUint(ValueType::kUint32, 1));
-    Set("llama.feed_forward_length", MakeUint(ValueType::kUint32, 48));
-    Set("llama.context_length", MakeUint(ValueType::kUint32, 4096));
-    Set("llama.attention.layer_norm_rms_epsilon", MakeFloat(ValueType::kFloat32, 1e-6));
-    Set("llama.rope.freq_base", MakeFloat(ValueType::kFloat32, 500000.0));
+    Set(arch + ".block_count", MakeUint(ValueType::kUint32, 3));
+    Set(arch + ".embedding_length", MakeUint(ValueType::kUint32, 16));
+    Set(arch + ".attention.head_count", MakeUint(ValueType::kUint32, 2));
+    Set(arch + ".attention.head_count_kv", MakeUint(ValueType::kUint32, 1));
+    Set(arch + ".feed_forward_length", MakeUint(ValueType::kUint32, 48));
+    Set(arch + ".context_length", MakeUint(ValueType::kUint32, 4096));
+    Set(arch + ".attention.layer_norm_rms_epsilon", MakeFloat(ValueType::kFloat32, 1e-6));
+    Set(arch + ".rope.freq_base", MakeFloat(ValueType::kFloat32, 500000.0));
   }
 
   ConfigFile& Set(const std::string& key, Value value) {
@@ -230,6 +231,147 @@ TEST(ModelConfigTest, RefusesInconsistentShapes) {
                 ErrorCode::kUnsupported, {"'llama.attention.value_length' = 4 differs"});
   ExpectRefused(ConfigFile().Set("llama.vocab_size", MakeUint(ValueType::kUint32, 6)),
                 ErrorCode::kCorrupt, {"vocab_size 6 differs from token_embd rows 5"});
+}
+
+TEST(ModelConfigTest, RefusesAnUnknownArchitectureNamingTheSupportedOnes) {
+  ExpectRefused(ConfigFile("mamba"), ErrorCode::kUnsupported,
+                {"architecture 'mamba' is not supported", "llama", "qwen2", "qwen3", "gemma3"});
+}
+
+gguf::Value BoolArray(std::vector<bool> flags) {
+  gguf::Value array;
+  array.type = ValueType::kArray;
+  array.element_type = ValueType::kBool;
+  std::vector<gguf::Value> elements;
+  for (bool flag : flags) {
+    gguf::Value element;
+    element.type = ValueType::kBool;
+    element.data = flag;
+    elements.push_back(element);
+  }
+  array.data = std::move(elements);
+  return array;
+}
+
+TEST(ModelConfigTest, ReadsQwen3AndGemma3HeadWidthsAndFeatures) {
+  Result<ModelConfig> qwen3 =
+      ConfigFile("qwen3")
+          .Set("qwen3.attention.key_length", MakeUint(ValueType::kUint32, 32))
+          .Set("qwen3.attention.value_length", MakeUint(ValueType::kUint32, 32))
+          .Parse();
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status().ToString();
+  EXPECT_EQ(qwen3->head_dim, 32);  // not hidden / heads = 8
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->post_norms);
+  EXPECT_EQ(qwen3->rope.style, RopeConfig::Style::kHalves);
+  EXPECT_TRUE(qwen3->layer_windowed.empty());
+  // A llama file still needs key_length = hidden / heads.
+  ExpectRefused(ConfigFile().Set("llama.attention.key_length", MakeUint(ValueType::kUint32, 32)),
+                ErrorCode::kUnsupported, {"'llama.attention.key_length' = 32 differs"});
+
+  ConfigFile gemma("gemma3");
+  gemma.Set("gemma3.attention.sliding_window", MakeUint(ValueType::kUint32, 512));
+  Result<ModelConfig> gemma3 = gemma.Parse();
+  ASSERT_TRUE(gemma3.ok()) << gemma3.status().ToString();
+  EXPECT_TRUE(gemma3->qk_norm && gemma3->post_norms);
+  EXPECT_EQ(gemma3->activation, FfnActivation::kGeluTanh);
+  EXPECT_FLOAT_EQ(gemma3->embedding_scale, 4.0f);
+  EXPECT_EQ(gemma3->sliding_window, 512);
+  EXPECT_EQ(gemma3->layer_windowed, (std::vector<bool>{true, true, true}));  // period 6
+  EXPECT_FLOAT_EQ(gemma3->rope_windowed.theta_base, 10000.0f);
+  EXPECT_FLOAT_EQ(gemma3->rope.theta_base, 500000.0f);
+  EXPECT_FLOAT_EQ(gemma3->final_logit_softcap, 0.0f);
+  ExpectRefused(ConfigFile("gemma3"), ErrorCode::kNotFound,
+                {"'gemma3.attention.sliding_window' is missing"});
+}
+
+TEST(ModelConfigTest, ReadsTheSlidingWindowPattern) {
+  ConfigFile gemma("gemma3");
+  gemma.Set("gemma3.attention.sliding_window", MakeUint(ValueType::kUint32, 8))
+      .Set("gemma3.attention.sliding_window_pattern", BoolArray({false, true, false}))
+      .Set("gemma3.rope.freq_base_swa", MakeFloat(ValueType::kFloat32, 20000.0))
+      .Set("gemma3.final_logit_softcapping", MakeFloat(ValueType::kFloat32, 30.0));
+  Result<ModelConfig> config = gemma.Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->layer_windowed, (std::vector<bool>{false, true, false}));
+  EXPECT_FALSE(config->IsWindowed(0));
+  EXPECT_TRUE(config->IsWindowed(1));
+  EXPECT_FLOAT_EQ(config->RopeOf(1).theta_base, 20000.0f);
+  EXPECT_FLOAT_EQ(config->RopeOf(0).theta_base, 500000.0f);
+  EXPECT_FLOAT_EQ(config->final_logit_softcap, 30.0f);
+
+  gemma.Set("gemma3.attention.sliding_window_pattern", MakeUint(ValueType::kUint32, 2));
+  config = gemma.Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->layer_windowed, (std::vector<bool>{true, false, true}));
+
+  ExpectRefused(
+      ConfigFile(gemma).Set("gemma3.attention.sliding_window_pattern", BoolArray({true, false})),
+      ErrorCode::kCorrupt, {"'gemma3.attention.sliding_window_pattern'", "3 layers"});
+  ExpectRefused(
+      ConfigFile(gemma).Set("gemma3.attention.sliding_window", MakeUint(ValueType::kUint32, 0)),
+      ErrorCode::kCorrupt, {"'gemma3.attention.sliding_window' = 0"});
+
+  // Mistral-style: a llama file with a window slides in every layer; qwen files ignore theirs.
+  Result<ModelConfig> mistral =
+      ConfigFile().Set("llama.attention.sliding_window", MakeUint(ValueType::kUint32, 4)).Parse();
+  ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
+  EXPECT_EQ(mistral->layer_windowed, (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(mistral->sliding_window, 4);
+  Result<ModelConfig> qwen2 =
+      ConfigFile("qwen2")
+          .Set("qwen2.attention.sliding_window", MakeUint(ValueType::kUint32, 4))
+          .Parse();
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status().ToString();
+  EXPECT_TRUE(qwen2->layer_windowed.empty());
+}
+
+// LongRoPE: the long factors once the model's context passes the pretraining length, the short
+// ones within it; the attention factor scales q·k by its square.
+TEST(ModelConfigTest, ChoosesLongRopeFactorsByTheContext) {
+  const std::vector<float> long_factors = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> short_factors = {1.0f, 1.5f, 1.5f, 1.5f};
+  ConfigFile phi3("phi3");
+  phi3.Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+      .Set("phi3.rope.scaling.attn_factor", MakeFloat(ValueType::kFloat32, 1.5))
+      .Tensor("rope_factors_long.weight", {4}, long_factors)
+      .Tensor("rope_factors_short.weight", {4}, short_factors);
+  Result<ModelConfig> config = phi3.Parse();  // context 4096 > 1024
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->rope.freq_factors, long_factors);
+  EXPECT_EQ(config->rope.style, RopeConfig::Style::kHalves);
+  EXPECT_FLOAT_EQ(config->attention_scale, 1.5f * 1.5f / std::sqrt(8.0f));
+
+  // Within the pretraining length; without attn_factor it is sqrt(1 + ln(s) / ln(original)).
+  ConfigFile within(phi3);
+  within.Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 4096));
+  config = within.Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->rope.freq_factors, short_factors);
+  ConfigFile computed("phi3");
+  computed.Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+      .Tensor("rope_factors_long.weight", {4}, long_factors)
+      .Tensor("rope_factors_short.weight", {4}, short_factors);
+  config = computed.Parse();
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const double factor = std::sqrt(1.0 + std::log(4.0) / std::log(1024.0));
+  EXPECT_NEAR(config->attention_scale, factor * factor / std::sqrt(8.0), 1e-6);
+
+  ExpectRefused(
+      ConfigFile("phi3")
+          .Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+          .Tensor("rope_factors_long.weight", {4}, long_factors),
+      ErrorCode::kCorrupt, {"rope_factors_long and rope_factors_short"});
+  ExpectRefused(ConfigFile("phi3")
+                    .Tensor("rope_factors_long.weight", {4}, long_factors)
+                    .Tensor("rope_factors_short.weight", {4}, short_factors),
+                ErrorCode::kNotFound, {"phi3.rope.scaling.original_context_length"});
+  ExpectRefused(
+      ConfigFile("phi3")
+          .Set("phi3.rope.scaling.original_context_length", MakeUint(ValueType::kUint32, 1024))
+          .Tensor("rope_factors_long.weight", {3}, {1.0f, 1.0f, 1.0f})
+          .Tensor("rope_factors_short.weight", {4}, short_factors),
+      ErrorCode::kCorrupt, {"'rope_factors_long.weight' must be F32 [4]"});
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
-// CpuModel::Forward: the llama/qwen2 block over a batch of decode rows and prefill chunks.
+// CpuModel::Forward: the decoder block of every supported family over decode rows and prefill
+// chunks.
 #include "model/cpu_model.h"
 
 #include <cblas.h>
 
 #include <cmath>
 
+#include "core/half.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/elementwise.h"
-#include "core/half.h"
 #include "ops/cpu/exact_matvec.h"
 #include "ops/cpu/gemm.h"
 
@@ -20,14 +21,43 @@ void RoundToFp16(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
 }
 
+// gate = gelu_tanh(gate) * up, GELU's tanh approximation as Gemma's FFN uses it.
+void GeluTanhGlu(float* gate, const float* up, int64_t count) {
+  const float k = std::sqrt(2.0f / 3.14159265358979323846f);
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+// logits = cap * tanh(logits / cap) (Gemma's final soft-capping); cap 0 leaves them alone.
+void SoftCap(float* logits, int64_t count, float cap) {
+  if (cap <= 0.0f) return;
+  for (int64_t i = 0; i < count; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+}
+
+// Attention with a window reads positions from the segments, so each must carry them.
+Status CheckPositioned(const kv::AttentionInput& input, int layer) {
+  for (const auto& segments : input.heads) {
+    for (const KvSegment& s : segments) {
+      if (!s.causal) {
+        return Error(ErrorCode::kInternal,
+                     "layer {} slides, but its KV policy prepared a segment without positions",
+                     layer);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // Rows of a step in processing order: decode inputs first (one row each, contiguous so one
 // mat-vec call serves them all), then the prefill inputs' rows.
 struct CpuModel::Rows {
-  std::vector<int> order;             // input indices in processing order
-  std::vector<int64_t> first_row;     // [input] first row of the input
-  std::vector<int64_t> position;      // [input] position of its first token
+  std::vector<int> order;          // input indices in processing order
+  std::vector<int64_t> first_row;  // [input] first row of the input
+  std::vector<int64_t> position;   // [input] position of its first token
   int64_t decode_rows = 0;
   int64_t total = 0;
 };
@@ -58,6 +88,9 @@ Result<std::unique_ptr<CpuModel>> CpuModel::Load(const std::string& path, int nu
   openblas_set_num_threads(1);
   model->pool_ = std::make_unique<ThreadPool>(num_threads);
   model->rope_ = std::make_unique<Rope>(model->config_.rope);
+  if (model->config_.sliding_window > 0) {
+    model->rope_windowed_ = std::make_unique<Rope>(model->config_.rope_windowed);
+  }
   return model;
 }
 
@@ -69,6 +102,8 @@ kv::KvGeometry KvGeometryOf(const ModelConfig& config) {
   g.head_dim = config.head_dim;
   g.max_context = config.context_length;
   g.rope = config.rope;
+  g.sliding_window = config.sliding_window;
+  g.layer_windowed = config.layer_windowed;
   return g;
 }
 
@@ -143,15 +178,18 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
       proj(total * hidden), gate(total * c.ffn_size), up(total * c.ffn_size);
   for (int i : rows.order) {
     for (size_t t = 0; t < inputs[i].tokens.size(); ++t) {
-      DequantRow(weights_.token_embd, inputs[i].tokens[t], x.data() + (rows.first_row[i] + t) * hidden);
+      DequantRow(weights_.token_embd, inputs[i].tokens[t],
+                 x.data() + (rows.first_row[i] + t) * hidden);
     }
+  }
+  if (c.embedding_scale != 1.0f) {
+    for (float& value : x) value *= c.embedding_scale;
   }
 
   std::vector<kv::AttentionInput> prepared(n);
   std::vector<Status> statuses(n);
   std::vector<AttentionJob> jobs(n);
-  const AttentionShape shape{c.num_query_heads, c.num_kv_heads, d,
-                             1.0f / std::sqrt(static_cast<float>(d))};
+  AttentionShape shape{c.num_query_heads, c.num_kv_heads, d, c.attention_scale};
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& w = weights_.layers[layer];
@@ -159,12 +197,20 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
     Linear(w.q, xn.data(), q.data(), rows);
     Linear(w.k, xn.data(), k_pre.data(), rows);
     Linear(w.v, xn.data(), v.data(), rows);
+    if (c.qk_norm) {  // per head, before RoPE: the policies see the normed pre-RoPE keys
+      RmsNorm(q.data(), w.q_norm.data(), total * c.num_query_heads, d, c.rms_norm_eps, q.data());
+      RmsNorm(k_pre.data(), w.k_norm.data(), total * c.num_kv_heads, d, c.rms_norm_eps,
+              k_pre.data());
+    }
     k = k_pre;
+    const bool windowed = c.IsWindowed(layer);
+    const Rope& rope = windowed ? *rope_windowed_ : *rope_;
+    shape.window = windowed ? c.sliding_window : 0;
     for (int i : rows.order) {
       for (size_t t = 0; t < inputs[i].tokens.size(); ++t) {
         const int64_t r = rows.first_row[i] + t;
-        rope_->Apply(q.data() + r * q_width, c.num_query_heads, d, rows.position[i] + t);
-        rope_->Apply(k.data() + r * kv_width, c.num_kv_heads, d, rows.position[i] + t);
+        rope.Apply(q.data() + r * q_width, c.num_query_heads, d, rows.position[i] + t);
+        rope.Apply(k.data() + r * kv_width, c.num_kv_heads, d, rows.position[i] + t);
       }
     }
     if (numerics_ == Numerics::kInt8) {  // fp16 KV cache, as ggml's default
@@ -188,6 +234,7 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
         if (status.ok()) {
           status = in.kv->Prepare(layer, block.queries, block.num_tokens, &prepared[i]);
         }
+        if (status.ok() && windowed) status = CheckPositioned(prepared[i], layer);
         statuses[i] = status;
         jobs[i] = AttentionJob{block.queries, attn.data() + r * q_width, block.num_tokens,
                                block.first_position, &prepared[i]};
@@ -199,13 +246,23 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
       if (inputs[i].finish_prefill) SKV_RETURN_IF_ERROR(inputs[i].kv->FinishPrefill(layer));
     }
     Linear(w.o, attn.data(), proj.data(), rows);
+    if (c.post_norms) {
+      RmsNorm(proj.data(), w.post_attn_norm.data(), total, hidden, c.rms_norm_eps, proj.data());
+    }
     AddInPlace(x.data(), proj.data(), total * hidden);
 
     RmsNorm(x.data(), w.ffn_norm.data(), total, hidden, c.rms_norm_eps, xn.data());
     Linear(w.gate, xn.data(), gate.data(), rows);
     Linear(w.up, xn.data(), up.data(), rows);
-    SwiGlu(gate.data(), up.data(), total * c.ffn_size);
+    if (c.activation == FfnActivation::kGeluTanh) {
+      GeluTanhGlu(gate.data(), up.data(), total * c.ffn_size);
+    } else {
+      SwiGlu(gate.data(), up.data(), total * c.ffn_size);
+    }
     Linear(w.down, gate.data(), proj.data(), rows);
+    if (c.post_norms) {
+      RmsNorm(proj.data(), w.post_ffn_norm.data(), total, hidden, c.rms_norm_eps, proj.data());
+    }
     AddInPlace(x.data(), proj.data(), total * hidden);
   }
 
@@ -218,8 +275,8 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
     const float* first = x.data() + rows.first_row[i] * hidden;
     if (in.logits == StepInput::Logits::kLast) {
       last_rows.resize(last_rows.size() + hidden);
-      RmsNorm(first + (count - 1) * hidden, weights_.output_norm.data(), 1, hidden,
-              c.rms_norm_eps, last_rows.data() + last_rows.size() - hidden);
+      RmsNorm(first + (count - 1) * hidden, weights_.output_norm.data(), 1, hidden, c.rms_norm_eps,
+              last_rows.data() + last_rows.size() - hidden);
       last_inputs.push_back(i);
     } else if (in.logits == StepInput::Logits::kAll) {
       std::vector<float> normed(count * hidden);
@@ -228,6 +285,7 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
         RoundActivations(weights_.output.matrix.type, normed.data(), count, hidden, normed.data());
       }
       DequantGemm(weights_.output.matrix, normed.data(), count, in.logits_out, *pool_);
+      SoftCap(in.logits_out, count * c.vocab_size, c.final_logit_softcap);
     }
   }
   if (!last_inputs.empty()) {
@@ -238,6 +296,7 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
     } else {
       QuantMatVec(weights_.output.matrix, last_rows.data(), count, logits.data(), *pool_);
     }
+    SoftCap(logits.data(), static_cast<int64_t>(logits.size()), c.final_logit_softcap);
     for (size_t j = 0; j < last_inputs.size(); ++j) {
       std::copy_n(logits.data() + j * c.vocab_size, c.vocab_size,
                   inputs[last_inputs[j]].logits_out);

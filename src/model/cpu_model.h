@@ -19,9 +19,9 @@ namespace shadowkv {
 
 // One sequence's share of a forward step: new tokens at consecutive positions.
 struct StepInput {
-  kv::SequenceKv* kv = nullptr;      // the sequence's KV state (owned by the caller)
-  std::span<const int32_t> tokens;   // new tokens; position of tokens[0] is kv->num_tokens()
-  bool finish_prefill = false;       // these are the last prompt tokens: compress afterwards
+  kv::SequenceKv* kv = nullptr;     // the sequence's KV state (owned by the caller)
+  std::span<const int32_t> tokens;  // new tokens; position of tokens[0] is kv->num_tokens()
+  bool finish_prefill = false;      // these are the last prompt tokens: compress afterwards
   // Logits wanted: none, the last token's ([vocab]), or every token's ([tokens, vocab]).
   enum class Logits { kNone, kLast, kAll } logits = Logits::kLast;
   float* logits_out = nullptr;
@@ -73,6 +73,7 @@ class CpuModel {
   ModelWeights weights_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Rope> rope_;
+  std::unique_ptr<Rope> rope_windowed_;  // sliding layers' rotation, where any layer slides
   Numerics numerics_ = Numerics::kExact;
   std::vector<float> rounded_;  // scratch: rounded activations of prefill rows
 };

@@ -1,4 +1,4 @@
-// ModelWeights::Load: tensor names and shapes of the llama/qwen2 layouts in GGUF.
+// ModelWeights::Load: tensor names and shapes of the supported layouts in GGUF (llama.cpp names).
 #include "model/weights.h"
 
 #include "format/quants.h"
@@ -62,6 +62,33 @@ Result<LinearWeight> LoadLinear(const gguf::GgufFile& file, const std::string& n
   return linear;
 }
 
+// A fused [in, sum(parts)] tensor (phi3's attn_qkv, ffn_up) as one linear layer per part, each
+// the part's rows of the fused matrix (and bias).
+Result<std::vector<LinearWeight>> LoadFusedLinear(const gguf::GgufFile& file,
+                                                  const std::string& name, int64_t in,
+                                                  std::vector<int64_t> parts, bool with_bias) {
+  int64_t total = 0;
+  for (int64_t part : parts) total += part;
+  SKV_ASSIGN_OR_RETURN(LinearWeight fused, LoadLinear(file, name, in, total, with_bias));
+  std::vector<LinearWeight> split(parts.size());
+  int64_t first = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t row_bytes = fused.matrix.row_bytes;
+    const uint8_t* rows = fused.matrix.data + first * row_bytes;
+    LinearWeight& w = split[i];
+    if (!fused.repacked.empty()) {  // each part owns its copy of the repacked rows
+      w.repacked.assign(rows, rows + parts[i] * row_bytes);
+      rows = w.repacked.data();
+    }
+    w.matrix = QuantMatrix{fused.matrix.type, rows, parts[i], in, row_bytes};
+    if (with_bias) {
+      w.bias.assign(fused.bias.begin() + first, fused.bias.begin() + first + parts[i]);
+    }
+    first += parts[i];
+  }
+  return split;
+}
+
 }  // namespace
 
 Result<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, const ModelConfig& c) {
@@ -85,12 +112,39 @@ Result<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, const ModelC
     LayerWeights layer;
     SKV_ASSIGN_OR_RETURN(layer.attn_norm, LoadVector(file, p + "attn_norm.weight", hidden));
     SKV_ASSIGN_OR_RETURN(layer.ffn_norm, LoadVector(file, p + "ffn_norm.weight", hidden));
-    SKV_ASSIGN_OR_RETURN(layer.q, LoadLinear(file, p + "attn_q", hidden, q_width, c.qkv_bias));
-    SKV_ASSIGN_OR_RETURN(layer.k, LoadLinear(file, p + "attn_k", hidden, kv_width, c.qkv_bias));
-    SKV_ASSIGN_OR_RETURN(layer.v, LoadLinear(file, p + "attn_v", hidden, kv_width, c.qkv_bias));
+    if (c.qk_norm) {
+      SKV_ASSIGN_OR_RETURN(layer.q_norm, LoadVector(file, p + "attn_q_norm.weight", c.head_dim));
+      SKV_ASSIGN_OR_RETURN(layer.k_norm, LoadVector(file, p + "attn_k_norm.weight", c.head_dim));
+    }
+    if (c.post_norms) {
+      SKV_ASSIGN_OR_RETURN(layer.post_attn_norm,
+                           LoadVector(file, p + "post_attention_norm.weight", hidden));
+      SKV_ASSIGN_OR_RETURN(layer.post_ffn_norm,
+                           LoadVector(file, p + "post_ffw_norm.weight", hidden));
+    }
+    if (c.fused_qkv) {
+      SKV_ASSIGN_OR_RETURN(
+          std::vector<LinearWeight> qkv,
+          LoadFusedLinear(file, p + "attn_qkv", hidden, {q_width, kv_width, kv_width}, c.qkv_bias));
+      layer.q = std::move(qkv[0]);
+      layer.k = std::move(qkv[1]);
+      layer.v = std::move(qkv[2]);
+    } else {
+      SKV_ASSIGN_OR_RETURN(layer.q, LoadLinear(file, p + "attn_q", hidden, q_width, c.qkv_bias));
+      SKV_ASSIGN_OR_RETURN(layer.k, LoadLinear(file, p + "attn_k", hidden, kv_width, c.qkv_bias));
+      SKV_ASSIGN_OR_RETURN(layer.v, LoadLinear(file, p + "attn_v", hidden, kv_width, c.qkv_bias));
+    }
     SKV_ASSIGN_OR_RETURN(layer.o, LoadLinear(file, p + "attn_output", q_width, hidden, false));
-    SKV_ASSIGN_OR_RETURN(layer.gate, LoadLinear(file, p + "ffn_gate", hidden, c.ffn_size, false));
-    SKV_ASSIGN_OR_RETURN(layer.up, LoadLinear(file, p + "ffn_up", hidden, c.ffn_size, false));
+    if (c.fused_gate_up) {
+      SKV_ASSIGN_OR_RETURN(
+          std::vector<LinearWeight> gate_up,
+          LoadFusedLinear(file, p + "ffn_up", hidden, {c.ffn_size, c.ffn_size}, false));
+      layer.gate = std::move(gate_up[0]);
+      layer.up = std::move(gate_up[1]);
+    } else {
+      SKV_ASSIGN_OR_RETURN(layer.gate, LoadLinear(file, p + "ffn_gate", hidden, c.ffn_size, false));
+      SKV_ASSIGN_OR_RETURN(layer.up, LoadLinear(file, p + "ffn_up", hidden, c.ffn_size, false));
+    }
     SKV_ASSIGN_OR_RETURN(layer.down, LoadLinear(file, p + "ffn_down", c.ffn_size, hidden, false));
     w.layers.push_back(std::move(layer));
   }

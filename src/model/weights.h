@@ -22,15 +22,19 @@ struct LinearWeight {
 };
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [hidden]
-  std::vector<float> ffn_norm;   // [hidden]
-  LinearWeight q;                // [num_query_heads*head_dim, hidden]
-  LinearWeight k;                // [num_kv_heads*head_dim, hidden]
-  LinearWeight v;                // [num_kv_heads*head_dim, hidden]
-  LinearWeight o;                // [hidden, num_query_heads*head_dim]
-  LinearWeight gate;             // [ffn, hidden]
-  LinearWeight up;               // [ffn, hidden]
-  LinearWeight down;             // [hidden, ffn]
+  std::vector<float> attn_norm;       // [hidden]
+  std::vector<float> ffn_norm;        // [hidden] (gemma3: its pre-FFN norm)
+  std::vector<float> q_norm;          // [head_dim] per-head norm of Q (qk_norm models), else empty
+  std::vector<float> k_norm;          // [head_dim]
+  std::vector<float> post_attn_norm;  // [hidden] of the attention output (post_norms), else empty
+  std::vector<float> post_ffn_norm;   // [hidden] of the FFN output
+  LinearWeight q;                     // [num_query_heads*head_dim, hidden]
+  LinearWeight k;                     // [num_kv_heads*head_dim, hidden]
+  LinearWeight v;                     // [num_kv_heads*head_dim, hidden]
+  LinearWeight o;                     // [hidden, num_query_heads*head_dim]
+  LinearWeight gate;                  // [ffn, hidden]
+  LinearWeight up;                    // [ffn, hidden]
+  LinearWeight down;                  // [hidden, ffn]
 };
 
 struct ModelWeights {

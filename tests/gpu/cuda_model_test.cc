@@ -1,15 +1,19 @@
 // Whole-model parity: CudaModel against CpuModel (logits) on tiny random GGUF models: chunked
 // prefill, several sequences of different lengths, mixed prefill + decode steps, graph-replayed
-// decode steps; and the model's errors (out of memory, bad inputs) as Status values.
+// decode steps; the tiny qwen3 model against transformers' goldens; the families the backend
+// refuses; and the model's errors (out of memory, bad inputs) as Status values.
 #include "gpu/model/cuda_model.h"
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "engine/sampler.h"
 #include "eval/prefill_record.h"
 #include "gpu_test_util.h"
 #include "kv/kv_policy.h"
 #include "model/cpu_model.h"
+#include "model/model_path.h"
 #include "model/synthetic.h"
 #include "tiny_model.h"
 
@@ -43,8 +47,8 @@ class ParityChecker {
   int count_ = 0;
 };
 
-void CheckModelParity(const TinyModelSpec& spec, const std::string& tag, double tolerance) {
-  const std::string path = WriteTinyModel(spec, tag);
+// The model at `path`, whose context holds at least 156 tokens.
+void CheckModelParity(const std::string& path, const std::string& tag, double tolerance) {
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);  // fp32 activations and KV
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
   CudaModelOptions options;
@@ -52,7 +56,9 @@ void CheckModelParity(const TinyModelSpec& spec, const std::string& tag, double 
   options.max_step_tokens = 256;
   auto gpu = CudaModel::Load(path, options);
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  ASSERT_TRUE((*gpu)->AllocateKvCache(4, 512).ok());
+  const Status allocated =
+      (*gpu)->AllocateKvCache(4, std::min<int64_t>(512, (*cpu)->config().context_length));
+  ASSERT_TRUE(allocated.ok()) << allocated.ToString();
   const int vocab = static_cast<int>((*cpu)->config().vocab_size);
   auto policy = kv::MakeKvPolicy(kv::KvPolicyConfig{}, (*cpu)->kv_geometry()).value();
   std::vector<std::unique_ptr<kv::SequenceKv>> sequences;
@@ -139,6 +145,14 @@ void CheckModelParity(const TinyModelSpec& spec, const std::string& tag, double 
   EXPECT_EQ((*gpu)->slot_length(3), 33);
 }
 
+void CheckModelParity(const TinyModelSpec& spec, const std::string& tag, double tolerance) {
+  CheckModelParity(WriteTinyModel(spec, tag), tag, tolerance);
+}
+
+std::string TinyFamilyPath(const std::string& family) {
+  return shadowkv::testing::DataPath("goldens/tiny_" + family + ".gguf");
+}
+
 TEST(CudaModelParityTest, LlamaF32Weights) {
   SKV_SKIP_WITHOUT_GPU();
   CheckModelParity(SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, 1), "gpu_llama_f32", 3e-2);
@@ -153,6 +167,76 @@ TEST(CudaModelParityTest, LlamaQ8WeightsHeadDim128GroupOf3) {
   SKV_SKIP_WITHOUT_GPU();
   // Both sides use the dequantised Q8_0 values (the GPU rounds them to bf16).
   CheckModelParity(SmallSpec("llama", 768, 6, 2, gguf::GgmlType::kQ8_0, true, 3), "gpu_llama_q8", 3e-2);
+}
+
+// qwen3: the per-head QK norm inside the QKV/RoPE kernel, head dim 64 wider than hidden/heads.
+TEST(CudaModelParityTest, Qwen3QkNormTinyFamilyModel) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(TinyFamilyPath("qwen3"), "gpu_qwen3", 3e-2);
+}
+
+// The tiny qwen3 model against transformers (scripts/goldens/tiny_family_goldens.py): logits at
+// the golden positions (each the last row of a prefill chunk) and 32 greedy tokens.
+TEST(CudaFamilyGoldenTest, Qwen3MatchesTransformers) {
+  SKV_SKIP_WITHOUT_GPU();
+  std::ifstream in(shadowkv::testing::DataPath("goldens/tiny_qwen3.json"));
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const std::vector<int32_t> tokens = golden["tokens"];
+  const std::vector<int> positions = golden["full_logits"]["positions"];
+  const int vocab = golden["num_vocab"];
+  std::vector<float> rows(positions.size() * vocab);
+  std::ifstream f32(shadowkv::testing::DataPath("goldens/tiny_qwen3.f32"), std::ios::binary);
+  f32.read(reinterpret_cast<char*>(rows.data()), static_cast<std::streamsize>(rows.size() * 4));
+  ASSERT_TRUE(f32.good()) << "short golden logits";
+
+  auto gpu = CudaModel::Load(TinyFamilyPath("qwen3"), CudaModelOptions{1, 64, true});
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  ASSERT_TRUE((*gpu)->AllocateKvCache(1, 128).ok());
+  ParityChecker parity("qwen3 vs transformers", 3e-2);
+  std::vector<float> logits(vocab);
+  size_t done = 0;
+  for (size_t p = 0; p < positions.size(); ++p) {
+    const std::vector<int32_t> chunk(tokens.begin() + done, tokens.begin() + positions[p] + 1);
+    const Status status = (*gpu)->Forward(std::vector<CudaStepInput>{{0, chunk, logits.data()}});
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    done = positions[p] + 1;
+    const std::vector<float> want(rows.begin() + p * vocab, rows.begin() + (p + 1) * vocab);
+    parity.Check(logits, want, "position " + std::to_string(positions[p]));
+  }
+  ASSERT_EQ(done, tokens.size());
+  const std::vector<int32_t> expected = golden["continuation"]["tokens"];
+  std::vector<int32_t> generated;
+  int32_t next = Argmax(logits);
+  while (generated.size() < expected.size()) {
+    generated.push_back(next);
+    const std::vector<CudaStepInput> step = {
+        {0, std::span<const int32_t>(&next, 1), logits.data()}};
+    const Status status = (*gpu)->Forward(step);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    next = Argmax(logits);
+  }
+  size_t same = 0;
+  while (same < generated.size() && generated[same] == expected[same]) ++same;
+  std::printf("[ golden   ] qwen3 greedy: first %zu of %zu tokens as transformers\n", same,
+              expected.size());
+  EXPECT_EQ(generated, expected);
+}
+
+// Families the CUDA backend does not run yet are refused at load, naming what is missing.
+TEST(CudaModelTest, RefusesFamiliesItDoesNotRunYet) {
+  SKV_SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"gemma3", "architecture 'gemma3' is not supported"},
+      {"phi3", "architecture 'phi3' is not supported"},
+      {"glm4", "architecture 'glm4' is not supported"},
+      {"mistral", "sliding window of 8 tokens"}};
+  for (const auto& [family, fragment] : cases) {
+    auto gpu = CudaModel::Load(TinyFamilyPath(family), CudaModelOptions{1, 64, true});
+    ASSERT_FALSE(gpu.ok()) << family << " loaded";
+    EXPECT_EQ(gpu.status().code(), ErrorCode::kUnsupported) << gpu.status().ToString();
+    EXPECT_NE(gpu.status().message().find(fragment), std::string::npos)
+        << family << ": " << gpu.status().message();
+  }
 }
 
 // ExportSlot hands a GPU prefill to the CPU policies (eval --device cuda): the exported keys

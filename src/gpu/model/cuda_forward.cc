@@ -109,6 +109,11 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     QkvRopeParams rope;
     rope.qkv = qkv.get();
     rope.bias = w.qkv_bias.size() > 0 ? w.qkv_bias.get() : nullptr;
+    if (w.q_norm.size() > 0) {
+      rope.q_norm = w.q_norm.get();
+      rope.k_norm = w.k_norm.get();
+      rope.norm_eps = c.rms_norm_eps;
+    }
     rope.inv_freq = inv_freq.get();
     rope.positions = meta.positions;
     rope.slots = meta.slots;

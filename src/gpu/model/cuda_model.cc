@@ -27,6 +27,21 @@ Status CheckSupported(const ModelConfig& c, const CudaModelOptions& o) {
     return Error(ErrorCode::kInvalidArgument, "model config has an empty dimension: {}",
                  c.Summary());
   }
+  // Gemma's post norms, GELU FFN, embedding scale and soft-cap, phi3's fused tensors and
+  // LongRoPE attention factor, and sliding-window masking are CPU-only for now.
+  if (c.post_norms || c.activation != FfnActivation::kSilu || c.embedding_scale != 1.0f ||
+      c.final_logit_softcap > 0.0f || c.fused_qkv || c.fused_gate_up) {
+    return Error(ErrorCode::kUnsupported,
+                 "architecture '{}' is not supported by the CUDA backend yet (supported there: "
+                 "llama, qwen2, qwen3; use --device cpu)",
+                 c.architecture);
+  }
+  if (!c.layer_windowed.empty()) {
+    return Error(ErrorCode::kUnsupported,
+                 "'{}' model with a sliding window of {} tokens: the CUDA attention kernels do "
+                 "not mask windows yet (use --device cpu)",
+                 c.architecture, c.sliding_window);
+  }
   if (c.num_query_heads % c.num_kv_heads != 0) {
     return Error(ErrorCode::kUnsupported, "{} query heads are not a multiple of {} KV heads",
                  c.num_query_heads, c.num_kv_heads);
@@ -313,6 +328,10 @@ Status CudaModel::Impl::AllocateWeights() {
     SKV_RETURN_IF_ERROR(l.down.Allocate(hidden * ffn));
     SKV_RETURN_IF_ERROR(l.attn_norm.Allocate(hidden));
     SKV_RETURN_IF_ERROR(l.ffn_norm.Allocate(hidden));
+    if (c.qk_norm) {
+      SKV_RETURN_IF_ERROR(l.q_norm.Allocate(c.head_dim));
+      SKV_RETURN_IF_ERROR(l.k_norm.Allocate(c.head_dim));
+    }
   }
   SKV_RETURN_IF_ERROR(token_embd.Allocate(c.vocab_size * hidden));
   if (c.tied_embeddings) {
@@ -328,8 +347,8 @@ Status CudaModel::Impl::AllocateWeights() {
 int64_t CudaModel::Impl::DecodeWeightBytes() const {
   int64_t total = config.vocab_size * config.hidden_size * 2 + output_norm.bytes();
   for (const DeviceLayer& l : layers) {
-    total += l.qkv.bytes() + l.qkv_bias.bytes() + l.o.bytes() + l.gate_up.bytes() +
-             l.down.bytes() + l.attn_norm.bytes() + l.ffn_norm.bytes();
+    total += l.qkv.bytes() + l.qkv_bias.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() +
+             l.attn_norm.bytes() + l.ffn_norm.bytes() + l.q_norm.bytes() + l.k_norm.bytes();
   }
   return total;
 }
@@ -420,6 +439,14 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
     SKV_RETURN_IF_ERROR(UploadFloats(attn_norm, l.attn_norm.get()));
     SKV_ASSIGN_OR_RETURN(std::vector<float> ffn_norm, LoadVector(*file, p + "ffn_norm.weight", hidden));
     SKV_RETURN_IF_ERROR(UploadFloats(ffn_norm, l.ffn_norm.get()));
+    if (c.qk_norm) {  // per head, the same on every tensor-parallel rank
+      SKV_ASSIGN_OR_RETURN(std::vector<float> q_norm,
+                           LoadVector(*file, p + "attn_q_norm.weight", c.head_dim));
+      SKV_RETURN_IF_ERROR(UploadFloats(q_norm, l.q_norm.get()));
+      SKV_ASSIGN_OR_RETURN(std::vector<float> k_norm,
+                           LoadVector(*file, p + "attn_k_norm.weight", c.head_dim));
+      SKV_RETURN_IF_ERROR(UploadFloats(k_norm, l.k_norm.get()));
+    }
     if (c.qkv_bias) {
       std::vector<float> bias;
       for (auto [name, size, range] : {std::tuple{"attn_q.bias", q_width, q_rows},
@@ -496,6 +523,11 @@ Result<std::unique_ptr<CudaModel>> CudaModel::CreateSynthetic(const ModelConfig&
                                          scale_for(ffn), down_seed, s));
     SKV_RETURN_IF_ERROR(UploadFloats(ones, l.attn_norm.get()));
     SKV_RETURN_IF_ERROR(UploadFloats(ones, l.ffn_norm.get()));
+    if (l.q_norm.size() > 0) {
+      const std::vector<float> head_ones(c.head_dim, 1.0f);
+      SKV_RETURN_IF_ERROR(UploadFloats(head_ones, l.q_norm.get()));
+      SKV_RETURN_IF_ERROR(UploadFloats(head_ones, l.k_norm.get()));
+    }
     if (l.qkv_bias.size() > 0) {
       SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.qkv_bias.get(), 0, l.qkv_bias.bytes(), s));
     }
@@ -512,8 +544,8 @@ int64_t CudaModel::weight_bytes() const {
   const Impl& m = *impl_;
   int64_t total = m.token_embd.bytes() + m.output_own.bytes() + m.output_norm.bytes();
   for (const DeviceLayer& l : m.layers) {
-    total += l.qkv.bytes() + l.qkv_bias.bytes() + l.o.bytes() + l.gate_up.bytes() +
-             l.down.bytes() + l.attn_norm.bytes() + l.ffn_norm.bytes();
+    total += l.qkv.bytes() + l.qkv_bias.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() +
+             l.attn_norm.bytes() + l.ffn_norm.bytes() + l.q_norm.bytes() + l.k_norm.bytes();
   }
   return total;
 }

@@ -35,6 +35,8 @@ struct DeviceLayer {
   DeviceBuffer<Bf16> down;      // [hidden, ffn]
   DeviceBuffer<float> attn_norm;  // [hidden]
   DeviceBuffer<float> ffn_norm;   // [hidden]
+  DeviceBuffer<float> q_norm;     // [head_dim] per-head norm of Q (qk_norm models) or empty
+  DeviceBuffer<float> k_norm;     // [head_dim]
 };
 
 // Per-step metadata, mirrored in pinned host memory and uploaded as one block before each step

@@ -133,6 +133,11 @@ void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& t
       if (s.causal) {
         const int64_t visible = std::clamp<int64_t>(pos - s.first_position + 1, 0, used[i]);
         std::fill(row + column + visible, row + column + used[i], neg_inf);
+        if (shape.window > 0) {
+          const int64_t hidden =
+              std::clamp<int64_t>(pos - shape.window + 1 - s.first_position, 0, visible);
+          std::fill(row + column, row + column + hidden, neg_inf);
+        }
       }
       column += used[i];
     }
@@ -205,6 +210,7 @@ void ReferenceAttention(const AttentionShape& shape, const AttentionJob& job) {
       for (const auto& s : job.input->heads[hq / group]) {
         for (int t = 0; t < s.num_tokens; ++t) {
           if (s.causal && s.first_position + t > pos) continue;
+          if (s.causal && shape.window > 0 && s.first_position + t <= pos - shape.window) continue;
           const float* k = s.keys + static_cast<int64_t>(t) * s.row_stride;
           double dot = 0;
           for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];

@@ -1,5 +1,6 @@
 // QKV/RoPE kernel: one thread per (row, head, pair of elements); blocks of 256 threads along a
-// row's pairs, so a decode step's few rows still spread over many multiprocessors.
+// row's pairs, so a decode step's few rows still spread over many multiprocessors. A head's
+// pairs lie in whole warps of one block, so the QK norm reduces over those warps.
 #include "ops/cuda/rope/qkv_rope.cuh"
 
 #include "ops/cuda/common/device_utils.cuh"
@@ -22,8 +23,9 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
   const int slot = p.slots[row];
   const int cache_row = p.cache_rows ? p.cache_rows[row] : position;
 
-  if (index < num_heads * half_dim) {
-    const int head = index / half_dim;
+  const bool active = index < num_heads * half_dim;
+  {
+    const int head = active ? index / half_dim : 0;
     const int pair = index % half_dim;
     const bool rotating_head = head < p.num_query_heads + p.num_kv_heads;  // q or k
     const bool rotates = rotating_head && pair < rotary_half;
@@ -39,12 +41,33 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
       b = 2 * pair + 1;
     }
     const int column = head * d;
-    float x0 = in[column + a];
-    float x1 = in[column + b];
-    if (p.bias) {
+    float x0 = active ? in[column + a] : 0.0f;
+    float x1 = active ? in[column + b] : 0.0f;
+    if (p.bias && active) {
       x0 += p.bias[column + a];
       x1 += p.bias[column + b];
     }
+    if (p.q_norm) {  // uniform over the grid, so every thread of the block reaches the barrier
+      __shared__ float warp_sums[kThreads / 32];
+      float sum = rotating_head && active ? x0 * x0 + x1 * x1 : 0.0f;
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      }
+      const int warp = threadIdx.x / 32;
+      if (threadIdx.x % 32 == 0) warp_sums[warp] = sum;
+      __syncthreads();
+      const int warps_per_head = half_dim / 32;
+      const int first_warp = warp / warps_per_head * warps_per_head;
+      float total = 0.0f;
+      for (int w = 0; w < warps_per_head; ++w) total += warp_sums[first_warp + w];
+      if (rotating_head) {
+        const float* weight = head < p.num_query_heads ? p.q_norm : p.k_norm;
+        const float inv = rsqrtf(total / static_cast<float>(d) + p.norm_eps);
+        x0 *= inv * weight[a];
+        x1 *= inv * weight[b];
+      }
+    }
+    if (!active) return;
     if (p.keys_pre && head >= p.num_query_heads && head < p.num_query_heads + p.num_kv_heads) {
       const int pre_row = p.keys_pre_rows ? p.keys_pre_rows[row] : position;
       const int kv_width = p.num_kv_heads * d;
@@ -89,6 +112,11 @@ cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream) {
   if (params.rows == 0) return cudaSuccess;
   if (params.rows < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
       params.rotary_dim < 0 || params.rotary_dim % 2 != 0 || params.rotary_dim > params.head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  const int half_dim = params.head_dim / 2;
+  if ((params.q_norm == nullptr) != (params.k_norm == nullptr) ||
+      (params.q_norm && (half_dim % 32 != 0 || kThreads % half_dim != 0))) {
     return cudaErrorInvalidValue;
   }
   const int pairs = (params.num_query_heads + 2 * params.num_kv_heads) * (params.head_dim / 2);

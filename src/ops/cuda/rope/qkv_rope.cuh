@@ -1,4 +1,5 @@
-// After the fused QKV projection: bias, RoPE (fp32, true positions) and the KV-cache append.
+// After the fused QKV projection: bias, per-head QK norm, RoPE (fp32, true positions) and the
+// KV-cache append.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +16,12 @@ struct QkvRopeParams {
   // projection wrote them (fp32, pre-RoPE, no bias yet).
   const float* qkv = nullptr;
   const float* bias = nullptr;      // [(num_query_heads + 2 * num_kv_heads) * head_dim] or null
+  // qwen3: RMSNorm of each query and key head (after the bias, before RoPE and before the
+  // pre-RoPE key copy) with these [head_dim] weights; both null for none. Needs head_dim / 2 a
+  // multiple of 32 that divides the kernel's block of 256 (head_dim 64, 128, 256 or 512).
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 1e-6f;
   const float* inv_freq = nullptr;  // [rotary_dim / 2] angle per position of each pair (Rope's)
   const int32_t* positions = nullptr;  // [rows] true position of each row's token
   const int32_t* slots = nullptr;      // [rows] KV-cache slot of each row's sequence
