@@ -154,6 +154,10 @@ Status CpuModel::Forward(std::span<const StepInput> inputs) {
     if (!in.kv || in.tokens.empty()) {
       return Error(ErrorCode::kInvalidArgument, "step input {} has no KV state or no tokens", i);
     }
+    if (in.logits != StepInput::Logits::kNone && in.logits_out == nullptr) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "step input {} asks for logits but gives no buffer for them", i);
+    }
     rows.first_row[i] = rows.total;
     rows.position[i] = in.kv->num_tokens();
     if (rows.position[i] + static_cast<int64_t>(in.tokens.size()) > c.context_length) {

@@ -164,6 +164,25 @@ TEST(ModelForwardTest, ChunkingDoesNotChangePrefill) {
   for (size_t i = 0; i < whole.size(); ++i) ASSERT_NEAR(whole[i], chunked[i], 1e-4);
 }
 
+// Asking for logits without a buffer for them is an error naming the input, not a write through
+// a null pointer; asking for none needs no buffer.
+TEST(ModelForwardTest, LogitsWithoutABufferAreRefused) {
+  auto model = CpuModel::Load(WriteTinyModel(TinyModelSpec{}, "no_buffer"), 1).value();
+  auto policy = kv::MakeKvPolicy(kv::KvPolicyConfig{}, model->kv_geometry()).value();
+  auto kv = policy->NewSequence().value();
+  const auto tokens = SomeTokens(5, 4);
+  StepInput in;
+  in.kv = kv.get();
+  in.tokens = tokens;
+  const Status refused = model->Forward(std::span<const StepInput>(&in, 1));
+  EXPECT_EQ(refused.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("no buffer"), std::string::npos) << refused.ToString();
+  EXPECT_EQ(kv->num_tokens(), 0);
+  in.logits = StepInput::Logits::kNone;
+  EXPECT_TRUE(model->Forward(std::span<const StepInput>(&in, 1)).ok());
+  EXPECT_EQ(kv->num_tokens(), 5);
+}
+
 // Decode rows (mat-vec kernels) against prefill rows (GEMM) of the same tokens. In exact
 // numerics they agree to fp32 summation order; int8 numerics round the decode activations to 8
 // bits and the GEMM path's the same way, so they agree closely too.
