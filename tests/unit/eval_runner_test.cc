@@ -186,28 +186,14 @@ TEST_F(EvalRunnerTest, MultiTurnContinuesTheConversationOnTheSameKvState) {
     EXPECT_EQ(report->questions[turn].depth, sample.key_depths[turn]);
   }
 
-  // The conversation as text the full policy saw: prompt, answer 1, follow-up 2, answer 2, ...
-  const Tokenizer& tokenizer = model_->tokenizer();
-  std::vector<int32_t> conversation = tokenizer.Encode(sample.first.prompt, true, true);
-  for (int turn = 0; turn < 3; ++turn) {
+  // Turn 2+ of the full policy answers as a fresh prefill of everything before it does.
+  for (int turn = 1; turn < 3; ++turn) {
     const std::vector<int32_t>& answer = report->questions[turn].outputs[0].tokens;
     ASSERT_EQ(report->questions[turn].outputs[0].policy, "full");
-    if (turn > 0) {
-      // Turn 2+ answers as a fresh prefill of everything before it does.
-      EXPECT_GE(answer.size(), 8u) << "too short to compare anything";
-      EXPECT_EQ(answer, FreshAnswer(*model_, conversation, 128)) << "turn " << turn + 1;
-    }
-    conversation.insert(conversation.end(), answer.begin(), answer.end());
-    if (turn + 1 < 3) {
-      std::string followup = format_.Followup(sample.followups[turn]);
-      const int32_t last = answer.back();
-      const std::string last_text = tokenizer.Decode(std::span<const int32_t>(&last, 1));
-      if (tokenizer.IsEndOfGeneration(last) && followup.starts_with(last_text)) {
-        followup.erase(0, last_text.size());  // the answer's end token closed the turn
-      }
-      const auto more = tokenizer.Encode(followup, false, true);
-      conversation.insert(conversation.end(), more.begin(), more.end());
-    }
+    EXPECT_GE(answer.size(), 8u) << "too short to compare anything";
+    const std::vector<int32_t> before =
+        ConversationBefore(*report, 0, turn, sample, format_, model_->tokenizer());
+    EXPECT_EQ(answer, FreshAnswer(*model_, before, 128)) << "turn " << turn + 1;
   }
 }
 
