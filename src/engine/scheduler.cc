@@ -481,13 +481,19 @@ void Scheduler::Finish(Running& r, EndReason reason, Status status) {
     std::lock_guard lock(mutex_);
     mean_request_seconds_ = 0.9 * mean_request_seconds_ + 0.1 * seconds;
   }
+  // Published before the reply ends, so a client that reads /metrics after its reply never sees
+  // its own sequence still running.
+  PublishGauges();
   r.handle->End(reason, std::move(status));
 }
 
 void Scheduler::PublishGauges() {
   EngineGauges g;
-  g.running_sequences = static_cast<int64_t>(running_.size());
-  for (const auto& r : running_) g.active_memory += r->kv->memory();
+  for (const auto& r : running_) {
+    if (!r->kv) continue;  // finished in this step, not yet erased
+    g.running_sequences++;
+    g.active_memory += r->kv->memory();
+  }
   g.held_states = static_cast<int64_t>(held_.size());
   g.held_memory = held_.memory();
   {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "../../tests/unit/tiny_model.h"
 #include "support/greedy_by_hand.h"
@@ -259,6 +260,33 @@ TEST_F(SchedulerTest, MetricsCountEachTurnOfAHeldStateOnce) {
   // The state ends holding the second prompt and every generated token but the last.
   const int64_t final_tokens = static_cast<int64_t>(turn2.size()) + 7 - 1;
   EXPECT_EQ(metrics.selections("full"), final_tokens);
+}
+
+// An observer slow to take each step's timings: the loop's work after a step's replies ended
+// then lasts long enough for a client to look at the gauges in between.
+class SlowStepObserver : public EngineObserver {
+ public:
+  void AddStep(const StepTimes& /*times*/) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+};
+
+// A client that reads the gauges (what /metrics shows) once its reply has ended sees its own
+// sequence gone and its state held: they are published before the end is, not after the step.
+TEST_F(SchedulerTest, GaugesAreCurrentWhenAReplyEnds) {
+  auto policy = Policy("full");
+  SchedulerOptions options;
+  options.max_held_states = 4;
+  SlowStepObserver observer;
+  Scheduler scheduler(*serving_, options, &observer);
+  for (int i = 0; i < 6; ++i) {
+    auto submitted = scheduler.Submit(Request(*policy, RandomPrompt(12, 400 + i), 3));
+    ASSERT_EQ(submitted.code, SubmitResult::Code::kOk) << submitted.message;
+    EXPECT_EQ(Collect(*submitted.handle).size(), 3u);
+    const EngineGauges gauges = scheduler.gauges();
+    EXPECT_EQ(gauges.running_sequences, 0) << "request " << i;
+    EXPECT_EQ(gauges.held_states, std::min(i + 1, 4)) << "request " << i;
+  }
 }
 
 TEST_F(SchedulerTest, RequestsWaitForAFreeSlotAndHeldStatesGiveTheirsUp) {
