@@ -239,7 +239,7 @@ bool Scheduler::Turn() {
   }
   EndExpired(Clock::now());
   if (!running_.empty()) Step();
-  PublishGauges();
+  PublishAndEnd();
   return true;
 }
 
@@ -252,7 +252,7 @@ void Scheduler::StopNow() {
   for (auto& r : running_) Finish(*r, EndReason::kShutdown, Status::Ok());
   running_.clear();
   held_.Clear();
-  PublishGauges();
+  PublishAndEnd();
 }
 
 void Scheduler::Admit() {
@@ -481,19 +481,21 @@ void Scheduler::Finish(Running& r, EndReason reason, Status status) {
     std::lock_guard lock(mutex_);
     mean_request_seconds_ = 0.9 * mean_request_seconds_ + 0.1 * seconds;
   }
-  // Published before the reply ends, so a client that reads /metrics after its reply never sees
-  // its own sequence still running.
+  ending_.push_back({r.handle, reason, std::move(status)});
+}
+
+void Scheduler::PublishAndEnd() {
+  // The gauges go out before the replies end, so a client that reads /metrics after its reply
+  // never sees its own sequence still running.
   PublishGauges();
-  r.handle->End(reason, std::move(status));
+  for (Ending& e : ending_) e.handle->End(e.reason, std::move(e.status));
+  ending_.clear();
 }
 
 void Scheduler::PublishGauges() {
   EngineGauges g;
-  for (const auto& r : running_) {
-    if (!r->kv) continue;  // finished in this step, not yet erased
-    g.running_sequences++;
-    g.active_memory += r->kv->memory();
-  }
+  g.running_sequences = static_cast<int64_t>(running_.size());
+  for (const auto& r : running_) g.active_memory += r->kv->memory();
   g.held_states = static_cast<int64_t>(held_.size());
   g.held_memory = held_.memory();
   {

@@ -149,8 +149,10 @@ class Scheduler {
   void Admit();    // under mutex_
   void EndExpired(Clock::time_point now);
   bool Step();  // one forward step; false when nothing ran
+  // Releases a finished sequence; its reply ends at the next PublishAndEnd.
   void Finish(Running& running, EndReason reason, Status status);
   void PublishGauges();
+  void PublishAndEnd();  // the gauges, then the replies of the sequences finished since
   bool Fits(const kv::MemoryUsage& need, const kv::MemoryUsage& used) const;
 
   ServingModel& model_;
@@ -167,6 +169,12 @@ class Scheduler {
 
   // Loop thread only.
   std::vector<std::unique_ptr<Running>> running_;
+  struct Ending {
+    std::shared_ptr<SequenceHandle> handle;
+    EndReason reason;
+    Status status;
+  };
+  std::vector<Ending> ending_;  // finished sequences whose replies have not ended yet
   PrefixCache held_;
   kv::MemoryUsage reserved_;  // estimates of the running sequences
   // Step buffers, reused.
