@@ -44,6 +44,17 @@ class EvalRunnerTest : public ::testing::Test {
     }
     return configs;
   }
+  // Multi-turn NIAH, 3 turns of one 1800-token sample (seed 5), every policy.
+  eval::EvalSettings ThreeTurns() const {
+    eval::EvalSettings settings;
+    settings.mode = eval::EvalMode::kMultiTurn;
+    settings.turns = 3;
+    settings.lengths = {1800};
+    settings.samples = 1;
+    settings.seed = 5;
+    settings.policies = AllPolicies();
+    return settings;
+  }
   std::unique_ptr<CpuModel> model_;
   eval::EssayCorpus corpus_;
   std::vector<std::string> vocabulary_ = {"alpha", "bravo", "delta", "gamma", "kappa"};
@@ -130,13 +141,7 @@ std::vector<int32_t> ConversationBefore(const eval::EvalReport& report, size_t p
 // prefill of that policy's conversation so far; full attention answers the same either way.
 TEST_F(EvalRunnerTest, FreshTurnsPrefillEachPolicysConversationAgain) {
   const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
-  eval::EvalSettings settings;
-  settings.mode = eval::EvalMode::kMultiTurn;
-  settings.turns = 3;
-  settings.lengths = {1800};
-  settings.samples = 1;
-  settings.seed = 5;
-  settings.policies = AllPolicies();
+  eval::EvalSettings settings = ThreeTurns();
   auto reused = eval::RunEval(*model_, format_, tasks, settings);
   ASSERT_TRUE(reused.ok()) << reused.status().ToString();
   settings.fresh_turns = true;
@@ -169,13 +174,7 @@ TEST_F(EvalRunnerTest, FreshTurnsPrefillEachPolicysConversationAgain) {
 
 TEST_F(EvalRunnerTest, MultiTurnContinuesTheConversationOnTheSameKvState) {
   const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
-  eval::EvalSettings settings;
-  settings.mode = eval::EvalMode::kMultiTurn;
-  settings.turns = 3;
-  settings.lengths = {1800};
-  settings.samples = 1;
-  settings.seed = 5;
-  settings.policies = AllPolicies();
+  eval::EvalSettings settings = ThreeTurns();
   auto report = eval::RunEval(*model_, format_, tasks, settings);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   ASSERT_EQ(report->questions.size(), 3u);
