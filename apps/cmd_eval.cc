@@ -48,6 +48,7 @@ struct EvalOptions {
   int grid_depths = 10;
   int multi_turn = 0;
   bool fresh_turns = false;
+  bool fidelity = false;
   int prefill_chunk = 512;
   Device device = Device::kCpu;  // with cuda, full and shadowkv are answered on the GPU
   bool plain = false;
@@ -398,6 +399,7 @@ int RunEvalCommand(const EvalOptions& o) {
   settings.depth = o.depth;
   settings.turns = o.multi_turn;
   settings.fresh_turns = o.fresh_turns;
+  settings.fidelity = o.fidelity;
   settings.prefill_chunk = o.prefill_chunk;
   for (int i = 0; i < o.grid_depths; ++i) {
     settings.grid_depths.push_back(
@@ -564,6 +566,11 @@ Command AddEvalCommand(CLI::App& app) {
                 "multi-turn: prefill each policy's whole conversation again for every turn "
                 "instead of reusing its KV (the reference for reuse)")
       ->needs(turns);
+  cmd->add_flag("--fidelity", options->fidelity,
+                "CPU, tasks and grid: after the answers every policy also follows the first "
+                "policy's answer token by token; the table footer gives how often its top token "
+                "is the first policy's and the mean KL divergence from it")
+      ->excludes(turns);
   cmd->add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens per forward step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -1,6 +1,9 @@
 // Batched greedy decoding over several sequences.
 #include "eval/greedy.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "engine/sampler.h"
 
 namespace shadowkv::eval {
@@ -48,6 +51,56 @@ Status RunGreedy(CpuModel& model, std::span<GreedyStream*> streams) {
                 model.tokenizer());
     }
   }
+}
+
+namespace {
+
+// log-softmax of `logits` into `out`, in double.
+void LogSoftmax(std::span<const float> logits, std::vector<double>* out) {
+  out->resize(logits.size());
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+  const double log_sum = top + std::log(sum);
+  for (size_t i = 0; i < logits.size(); ++i) (*out)[i] = static_cast<double>(logits[i]) - log_sum;
+}
+
+}  // namespace
+
+Status RunTeacherForced(CpuModel& model, std::span<kv::SequenceKv* const> sequences,
+                        std::span<const int32_t> tokens, std::vector<Fidelity>* fidelity) {
+  const int64_t vocab = model.config().vocab_size;
+  fidelity->assign(sequences.size(), Fidelity{});
+  if (sequences.empty()) return Status::Ok();
+  std::vector<float> logits(sequences.size() * vocab);
+  std::vector<StepInput> inputs(sequences.size());
+  std::vector<double> reference, other;
+  for (size_t j = 0; j + 1 < tokens.size(); ++j) {
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      inputs[i] = StepInput{};
+      inputs[i].kv = sequences[i];
+      inputs[i].tokens = tokens.subspan(j, 1);
+      inputs[i].logits = StepInput::Logits::kLast;
+      inputs[i].logits_out = logits.data() + i * vocab;
+    }
+    SKV_RETURN_IF_ERROR(model.Forward(inputs));
+    const std::span<const float> first(logits.data(), vocab);
+    LogSoftmax(first, &reference);
+    const int32_t top = Argmax(first);
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      const std::span<const float> own(logits.data() + i * vocab, vocab);
+      LogSoftmax(own, &other);
+      double kl = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        kl += std::exp(reference[v]) * (reference[v] - other[v]);
+      }
+      Fidelity& f = (*fidelity)[i];
+      f.steps++;
+      f.same_top += Argmax(own) == top;
+      f.kl_sum += std::max(kl, 0.0);
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace shadowkv::eval

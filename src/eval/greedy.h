@@ -31,4 +31,19 @@ void PushToken(GreedyStream& stream, int32_t token, const Tokenizer& tokenizer);
 // context); streams already done are left alone.
 Status RunGreedy(CpuModel& model, std::span<GreedyStream*> streams);
 
+// How closely one sequence's next-token distributions follow a reference's along the same
+// tokens (teacher forcing), summed over steps.
+struct Fidelity {
+  int steps = 0;
+  int same_top = 0;     // steps whose most likely token is the reference's
+  double kl_sum = 0.0;  // sum over steps of KL(reference || this), in nats
+};
+
+// Feeds `tokens` (all but the last; the first is what each sequence's prompt predicted) one at
+// a time to every sequence in one batched step, and compares each sequence's distribution with
+// sequences[0]'s: `fidelity` receives one entry per sequence (the reference's own compares it
+// with itself). The sequences hold the same prompt, each under its own policy.
+Status RunTeacherForced(CpuModel& model, std::span<kv::SequenceKv* const> sequences,
+                        std::span<const int32_t> tokens, std::vector<Fidelity>* fidelity);
+
 }  // namespace shadowkv::eval

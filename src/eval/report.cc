@@ -132,7 +132,18 @@ std::string MemoryFooter(const ScoreSummary& s, size_t l) {
                            r.min, r.mean, r.max);
     }
   }
+  std::string fidelity;
+  for (size_t p = 1; p < s.policies.size(); ++p) {
+    if (std::isnan(s.same_top[l][p])) continue;
+    fidelity += fmt::format("{}{} {:.2f}% / {:.4f}", fidelity.empty() ? "" : ", ", s.policies[p],
+                            s.same_top[l][p], s.mean_kl[l][p]);
+  }
   std::string out;
+  if (!fidelity.empty()) {
+    out += fmt::format(
+        "teacher-forced along {}'s answers ({} steps), same top token / mean KL in nats: {}\n",
+        s.policies[0], s.fidelity_steps[l][0], fidelity);
+  }
   if (!bytes.empty()) out += "fast-tier KV bytes per token (mean over questions): " + bytes + "\n";
   if (!ranks.empty())
     out += "key rank per layer (min/mean/max over layers and questions): " + ranks + "\n";
@@ -184,6 +195,8 @@ ScoreSummary Summarize(const EvalReport& report) {
   auto bytes_count = attended_count;
   std::vector<std::vector<std::vector<int>>> ranks(num_lengths,
                                                    std::vector<std::vector<int>>(num_policies));
+  s.fidelity_steps.assign(num_lengths, std::vector<int64_t>(num_policies, 0));
+  auto same_top_sum = attended_sum, kl_sum = attended_sum;
   for (const QuestionOutcome& q : report.questions) {
     const size_t l = length_index[q.length], r = row_index[RowLabel(mode, q)];
     for (size_t p = 0; p < q.outputs.size() && p < num_policies; ++p) {
@@ -200,6 +213,9 @@ ScoreSummary Summarize(const EvalReport& report) {
         bytes_count[l][p]++;
       }
       ranks[l][p].insert(ranks[l][p].end(), o.layer_ranks.begin(), o.layer_ranks.end());
+      s.fidelity_steps[l][p] += o.fidelity.steps;
+      same_top_sum[l][p] += o.fidelity.same_top;
+      kl_sum[l][p] += o.fidelity.kl_sum;
     }
   }
   auto grid = [&](auto value) {
@@ -216,6 +232,8 @@ ScoreSummary Summarize(const EvalReport& report) {
   s.average_differences = s.averages;
   s.attended_tokens = s.averages;
   s.fast_bytes_per_token = s.averages;
+  s.same_top = s.averages;
+  s.mean_kl = s.averages;
   s.ranks.assign(num_lengths, std::vector<ScoreSummary::RankSpread>(num_policies));
   s.average_intervals.assign(num_lengths, std::vector<Interval>(num_policies));
   s.average_difference_intervals = s.average_intervals;
@@ -242,6 +260,10 @@ ScoreSummary Summarize(const EvalReport& report) {
       }
       if (attended_count[l][p]) s.attended_tokens[l][p] = attended_sum[l][p] / attended_count[l][p];
       if (bytes_count[l][p]) s.fast_bytes_per_token[l][p] = bytes_sum[l][p] / bytes_count[l][p];
+      if (const int64_t steps = s.fidelity_steps[l][p]; steps > 0) {
+        s.same_top[l][p] = 100.0 * same_top_sum[l][p] / steps;
+        s.mean_kl[l][p] = kl_sum[l][p] / steps;
+      }
       const std::vector<int>& r = ranks[l][p];
       if (!r.empty()) {
         s.ranks[l][p] = {static_cast<double>(*std::min_element(r.begin(), r.end())),
@@ -433,6 +455,11 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
         out["budget_tokens"] = o.budget_tokens;
       }
       if (o.stats.chunk_selections > 0) out["chunk_hit_rate"] = o.stats.hit_rate();
+      if (o.fidelity.steps > 0) {
+        out["fidelity"] = {{"steps", o.fidelity.steps},
+                           {"same_top", o.fidelity.same_top},
+                           {"kl_sum", o.fidelity.kl_sum}};
+      }
       outputs.push_back(out);
     }
     nlohmann::ordered_json answers = nlohmann::ordered_json::array();

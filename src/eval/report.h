@@ -46,6 +46,12 @@ struct ScoreSummary {
     double mean = min, max = min;
   };
   std::vector<std::vector<RankSpread>> ranks;
+  // EvalSettings::fidelity: over every teacher-forced step along the first policy's answers,
+  // the share (percent) whose top token is the first policy's, and the mean KL divergence from
+  // the first policy's distribution (nats), [length][policy]; NaN where not measured.
+  std::vector<std::vector<double>> same_top;
+  std::vector<std::vector<double>> mean_kl;
+  std::vector<std::vector<int64_t>> fidelity_steps;
 };
 
 // A policy output's attended tokens per decode query and layer; NaN where not reported.

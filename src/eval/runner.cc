@@ -41,6 +41,7 @@ struct Conversation {
   std::vector<size_t> turn_start;                          // [policy] first token of this turn
   std::vector<std::vector<int32_t>> held;                  // [policy] tokens its sequence holds
   int64_t prefill_tokens = 0;                              // the shared prompt
+  std::vector<Fidelity> fidelity;  // [policy] EvalSettings::fidelity, first turn
 };
 
 class Runner {
@@ -113,6 +114,10 @@ Result<EvalReport> Runner::Run() {
     SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model_.kv_geometry()));
     policies_.push_back(std::move(policy));
   }
+  if (settings_.fidelity && (backend_ || settings_.mode == EvalMode::kMultiTurn)) {
+    return Error(ErrorCode::kUnsupported,
+                 "fidelity (teacher forcing) runs on the CPU, for tasks and the NIAH grid");
+  }
   if (backend_) {
     if (settings_.mode == EvalMode::kMultiTurn) {
       return Error(ErrorCode::kUnsupported, "multi-turn NIAH runs on the CPU only");
@@ -160,6 +165,7 @@ Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
                      Conversation* conversation, QuestionOutcome* outcome) {
   auto start = Clock::now();
   std::vector<float> first_logits;
+  PrefillRecord kept;  // EvalSettings::fidelity replays the prompt once more after the answers
   {
     SKV_ASSIGN_OR_RETURN(PrefillRecord record,
                          RecordPrefill(model_, prompt, settings_.prefill_chunk));
@@ -168,8 +174,9 @@ Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
       SKV_RETURN_IF_ERROR(ReplayPrefill(record, *sequence));
       conversation->sequences.push_back(std::move(sequence));
     }
-    first_logits = std::move(record.last_logits);
-  }  // the record is freed before decoding
+    first_logits = record.last_logits;
+    if (settings_.fidelity) kept = std::move(record);
+  }  // otherwise the record is freed before decoding
   outcome->prefill_seconds = Since(start);
   outcome->prompt_tokens = static_cast<int64_t>(prompt.size());
   conversation->prefill_tokens = outcome->prompt_tokens;
@@ -194,7 +201,20 @@ Status Runner::Start(const std::vector<int32_t>& prompt, int max_new_tokens,
     conversation->held[p].insert(conversation->held[p].end(), generated.begin(),
                                  generated.end() - 1);
   }
-  return CheckHeld(*conversation);
+  SKV_RETURN_IF_ERROR(CheckHeld(*conversation));
+  if (settings_.fidelity) {
+    std::vector<std::unique_ptr<kv::SequenceKv>> followers;
+    std::vector<kv::SequenceKv*> pointers;
+    for (const auto& policy : policies_) {
+      SKV_ASSIGN_OR_RETURN(auto sequence, policy->NewSequence());
+      SKV_RETURN_IF_ERROR(ReplayPrefill(kept, *sequence));
+      pointers.push_back(sequence.get());
+      followers.push_back(std::move(sequence));
+    }
+    SKV_RETURN_IF_ERROR(RunTeacherForced(model_, pointers, conversation->streams[0].generated,
+                                         &conversation->fidelity));
+  }
+  return Status::Ok();
 }
 
 Status Runner::PrefillAgain(size_t p, Conversation* conversation) {
@@ -326,6 +346,7 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
     out.stats = sequence.stats();
     out.memory = sequence.memory();
     out.kv_tokens = sequence.num_tokens();
+    if (p < conversation.fidelity.size()) out.fidelity = conversation.fidelity[p];
     outcome->outputs.push_back(std::move(out));
   }
 }

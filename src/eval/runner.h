@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "eval/greedy.h"
 #include "eval/prompt_format.h"
 #include "eval/tasks.h"
 #include "kv/kv_config.h"
@@ -37,6 +38,10 @@ struct EvalSettings {
   bool fresh_turns = false;
   std::vector<kv::KvPolicyConfig> policies;  // one per policy, in report order
   int prefill_chunk = 512;
+  // kTasks and kNiahGrid on the CPU: after the answers, every policy follows the first
+  // policy's answer token by token (teacher forcing, from a fresh replay of the prompt), and
+  // PolicyOutput::fidelity says how closely its next-token distributions match the first's.
+  bool fidelity = false;
 };
 
 // One policy's answer to one question.
@@ -54,6 +59,7 @@ struct PolicyOutput {
   kv::PolicyStats stats;
   kv::MemoryUsage memory;
   int64_t kv_tokens = 0;  // tokens the sequence held when `memory` was taken (0: not reported)
+  Fidelity fidelity;      // EvalSettings::fidelity: along the first policy's answer (0 steps: off)
 };
 
 // One question of one sample (multi-turn: one row per turn), answered by every policy.

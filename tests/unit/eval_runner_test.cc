@@ -5,6 +5,7 @@
 
 #include "engine/sampler.h"
 #include "eval/greedy.h"
+#include "eval/report.h"
 #include "eval/runner.h"
 #include "model/cpu_model.h"
 #include "tiny_model.h"
@@ -92,6 +93,57 @@ TEST_F(EvalRunnerTest, EveryPolicyAnswersEveryQuestion) {
       }
     }
   }
+}
+
+// Fidelity: every policy follows the first policy's answer. A policy that answers exactly as the
+// first has the first's top token at every step; the first against itself has no divergence; a
+// small budget diverges somewhere. Steps are the answer's tokens after the first.
+TEST_F(EvalRunnerTest, FidelityFollowsTheFirstPolicysAnswer) {
+  const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
+  eval::EvalSettings settings;
+  settings.tasks = {"niah_single_2"};
+  settings.lengths = {1300};
+  settings.samples = 2;
+  kv::KvPolicyConfig full, exact_shadow, small;
+  exact_shadow.policy = small.policy = "shadowkv";
+  exact_shadow.label = "shadowkv:everything";
+  exact_shadow.rank = 32;  // the kv width: keys rebuilt exactly
+  exact_shadow.budget_tokens = 2048;
+  exact_shadow.outlier_chunks = 0;
+  small.budget_tokens = 16;
+  small.outlier_chunks = 0;
+  small.chunk_size = 4;
+  settings.policies = {full, exact_shadow, small};
+  settings.fidelity = true;
+  auto report = eval::RunEval(*model_, format_, tasks, settings);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  double small_kl = 0.0;
+  for (const eval::QuestionOutcome& q : report->questions) {
+    const int steps = q.outputs[0].generated_tokens - 1;
+    ASSERT_GT(steps, 2);
+    for (const eval::PolicyOutput& out : q.outputs) {
+      SCOPED_TRACE(out.policy + ", sample " + std::to_string(q.index));
+      EXPECT_EQ(out.fidelity.steps, steps);
+      EXPECT_GE(out.fidelity.kl_sum, 0.0);
+      if (out.tokens == q.outputs[0].tokens) {
+        EXPECT_EQ(out.fidelity.same_top, steps);
+      }
+    }
+    EXPECT_EQ(q.outputs[0].fidelity.kl_sum, 0.0);
+    EXPECT_LT(q.outputs[1].fidelity.kl_sum, 1e-6 * steps);  // equal up to summation order
+    small_kl += q.outputs[2].fidelity.kl_sum;
+  }
+  EXPECT_GT(small_kl, 1e-4);
+  const eval::ScoreSummary summary = eval::Summarize(*report);
+  EXPECT_DOUBLE_EQ(summary.same_top[0][0], 100.0);
+  EXPECT_GT(summary.fidelity_steps[0][2], 0);
+  EXPECT_NE(eval::FormatTables(*report).find("teacher-forced along full's answers"),
+            std::string::npos);
+
+  settings.mode = eval::EvalMode::kMultiTurn;  // not with multi-turn
+  settings.turns = 2;
+  EXPECT_EQ(eval::RunEval(*model_, format_, tasks, settings).status().code(),
+            ErrorCode::kUnsupported);
 }
 
 // Runs `tokens` through a fresh sequence of `config` (full attention by default) and decodes
