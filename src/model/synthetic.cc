@@ -22,10 +22,13 @@ struct NamedShape {
 // Llama-3-8B: shapes as in DESIGN.md (Llama-3.1-8B differs only in context and RoPE scaling).
 // Llama-3-70B: its published shapes (141 GB of bf16 weights: one H200 holds it only split).
 // SmolLM2-135M: as its GGUF metadata gives it (the project's default small model).
+// Qwen2.5-0.5B: as Qwen2.5-Coder-0.5B-Instruct's GGUF gives it (the project's long-context model;
+// narrow keys: 2 KV heads of 64), without its Q/K/V biases and in the llama layout.
 constexpr NamedShape kShapes[] = {
     {"llama3-8b", "Llama-3-8B", 32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0f, false},
     {"llama3-70b", "Llama-3-70B", 80, 8192, 64, 8, 128, 28672, 128256, 131072, 500000.0f, false},
     {"smollm2-135m", "SmolLM2-135M", 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0f, true},
+    {"qwen2.5-0.5b", "Qwen2.5-0.5B", 24, 896, 14, 2, 64, 4864, 151936, 32768, 1000000.0f, true},
 };
 
 }  // namespace

@@ -42,6 +42,21 @@ TEST(SyntheticModelConfigTest, SmolLm2MatchesItsGgufMetadata) {
   EXPECT_TRUE(config->tied_embeddings);
 }
 
+// Qwen2.5-Coder-0.5B-Instruct's GGUF: 24 layers, hidden 896, 14 / 2 heads of 64, FFN 4864.
+TEST(SyntheticModelConfigTest, Qwen05bHasTheLongContextModelsShapes) {
+  auto config = SyntheticModelConfig("qwen2.5-0.5b");
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->num_layers, 24);
+  EXPECT_EQ(config->hidden_size, 896);
+  EXPECT_EQ(config->num_query_heads, 14);
+  EXPECT_EQ(config->num_kv_heads, 2);
+  EXPECT_EQ(config->head_dim, 64);
+  EXPECT_EQ(config->ffn_size, 4864);
+  EXPECT_EQ(config->vocab_size, 151936);
+  EXPECT_EQ(config->context_length, 32768);
+  EXPECT_TRUE(config->tied_embeddings);
+}
+
 TEST(SyntheticModelConfigTest, UnknownNameListsTheKnownOnes) {
   auto config = SyntheticModelConfig("gpt-5");
   ASSERT_FALSE(config.ok());
