@@ -1,8 +1,9 @@
 // ShadowKV re-ranking kernels (selection "rerank", both kernel variants) against a CPU reference
 // written out here: the landmark candidates (ScoreLandmarks, SelectTopK of rerank_factor · K),
 // their keys rebuilt from A and B at each sequence's own rank with RoPE and rounded to bf16, the
-// exact logits, the per-head softmax over all candidate tokens whose per-chunk mass (max over
-// the GQA group) picks the K, and the gather slots those take (GatherSlots), over two steps.
+// exact logits and each chunk's log-sum-exp of them per query head, the per-head softmax over all
+// candidate tokens whose per-chunk mass (max over the GQA group) picks the K, and the gather
+// slots those take (GatherSlots), over two steps.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,7 +25,8 @@ class CudaShadowKvRerankTest : public ::testing::TestWithParam<int> {};
 
 // The CPU side of one (row, KV head): the candidates' exact scores, in candidate order.
 struct ExactReference {
-  std::vector<float> logits;  // [group, candidates * C] as the GPU lays them out
+  std::vector<float> logits;  // [group, candidates * C]
+  std::vector<float> lse;     // [group, candidates]: log-sum-exp of each chunk's logits
   std::vector<float> scores;  // [candidates]
 };
 
@@ -55,6 +57,16 @@ ExactReference ExactScores(const std::vector<int32_t>& chunks, const float* quer
         out.logits[static_cast<size_t>(g) * tokens + i * chunk_size + t] =
             static_cast<float>(dot * scale);
       }
+    }
+  }
+  out.lse.assign(static_cast<size_t>(group) * count, 0.0f);
+  for (int g = 0; g < group; ++g) {
+    for (int i = 0; i < count; ++i) {
+      const float* x = out.logits.data() + static_cast<size_t>(g) * tokens + i * chunk_size;
+      const double top = *std::max_element(x, x + chunk_size);
+      double sum = 0.0;
+      for (int t = 0; t < chunk_size; ++t) sum += std::exp(x[t] - top);
+      out.lse[static_cast<size_t>(g) * count + i] = static_cast<float>(top + std::log(sum));
     }
   }
   out.scores.assign(count, 0.0f);
@@ -122,7 +134,7 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
       Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * SkvScoreBlocks(kCapacity) * 2);
   auto d_miss = Poisoned<int32_t>(kSeqs * kHeads * kBudget);
   auto d_candidates = Poisoned<int32_t>(kSeqs * kHeads * kCandidates);
-  auto d_exact = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCandidates * kChunk);
+  auto d_lse = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCandidates);
   std::vector<SkvRowMeta> meta(kSeqs);
   for (int r = 0; r < kSeqs; ++r) {
     meta[r].seq = kSeqs - 1 - r;  // rows in the other order than sequences
@@ -173,14 +185,14 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
     p.kernel_variant = kernel_variant;
     p.rerank_factor = kFactor;
     p.candidates = d_candidates.get();
-    p.exact_logits = d_exact.get();
+    p.candidate_lse = d_lse.get();
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvRerank(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
     const std::vector<int32_t> slots = ToHost(d_slots), miss = ToHost(d_miss);
     const std::vector<int32_t> candidates = ToHost(d_candidates);
-    const std::vector<float> exact = ToHost(d_exact);
+    const std::vector<float> lse = ToHost(d_lse);
 
     for (int row = 0; row < kSeqs; ++row) {
       const int s = meta[row].seq, n = num_chunks[s];
@@ -217,12 +229,11 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
             ExactScores(want_candidates, q, kGroup, head_dim, h, own_basis,
                         coefficients.data() + int64_t{s} * kCapacity * kChunk * kRank, kRank,
                         kChunk, rope, p.scale);
-        const int64_t span = int64_t{kCandidates} * kChunk;
-        const float* got_exact = exact.data() + (int64_t{row} * kHeads + h) * kGroup * span;
-        EXPECT_LT(RelativeError(std::vector<float>(got_exact, got_exact + kGroup * span),
-                                reference.logits),
+        const float* got_lse = lse.data() + (int64_t{row} * kHeads + h) * kGroup * kCandidates;
+        EXPECT_LT(RelativeError(std::vector<float>(got_lse, got_lse + kGroup * kCandidates),
+                                reference.lse),
                   2e-3)
-            << "exact logits of the candidates";
+            << "log-sum-exps of the candidates' exact logits";
         std::vector<int32_t> kept_positions;
         kv::SelectTopK(reference.scores, kBudget, &top_values, &kept_positions);
         std::set<int32_t> want_kept, got_kept;

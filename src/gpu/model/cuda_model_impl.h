@@ -96,9 +96,9 @@ struct ShadowKvState {
   DeviceBuffer<float> softmax_partials;  // [max_batch, query heads, SkvScoreBlocks(capacity), 2]
   DeviceBuffer<int32_t> miss_chunk;  // [max_batch, kv heads, max_budget]
   // Re-ranking only (SkvDecodeParams::candidates): [max_batch, kv heads, max_candidates] and
-  // [max_batch, query heads, max_candidates * chunk_size].
+  // [max_batch, query heads, max_candidates].
   DeviceBuffer<int32_t> candidates;
-  DeviceBuffer<float> exact_logits;
+  DeviceBuffer<float> candidate_lse;
   DeviceBuffer<uint8_t> meta_block;
   uint8_t* host_meta_block = nullptr;
   int64_t meta_bytes = 0;

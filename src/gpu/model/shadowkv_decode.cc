@@ -51,7 +51,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   if (s.geometry.max_candidates > 0) {
     p.rerank_factor = s.geometry.rerank_factor;
     p.candidates = s.candidates.get();
-    p.exact_logits = s.exact_logits.get();
+    p.candidate_lse = s.candidate_lse.get();
   }
   // The chunk selection of `part`: the landmark select, and under re-ranking the exact scoring
   // of its candidates that picks the K.

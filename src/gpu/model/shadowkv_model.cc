@@ -129,7 +129,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   if (g.max_candidates > 0) {
     SKV_RETURN_IF_ERROR(sized(s->candidates.Allocate(batch * heads * g.max_candidates)));
     SKV_RETURN_IF_ERROR(sized(
-        s->exact_logits.Allocate(batch * c.num_query_heads * g.max_candidates * g.chunk_size)));
+        s->candidate_lse.Allocate(batch * c.num_query_heads * g.max_candidates)));
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
@@ -593,7 +593,7 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
   stats.max_budget_chunks = s.geometry.max_budget;
   stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() +
                        s.softmax_partials.bytes() + s.miss_chunk.bytes() + s.candidates.bytes() +
-                       s.exact_logits.bytes();
+                       s.candidate_lse.bytes();
   for (int i = 0; i < s.num_sequences; ++i) {
     if (s.host_values[i]) {
       ++stats.host_value_sequences;

@@ -6,6 +6,7 @@
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/mma_utils.cuh"
+#include "ops/cuda/shadowkv/rebuild_tile.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 
 namespace shadowkv::cuda {
@@ -23,7 +24,6 @@ constexpr int kRebuildWarps = 4;
 constexpr int kRebuildSlotsDefault = 32;
 int RebuildSlots(int asked) { return asked == 64 || asked == 128 ? asked : kRebuildSlotsDefault; }
 
-__host__ __device__ constexpr int RankPadded(int rank) { return (rank + 15) / 16 * 16; }
 
 // A rebuild block's shared list of its missed gather slots, and the rotary frequencies.
 template <int kSlots, int kHeadDim>
@@ -68,11 +68,9 @@ __device__ __forceinline__ int CompactMisses(const SkvDecodeParams& p, int row, 
   return count;
 }
 
-// One block per (64 slots, KV head, row). Shared: B_h [rank_padded, D + 8], per warp two A
-// tiles [16, rank_padded + 8] (cp.async ring) and one output tile [16, D + 8] bf16.
-// Accumulator layout (m16n8k16): lane holds rows g, g + 8 and columns 8j + 2c, 8j + 2c + 1.
-// Both RoPE styles pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j +
-// D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
+// One block per (kSlots slots, KV head, row). Shared: B_h [rank_padded, D + 8], per warp two A
+// tiles [16, rank_padded + 8] (cp.async ring) and one output tile [16, D + 8] bf16; each warp
+// rebuilds 16-row tiles (SkvRebuildTile) and stores them into the gather slots.
 template <int kHeadDim, bool kHalves, int kSlots>
 __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDecodeParams p) {
   static_assert(kSlots % 32 == 0 && kSlots <= kRebuildWarps * 32, "one thread per slot");
@@ -89,39 +87,24 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
   // the most); A's rows and B keep the stride of l.rank.
   const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
   const int64_t stride = l.rank;
-  const int rank_padded = RankPadded(rank);
+  const int rank_padded = SkvRankPadded(rank);
   const int a_pitch = rank_padded + 8, b_pitch = kHeadDim + 8, out_pitch = kHeadDim + 8;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   Bf16* b_tile = reinterpret_cast<Bf16*>(rebuild_shared);
   Bf16* a_ring = b_tile + rank_padded * b_pitch + warp * 2 * 16 * a_pitch;
   Bf16* out_tile =
       b_tile + rank_padded * b_pitch + kRebuildWarps * 2 * 16 * a_pitch + warp * 16 * out_pitch;
-  const Bf16* basis = l.basis + layer_index * stride * width + h * kHeadDim;
-  for (int i = threadIdx.x; i < rank_padded * (kHeadDim / 8); i += blockDim.x) {
-    const int k = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
-    const bool inside = k < rank;
-    CpAsync16(b_tile + k * b_pitch + v * 8,
-              inside ? basis + static_cast<int64_t>(k) * width + v * 8 : basis, inside ? 16 : 0);
-  }
+  SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
+                          b_tile, b_pitch);
   CpAsyncCommit();
   __syncthreads();  // miss lists visible
 
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
   const int total_rows = count * chunk_size;
   const int num_tiles = (total_rows + 15) / 16;
-  const int vectors = rank_padded / 8;
   auto load_tile = [&](int tile, Bf16* target) {
-    for (int i = lane; i < 16 * vectors; i += 32) {
-      const int r = i / vectors, v = i % vectors;
-      const int token_row = tile * 16 + r;
-      const bool inside = token_row < total_rows && v * 8 < rank;
-      const Bf16* source = coefficients;
-      if (inside) {
-        const int which = token_row / chunk_size, t = token_row % chunk_size;
-        source += (static_cast<int64_t>(misses.chunks[which]) * chunk_size + t) * stride + v * 8;
-      }
-      CpAsync16(target + r * a_pitch + v * 8, source, inside ? 16 : 0);
-    }
+    SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, misses.chunks, total_rows,
+                           tile, target, a_pitch);
   };
   if (warp < num_tiles) load_tile(warp, a_ring);
   CpAsyncCommit();
@@ -130,7 +113,6 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
 
   Bf16* keys = l.attn.keys + l.attn.HeadOffset(m.seq, p.layer, h) +
                static_cast<int64_t>(info.gather_base) * kHeadDim;
-  const int g = lane / 4, c2 = (lane % 4) * 2;
   int buffer = 0;
   for (int tile = warp; tile < num_tiles; tile += kRebuildWarps, buffer ^= 1) {
     if (tile + kRebuildWarps < num_tiles) {
@@ -139,58 +121,16 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildFastKernel(SkvDe
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncwarp();  // this warp's tile has landed
-    const Bf16* a_tile = a_ring + buffer * 16 * a_pitch;
-    float acc[kHeadDim / 8][4];
-#pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int k0 = 0; k0 < rank_padded; k0 += 16) {
-      uint32_t a[4];
-      LdMatrixX4(a, a_tile + (lane & 15) * a_pitch + k0 + (lane >> 4) * 8);
-#pragma unroll
-      for (int n0 = 0; n0 < kHeadDim; n0 += 16) {
-        uint32_t b[4];
-        LdMatrixX4Trans(b, b_tile + (k0 + (lane & 15)) * b_pitch + n0 + (lane >> 4) * 8);
-        MmaBf16(acc[n0 / 8], a, b[0], b[1]);
-        MmaBf16(acc[n0 / 8 + 1], a, b[2], b[3]);
-      }
-    }
-    // RoPE at each row's own position, then bf16 into the output tile.
-#pragma unroll
-    for (int half_row = 0; half_row < 2; ++half_row) {
-      const int r = g + 8 * half_row;
+    // RoPE at each row's own position (rows past the last chunk take its position and are not
+    // stored), then bf16 into the output tile.
+    auto position = [&](int r) {
       const int token_row = tile * 16 + r;
       const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
-      const float position = static_cast<float>(misses.chunks[which] * chunk_size + t);
-      if constexpr (kHalves) {
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 16; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float sine, cosine;
-            RopeSinCos(position * misses.inv_freq[j * 8 + c2 + e], &sine, &cosine);
-            const float x0 = acc[j][2 * half_row + e],
-                        x1 = acc[j + kHeadDim / 16][2 * half_row + e];
-            acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
-            acc[j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          float sine, cosine;
-          RopeSinCos(position * misses.inv_freq[j * 4 + c2 / 2], &sine, &cosine);
-          const float x0 = acc[j][2 * half_row], x1 = acc[j][2 * half_row + 1];
-          acc[j][2 * half_row] = x0 * cosine - x1 * sine;
-          acc[j][2 * half_row + 1] = x0 * sine + x1 * cosine;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(out_tile + r * out_pitch + j * 8 + c2) =
-            PackBf16(acc[j][2 * half_row], acc[j][2 * half_row + 1]);
-      }
-    }
-    __syncwarp();
+      return static_cast<float>(misses.chunks[which] * chunk_size + t);
+    };
+    SkvRebuildTile<kHeadDim, kHalves>(a_ring + buffer * 16 * a_pitch, a_pitch, b_tile, b_pitch,
+                                      rank_padded, misses.inv_freq, position, out_tile,
+                                      out_pitch);
     // One 16-byte store per lane and step: whole key rows of the chunk's gather slot.
     for (int i = lane; i < 16 * (kHeadDim / 8); i += 32) {
       const int r = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
@@ -252,7 +192,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
   // rows and B keep the stride of l.rank.
   const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
   const int64_t stride = l.rank;
-  const int steps = RankPadded(rank) / 16;
+  const int steps = SkvRankPadded(rank) / 16;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   Bf16* staging = reinterpret_cast<Bf16*>(rebuild_shared);
   Bf16* out_tile = reinterpret_cast<Bf16*>(rebuild_shared + RegSharedBytes(kKSteps) -
@@ -376,7 +316,7 @@ __global__ void __launch_bounds__(kRegWarps * 32) SkvRebuildRegKernel(SkvDecodeP
 }
 
 int64_t RebuildFastSharedBytes(int rank, int head_dim) {
-  const int rank_padded = RankPadded(rank);
+  const int rank_padded = SkvRankPadded(rank);
   return 2ll *
          (static_cast<int64_t>(rank_padded) * (head_dim + 8) +
           kRebuildWarps * 2ll * 16 * (rank_padded + 8) + kRebuildWarps * 16ll * (head_dim + 8));
@@ -418,7 +358,7 @@ const void* RebuildRegKernelOf(int k_steps, bool halves) {
 
 const void* RebuildRegKernel(const SkvLayout& l, bool halves, int slots) {
   if (l.head_dim != 128 || l.chunk_size != 8) return nullptr;
-  const int k_steps = RankPadded(l.rank) / 16;
+  const int k_steps = SkvRankPadded(l.rank) / 16;
   switch (RebuildSlots(slots)) {
     case 64: return RebuildRegKernelOf<64>(k_steps, halves);
     case 128: return RebuildRegKernelOf<128>(k_steps, halves);
@@ -439,7 +379,7 @@ cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
       if (const void* rebuild = RebuildRegKernel(l, halves, slots)) {
         const cudaError_t e = cudaFuncSetAttribute(
             rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            static_cast<int>(RegSharedBytes(RankPadded(l.rank) / 16)));
+            static_cast<int>(RegSharedBytes(SkvRankPadded(l.rank) / 16)));
         if (e != cudaSuccess) return e;
       }
     }
@@ -469,7 +409,7 @@ cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& p, cudaStream_t stream) 
     SkvDecodeParams params = p;
     void* args[] = {&params};
     return cudaLaunchKernel(kernel, grid, dim3(kRegWarps * 32), args,
-                            static_cast<size_t>(RegSharedBytes(RankPadded(l.rank) / 16)), stream);
+                            static_cast<size_t>(RegSharedBytes(SkvRankPadded(l.rank) / 16)), stream);
   }
   const void* kernel = RebuildFastKernel(l.head_dim, p.halves, p.rebuild_slots);
   if (kernel == nullptr) return cudaErrorInvalidValue;

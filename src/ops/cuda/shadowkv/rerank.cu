@@ -1,11 +1,13 @@
 // ShadowKV re-ranking (selection "rerank"): the candidates a landmark select kept are scored by
-// their rebuilt keys (exact attention logits), and the best K of them take the gather slots.
+// their rebuilt keys (exact attention logits, reduced to one log-sum-exp per chunk and query
+// head), and the best K of them take the gather slots.
 #include <cmath>
 #include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/common/kernel_attributes.h"
 #include "ops/cuda/shadowkv/gather_slots.cuh"
+#include "ops/cuda/shadowkv/rebuild_tile.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 
 namespace shadowkv::cuda {
@@ -15,6 +17,22 @@ using Bf16 = __nv_bfloat16;
 
 // ---- exact scoring ----------------------------------------------------------------------------
 
+// After a block has staged the logits of its `count` candidate chunks in `token_logits`
+// [count * chunk_size, group] (a barrier before): each (chunk, query head)'s log-sum-exp over
+// the chunk's tokens into lse [group, max_candidates], from column `first`.
+__device__ void WriteChunkLse(const float* token_logits, int count, int chunk_size, int group,
+                              int max_candidates, int first, float* lse) {
+  for (int i = threadIdx.x; i < count * group; i += blockDim.x) {
+    const int chunk = i / group, g = i % group;
+    const float* x = token_logits + static_cast<int64_t>(chunk) * chunk_size * group + g;
+    float top = -INFINITY;
+    for (int t = 0; t < chunk_size; ++t) top = fmaxf(top, x[t * group]);
+    float sum = 0.0f;
+    for (int t = 0; t < chunk_size; ++t) sum += expf(x[t * group] - top);
+    lse[static_cast<int64_t>(g) * max_candidates + first + chunk] = top + logf(sum);
+  }
+}
+
 constexpr int kExactThreads = 128;
 constexpr int kExactTokens = 32;  // candidate tokens per block (whole chunks)
 
@@ -23,17 +41,18 @@ __host__ __device__ constexpr int ExactChunksPerBlock(int chunk_size) {
 }
 
 // Shared memory of one exact-scoring block: its chunks' A rows up to the layout's rank, their
-// rotated keys and the group's queries, fp32.
+// rotated keys, the group's queries and the tokens' logits, fp32.
 int64_t ExactSharedBytes(const SkvLayout& l) {
   const int64_t tokens = int64_t{ExactChunksPerBlock(l.chunk_size)} * l.chunk_size;
-  return 4 * (tokens * l.rank + tokens * l.head_dim + int64_t{l.group} * l.head_dim);
+  return 4 *
+         (tokens * l.rank + tokens * l.head_dim + int64_t{l.group} * l.head_dim + tokens * l.group);
 }
 
 // One block per (ExactChunksPerBlock candidates, KV head, row). Keys: thread (pair, token
 // group) rebuilds one rotary pair of its tokens from the staged A rows and B_h (read through the
 // cache), up to the layer's own rank; then one warp per token scores it against every query of
 // the group. No key leaves the block: the kept chunks are rebuilt into their gather slots by
-// the ordinary rebuild, and only the logits go to memory.
+// the ordinary rebuild, and only each chunk's log-sum-exps go to memory.
 __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodeParams p) {
   extern __shared__ float exact_shared[];
   const SkvLayout& l = p.layout;
@@ -52,6 +71,7 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   float* a_rows = exact_shared;                                  // [tokens, l.rank]
   float* keys = a_rows + static_cast<int64_t>(tokens) * l.rank;  // [tokens, d]
   float* queries = keys + tokens * d;                            // [group, d]
+  float* token_logits = queries + l.group * d;                   // [tokens, group]
 
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
   for (int i = threadIdx.x; i < tokens * rank; i += blockDim.x) {
@@ -101,19 +121,167 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t span = static_cast<int64_t>(l.max_candidates) * chunk_size;
-  float* out = p.exact_logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * span;
-  for (int token = warp; token < tokens; token += kExactThreads / 32) {
-    const int which = token / chunk_size;
-    if (which >= chunks || candidates[first + which] < 0) continue;
+  int count = 0;  // the block's candidates (the list is packed)
+  while (count < chunks && candidates[first + count] >= 0) ++count;
+  for (int token = warp; token < count * chunk_size; token += kExactThreads / 32) {
     for (int g = 0; g < l.group; ++g) {
       float dot = 0.0f;
       for (int e = lane; e < d; e += 32) dot = fmaf(keys[token * d + e], queries[g * d + e], dot);
       dot = WarpSum(dot);
-      if (lane == 0)
-        out[g * span + static_cast<int64_t>(first) * chunk_size + token] = dot * p.scale;
+      if (lane == 0) token_logits[token * l.group + g] = dot * p.scale;
     }
   }
+  __syncthreads();
+  WriteChunkLse(token_logits, count, chunk_size, l.group, l.max_candidates, first,
+                p.candidate_lse +
+                    (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates);
+}
+
+// ---- exact scoring on tensor cores --------------------------------------------------------------
+//
+// The candidates' keys are rebuilt 16 rows at a time as the gather rebuild makes them
+// (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), and each key tile is multiplied by the
+// group's queries on tensor cores too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads,
+// two mma N blocks), so no key leaves the block either.
+
+constexpr int kExactFastWarps = 4;
+constexpr int kExactFastChunks = 32;  // candidate chunks per block
+constexpr int kExactFastHeads = 16;   // query heads of a group the tile product covers
+
+int ExactFastGroupFits(const SkvLayout& l) { return l.group <= kExactFastHeads; }
+
+// Shared memory of one fast exact-scoring block: B_h [rank_padded, D + 8], the queries
+// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] and one key tile [16, D + 8], bf16;
+// then the tokens' logits [kExactFastChunks * C, group], fp32.
+__host__ __device__ int64_t ExactFastBf16Bytes(const SkvLayout& l) {
+  const int64_t rank_padded = SkvRankPadded(l.rank), pitch = l.head_dim + 8;
+  return 2 * (rank_padded * pitch + kExactFastHeads * pitch +
+              kExactFastWarps * (2 * 16 * (rank_padded + 8) + 16 * pitch));
+}
+int64_t ExactFastSharedBytes(const SkvLayout& l) {
+  return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
+}
+
+template <int kHeadDim, bool kHalves>
+__global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(SkvDecodeParams p) {
+  extern __shared__ __align__(16) unsigned char exact_fast_shared[];
+  __shared__ int chunks[kExactFastChunks];
+  __shared__ float inv_freq[kHeadDim / 2];
+  __shared__ int count_shared;
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = blockIdx.x * kExactFastChunks;
+  const int32_t* list =
+      p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
+  if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
+  if (threadIdx.x == 0) count_shared = 0;
+  __syncthreads();
+  if (threadIdx.x < kExactFastChunks) {
+    const int i = first + threadIdx.x;
+    const int chunk = i < l.max_candidates ? list[i] : -1;
+    chunks[threadIdx.x] = chunk;
+    if (chunk >= 0) atomicAdd(&count_shared, 1);
+  }
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+
+  const SkvRowMeta m = p.meta[row];
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
+  const int64_t stride = l.rank;
+  const int rank_padded = SkvRankPadded(rank);
+  const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
+  const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
+  Bf16* b_tile = reinterpret_cast<Bf16*>(exact_fast_shared);
+  Bf16* q_tile = b_tile + rank_padded * pitch;
+  Bf16* a_ring = q_tile + kExactFastHeads * pitch + warp * 2 * 16 * a_pitch;
+  Bf16* key_tile =
+      q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch + warp * 16 * pitch;
+  float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
+  SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
+                          b_tile, pitch);
+  const Bf16* q_row =
+      p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * kHeadDim;
+  for (int i = threadIdx.x; i < kExactFastHeads * (kHeadDim / 8); i += blockDim.x) {
+    const int head = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+    const bool inside = head < l.group;
+    CpAsync16(q_tile + head * pitch + v * 8,
+              inside ? q_row + static_cast<int64_t>(head) * kHeadDim + v * 8 : q_row,
+              inside ? 16 : 0);
+  }
+  CpAsyncCommit();
+  __syncthreads();  // the chunk list and its count are visible
+
+  const int count = count_shared, total_rows = count * chunk_size;
+  const int num_tiles = (total_rows + 15) / 16;
+  const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
+  auto load_tile = [&](int tile, Bf16* target) {
+    SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile, target,
+                           a_pitch);
+  };
+  if (warp < num_tiles) load_tile(warp, a_ring);
+  CpAsyncCommit();
+  CpAsyncWait<1>();  // this thread's share of B_h and the queries have landed
+  __syncthreads();
+
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+  int buffer = 0;
+  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1) {
+    if (tile + kExactFastWarps < num_tiles) {
+      load_tile(tile + kExactFastWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncwarp();  // this warp's A tile has landed
+    auto position = [&](int r) {
+      const int token_row = tile * 16 + r;
+      const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
+      return static_cast<float>(chunks[which] * chunk_size + t);
+    };
+    SkvRebuildTile<kHeadDim, kHalves>(a_ring + buffer * 16 * a_pitch, a_pitch, b_tile, pitch,
+                                      rank_padded, inv_freq, position, key_tile, pitch);
+    // logits [16 tokens, 16 heads] = keys · Qᵀ: matrices 0/1 of the x4 load are dims k0..k0+15
+    // of heads 0-7, matrices 2/3 those of heads 8-15.
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+      uint32_t a[4], b[4];
+      LdMatrixX4(a, key_tile + (lane & 15) * pitch + k0 + (lane >> 4) * 8);
+      LdMatrixX4(b, q_tile + ((lane >> 4) * 8 + (lane & 7)) * pitch + k0 + ((lane >> 3) & 1) * 8);
+      MmaBf16(acc[0], a, b[0], b[1]);
+      MmaBf16(acc[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token_row = tile * 16 + g + 8 * (e >> 1), head = nb * 8 + c2 + (e & 1);
+        if (token_row < total_rows && head < l.group)
+          token_logits[token_row * l.group + head] = acc[nb][e] * p.scale;
+      }
+    }
+    __syncwarp();  // the key tile is rebuilt again by the next tile
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  WriteChunkLse(token_logits, count, chunk_size, l.group, l.max_candidates, first,
+                p.candidate_lse +
+                    (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates);
+}
+
+// The tensor-core scorer for (head_dim, RoPE style), or null where it does not apply (the
+// first kernels, partial rotary, head dims other than 64 and 128, groups above 16 heads).
+const void* ExactFastKernel(const SkvDecodeParams& p) {
+  const SkvLayout& l = p.layout;
+  if (p.kernel_variant != kSkvKernelsFast || p.rotary_dim != l.head_dim || !ExactFastGroupFits(l))
+    return nullptr;
+  if (l.head_dim == 128) {
+    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>)
+                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>);
+  }
+  if (l.head_dim == 64) {
+    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>)
+                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>);
+  }
+  return nullptr;
 }
 
 // ---- re-rank select ---------------------------------------------------------------------------
@@ -134,7 +302,7 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
   __shared__ typename RerankScan::TempStorage scan_storage;
   __shared__ float reduce[32];
   const SkvLayout& l = p.layout;
-  const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x, chunk_size = l.chunk_size;
+  const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int words = (l.capacity_chunks + 31) / 32;
@@ -156,23 +324,18 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
   for (int w = tid; w < words; w += kRerankThreads) wanted[w] = 0;
   for (int s = tid; s < l.max_budget; s += kRerankThreads) miss[s] = -1;
   const int count = static_cast<int>(BlockSum(static_cast<float>(held), reduce));
-  const int tokens = count * chunk_size;
-  const int64_t span = static_cast<int64_t>(l.max_candidates) * chunk_size;
-  const float* logits =
-      p.exact_logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * span;
+  const float* lse = p.candidate_lse +
+                     (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates;
   for (int g = 0; g < l.group; ++g) {
-    const float* x = logits + g * span;
+    // A chunk's share of head g's softmax over every candidate token: exp(lse_chunk − lse_all).
+    const float* x = lse + static_cast<int64_t>(g) * l.max_candidates;
     float local = -INFINITY;
-    for (int t = tid; t < tokens; t += kRerankThreads) local = fmaxf(local, x[t]);
+    for (int i = tid; i < count; i += kRerankThreads) local = fmaxf(local, x[i]);
     const float top = SkvBlockMax(local, reduce);
     float sum = 0.0f;
-    for (int t = tid; t < tokens; t += kRerankThreads) sum += expf(x[t] - top);
-    const float inv = 1.0f / BlockSum(sum, reduce);
-    for (int i = tid; i < count; i += kRerankThreads) {
-      float mass = 0.0f;
-      for (int t = 0; t < chunk_size; ++t) mass += expf(x[i * chunk_size + t] - top) * inv;
-      score[i] = fmaxf(score[i], mass);
-    }
+    for (int i = tid; i < count; i += kRerankThreads) sum += expf(x[i] - top);
+    const float all = top + logf(BlockSum(sum, reduce));
+    for (int i = tid; i < count; i += kRerankThreads) score[i] = fmaxf(score[i], expf(x[i] - all));
     __syncthreads();  // each candidate's score is one thread's; the next head reads it again
   }
   // Keep rank < K, a chunk's rank counting the better ones and the equal ones of lower index
@@ -221,6 +384,17 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
   e = AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvExactScoreKernel),
                                static_cast<int>(exact));
   if (e != cudaSuccess) return e;
+  if ((l.head_dim == 64 || l.head_dim == 128) && ExactFastGroupFits(l)) {
+    if (ExactFastSharedBytes(l) > limit) return cudaErrorInvalidValue;
+    const int fast = static_cast<int>(ExactFastSharedBytes(l));
+    for (const auto* kernel :
+         {reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>)}) {
+      if ((e = AllowDynamicSharedMemory(kernel, fast)) != cudaSuccess) return e;
+    }
+  }
   return AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvRerankSelectKernel),
                                   static_cast<int>(select));
 }
@@ -228,11 +402,21 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
 cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
-  if (!p.candidates || !p.exact_logits || l.max_candidates < 1) return cudaErrorInvalidValue;
-  const int per_block = ExactChunksPerBlock(l.chunk_size);
-  const dim3 exact_grid((l.max_candidates + per_block - 1) / per_block, l.num_kv_heads, p.rows);
-  SkvExactScoreKernel<<<exact_grid, kExactThreads, ExactSharedBytes(l), stream>>>(p);
-  const cudaError_t error = cudaGetLastError();
+  if (!p.candidates || !p.candidate_lse || l.max_candidates < 1) return cudaErrorInvalidValue;
+  cudaError_t error = cudaSuccess;
+  if (const void* fast = ExactFastKernel(p)) {
+    const dim3 grid((l.max_candidates + kExactFastChunks - 1) / kExactFastChunks, l.num_kv_heads,
+                    p.rows);
+    SkvDecodeParams params = p;
+    void* args[] = {&params};
+    error = cudaLaunchKernel(fast, grid, dim3(kExactFastWarps * 32), args,
+                             static_cast<size_t>(ExactFastSharedBytes(l)), stream);
+  } else {
+    const int per_block = ExactChunksPerBlock(l.chunk_size);
+    const dim3 exact_grid((l.max_candidates + per_block - 1) / per_block, l.num_kv_heads, p.rows);
+    SkvExactScoreKernel<<<exact_grid, kExactThreads, ExactSharedBytes(l), stream>>>(p);
+    error = cudaGetLastError();
+  }
   if (error != cudaSuccess) return error;
   SkvRerankSelectKernel<<<dim3(l.num_kv_heads, p.rows), kRerankThreads, RerankSharedBytes(l),
                           stream>>>(p);

@@ -694,8 +694,7 @@ SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& p, int first, int count) {
   part.miss_chunk = p.miss_chunk + heads * l.max_budget;
   if (p.candidates) {
     part.candidates = p.candidates + heads * l.max_candidates;
-    part.exact_logits =
-        p.exact_logits + heads * l.group * static_cast<int64_t>(l.max_candidates) * l.chunk_size;
+    part.candidate_lse = p.candidate_lse + heads * l.group * static_cast<int64_t>(l.max_candidates);
   }
   return part;
 }
@@ -704,7 +703,7 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
   if (l.max_budget > kSkvMaxBudgetChunks) return cudaErrorInvalidValue;
-  if (p.candidates && (l.max_candidates < 1 || p.rerank_factor < 1 || !p.exact_logits)) {
+  if (p.candidates && (l.max_candidates < 1 || p.rerank_factor < 1 || !p.candidate_lse)) {
     return cudaErrorInvalidValue;
   }
   if (p.select_heads) {

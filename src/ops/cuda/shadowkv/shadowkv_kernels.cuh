@@ -126,12 +126,12 @@ struct SkvDecodeParams {
   // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
   // keeps min(rerank_factor · K, selectable, layout.max_candidates) chunks per (row, KV head)
   // into candidates [rows, kv_heads, max_candidates] (increasing, then -1) and assigns no gather
-  // slot; LaunchSkvRerank then scores their rebuilt keys exactly into exact_logits [rows,
-  // kv_heads * group, max_candidates * C] and keeps the best K, assigning the slots as the
-  // select does.
+  // slot; LaunchSkvRerank then scores their rebuilt keys exactly, into candidate_lse [rows,
+  // kv_heads * group, max_candidates]: per query head, the log-sum-exp of each candidate chunk's
+  // token logits; and keeps the best K, assigning the slots as the select does.
   int rerank_factor = 0;
   int32_t* candidates = nullptr;
-  float* exact_logits = nullptr;
+  float* candidate_lse = nullptr;
   // Per-query-head selection (selection "heads"): LaunchSkvSelect ranks the chunks by each
   // query head's own landmark softmax and takes them round-robin over the group's heads (each
   // its best not yet taken) until K; needs SkvConfigureSelectHeads.
