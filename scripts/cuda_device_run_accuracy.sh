@@ -2,9 +2,13 @@
 # Accuracy against speed on a GPU machine (docs/RESULTS.md, "Twenty samples per task"): the GPU
 # tests of ShadowKV, `eval --device cuda` of several KV settings and `bench` of the same settings,
 # from the CUDA bundle of scripts/cuda_bundle.sh (.devrun/skv/shadowkv_cuda.tar.xz, kept in
-# $HOME by the first step that finds it). Models were assembled beforehand (see
-# scripts/cuda_device_run_serving.sh, step assemble). Logs and JSON go to $OUT.
+# $HOME by the first step that finds it). Models travel in parts (steps part and join). Logs and
+# JSON go to $OUT.
 # Usage: scripts/cuda_device_run_accuracy.sh STEP...
+#   part               keeps the model parts carried in .devrun/x_*/ (files NAME_NN, from
+#                      `split -d`) in $HOME/m/parts for a later join
+#   join:NAME:SHA256   appends $HOME/m/parts/NAME_* in order into $HOME/m/NAME.gguf and checks
+#                      its sha256
 #   tests              the GPU tests of ShadowKV and the models (CudaShadowKv*, CudaModel*)
 #   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
@@ -22,13 +26,24 @@ tag=${TAG:-run}
 [ -e .devrun/skv/shadowkv_cuda.tar.xz ] && cp .devrun/skv/shadowkv_cuda.tar.xz "$bundle"
 [ -e .devrun/skv/jargon.txt.gz ] && cp .devrun/skv/jargon.txt.gz "$haystack"
 . scripts/cuda_bundle_env.sh
-unpack_cuda_bundle "$bundle" "$stage" || exit 1
-echo "bundle commit: $(cat "$stage/COMMIT")"
+if [ -e "$bundle" ]; then
+  unpack_cuda_bundle "$bundle" "$stage" || exit 1
+  echo "bundle commit: $(cat "$stage/COMMIT")"
+fi
 
 for step in "$@"; do
   start=$(date +%s)
   IFS=: read -r what model length <<< "$step"
   case "$what" in
+    part)
+      mkdir -p "$HOME/m/parts"
+      for file in .devrun/x_*/*; do [ -e "$file" ] && cp "$file" "$HOME/m/parts/"; done
+      ls -la "$HOME/m/parts"
+      ;;
+    join)
+      cat "$HOME/m/parts/${model}"_* > "$HOME/m/$model.gguf" || exit 1
+      echo "$length  $HOME/m/$model.gguf" | sha256sum -c - || exit 1
+      ;;
     tests)
       timeout 400 "$stage/bin/shadowkv_gpu_tests" \
         --gtest_filter='CudaShadowKv*:CudaModel*:CudaSkv*:CudaRerank*:CudaSelect*' \
