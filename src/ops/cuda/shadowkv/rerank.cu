@@ -286,23 +286,34 @@ const void* ExactFastKernel(const SkvDecodeParams& p) {
 
 // ---- re-rank select ---------------------------------------------------------------------------
 
+// Threads of a re-rank select block: one per gather slot at least (AssignGatherSlots), 256 for
+// budgets up to 256 chunks, else 1024.
+constexpr int kRerankThreadsSmall = 256;
 constexpr int kRerankThreads = 1024;
-using RerankScan = cub::BlockScan<int, kRerankThreads>;
+int RerankThreads(const SkvLayout& l) {
+  return l.max_budget <= kRerankThreadsSmall ? kRerankThreadsSmall : kRerankThreads;
+}
 
 int64_t RerankSharedBytes(const SkvLayout& l) {
-  // Candidates and their scores, the kept list and the free slots, the wanted bitmap.
-  return 8ll * l.max_candidates + 8ll * l.max_budget + 4ll * ((l.capacity_chunks + 31) / 32);
+  // Candidates and their scores, the kept list and the free slots, the wanted bitmap, each
+  // query head's log-sum-exp over all candidates.
+  return 8ll * l.max_candidates + 8ll * l.max_budget + 4ll * ((l.capacity_chunks + 31) / 32) +
+         4ll * l.group;
 }
 
 // One block per (KV head, row): per query head the softmax over every candidate token, a
-// chunk's score the sum of its tokens' probabilities, the max over the group; the chunk ranks
-// below K by (score, lower index first) are kept, in index order, and take the gather slots.
-__global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecodeParams p) {
+// chunk's score the sum of its tokens' probabilities (exp(chunk lse − all lse)), the max over
+// the group; the chunk ranks below K by (score, lower index first) are kept, in index order,
+// and take the gather slots.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParams p) {
+  using Scan = cub::BlockScan<int, kThreads>;
   extern __shared__ uint32_t rerank_shared[];
-  __shared__ typename RerankScan::TempStorage scan_storage;
-  __shared__ float reduce[32];
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int count_shared;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int words = (l.capacity_chunks + 31) / 32;
@@ -311,38 +322,51 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
   int* selected = reinterpret_cast<int*>(score + l.max_candidates);
   int* free_slots = selected + l.max_budget;
   uint32_t* wanted = reinterpret_cast<uint32_t*>(free_slots + l.max_budget);
+  float* all = reinterpret_cast<float*>(wanted + words);  // [group]
   const int32_t* list =
       p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
   int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
   int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
-  int held = 0;
-  for (int i = tid; i < l.max_candidates; i += kRerankThreads) {
-    candidate[i] = list[i];
-    score[i] = 0.0f;
-    held += list[i] >= 0;
+  if (tid == 0) count_shared = l.max_candidates;
+  __syncthreads();
+  for (int i = tid; i < l.max_candidates; i += kThreads) {
+    const int chunk = list[i];
+    candidate[i] = chunk;
+    if (chunk < 0 && (i == 0 || list[i - 1] >= 0)) count_shared = i;  // the list is packed
   }
-  for (int w = tid; w < words; w += kRerankThreads) wanted[w] = 0;
-  for (int s = tid; s < l.max_budget; s += kRerankThreads) miss[s] = -1;
-  const int count = static_cast<int>(BlockSum(static_cast<float>(held), reduce));
+  for (int w = tid; w < words; w += kThreads) wanted[w] = 0;
+  for (int s = tid; s < l.max_budget; s += kThreads) miss[s] = -1;
+  __syncthreads();
+  const int count = count_shared;
   const float* lse = p.candidate_lse +
                      (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates;
-  for (int g = 0; g < l.group; ++g) {
-    // A chunk's share of head g's softmax over every candidate token: exp(lse_chunk − lse_all).
+  // Each query head's log-sum-exp over every candidate, one warp per head.
+  for (int g = warp; g < l.group; g += kThreads / 32) {
     const float* x = lse + static_cast<int64_t>(g) * l.max_candidates;
-    float local = -INFINITY;
-    for (int i = tid; i < count; i += kRerankThreads) local = fmaxf(local, x[i]);
-    const float top = SkvBlockMax(local, reduce);
+    float top = -INFINITY;
+    for (int i = lane; i < count; i += 32) top = fmaxf(top, x[i]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
     float sum = 0.0f;
-    for (int i = tid; i < count; i += kRerankThreads) sum += expf(x[i] - top);
-    const float all = top + logf(BlockSum(sum, reduce));
-    for (int i = tid; i < count; i += kRerankThreads) score[i] = fmaxf(score[i], expf(x[i] - all));
-    __syncthreads();  // each candidate's score is one thread's; the next head reads it again
+    for (int i = lane; i < count; i += 32) sum += expf(x[i] - top);
+    sum = WarpSum(sum);
+    if (lane == 0) all[g] = top + logf(sum);
   }
+  __syncthreads();
+  for (int i = tid; i < count; i += kThreads) {
+    float best = 0.0f;
+    for (int g = 0; g < l.group; ++g) {
+      best = fmaxf(best, expf(lse[static_cast<int64_t>(g) * l.max_candidates + i] - all[g]));
+    }
+    score[i] = best;
+  }
+  __syncthreads();
   // Keep rank < K, a chunk's rank counting the better ones and the equal ones of lower index
   // (candidates are in index order), then place the kept in index order.
   const int k = min(info.budget_chunks, count);
   int carry = 0;
-  for (int base = 0; base < count; base += kRerankThreads) {
+  for (int base = 0; base < count; base += kThreads) {
     const int i = base + tid;
     int keep = 0;
     if (i < count) {
@@ -355,7 +379,7 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
       keep = better < k;
     }
     int before = 0, total = 0;
-    RerankScan(scan_storage).ExclusiveSum(keep, before, total);
+    Scan(scan_storage).ExclusiveSum(keep, before, total);
     if (keep) {
       const int chunk = candidate[i];
       selected[carry + before] = chunk;
@@ -364,8 +388,14 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
     carry += total;
     __syncthreads();  // the scan storage is used again
   }
-  AssignGatherSlots<RerankScan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
-                                free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
+  AssignGatherSlots<Scan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
+                          free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
+}
+
+const void* RerankSelectKernel(const SkvLayout& l) {
+  return RerankThreads(l) == kRerankThreadsSmall
+             ? reinterpret_cast<const void*>(SkvRerankSelectKernel<kRerankThreadsSmall>)
+             : reinterpret_cast<const void*>(SkvRerankSelectKernel<kRerankThreads>);
 }
 
 }  // namespace
@@ -376,7 +406,9 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
   if (e != cudaSuccess) return e;
   const int64_t exact = ExactSharedBytes(l), select = RerankSharedBytes(l);
   if (exact > limit ||
-      select + static_cast<int64_t>(sizeof(RerankScan::TempStorage)) + 1024 > limit ||
+      select + static_cast<int64_t>(sizeof(cub::BlockScan<int, kRerankThreads>::TempStorage)) +
+              1024 >
+          limit ||
       l.max_candidates > kSkvMaxRerankCandidates || l.max_budget > kRerankThreads ||
       kExactThreads % (l.head_dim / 2) != 0) {
     return cudaErrorInvalidValue;
@@ -395,8 +427,7 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
       if ((e = AllowDynamicSharedMemory(kernel, fast)) != cudaSuccess) return e;
     }
   }
-  return AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvRerankSelectKernel),
-                                  static_cast<int>(select));
+  return AllowDynamicSharedMemory(RerankSelectKernel(l), static_cast<int>(select));
 }
 
 cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
@@ -418,9 +449,11 @@ cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
     error = cudaGetLastError();
   }
   if (error != cudaSuccess) return error;
-  SkvRerankSelectKernel<<<dim3(l.num_kv_heads, p.rows), kRerankThreads, RerankSharedBytes(l),
-                          stream>>>(p);
-  return cudaGetLastError();
+  SkvDecodeParams params = p;
+  void* args[] = {&params};
+  return cudaLaunchKernel(RerankSelectKernel(l), dim3(l.num_kv_heads, p.rows),
+                          dim3(RerankThreads(l)), args, static_cast<size_t>(RerankSharedBytes(l)),
+                          stream);
 }
 
 }  // namespace shadowkv::cuda
