@@ -142,57 +142,43 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // The candidates' keys are rebuilt 16 rows at a time as the gather rebuild makes them
 // (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), and each key tile is multiplied by the
 // group's queries on tensor cores too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads,
-// two mma N blocks), so no key leaves the block either. A block stages all its candidates' A
-// rows at once: its work is small, and waiting for memory once instead of once a tile is what
-// keeps it short (measured in dev/cuda/rerank_score_lab.cu).
+// two mma N blocks), so no key leaves the block either. Each warp loads its next tile's A rows
+// while it computes one: at the H200 that is faster than staging all of a block's rows at once,
+// which fits fewer blocks on a multiprocessor (dev/cuda/rerank_score_lab.cu).
 
 constexpr int kExactFastWarps = 4;
-constexpr int kExactFastMaxChunks = 32;  // candidate chunks per block at most
-constexpr int kExactFastHeads = 16;      // query heads of a group the tile product covers
+constexpr int kExactFastChunks = 32;  // candidate chunks per block
+constexpr int kExactFastHeads = 16;   // query heads of a group the tile product covers
 
 int ExactFastGroupFits(const SkvLayout& l) { return l.group <= kExactFastHeads; }
 
-// Candidate chunks one block scores: 32, halved while their A rows would pass 48 KiB.
-__host__ __device__ int ExactFastChunks(const SkvLayout& l) {
-  const int64_t per_chunk = 2ll * l.chunk_size * (SkvRankPadded(l.rank) + 8);
-  int chunks = kExactFastMaxChunks;
-  while (chunks > 4 && chunks * per_chunk > 48 * 1024) chunks /= 2;
-  return chunks;
-}
-
-// A block's token rows, padded to whole 16-row tiles.
-__host__ __device__ int ExactFastRows(const SkvLayout& l) {
-  return (ExactFastChunks(l) * l.chunk_size + 15) / 16 * 16;
-}
-
-// Shared memory of one fast exact-scoring block, bf16: B_h [rank_padded, D + 8], the queries
-// [16, D + 8], the A rows [rows, rank_padded + 8] and per warp one key tile [16, D + 8]; then
-// the tokens' logits [rows, group], fp32.
+// Shared memory of one fast exact-scoring block: B_h [rank_padded, D + 8], the queries
+// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] and one key tile [16, D + 8], bf16;
+// then the tokens' logits [kExactFastChunks * C, group], fp32.
 __host__ __device__ int64_t ExactFastBf16Bytes(const SkvLayout& l) {
   const int64_t rank_padded = SkvRankPadded(l.rank), pitch = l.head_dim + 8;
-  return 2 * (rank_padded * pitch + kExactFastHeads * pitch + ExactFastRows(l) * (rank_padded + 8) +
-              kExactFastWarps * 16 * pitch);
+  return 2 * (rank_padded * pitch + kExactFastHeads * pitch +
+              kExactFastWarps * (2 * 16 * (rank_padded + 8) + 16 * pitch));
 }
 int64_t ExactFastSharedBytes(const SkvLayout& l) {
-  return ExactFastBf16Bytes(l) + 4ll * ExactFastRows(l) * l.group;
+  return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
 }
 
 template <int kHeadDim, bool kHalves>
 __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(SkvDecodeParams p) {
   extern __shared__ __align__(16) unsigned char exact_fast_shared[];
-  __shared__ int chunks[kExactFastMaxChunks];
+  __shared__ int chunks[kExactFastChunks];
   __shared__ float inv_freq[kHeadDim / 2];
   __shared__ int count_shared;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int per_block = ExactFastChunks(l);
-  const int first = blockIdx.x * per_block;
+  const int first = blockIdx.x * kExactFastChunks;
   const int32_t* list =
       p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
   if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
   if (threadIdx.x == 0) count_shared = 0;
   __syncthreads();
-  if (threadIdx.x < per_block) {
+  if (threadIdx.x < kExactFastChunks) {
     const int i = first + threadIdx.x;
     const int chunk = i < l.max_candidates ? list[i] : -1;
     chunks[threadIdx.x] = chunk;
@@ -204,14 +190,13 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
   const int64_t stride = l.rank;
   const int rank_padded = SkvRankPadded(rank);
-  // Tiles are laid out for the layout's rank (the shared memory's size); the layer's own rank,
-  // at most that, sets how much of them is used.
-  const int a_pitch = SkvRankPadded(l.rank) + 8, pitch = kHeadDim + 8;
+  const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   Bf16* b_tile = reinterpret_cast<Bf16*>(exact_fast_shared);
-  Bf16* q_tile = b_tile + SkvRankPadded(l.rank) * pitch;
-  Bf16* a_rows = q_tile + kExactFastHeads * pitch;
-  Bf16* key_tile = a_rows + ExactFastRows(l) * a_pitch + warp * 16 * pitch;
+  Bf16* q_tile = b_tile + rank_padded * pitch;
+  Bf16* a_ring = q_tile + kExactFastHeads * pitch + warp * 2 * 16 * a_pitch;
+  Bf16* key_tile =
+      q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch + warp * 16 * pitch;
   float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
   SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
                           b_tile, pitch);
@@ -224,27 +209,36 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
               inside ? q_row + static_cast<int64_t>(head) * kHeadDim + v * 8 : q_row,
               inside ? 16 : 0);
   }
+  CpAsyncCommit();
   __syncthreads();  // the chunk list and its count are visible
 
   const int count = count_shared, total_rows = count * chunk_size;
   const int num_tiles = (total_rows + 15) / 16;
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
-  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps) {
-    SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile,
-                           a_rows + tile * 16 * a_pitch, a_pitch);
-  }
+  auto load_tile = [&](int tile, Bf16* target) {
+    SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile, target,
+                           a_pitch);
+  };
+  if (warp < num_tiles) load_tile(warp, a_ring);
   CpAsyncCommit();
-  CpAsyncWait<0>();
-  __syncthreads();  // B_h, the queries and every A row have landed
+  CpAsyncWait<1>();  // this thread's share of B_h and the queries have landed
+  __syncthreads();
 
   const int g = lane / 4, c2 = (lane % 4) * 2;
-  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps) {
+  int buffer = 0;
+  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1) {
+    if (tile + kExactFastWarps < num_tiles) {
+      load_tile(tile + kExactFastWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncwarp();  // this warp's A tile has landed
     auto position = [&](int r) {
       const int token_row = tile * 16 + r;
       const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
       return static_cast<float>(chunks[which] * chunk_size + t);
     };
-    SkvRebuildTile<kHeadDim, kHalves>(a_rows + tile * 16 * a_pitch, a_pitch, b_tile, pitch,
+    SkvRebuildTile<kHeadDim, kHalves>(a_ring + buffer * 16 * a_pitch, a_pitch, b_tile, pitch,
                                       rank_padded, inv_freq, position, key_tile, pitch);
     // logits [16 tokens, 16 heads] = keys · Qᵀ: matrices 0/1 of the x4 load are dims k0..k0+15
     // of heads 0-7, matrices 2/3 those of heads 8-15.
@@ -268,6 +262,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
     }
     __syncwarp();  // the key tile is rebuilt again by the next tile
   }
+  CpAsyncWait<0>();
   __syncthreads();
   WriteChunkLse(token_logits, count, chunk_size, l.group, l.max_candidates, first,
                 p.candidate_lse +
@@ -452,8 +447,8 @@ cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
   if (!p.candidates || !p.candidate_lse || l.max_candidates < 1) return cudaErrorInvalidValue;
   cudaError_t error = cudaSuccess;
   if (const void* fast = ExactFastKernel(p)) {
-    const int per_block = ExactFastChunks(l);
-    const dim3 grid((l.max_candidates + per_block - 1) / per_block, l.num_kv_heads, p.rows);
+    const dim3 grid((l.max_candidates + kExactFastChunks - 1) / kExactFastChunks, l.num_kv_heads,
+                    p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
     error = cudaLaunchKernel(fast, grid, dim3(kExactFastWarps * 32), args,
