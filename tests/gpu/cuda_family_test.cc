@@ -24,12 +24,20 @@ using namespace testing;
 // As the whole-model GPU tests compare bf16 logits with fp32 references (cuda_model_test.cc).
 constexpr double kLogitTolerance = 3e-2;
 
+CudaModelOptions Options(int max_batch) {
+  CudaModelOptions options;
+  options.max_batch = max_batch;
+  options.max_step_tokens = 64;
+  return options;
+}
+
 std::string TinyPath(const std::string& family) {
   return shadowkv::testing::DataPath("goldens/tiny_" + family + ".gguf");
 }
 
 struct Golden {
   std::vector<int32_t> tokens;
+  std::vector<int32_t> continuation;  // transformers' 32 greedy tokens
   std::vector<int> positions;
   std::vector<float> rows;  // [positions, vocab] transformers' fp32 logits
   int vocab = 0;
@@ -40,6 +48,7 @@ Golden ReadGolden(const std::string& family) {
   const nlohmann::json json = nlohmann::json::parse(in);
   Golden g;
   g.tokens = json["tokens"].get<std::vector<int32_t>>();
+  g.continuation = json["continuation"]["tokens"].get<std::vector<int32_t>>();
   g.positions = json["full_logits"]["positions"].get<std::vector<int>>();
   g.vocab = json["num_vocab"];
   g.rows.resize(g.positions.size() * g.vocab);
@@ -102,7 +111,7 @@ TEST_P(CudaFamilyGoldenTest, LogitsMatchTransformers) {
   const std::string family = GetParam();
   const Golden golden = ReadGolden(family);
   ASSERT_EQ(golden.positions.back() + 1, static_cast<int>(golden.tokens.size()));
-  auto gpu = CudaModel::Load(TinyPath(family), CudaModelOptions{2, 64, true});
+  auto gpu = CudaModel::Load(TinyPath(family), Options(2));
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   ASSERT_EQ((*gpu)->config().vocab_size, golden.vocab);
   ASSERT_TRUE((*gpu)->AllocateKvCache(2, 128).ok());
@@ -157,13 +166,14 @@ TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
   const CpuGreedy want = RunCpuGreedy(TinyPath(family), golden.tokens, kSteps);
   ASSERT_EQ(static_cast<int>(want.tokens.size()), kSteps);
 
-  auto gpu = CudaModel::Load(TinyPath(family), CudaModelOptions{1, 64, true});
+  auto gpu = CudaModel::Load(TinyPath(family), Options(1));
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   ASSERT_TRUE((*gpu)->AllocateKvCache(1, 128).ok());
   std::vector<float> logits(golden.vocab);
   ASSERT_TRUE((*gpu)->Forward(std::vector<CudaStepInput>{{0, golden.tokens, logits.data()}}).ok());
   int same = 0;
   std::string parted;
+  std::vector<int32_t> generated;
   std::vector<int32_t> token = {Argmax(logits)};
   const std::vector<int> slots = {0};
   for (int step = 0; step < kSteps; ++step) {
@@ -184,7 +194,12 @@ TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
       break;
     }
     ++same;
+    generated.push_back(got);
     ASSERT_TRUE((*gpu)->DecodeStep(slots, token, CudaSampling{}, logits.data()).ok());
+  }
+  // The whole text as the CPU's is transformers' text too (the CPU model's test checks that).
+  if (same == kSteps) {
+    EXPECT_EQ(generated, golden.continuation) << family;
   }
   std::printf("[ greedy   ] %s on the GPU: %d of %d tokens as the CPU model%s%s\n", family.c_str(),
               same, kSteps, parted.empty() ? "" : "; parted at a near tie, ", parted.c_str());
@@ -217,7 +232,7 @@ TEST(CudaFamilyTest, ShadowKvIsRefusedOnSlidingWindowModels) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   for (const std::string family : {"gemma3", "mistral"}) {
-    auto gpu = CudaModel::Load(TinyPath(family), CudaModelOptions{1, 64, true});
+    auto gpu = CudaModel::Load(TinyPath(family), Options(1));
     ASSERT_TRUE(gpu.ok()) << family << ": " << gpu.status().ToString();
     const Status allocated = (*gpu)->AllocateShadowKv(config, 1, 128);
     EXPECT_EQ(allocated.code(), ErrorCode::kUnsupported) << family << ": " << allocated.ToString();
@@ -236,7 +251,7 @@ TEST(CudaFamilyTest, ShadowKvRefusesHeadDimsItsKernelsDoNotTake) {
   config.policy = "shadowkv";
   config.budget_tokens = 16;
   for (const std::string family : {"phi3", "glm4"}) {
-    auto gpu = CudaModel::Load(TinyPath(family), CudaModelOptions{1, 64, true});
+    auto gpu = CudaModel::Load(TinyPath(family), Options(1));
     ASSERT_TRUE(gpu.ok()) << family << ": " << gpu.status().ToString();
     const Status allocated = (*gpu)->AllocateShadowKv(config, 1, 128);
     EXPECT_EQ(allocated.code(), ErrorCode::kUnsupported) << family << ": " << allocated.ToString();
