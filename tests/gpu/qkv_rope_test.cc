@@ -133,23 +133,34 @@ void CheckQkvRope(const QkvCase& t) {
   EXPECT_EQ(written, static_cast<int64_t>(rows) * kv_width);
 }
 
+// A case with the given rotation, and head dim 128, no QK norm, no frequency factors unless set.
+QkvCase Case(RopeConfig::Style style, int rotary_dim, bool with_bias, int head_dim = 128,
+             bool qk_norm = false) {
+  QkvCase c;
+  c.style = style;
+  c.rotary_dim = rotary_dim;
+  c.with_bias = with_bias;
+  c.head_dim = head_dim;
+  c.qk_norm = qk_norm;
+  return c;
+}
+
 TEST(CudaQkvRopeTest, PairsStyleWithBias) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckQkvRope({.style = RopeConfig::Style::kPairs, .rotary_dim = 128, .with_bias = true});
+  CheckQkvRope(Case(RopeConfig::Style::kPairs, 128, true));
 }
 
 TEST(CudaQkvRopeTest, HalvesStyle) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckQkvRope({.style = RopeConfig::Style::kHalves, .rotary_dim = 128});
+  CheckQkvRope(Case(RopeConfig::Style::kHalves, 128, false));
 }
 
 TEST(CudaQkvRopeTest, PartialRotaryDimsPassThrough) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckQkvRope({.style = RopeConfig::Style::kPairs, .rotary_dim = 64, .with_bias = true});
-  CheckQkvRope({.style = RopeConfig::Style::kHalves, .rotary_dim = 32, .with_bias = true});
+  CheckQkvRope(Case(RopeConfig::Style::kPairs, 64, true));
+  CheckQkvRope(Case(RopeConfig::Style::kHalves, 32, true));
   // GLM-4's tiny model: head dim 16, the first 8 dims rotated in interleaved pairs, biases.
-  CheckQkvRope(
-      {.style = RopeConfig::Style::kPairs, .rotary_dim = 8, .with_bias = true, .head_dim = 16});
+  CheckQkvRope(Case(RopeConfig::Style::kPairs, 8, true, 16));
 }
 
 // The per-head norm reduces over whole warps (head dim 64 and 128) or within one (32 and 16,
@@ -158,23 +169,17 @@ TEST(CudaQkvRopeTest, QkNormEveryHeadDim) {
   SKV_SKIP_WITHOUT_GPU();
   for (int head_dim : {16, 32, 64, 128}) {
     SCOPED_TRACE(head_dim);
-    CheckQkvRope({.style = RopeConfig::Style::kHalves,
-                  .rotary_dim = head_dim,
-                  .with_bias = true,
-                  .head_dim = head_dim,
-                  .qk_norm = true});
+    CheckQkvRope(Case(RopeConfig::Style::kHalves, head_dim, true, head_dim, true));
   }
-  CheckQkvRope(
-      {.style = RopeConfig::Style::kPairs, .rotary_dim = 16, .head_dim = 32, .qk_norm = true});
+  CheckQkvRope(Case(RopeConfig::Style::kPairs, 16, false, 32, true));
 }
 
 // LongRoPE: each pair's angle divided by its factor (Phi-3's tiny model: head dim 16).
 TEST(CudaQkvRopeTest, FrequencyFactors) {
   SKV_SKIP_WITHOUT_GPU();
-  CheckQkvRope({.style = RopeConfig::Style::kHalves,
-                .rotary_dim = 16,
-                .head_dim = 16,
-                .freq_factors = {1.0f, 1.75f, 2.5f, 3.25f, 4.0f, 4.75f, 5.5f, 6.25f}});
+  QkvCase c = Case(RopeConfig::Style::kHalves, 16, false, 16);
+  c.freq_factors = {1.0f, 1.75f, 2.5f, 3.25f, 4.0f, 4.75f, 5.5f, 6.25f};
+  CheckQkvRope(c);
 }
 
 }  // namespace
