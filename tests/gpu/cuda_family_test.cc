@@ -153,11 +153,12 @@ TEST_P(CudaFamilyGoldenTest, LogitsMatchTransformers) {
 }
 
 // 32 greedy tokens from the GPU's own choices (graph-replayed decode steps, the device sampler)
-// against the CPU model's. bf16 weights and activations move the logits by up to the tolerance
-// above, so where the CPU's best two tokens are closer than the GPU's own deviation from the CPU
-// on that row, the two may part: the comparison then stops at that step (a near tie, reported),
-// and only a parting at a clear margin fails. Until the texts part, both ran the same tokens, so
-// each step's logits are also compared.
+// against the CPU model's. bf16 weights and activations move each logit by about the tolerance
+// above times the row's RMS, so where the CPU's best token leads the GPU's choice by less than
+// twice that (a near tie) the texts may part: the comparison then stops at that step, saying so.
+// A parting at a larger margin fails. Until the texts part both ran the same tokens, so each
+// step's logits are compared too. Whether some family parts at a near tie within 32 tokens was
+// not known when this was written (no GPU was at hand); the output line says where, if so.
 TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
   SKV_SKIP_WITHOUT_GPU();
   const std::string family = GetParam();
@@ -181,16 +182,14 @@ TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
     EXPECT_LT(RelativeError(logits, cpu), kLogitTolerance) << family << ", step " << step;
     const int32_t got = token[0];
     if (got != want.tokens[step]) {
-      double deviation = 0;
-      for (int i = 0; i < golden.vocab; ++i) {
-        deviation = std::max(deviation, std::abs(static_cast<double>(logits[i]) - cpu[i]));
-      }
+      double sum_squares = 0;
+      for (float value : cpu) sum_squares += static_cast<double>(value) * value;
+      const double near_tie = 2 * kLogitTolerance * std::sqrt(sum_squares / golden.vocab);
       const double margin = cpu[want.tokens[step]] - cpu[got];
       parted = "step " + std::to_string(step) + ": CPU " + std::to_string(want.tokens[step]) +
                ", GPU " + std::to_string(got) + ", CPU margin " + std::to_string(margin) +
-               ", GPU deviation " + std::to_string(deviation);
-      EXPECT_LE(margin, 2 * deviation)
-          << family << " parts from the CPU at a clear margin, " << parted;
+               " (near tie below " + std::to_string(near_tie) + ")";
+      EXPECT_LE(margin, near_tie) << family << " parts from the CPU at a clear margin, " << parted;
       break;
     }
     ++same;
@@ -202,7 +201,7 @@ TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
     EXPECT_EQ(generated, golden.continuation) << family;
   }
   std::printf("[ greedy   ] %s on the GPU: %d of %d tokens as the CPU model%s%s\n", family.c_str(),
-              same, kSteps, parted.empty() ? "" : "; parted at a near tie, ", parted.c_str());
+              same, kSteps, parted.empty() ? "" : "; the texts part at ", parted.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyGoldenTest,
