@@ -199,6 +199,16 @@ TEST(CudaModelParityTest, MistralWindowInEveryLayer) {
   CheckModelParity(TinyFamilyPath("mistral"), "gpu_mistral", 3e-2);
 }
 
+// Head dim 96 (Phi-3-mini's) in the phi3 form and 256 (Gemma 3's) in the llama form: the decode
+// kernel's partial lanes and the prefill kernel's 16-row warps at those widths.
+TEST(CudaModelParityTest, HeadDims96And256) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(SmallSpec("phi3", 384, 4, 2, gguf::GgmlType::kF32, true, 7), "gpu_phi3_d96",
+                   3e-2);
+  CheckModelParity(SmallSpec("llama", 512, 2, 1, gguf::GgmlType::kF32, true, 8), "gpu_llama_d256",
+                   3e-2);
+}
+
 // phi3 and glm4 forms of the small models (tiny_model.h) at head dim 64 and 128, the shapes of
 // released models' kernels (the GLM-4 one untied, with a group of 4).
 TEST(CudaModelParityTest, Phi3AndGlm4AtHeadDims64And128) {

@@ -1,4 +1,4 @@
-// GPU split-KV decode attention against the CPU attention op: head dims 16/32/64/128, GQA groups
+// GPU split-KV decode attention against the CPU attention op: head dims 16-256, GQA groups
 // 1-8, one split or many, sequences of different lengths in one launch, sliding windows shorter
 // and longer than the sequences. With SKV_GPU_BENCH=1 a
 // micro-benchmark also times it at Llama-3-8B decode shapes against the read probe.
@@ -93,7 +93,7 @@ TEST(CudaDecodeAttentionTest, OneSplitPerSequence) {
 
 TEST(CudaDecodeAttentionTest, EveryGroupSizeAndHeadDim) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {16, 32, 64, 128}) {
+  for (int head_dim : {16, 32, 64, 96, 128, 256}) {
     for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16);
   }
 }
@@ -102,7 +102,7 @@ TEST(CudaDecodeAttentionTest, EveryGroupSizeAndHeadDim) {
 // multiple of 16, and one longer than two of the three rows (those then see every key).
 TEST(CudaDecodeAttentionTest, SlidingWindow) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {16, 32, 64, 128}) {
+  for (int head_dim : {16, 32, 64, 96, 128, 256}) {
     for (int window : {8, 32, 100, 500}) {
       CheckDecode(head_dim, 2, 16, window);
       CheckDecode(head_dim, 4, 1, window);

@@ -1,7 +1,7 @@
 // GPU causal flash prefill attention against the CPU attention op (wgmma for head dim 128 on
 // sm_90a builds, mma.sync otherwise): fresh prompts and later chunks (a cached prefix), several
 // sequences in one launch, GQA groups that do and do not divide the row tile, head dims 16, 32,
-// 64 and 128, sliding windows (a block's first tiles skipped, keys below each row's window
+// 64, 96, 128 and 256, sliding windows (a block's first tiles skipped, keys below each row's window
 // masked). With SKV_GPU_BENCH=1 a micro-benchmark also times the last 4096-query chunk of a 32K and
 // of a 122K prompt.
 #include "ops/cuda/attention/prefill_attention.cuh"
@@ -97,21 +97,22 @@ TEST(CudaPrefillAttentionTest, SequencesOfDifferentLengthsInOneLaunch) {
   CheckPrefill(64, 3, {{2, 0, 5}, {0, 333, 200}, {3, 1000, 17}});
 }
 
-// Head dims 16 and 32 (the tiny Phi-3, GLM-4 and Gemma 3 models') on the mma.sync kernel.
-TEST(CudaPrefillAttentionTest, SmallHeadDims) {
+// Head dims 16 and 32 (the tiny Phi-3, GLM-4 and Gemma 3 models'), 96 (Phi-3-mini's) and 256
+// (Gemma 3's, 16-row warps and 32-key tiles) on the mma.sync kernel.
+TEST(CudaPrefillAttentionTest, OtherHeadDims) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {16, 32}) {
+  for (int head_dim : {16, 32, 96, 256}) {
     CheckPrefill(head_dim, 2, {{0, 0, 40}});
     CheckPrefill(head_dim, 4, {{2, 0, 5}, {0, 333, 200}, {3, 1000, 17}});
   }
 }
 
-// Sliding windows of 8 (the tiny Gemma 3 model's), 64 (one tile), 100 and 700, over fresh
+// Sliding windows of 8 (the tiny Gemma 3 model's), 64 (one or two tiles), 100 and 700, over fresh
 // prompts and later chunks whose first tiles no row sees; every head dim (128 is the wgmma
 // kernel on sm_90a).
 TEST(CudaPrefillAttentionTest, SlidingWindow) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {16, 32, 64, 128}) {
+  for (int head_dim : {16, 32, 64, 96, 128, 256}) {
     for (int window : {8, 64, 100, 700}) {
       CheckPrefill(head_dim, 2, {{0, 0, 300}}, window);
       CheckPrefill(head_dim, 3, {{2, 0, 5}, {0, 333, 200}, {3, 900, 150}}, window);

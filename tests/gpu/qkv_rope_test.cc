@@ -1,6 +1,6 @@
 // GPU bias + QK norm + RoPE + KV-cache append against the CPU ops (AddBias, RmsNorm per head,
 // Rope::Apply), both rotation styles, partial rotary dims, per-pair frequency factors, large
-// positions, and head dims from 16 to 128.
+// positions, and head dims from 16 to 256.
 #include "ops/cuda/rope/qkv_rope.cuh"
 
 #include "core/rope.h"
@@ -167,11 +167,22 @@ TEST(CudaQkvRopeTest, PartialRotaryDimsPassThrough) {
 // Gemma 3's tiny model and smaller).
 TEST(CudaQkvRopeTest, QkNormEveryHeadDim) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {16, 32, 64, 128}) {
+  for (int head_dim : {16, 32, 64, 128, 256}) {
     SCOPED_TRACE(head_dim);
     CheckQkvRope(Case(RopeConfig::Style::kHalves, head_dim, true, head_dim, true));
   }
   CheckQkvRope(Case(RopeConfig::Style::kPairs, 16, false, 32, true));
+}
+
+// Head dims whose halves neither fit a warp's power-of-two lanes nor whole warps (96, 48) have no
+// QK norm; the model refuses them at load.
+TEST(CudaQkvRopeTest, QkNormHeadDims) {
+  for (int head_dim : {2, 4, 8, 16, 32, 64, 128, 256, 512}) {
+    EXPECT_TRUE(QkvRopeNormSupports(head_dim)) << head_dim;
+  }
+  for (int head_dim : {0, 24, 48, 96, 192, 1024}) {
+    EXPECT_FALSE(QkvRopeNormSupports(head_dim)) << head_dim;
+  }
 }
 
 // LongRoPE: each pair's angle divided by its factor (Phi-3's tiny model: head dim 16).

@@ -17,6 +17,7 @@
 #include "ops/cuda/common/cuda_backend.h"
 #include "ops/cuda/elementwise/fill_random.cuh"
 #include "ops/cuda/gemm/gemm.h"
+#include "ops/cuda/rope/qkv_rope.cuh"
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
@@ -40,10 +41,16 @@ Status CheckSupported(const ModelConfig& c, const CudaModelOptions& o) {
   const int group = c.num_query_heads / c.num_kv_heads;
   if (!DecodeAttentionSupports(c.head_dim, group) || !PrefillAttentionSupports(c.head_dim)) {
     return Error(ErrorCode::kUnsupported,
-                 "the CUDA attention kernels support head_dim 16, 32, 64 or 128 with at most 8 "
-                 "query heads per KV head; this '{}' model has head_dim {} and {} (use --device "
-                 "cpu)",
+                 "the CUDA attention kernels support head_dim 16, 32, 64, 96, 128 or 256 with at "
+                 "most 8 query heads per KV head; this '{}' model has head_dim {} and {} (use "
+                 "--device cpu)",
                  c.architecture, c.head_dim, group);
+  }
+  if (c.qk_norm && !QkvRopeNormSupports(c.head_dim)) {
+    return Error(ErrorCode::kUnsupported,
+                 "the CUDA QK norm does not support head_dim {} (this '{}' model normalises its "
+                 "query and key heads; use --device cpu)",
+                 c.head_dim, c.architecture);
   }
   if (c.sliding_window > std::numeric_limits<int>::max()) {
     return Error(ErrorCode::kUnsupported, "sliding window of {} tokens", c.sliding_window);

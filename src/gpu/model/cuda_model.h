@@ -144,7 +144,8 @@ struct CudaShadowKvSnapshot {
 class CudaModel {
  public:
   // Reads a GGUF model and uploads it once, every weight dequantised to bf16. Unsupported shapes
-  // (head_dim other than 16/32/64/128, more than 8 query heads per KV head) are kUnsupported.
+  // (head_dim other than 16/32/64/96/128/256, more than 8 query heads per KV head) are
+  // kUnsupported.
   static Result<std::unique_ptr<CudaModel>> Load(const std::string& path,
                                                  const CudaModelOptions& options);
   // Random weights generated on the device with `config`'s shapes: for throughput only.

@@ -36,9 +36,9 @@ __device__ __forceinline__ int VisibleKeys(int length, int window) {
 //     holds chunks g + 8m of tokens 2c, 2c+1, 2c+8, 2c+9 (8 lanes read 128 contiguous bytes per
 //     load) and pairs the two tokens of each B register with a byte permute. Output column n of
 //     n-tile 8m + e is dim 64m + 8n + e.
-// Head dims 16 and 32 have fewer 16-byte chunks per token than the lanes that read them: the
+// Head dims 16, 32 and 96 have fewer 16-byte chunks per token than the lanes that read them: the
 // lanes past the last chunk load zeros (which add nothing to the dot products) and their output
-// columns are never stored. Head dims 64 and 128 have no such lanes.
+// columns are never stored. Head dims 64, 128 and 256 have no such lanes.
 // Rows past the split's end are clamped to its last token (never the unwritten rows past the
 // sequence) and get probability 0 exactly.
 
@@ -281,7 +281,8 @@ cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream
 }  // namespace
 
 bool DecodeAttentionSupports(int head_dim, int group_size) {
-  return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128) &&
+  return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
+          head_dim == 256) &&
          group_size >= 1 && group_size <= 8;
 }
 
@@ -310,8 +311,14 @@ cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t s
     case 64:
       error = LaunchForHeadDim<64>(p, stream);
       break;
+    case 96:
+      error = LaunchForHeadDim<96>(p, stream);
+      break;
     case 128:
       error = LaunchForHeadDim<128>(p, stream);
+      break;
+    case 256:
+      error = LaunchForHeadDim<256>(p, stream);
       break;
   }
   if (error != cudaSuccess) return error;

@@ -30,7 +30,7 @@ struct DecodeAttentionParams {
   int rows = 0;
   int num_query_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;    // 16, 32, 64 or 128
+  int head_dim = 0;    // 16, 32, 64, 96, 128 or 256
   int num_splits = 1;  // in [1, kDecodeMaxSplits]; a row seeing L keys uses splits of
                        // max(kDecodeMinSplitTokens, ceil(L / num_splits) rounded up to 16) keys
   float scale = 0.0f;  // the model's softmax scale (usually 1/sqrt(head_dim))

@@ -275,20 +275,26 @@ cudaError_t LaunchPipelined(const PrefillAttentionParams& p, int group, cudaStre
   return cudaGetLastError();
 }
 
-// Head dim 128 on a build with sm_90a code: wgmma; elsewhere (head dims 16, 32, 64, and 128
-// without sm_90a code) 4 warps x 32 rows on mma.sync.
+// Head dim 128 on a build with sm_90a code: wgmma; elsewhere (head dims 16 to 96, and 128
+// without sm_90a code) 4 warps x 32 rows on mma.sync; head dim 256 4 warps x 16 rows and 32-key
+// tiles (its output fragments alone take 128 registers a thread).
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const PrefillAttentionParams& p, int group, cudaStream_t stream) {
-  if (kHeadDim != 128 || !PrefillWgmmaAvailable()) {
-    return LaunchPipelined<kHeadDim, 4, 2, 64>(p, group, stream);
+  if constexpr (kHeadDim == 256) {
+    return LaunchPipelined<256, 4, 1, 32>(p, group, stream);
+  } else {
+    if (kHeadDim != 128 || !PrefillWgmmaAvailable()) {
+      return LaunchPipelined<kHeadDim, 4, 2, 64>(p, group, stream);
+    }
+    return LaunchPrefillWgmma(p, group, stream);
   }
-  return LaunchPrefillWgmma(p, group, stream);
 }
 
 }  // namespace
 
 bool PrefillAttentionSupports(int head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
+         head_dim == 256;
 }
 
 cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
@@ -306,6 +312,10 @@ cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t
       return LaunchForHeadDim<32>(p, group, stream);
     case 64:
       return LaunchForHeadDim<64>(p, group, stream);
+    case 96:
+      return LaunchForHeadDim<96>(p, group, stream);
+    case 256:
+      return LaunchForHeadDim<256>(p, group, stream);
     default:
       return LaunchForHeadDim<128>(p, group, stream);
   }

@@ -31,7 +31,7 @@ struct PrefillAttentionParams {
   __nv_bfloat16* out = nullptr;  // [rows, num_query_heads * head_dim]
   int num_query_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;    // 16, 32, 64 or 128
+  int head_dim = 0;    // 16, 32, 64, 96, 128 or 256
   float scale = 0.0f;  // the model's softmax scale (usually 1/sqrt(head_dim))
   int window = 0;      // > 0: a query at position p sees only keys [p - window + 1, p]
 };

@@ -117,18 +117,22 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
 
 }  // namespace
 
+bool QkvRopeNormSupports(int head_dim) {
+  // A head's sum within one warp (half_dim a power of two below 32) or over whole warps of one
+  // block (a multiple of 32 that divides the block).
+  const int half_dim = head_dim / 2;
+  if (head_dim <= 0 || head_dim % 2 != 0) return false;
+  return half_dim < 32 ? 32 % half_dim == 0 : half_dim % 32 == 0 && kThreads % half_dim == 0;
+}
+
 cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream) {
   if (params.rows == 0) return cudaSuccess;
   if (params.rows < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
       params.rotary_dim < 0 || params.rotary_dim % 2 != 0 || params.rotary_dim > params.head_dim) {
     return cudaErrorInvalidValue;
   }
-  const int half_dim = params.head_dim / 2;
-  // The QK norm sums a head within one warp (half_dim a power of two below 32) or over whole
-  // warps of one block (a multiple of 32 that divides the block).
-  const bool norm_fits =
-      half_dim < 32 ? 32 % half_dim == 0 : half_dim % 32 == 0 && kThreads % half_dim == 0;
-  if ((params.q_norm == nullptr) != (params.k_norm == nullptr) || (params.q_norm && !norm_fits)) {
+  if ((params.q_norm == nullptr) != (params.k_norm == nullptr) ||
+      (params.q_norm && !QkvRopeNormSupports(params.head_dim))) {
     return cudaErrorInvalidValue;
   }
   const int pairs = (params.num_query_heads + 2 * params.num_kv_heads) * (params.head_dim / 2);

@@ -44,6 +44,9 @@ struct QkvRopeParams {
   const int32_t* keys_pre_rows = nullptr;
 };
 
+// True when the QK norm (q_norm / k_norm) can run at this head dim (see QkvRopeParams::q_norm).
+bool QkvRopeNormSupports(int head_dim);
+
 cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream);
 
 }  // namespace shadowkv::cuda
