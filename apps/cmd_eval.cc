@@ -136,13 +136,16 @@ bool OnGpu(const kv::KvPolicyConfig& config) {
 
 class CudaEvalBackend final : public eval::AnswerBackend {
  public:
+  // `slots`: 2 where fidelity is measured (full attention answers in slot 1 while slot 0 keeps
+  // the prompt for the ShadowKV variants to compress again), else 1.
   CudaEvalBackend(std::unique_ptr<cuda::CudaModel> model, CpuModel& cpu_model, int64_t capacity,
-                  int prefill_chunk)
+                  int prefill_chunk, int slots)
       : model_(std::move(model)),
         cpu_model_(cpu_model),
         tokenizer_(cpu_model.tokenizer()),
         capacity_(capacity),
-        prefill_chunk_(prefill_chunk) {}
+        prefill_chunk_(prefill_chunk),
+        slots_(slots) {}
 
   std::string numerics() const override {
     return cpu_policies_ ? fmt::format("cuda-bf16; snapkv/quest/streaming decode on the CPU ({})",
@@ -150,7 +153,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
                          : "cuda-bf16";
   }
 
-  Status Check(const std::vector<kv::KvPolicyConfig>& policies) const override {
+  Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity) const override {
     int full = 0;
     cpu_policies_ = 0;
     for (const kv::KvPolicyConfig& config : policies) {
@@ -164,11 +167,23 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       }
     }
     if (full > 1) return Error(ErrorCode::kInvalidArgument, "full attention is listed twice");
+    if (fidelity) {
+      if (!kv::IsPolicy(policies.front(), kv::PolicyKind::kFull)) {
+        return Error(ErrorCode::kInvalidArgument,
+                     "--fidelity on the GPU follows full attention's answers: list full first");
+      }
+      if (cpu_policies_ > 0) {
+        return Error(ErrorCode::kUnsupported,
+                     "--fidelity on the GPU follows the GPU's policies only (full, shadowkv); "
+                     "snapkv, quest and streaming decode on the CPU: leave them out");
+      }
+      if (slots_ < 2) return Error(ErrorCode::kInternal, "fidelity needs a second cache slot");
+    }
     return Status::Ok();
   }
 
   Status Answer(const std::vector<int32_t>& prompt, int max_new_tokens,
-                const std::vector<kv::KvPolicyConfig>& policies,
+                const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
                 std::vector<eval::BackendAnswer>* answers, double* prefill_seconds) override {
     if (static_cast<int64_t>(prompt.size()) + max_new_tokens > capacity_) {
       return Error(ErrorCode::kOutOfRange,
@@ -192,6 +207,15 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     answers->assign(policies.size(), {});
     SKV_RETURN_IF_ERROR(AnswerOnCpu(prompt, max_new_tokens, policies, answers));
     int full_index = -1;
+    // Fidelity: full attention (policy 0, Check made sure) answers first, in a copy of the
+    // prompt's slot, keeping its logits at every step for the others to be compared with.
+    Reference reference;
+    if (fidelity) {
+      SKV_RETURN_IF_ERROR(model_->CopySlot(0, 1));
+      SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &(*answers)[0], 1, &reference));
+      reference.tokens = (*answers)[0].tokens;
+      SKV_RETURN_IF_ERROR(Follow(reference, nullptr, &(*answers)[0].fidelity));
+    }
     for (size_t p = 0; p < policies.size(); ++p) {
       if (!OnGpu(policies[p])) continue;
       if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) {
@@ -200,11 +224,14 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       }
       SKV_ASSIGN_OR_RETURN(const Attendance attendance,
                            ShadowKvAttendance(policies[p], static_cast<int64_t>(prompt.size())));
-      SKV_RETURN_IF_ERROR(model_->AllocateShadowKv(policies[p], 1, capacity_));
-      SKV_RETURN_IF_ERROR(model_->AllocateShadowKvValues(0, /*on_host=*/false));
-      SKV_RETURN_IF_ERROR(model_->CompressToShadowKv(0, 0));
-      model_->ResetShadowKvCounters();
       eval::BackendAnswer& answer = (*answers)[p];
+      if (fidelity) {  // first along full attention's answer, from a compression of its own
+        SKV_RETURN_IF_ERROR(StartShadowKv(policies[p]));
+        SKV_RETURN_IF_ERROR(Follow(reference, &attendance, &answer.fidelity));
+        model_->FreeShadowKv();
+      }
+      SKV_RETURN_IF_ERROR(StartShadowKv(policies[p]));
+      model_->ResetShadowKvCounters();
       SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, &attendance, &answer));
       const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
       answer.stats.chunk_selections = stats.chunks_selected;
@@ -221,11 +248,11 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     }
     if (full_index >= 0) {
       eval::BackendAnswer& answer = (*answers)[full_index];
-      SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &answer));
+      if (!fidelity) SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &answer));
       const ModelConfig& c = model_->config();
       // bf16 keys and values of every layer for the tokens the slot holds.
-      answer.memory.fast_bytes =
-          int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim * model_->slot_length(0);
+      answer.memory.fast_bytes = int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim *
+                                 model_->slot_length(fidelity ? 1 : 0);
     }
     return Status::Ok();
   }
@@ -299,17 +326,54 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     return Status::Ok();
   }
 
-  // Greedy decoding from `first` (the prefill's next token) in the prefilled slot, or with
-  // `shadowkv` in ShadowKV sequence 0; counts the tokens each step's queries attend.
+  // Full attention's answer and its logits at every step ([steps, vocab]), for --fidelity.
+  struct Reference {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;
+  };
+
+  // A fresh ShadowKV sequence 0 of `config` compressed from the prompt in slot 0.
+  Status StartShadowKv(const kv::KvPolicyConfig& config) {
+    SKV_RETURN_IF_ERROR(model_->AllocateShadowKv(config, 1, capacity_));
+    SKV_RETURN_IF_ERROR(model_->AllocateShadowKvValues(0, /*on_host=*/false));
+    return model_->CompressToShadowKv(0, 0);
+  }
+
+  // Feeds the reference's tokens (all but the last) to ShadowKV sequence 0, or with `shadowkv`
+  // null compares the reference with itself, into `fidelity` (eval::RunTeacherForced's
+  // measure).
+  Status Follow(const Reference& reference, const Attendance* shadowkv, eval::Fidelity* fidelity) {
+    const int64_t vocab = model_->config().vocab_size;
+    std::vector<float> logits(vocab);
+    const cuda::CudaSampling greedy;
+    const int index = 0;
+    for (size_t j = 0; j + 1 < reference.tokens.size(); ++j) {
+      const std::span<const float> want(reference.logits.data() + j * vocab, vocab);
+      if (shadowkv) {
+        int32_t token = reference.tokens[j];
+        SKV_RETURN_IF_ERROR(model_->ShadowKvDecodeStep(
+            std::span<const int>(&index, 1), std::span<int32_t>(&token, 1), greedy, logits.data()));
+        eval::AddFidelityStep(want, logits, fidelity);
+      } else {
+        eval::AddFidelityStep(want, want, fidelity);
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Greedy decoding from `first` (the prefill's next token) in full-cache slot `slot`, or with
+  // `shadowkv` in ShadowKV sequence 0; counts the tokens each step's queries attend. With
+  // `record`, each step's logits are appended to record->logits.
   Status Decode(int32_t first, int max_new_tokens, const Attendance* shadowkv,
-                eval::BackendAnswer* answer) {
+                eval::BackendAnswer* answer, int slot = 0, Reference* record = nullptr) {
     eval::GreedyStream stream;
     stream.remaining = max_new_tokens;
     eval::PushToken(stream, first, tokenizer_);
     const cuda::CudaSampling greedy;
-    const int index = 0;
+    const int index = shadowkv ? 0 : slot;
+    const int64_t vocab = model_->config().vocab_size;
     while (!stream.done()) {
-      const int64_t length = shadowkv ? model_->shadowkv_length(0) : model_->slot_length(0);
+      const int64_t length = shadowkv ? model_->shadowkv_length(0) : model_->slot_length(slot);
       if (length + 1 > capacity_) {
         stream.truncated = true;
         break;
@@ -326,8 +390,13 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       int32_t token = stream.feed.front();
       const std::span<const int> seqs(&index, 1);
       const std::span<int32_t> tokens(&token, 1);
-      SKV_RETURN_IF_ERROR(shadowkv ? model_->ShadowKvDecodeStep(seqs, tokens, greedy)
-                                   : model_->DecodeStep(seqs, tokens, greedy));
+      float* logits = nullptr;
+      if (record) {
+        record->logits.resize(record->logits.size() + vocab);
+        logits = record->logits.data() + record->logits.size() - vocab;
+      }
+      SKV_RETURN_IF_ERROR(shadowkv ? model_->ShadowKvDecodeStep(seqs, tokens, greedy, logits)
+                                   : model_->DecodeStep(seqs, tokens, greedy, logits));
       eval::PushToken(stream, token, tokenizer_);
     }
     answer->tokens = std::move(stream.generated);
@@ -341,6 +410,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   mutable int cpu_policies_ = 0;  // counted by Check
   int64_t capacity_;
   int prefill_chunk_;
+  int slots_;
 };
 
 // Loads `model_path` onto the GPU for prompts of up to `max_tokens` (prompt + answer);
@@ -349,21 +419,22 @@ class CudaEvalBackend final : public eval::AnswerBackend {
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string& model_path,
                                                                  CpuModel& cpu_model,
                                                                  int64_t max_tokens,
-                                                                 int prefill_chunk) {
+                                                                 int prefill_chunk, bool fidelity) {
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = prefill_chunk;
   options.kernels = KernelOptionsFromFlags();
   SKV_ASSIGN_OR_RETURN(auto model, cuda::CudaModel::Load(model_path, options));
-  SKV_RETURN_IF_ERROR(model->AllocateKvCache(1, max_tokens, /*keep_pre_rope_keys=*/true));
+  const int slots = fidelity ? 2 : 1;
+  SKV_RETURN_IF_ERROR(model->AllocateKvCache(slots, max_tokens, /*keep_pre_rope_keys=*/true));
   return std::unique_ptr<eval::AnswerBackend>(
-      new CudaEvalBackend(std::move(model), cpu_model, max_tokens, prefill_chunk));
+      new CudaEvalBackend(std::move(model), cpu_model, max_tokens, prefill_chunk, slots));
 }
 
 #else
 
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string&, CpuModel&,
-                                                                 int64_t, int) {
+                                                                 int64_t, int, bool) {
   return Error(ErrorCode::kUnsupported, "{}", kBuiltWithoutCuda);
 }
 
@@ -438,13 +509,14 @@ int RunEvalCommand(const EvalOptions& o) {
   if (o.device == Device::kCuda) {
     int64_t longest = 0;
     for (int64_t length : settings.lengths) longest = std::max(longest, length);
-    auto made = MakeCudaEvalBackend(
-        model_path, model, std::min(longest, model.config().context_length), o.prefill_chunk);
+    auto made =
+        MakeCudaEvalBackend(model_path, model, std::min(longest, model.config().context_length),
+                            o.prefill_chunk, settings.fidelity);
     if (!made.ok()) return Fail(made.status().ToString());
     backend = std::move(made).value();
     // Before the header line: a policy the backend cannot run fails here, and the numerics it
     // reports depend on the policies.
-    if (Status checked = backend->Check(settings.policies); !checked.ok()) {
+    if (Status checked = backend->Check(settings.policies, settings.fidelity); !checked.ok()) {
       return Fail(checked.ToString());
     }
   }
@@ -567,9 +639,10 @@ Command AddEvalCommand(CLI::App& app) {
                 "instead of reusing its KV (the reference for reuse)")
       ->needs(turns);
   cmd->add_flag("--fidelity", options->fidelity,
-                "CPU, tasks and grid: after the answers every policy also follows the first "
+                "tasks and grid: after the answers every policy also follows the first "
                 "policy's answer token by token; the table footer gives how often its top token "
-                "is the first policy's and the mean KL divergence from it")
+                "is the first policy's and the mean KL divergence from it (with --device cuda: "
+                "full first, GPU policies only)")
       ->excludes(turns);
   cmd->add_option("--prefill-chunk", options->prefill_chunk, "prompt tokens per forward step")
       ->capture_default_str()

@@ -78,7 +78,8 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
   app.add_option("--rank-energy", c.rank_energy,
                  "shadowkv: per-layer rank holding this share of the key energy (0 = fixed rank)")
       ->capture_default_str();
-  app.add_option("--rank-min", c.rank_min, "shadowkv: smallest per-layer rank")
+  app.add_option("--rank-min", c.rank_min,
+                 "shadowkv: smallest rank (of the ratio rule and of each layer's energy rule)")
       ->capture_default_str();
   app.add_option("--rank-max", c.rank_max, "shadowkv: largest per-layer rank (0 = the width)")
       ->capture_default_str();

@@ -10,7 +10,8 @@
 #   join:NAME:SHA256   appends $HOME/m/parts/NAME_* in order into $HOME/m/NAME.gguf and checks
 #                      its sha256
 #   tests              the GPU tests of ShadowKV and the models (CudaShadowKv*, CudaModel*)
-#   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV
+#   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV; with
+#                      FIDELITY=1 also each policy's fidelity along full attention's answers
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
 #   synth:CTX          the same on synthetic Llama-3-8B weights
 # MODEL is a file under $HOME/m (qwen, smol: $HOME/m/qwen.gguf); $TAG names the outputs.
@@ -54,7 +55,7 @@ for step in "$@"; do
     eval)
       timeout "${LIMIT:-400}" "$stage/bin/shadowkv" eval -m "$HOME/m/$model.gguf" \
         --haystack "$haystack" --device cuda --kv "$kv" --lengths "$length" \
-        --samples "${SAMPLES:-20}" ${SEED:+--seed "$SEED"} \
+        --samples "${SAMPLES:-20}" ${SEED:+--seed "$SEED"} ${FIDELITY:+--fidelity} \
         --json "$out/${model}_${length}_${tag}.json" > "$out/${model}_${length}_${tag}.log" 2>&1
       echo "eval $model $length: exit $?"
       grep -vE "^\[eval\]" "$out/${model}_${length}_${tag}.log" | tail -22

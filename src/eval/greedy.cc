@@ -67,6 +67,18 @@ void LogSoftmax(std::span<const float> logits, std::vector<double>* out) {
 
 }  // namespace
 
+void AddFidelityStep(std::span<const float> reference, std::span<const float> logits,
+                     Fidelity* fidelity) {
+  thread_local std::vector<double> p, q;
+  LogSoftmax(reference, &p);
+  LogSoftmax(logits, &q);
+  double kl = 0.0;
+  for (size_t v = 0; v < p.size(); ++v) kl += std::exp(p[v]) * (p[v] - q[v]);
+  fidelity->steps++;
+  fidelity->same_top += Argmax(logits) == Argmax(reference);
+  fidelity->kl_sum += std::max(kl, 0.0);
+}
+
 Status RunTeacherForced(CpuModel& model, std::span<kv::SequenceKv* const> sequences,
                         std::span<const int32_t> tokens, std::vector<Fidelity>* fidelity) {
   const int64_t vocab = model.config().vocab_size;
@@ -74,7 +86,6 @@ Status RunTeacherForced(CpuModel& model, std::span<kv::SequenceKv* const> sequen
   if (sequences.empty()) return Status::Ok();
   std::vector<float> logits(sequences.size() * vocab);
   std::vector<StepInput> inputs(sequences.size());
-  std::vector<double> reference, other;
   for (size_t j = 0; j + 1 < tokens.size(); ++j) {
     for (size_t i = 0; i < sequences.size(); ++i) {
       inputs[i] = StepInput{};
@@ -85,19 +96,9 @@ Status RunTeacherForced(CpuModel& model, std::span<kv::SequenceKv* const> sequen
     }
     SKV_RETURN_IF_ERROR(model.Forward(inputs));
     const std::span<const float> first(logits.data(), vocab);
-    LogSoftmax(first, &reference);
-    const int32_t top = Argmax(first);
     for (size_t i = 0; i < sequences.size(); ++i) {
-      const std::span<const float> own(logits.data() + i * vocab, vocab);
-      LogSoftmax(own, &other);
-      double kl = 0.0;
-      for (int64_t v = 0; v < vocab; ++v) {
-        kl += std::exp(reference[v]) * (reference[v] - other[v]);
-      }
-      Fidelity& f = (*fidelity)[i];
-      f.steps++;
-      f.same_top += Argmax(own) == top;
-      f.kl_sum += std::max(kl, 0.0);
+      AddFidelityStep(first, std::span<const float>(logits.data() + i * vocab, vocab),
+                      &(*fidelity)[i]);
     }
   }
   return Status::Ok();

@@ -39,6 +39,11 @@ struct Fidelity {
   double kl_sum = 0.0;  // sum over steps of KL(reference || this), in nats
 };
 
+// Adds one step to `fidelity`: how far the next-token distribution of `logits` is from that of
+// `reference` (logits over the same vocabulary).
+void AddFidelityStep(std::span<const float> reference, std::span<const float> logits,
+                     Fidelity* fidelity);
+
 // Feeds `tokens` (all but the last; the first is what each sequence's prompt predicted) one at
 // a time to every sequence in one batched step, and compares each sequence's distribution with
 // sequences[0]'s: `fidelity` receives one entry per sequence (the reference's own compares it

@@ -114,15 +114,15 @@ Result<EvalReport> Runner::Run() {
     SKV_ASSIGN_OR_RETURN(auto policy, kv::MakeKvPolicy(config, model_.kv_geometry()));
     policies_.push_back(std::move(policy));
   }
-  if (settings_.fidelity && (backend_ || settings_.mode == EvalMode::kMultiTurn)) {
+  if (settings_.fidelity && settings_.mode == EvalMode::kMultiTurn) {
     return Error(ErrorCode::kUnsupported,
-                 "fidelity (teacher forcing) runs on the CPU, for tasks and the NIAH grid");
+                 "fidelity (teacher forcing) is measured for tasks and the NIAH grid");
   }
   if (backend_) {
     if (settings_.mode == EvalMode::kMultiTurn) {
       return Error(ErrorCode::kUnsupported, "multi-turn NIAH runs on the CPU only");
     }
-    SKV_RETURN_IF_ERROR(backend_->Check(settings_.policies));
+    SKV_RETURN_IF_ERROR(backend_->Check(settings_.policies, settings_.fidelity));
   }
   report_.settings = settings_;
   report_.model_summary = model_.config().Summary();
@@ -312,8 +312,8 @@ Status Runner::AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens
                           QuestionOutcome* outcome) {
   std::vector<BackendAnswer> answers;
   const auto start = Clock::now();
-  SKV_RETURN_IF_ERROR(backend_->Answer(prompt, max_new_tokens, settings_.policies, &answers,
-                                       &outcome->prefill_seconds));
+  SKV_RETURN_IF_ERROR(backend_->Answer(prompt, max_new_tokens, settings_.policies,
+                                       settings_.fidelity, &answers, &outcome->prefill_seconds));
   outcome->decode_seconds = Since(start) - outcome->prefill_seconds;
   outcome->prompt_tokens = static_cast<int64_t>(prompt.size());
   if (answers.size() != settings_.policies.size()) {
@@ -328,6 +328,7 @@ Status Runner::AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens
     out.rank = answers[p].rank;
     out.layer_ranks = answers[p].layer_ranks;
     out.outlier_chunks = answers[p].outlier_chunks;
+    out.fidelity = answers[p].fidelity;
     outcome->outputs.push_back(std::move(out));
   }
   return Status::Ok();

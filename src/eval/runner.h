@@ -38,9 +38,10 @@ struct EvalSettings {
   bool fresh_turns = false;
   std::vector<kv::KvPolicyConfig> policies;  // one per policy, in report order
   int prefill_chunk = 512;
-  // kTasks and kNiahGrid on the CPU: after the answers, every policy follows the first
-  // policy's answer token by token (teacher forcing, from a fresh replay of the prompt), and
-  // PolicyOutput::fidelity says how closely its next-token distributions match the first's.
+  // kTasks and kNiahGrid: after the answers, every policy follows the first policy's answer
+  // token by token (teacher forcing, from the same prompt), and PolicyOutput::fidelity says how
+  // closely its next-token distributions match the first's. With a backend, as far as it can
+  // (AnswerBackend::Check refuses otherwise).
   bool fidelity = false;
 };
 
@@ -105,6 +106,7 @@ struct BackendAnswer {
   int rank = 0;                  // shadowkv
   std::vector<int> layer_ranks;  // shadowkv, [num_layers] where the backend reports them
   int64_t outlier_chunks = 0;    // shadowkv, per KV head
+  Fidelity fidelity;             // asked for: along the first policy's answer (0 steps: none)
 };
 
 // Answers single questions somewhere other than the CPU model (the CUDA backend): every
@@ -114,11 +116,13 @@ class AnswerBackend {
  public:
   virtual ~AnswerBackend() = default;
   virtual std::string numerics() const = 0;  // shown in the report, e.g. "cuda-bf16"
-  // Rejects policies the backend cannot run, before any sample is made.
-  virtual Status Check(const std::vector<kv::KvPolicyConfig>& policies) const = 0;
+  // Rejects policies the backend cannot run, or fidelity (EvalSettings::fidelity) where it cannot
+  // measure it, before any sample is made.
+  virtual Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity) const = 0;
   // `answers` receives one entry per policy, in order; `prefill_seconds` the shared prefill.
+  // With `fidelity`, each answer's fidelity along the first policy's answer as well.
   virtual Status Answer(const std::vector<int32_t>& prompt, int max_new_tokens,
-                        const std::vector<kv::KvPolicyConfig>& policies,
+                        const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
                         std::vector<BackendAnswer>* answers, double* prefill_seconds) = 0;
 };
 

@@ -196,7 +196,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.rank = 0;
   config.rank_ratio = 1 / 6.4;
   config.rank_energy = 0.0;
-  config.rank_min = defaults.rank_min;
+  config.rank_min = 0;
   config.rank_max = 0;
   config.selection = "landmarks";
   config.rerank_factor = defaults.rerank_factor;

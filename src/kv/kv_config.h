@@ -19,18 +19,24 @@ struct KvPolicyConfig {
   // max(budget_min_tokens, budget_fraction * context) rounded to the policy's granularity.
   int64_t budget_tokens = 0;
   double budget_fraction = 0.015625;  // 1.56% (ShadowKV's default: 2048 of 131072)
-  int64_t budget_min_tokens = 256;    // floor for short contexts
+  // Floor for short contexts: 512 (the published 256 loses long answers at 4K-32K, see
+  // docs/RESULTS.md "Defaults").
+  int64_t budget_min_tokens = 512;
 
   // ShadowKV (docs/DESIGN.md, "ShadowKV").
   int chunk_size = 8;
-  int rank = 0;                 // r; 0 = from rank_ratio
-  double rank_ratio = 1 / 6.4;  // r = ceil8(ratio * num_kv_heads * head_dim)
+  int rank = 0;  // r; 0 = from rank_ratio and rank_min
+  // r = max(ceil8(ratio * num_kv_heads * head_dim), ceil8(rank_min)), at most the width: the
+  // published 1/6.4 where keys are wide (160 of 1024), at least rank_min where they are narrow.
+  double rank_ratio = 1 / 6.4;
   // Rank from the key spectrum: with rank_energy > 0 each layer (of each sequence, and each
   // basis group) keeps the smallest multiple of 8 whose top eigenvalues hold this share of its
   // pre-RoPE key energy, clamped to [rank_min, rank_max] (rank_max 0 = the basis width); `rank`
   // and `rank_ratio` are then unused. 0 = one fixed rank for every layer.
   double rank_energy = 0.0;
-  int rank_min = 8;
+  // The smallest rank of either rule (per basis group), rounded up to 8; 0 = none. 48: narrow
+  // keys need it (docs/RESULTS.md "Defaults").
+  int rank_min = 48;
   int rank_max = 0;
   // Chunk selection at each decode step (docs/DESIGN.md, "Chunk selection"):
   //   landmarks  the method's: per KV head, the K chunks whose landmarks score highest (softmax
@@ -40,7 +46,7 @@ struct KvPolicyConfig {
   //   heads      each query head of a GQA group picks its own best chunks, K in all per KV head;
   //   mass       per KV head the fewest chunks holding select_mass of the landmark score, between
   //              a floor and a cap around K.
-  std::string selection = "landmarks";
+  std::string selection = "rerank";  // docs/RESULTS.md "Defaults"
   int rerank_factor = 4;
   double select_mass = 0.9;
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
@@ -84,7 +90,8 @@ struct KvPolicyConfig {
 };
 
 // With config.paper == 1, `config` with the method's published settings forced: the fixed rank
-// rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, rank_energy 0),
+// rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, no rank floor,
+// rank_energy 0),
 // selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
 // absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
 // fp32 values and landmarks. Deployment settings (basis_groups, value_store_path) are kept.

@@ -17,7 +17,7 @@ constexpr int64_t kGramBlockRows = 256;
 
 }  // namespace
 
-Result<int> ResolveRank(int rank, double rank_ratio, int width) {
+Result<int> ResolveRank(int rank, double rank_ratio, int floor, int width) {
   if (width <= 0) return Error(ErrorCode::kInvalidArgument, "key width {} is not positive", width);
   int resolved = rank;
   if (resolved <= 0) {
@@ -26,7 +26,7 @@ Result<int> ResolveRank(int rank, double rank_ratio, int width) {
     }
     // The small slack keeps exact products (1/6.4 · 1024 = 160) from rounding up to 168.
     const auto scaled = static_cast<int>(std::ceil(rank_ratio * width - 1e-6));
-    resolved = std::min(width, (std::max(scaled, 1) + 7) / 8 * 8);
+    resolved = std::min(width, (std::max({scaled, floor, 1}) + 7) / 8 * 8);
   }
   if (resolved > width) {
     return Error(ErrorCode::kInvalidArgument,

@@ -15,8 +15,9 @@
 namespace shadowkv::kv {
 
 // Rank r from the settings: `rank` if > 0, else `rank_ratio * width` rounded up to a multiple of
-// 8 and capped at `width`. A rank above `width` is kInvalidArgument.
-Result<int> ResolveRank(int rank, double rank_ratio, int width);
+// 8, raised to `floor` rounded up to 8, and capped at `width`. A rank above `width` is
+// kInvalidArgument.
+Result<int> ResolveRank(int rank, double rank_ratio, int floor, int width);
 
 // Rank from the spectrum: the smallest r whose top-r eigenvalues (`eigenvalues`, the whole
 // spectrum of one Gram matrix, largest first; negative rounding noise counts as 0) sum to at least

@@ -53,11 +53,15 @@ double ResidualEnergy(const std::vector<float>& x, int64_t num_rows, const LowRa
 }
 
 TEST(LowRankTest, ResolveRankFollowsTheRatioRule) {
-  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 1024).value(), 160);  // the paper's Llama-3-8B setting
-  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 192).value(), 32);    // 30 rounded up to a multiple of 8
-  EXPECT_EQ(ResolveRank(0, 1.0, 100).value(), 100);       // 104 capped at the width
-  EXPECT_EQ(ResolveRank(48, 0.5, 192).value(), 48);
-  auto too_big = ResolveRank(200, 0.0, 192);
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 0, 1024).value(), 160);   // the paper's Llama-3-8B setting
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 48, 1024).value(), 160);  // the floor is below
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 0, 192).value(), 32);     // 30 rounded up to a multiple of 8
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 48, 192).value(), 48);    // raised to the floor
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 45, 128).value(), 48);    // the floor rounded up to 8
+  EXPECT_EQ(ResolveRank(0, 1 / 6.4, 200, 128).value(), 128);  // capped at the width
+  EXPECT_EQ(ResolveRank(0, 1.0, 0, 100).value(), 100);        // 104 capped at the width
+  EXPECT_EQ(ResolveRank(48, 0.5, 96, 192).value(), 48);       // an explicit rank has no floor
+  auto too_big = ResolveRank(200, 0.0, 0, 192);
   ASSERT_FALSE(too_big.ok());
   EXPECT_EQ(too_big.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(too_big.status().message().find("200"), std::string::npos);

@@ -727,7 +727,8 @@ Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& reque
     settings.rank_rule = {0, config.rank_energy, config.rank_min, config.rank_max};
     settings.rank = (config.rank_max > 0 ? config.rank_max : group_width) * groups;
   } else {
-    auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio, group_width);
+    auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio, config.rank_min,
+                            group_width);
     if (!rank.ok()) {
       return Error(ErrorCode::kInvalidArgument, "ShadowKV: {}", rank.status().message());
     }

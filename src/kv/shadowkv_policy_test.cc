@@ -314,8 +314,9 @@ TEST(ShadowKvTest, FastTierIsSmallerThanFullAtLongContext) {
   KvPolicyConfig config;
   config.policy = "shadowkv";
   auto shadow = MakePolicy(config, g);
-  const int64_t tokens = 4000;
-  // Per layer: A 3968x32, B 32x192, 496 landmarks x 192 minus outliers, window, gather.
+  const int64_t tokens = 16000;
+  // The defaults, per layer: A 15968x48, B 48x192, 1996 landmarks x 192 minus outliers, window,
+  // gather slots of the 512-token budget floor.
   const MemoryUsage m = shadow->EstimateMemory(tokens);
   EXPECT_LT(m.fast_bytes * 3, full->EstimateMemory(tokens).fast_bytes);
   EXPECT_GT(m.slow_bytes, 0);

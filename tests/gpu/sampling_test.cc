@@ -385,6 +385,8 @@ TEST(CudaModelSamplingTest, PerRowSettingsThroughShadowKvDecodeStep) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   ASSERT_TRUE(model.AllocateKvCache(2, 512, /*keep_pre_rope_keys=*/true).ok());
   ASSERT_TRUE(model.AllocateShadowKv(config, 2, 512).ok());
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 43), SomeTokens(237, 44)};

@@ -1,7 +1,8 @@
 // Times each ShadowKV decode kernel of one layer alone (Llama-3-8B shapes: 8 KV heads, group
 // 4, head dim 128, rank 160; the bench's batches at 60K and 122K, every selected chunk a miss
 // as with random weights), for each kernel variant, with the bytes each must move and the
-// rate that gives. Timing only; SKV_GPU_BENCH=1 enables it.
+// rate that gives; and the re-ranking kernels at Qwen2.5-0.5B's and Llama-3-8B's shapes.
+// Timing only; SKV_GPU_BENCH=1 enables it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -188,6 +189,125 @@ TEST(CudaShadowKvKernelsBench, DecodeKernelTimes) {
           fetch_bytes / (fetch_ms * 1e-3) / gb, 32 * (score_ms + select_ms), 32 * rebuild_ms,
           32 * fetch_ms);
     }
+  }
+}
+
+// The re-ranking selection's kernels (fast variant), one layer: the landmark score, the landmark
+// select of K chunks and of the rerank_factor·K candidates, and the re-rank (exact scores of
+// the candidates' rebuilt keys, then the best K into the gather slots).
+TEST(CudaShadowKvKernelsBench, RerankKernelTimes) {
+  SKV_SKIP_WITHOUT_GPU();
+  if (std::getenv("SKV_GPU_BENCH") == nullptr) GTEST_SKIP() << "set SKV_GPU_BENCH=1 to run";
+  struct Shape {
+    const char* name;
+    int heads, group, dim, rank, rows, context, budget_chunks, factor, layers;
+  };
+  for (const Shape shape : {Shape{"qwen2.5-0.5b", 2, 7, 64, 24, 64, 32000, 64, 4, 24},
+                            Shape{"qwen2.5-0.5b", 2, 7, 64, 24, 64, 32000, 64, 8, 24},
+                            Shape{"qwen2.5-0.5b", 2, 7, 64, 64, 64, 32000, 64, 8, 24},
+                            Shape{"qwen2.5-0.5b", 2, 7, 64, 64, 64, 32000, 128, 4, 24},
+                            Shape{"llama3-8b", 8, 4, 128, 160, 12, 124928, 256, 2, 32},
+                            Shape{"llama3-8b", 8, 4, 128, 160, 12, 124928, 256, 4, 32}}) {
+    constexpr int kChunk = 8;
+    const int rows = shape.rows, heads = shape.heads, dim = shape.dim, rank = shape.rank;
+    const int capacity = (shape.context / kChunk + 15) / 16 * 16;
+    const int num_chunks = shape.context / kChunk - 4;
+    const int budget = shape.budget_chunks, candidates = shape.factor * budget;
+    const int64_t lm_count = int64_t{rows} * heads * capacity * dim;
+    const int64_t coef_count = int64_t{rows} * capacity * kChunk * rank;
+    DeviceBuffer<__nv_bfloat16> landmarks, coefficients, basis, queries;
+    DeviceBuffer<uint8_t> outlier;
+    DeviceBuffer<int32_t> slot_chunk, miss, candidate_list;
+    DeviceBuffer<float> logits, partials, inv_freq, lse;
+    DeviceBuffer<unsigned long long> counters;
+    ASSERT_TRUE(landmarks.Allocate(lm_count).ok());
+    ASSERT_TRUE(coefficients.Allocate(coef_count).ok());
+    ASSERT_TRUE(basis.Allocate(int64_t{rows} * rank * heads * dim).ok());
+    ASSERT_TRUE(queries.Allocate(int64_t{rows} * heads * shape.group * dim).ok());
+    ASSERT_TRUE(outlier.Allocate(int64_t{rows} * heads * capacity).ok());
+    ASSERT_TRUE(slot_chunk.Allocate(int64_t{rows} * heads * budget).ok());
+    ASSERT_TRUE(miss.Allocate(int64_t{rows} * heads * budget).ok());
+    ASSERT_TRUE(candidate_list.Allocate(int64_t{rows} * heads * candidates).ok());
+    ASSERT_TRUE(lse.Allocate(int64_t{rows} * heads * shape.group * candidates).ok());
+    ASSERT_TRUE(logits.Allocate(int64_t{rows} * heads * shape.group * capacity).ok());
+    ASSERT_TRUE(
+        partials.Allocate(int64_t{rows} * heads * shape.group * SkvScoreBlocks(capacity) * 2).ok());
+    ASSERT_TRUE(counters.Allocate(2 * rows).ok());
+    SKV_ASSERT_CUDA(LaunchFillRandom({landmarks.get(), lm_count, 1.0f, 1}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({coefficients.get(), coef_count, 1.0f, 2}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({basis.get(), basis.size(), 0.1f, 3}, nullptr));
+    SKV_ASSERT_CUDA(LaunchFillRandom({queries.get(), queries.size(), 1.0f, 4}, nullptr));
+    SKV_ASSERT_CUDA(cudaMemset(outlier.get(), 0, outlier.bytes()));
+    SKV_ASSERT_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+    std::vector<float> freq(dim / 2);
+    for (int i = 0; i < dim / 2; ++i) freq[i] = std::pow(500000.0f, -2.0f * i / dim);
+    inv_freq = ToDevice(freq);
+    const int outliers = 12;
+    std::vector<SkvSequenceInfo> info(
+        rows, SkvSequenceInfo{outliers, budget, outliers * kChunk, (outliers + budget) * kChunk});
+    std::vector<SkvRowMeta> meta(rows);
+    for (int r = 0; r < rows; ++r) {
+      meta[r].seq = r;
+      meta[r].num_chunks = num_chunks;
+    }
+    auto d_info = ToDevice(info);
+    auto d_meta = ToDevice(meta);
+    SkvLayout l;
+    l.num_layers = 1;
+    l.num_kv_heads = heads;
+    l.head_dim = dim;
+    l.group = shape.group;
+    l.chunk_size = kChunk;
+    l.rank = rank;
+    l.capacity_chunks = capacity;
+    l.max_budget = budget;
+    l.max_candidates = candidates;
+    l.recent_capacity = 40;
+    l.coefficients = coefficients.get();
+    l.basis = basis.get();
+    l.landmarks = landmarks.get();
+    l.outlier = outlier.get();
+    l.slot_chunk = slot_chunk.get();
+    l.info = d_info.get();
+    l.counters = counters.get();
+    SKV_ASSERT_CUDA(SkvConfigureKernels(l));
+    SkvDecodeParams p;
+    p.layout = l;
+    p.meta = d_meta.get();
+    p.rows = rows;
+    p.queries = queries.get();
+    p.logits = logits.get();
+    p.softmax_partials = partials.get();
+    p.miss_chunk = miss.get();
+    p.inv_freq = inv_freq.get();
+    p.rotary_dim = dim;
+    p.halves = true;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    p.kernel_variant = kSkvKernelsFast;
+    auto reset = [&] { cudaMemsetAsync(slot_chunk.get(), 0xFF, slot_chunk.bytes()); };
+    const double reset_ms = MedianMs(20, reset);
+    const double score_ms = MedianMs(20, [&] { LaunchSkvScore(p, nullptr); });
+    const double select_ms = MedianMs(20, [&] {
+      reset();
+      LaunchSkvSelect(p, nullptr);
+    }) - reset_ms;
+    SkvDecodeParams r = p;
+    r.rerank_factor = shape.factor;
+    r.candidates = candidate_list.get();
+    r.candidate_lse = lse.get();
+    const double candidates_ms = MedianMs(20, [&] { LaunchSkvSelect(r, nullptr); });
+    const double rerank_ms = MedianMs(20, [&] {
+      reset();
+      LaunchSkvRerank(r, nullptr);
+    }) - reset_ms;
+    SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::printf(
+        "[ rerank   ] %s rows %d context %d K %d rank %d factor %d: score %.1f us, select K %.1f "
+        "us, select %d candidates %.1f us, re-rank (exact scores + select) %.1f us; per step of "
+        "%d layers: landmarks %.2f ms, re-ranked %.2f ms\n",
+        shape.name, rows, shape.context, budget, rank, shape.factor, score_ms * 1e3,
+        select_ms * 1e3, candidates, candidates_ms * 1e3, rerank_ms * 1e3, shape.layers,
+        shape.layers * (score_ms + select_ms), shape.layers * (score_ms + candidates_ms + rerank_ms));
   }
 }
 

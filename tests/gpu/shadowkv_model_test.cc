@@ -60,6 +60,8 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
   ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
   EXPECT_EQ(geometry->rank, 24);  // ceil8(128 / 6.4)
@@ -166,6 +168,8 @@ TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   for (const int fp8 : {0, 1}) {
     config.fp8_landmarks = fp8;
     auto odd = MakeSkvGeometry(config, 2, 2, 64, 400);  // 50 chunks
@@ -204,6 +208,8 @@ kv::KvPolicyConfig ParityConfig(bool fp8) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   config.fp8_values = fp8 ? 1 : 0;
   config.fp8_landmarks = fp8 ? 1 : 0;
   return config;
@@ -682,6 +688,8 @@ TEST(CudaShadowKvSnapshotTest, RestoredSequenceDecodesAsTheOriginal) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   const std::vector<int32_t> prompt = SomeTokens(300, 21);
   ASSERT_TRUE(gpu.AllocateKvCache(1, 512, true).ok());
   ASSERT_TRUE(gpu.AllocateShadowKv(config, 2, 512).ok());

@@ -27,6 +27,8 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   config.rank_ratio = 1.0;
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 41), SomeTokens(237, 42)};
   const int steps = 24;
@@ -128,6 +130,8 @@ void CheckSplitAgainstCpuBasisGroups(bool fp8) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   config.fp8_values = fp8 ? 1 : 0;
   config.fp8_landmarks = fp8 ? 1 : 0;
   kv::KvPolicyConfig cpu_config = config;
@@ -219,6 +223,8 @@ TEST(CudaTensorParallelTest, ShadowKvSplitCopiesAndRestoresSequences) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
   config.budget_tokens = 64;
+  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
+  config.rank_min = 0;
   const std::vector<int32_t> prompt = SomeTokens(300, 43);
   ASSERT_TRUE(model.AllocateKvCache(1, 300, true).ok());
   CudaStepInput in{0, prompt, nullptr};

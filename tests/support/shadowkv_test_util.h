@@ -189,6 +189,10 @@ inline KvPolicyConfig ShadowConfig(int chunk, int window, int64_t outliers, int 
   c.outlier_chunks = outliers;
   c.rank = rank;
   c.budget_tokens = 100000;  // every chunk fits
+  // The method's landmark selection and its rank rule without a floor; tests of the other
+  // selections and of the floor name them.
+  c.selection = "landmarks";
+  c.rank_min = 0;
   return c;
 }
 

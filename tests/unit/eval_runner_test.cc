@@ -89,7 +89,7 @@ TEST_F(EvalRunnerTest, EveryPolicyAnswersEveryQuestion) {
         EXPECT_EQ(out.budget_tokens, settings.policies[p].BudgetTokens(q.prompt_tokens));
       }
       if (out.policy == "shadowkv") {
-        EXPECT_EQ(out.rank, 8);  // ceil8(kv width 32 / 6.4)
+        EXPECT_EQ(out.rank, 32);  // the floor of 48 is above the kv width of 32: the width
       }
     }
   }
@@ -255,14 +255,15 @@ class PromptReadingBackend : public eval::AnswerBackend {
  public:
   explicit PromptReadingBackend(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
   std::string numerics() const override { return "test-backend"; }
-  Status Check(const std::vector<kv::KvPolicyConfig>& policies) const override {
+  Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity) const override {
+    if (fidelity && !measures_fidelity) return Error(ErrorCode::kUnsupported, "no fidelity here");
     for (const auto& config : policies) {
       if (config.policy == "quest") return Error(ErrorCode::kUnsupported, "no quest here");
     }
     return Status::Ok();
   }
   Status Answer(const std::vector<int32_t>& prompt, int max_new_tokens,
-                const std::vector<kv::KvPolicyConfig>& policies,
+                const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
                 std::vector<eval::BackendAnswer>* answers, double* prefill_seconds) override {
     const std::string text = tokenizer_.Decode(prompt, true);
     const std::string marker = "The pass key is ";
@@ -276,11 +277,13 @@ class PromptReadingBackend : public eval::AnswerBackend {
     (*answers)[1].stats.chunk_selections = 10;
     (*answers)[1].stats.chunk_hits = 4;
     (*answers)[1].rank = 8;
+    if (fidelity) (*answers)[1].fidelity = {3, 2, 0.75};
     *prefill_seconds = 0.25;
     EXPECT_EQ(max_new_tokens, 16);
     return Status::Ok();
   }
   std::vector<int64_t> prompts_seen;
+  bool measures_fidelity = false;
 
  private:
   const Tokenizer& tokenizer_;
@@ -312,10 +315,22 @@ TEST_F(EvalRunnerTest, BackendAnswersAreScoredAndItsLimitsReported) {
     EXPECT_EQ(q.outputs[1].rank, 8);
     EXPECT_EQ(q.outputs[1].budget_tokens, settings.policies[1].BudgetTokens(q.prompt_tokens));
   }
+  // Fidelity: refused where the backend cannot measure it, copied where it does.
+  settings.fidelity = true;
+  EXPECT_EQ(eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend).status().code(),
+            ErrorCode::kUnsupported);
+  backend.measures_fidelity = true;
+  auto followed = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
+  ASSERT_TRUE(followed.ok()) << followed.status().ToString();
+  EXPECT_EQ(followed->questions[0].outputs[1].fidelity.same_top, 2);
+  EXPECT_DOUBLE_EQ(followed->questions[0].outputs[1].fidelity.kl_sum, 0.75);
+  EXPECT_DOUBLE_EQ(eval::Summarize(*followed).mean_kl[0][1], 0.25);
+  settings.fidelity = false;
+  backend.prompts_seen.clear();
   settings.policies = AllPolicies();  // quest is refused before any sample
   auto refused = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
   EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
-  EXPECT_EQ(backend.prompts_seen.size(), 2u);
+  EXPECT_EQ(backend.prompts_seen.size(), 0u);
   settings.policies.resize(2);
   settings.mode = eval::EvalMode::kMultiTurn;
   settings.turns = 2;

@@ -142,41 +142,57 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // The candidates' keys are rebuilt 16 rows at a time as the gather rebuild makes them
 // (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), and each key tile is multiplied by the
 // group's queries on tensor cores too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads,
-// two mma N blocks), so no key leaves the block either.
+// two mma N blocks), so no key leaves the block either. A block stages all its candidates' A
+// rows at once: its work is small, and waiting for memory once instead of once a tile is what
+// keeps it short (measured in dev/cuda/rerank_score_lab.cu).
 
 constexpr int kExactFastWarps = 4;
-constexpr int kExactFastChunks = 32;  // candidate chunks per block
-constexpr int kExactFastHeads = 16;   // query heads of a group the tile product covers
+constexpr int kExactFastMaxChunks = 32;  // candidate chunks per block at most
+constexpr int kExactFastHeads = 16;      // query heads of a group the tile product covers
 
 int ExactFastGroupFits(const SkvLayout& l) { return l.group <= kExactFastHeads; }
 
-// Shared memory of one fast exact-scoring block: B_h [rank_padded, D + 8], the queries
-// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] and one key tile [16, D + 8], bf16;
-// then the tokens' logits [kExactFastChunks * C, group], fp32.
+// Candidate chunks one block scores: 32, halved while their A rows would pass 48 KiB.
+__host__ __device__ int ExactFastChunks(const SkvLayout& l) {
+  const int64_t per_chunk = 2ll * l.chunk_size * (SkvRankPadded(l.rank) + 8);
+  int chunks = kExactFastMaxChunks;
+  while (chunks > 4 && chunks * per_chunk > 48 * 1024) chunks /= 2;
+  return chunks;
+}
+
+// A block's token rows, padded to whole 16-row tiles.
+__host__ __device__ int ExactFastRows(const SkvLayout& l) {
+  return (ExactFastChunks(l) * l.chunk_size + 15) / 16 * 16;
+}
+
+// Shared memory of one fast exact-scoring block, bf16: B_h [rank_padded, D + 8], the queries
+// [16, D + 8], the A rows [rows, rank_padded + 8] and per warp one key tile [16, D + 8]; then
+// the tokens' logits [rows, group], fp32.
 __host__ __device__ int64_t ExactFastBf16Bytes(const SkvLayout& l) {
   const int64_t rank_padded = SkvRankPadded(l.rank), pitch = l.head_dim + 8;
-  return 2 * (rank_padded * pitch + kExactFastHeads * pitch +
-              kExactFastWarps * (2 * 16 * (rank_padded + 8) + 16 * pitch));
+  return 2 * (rank_padded * pitch + kExactFastHeads * pitch + ExactFastRows(l) * (rank_padded + 8) +
+              kExactFastWarps * 16 * pitch);
 }
 int64_t ExactFastSharedBytes(const SkvLayout& l) {
-  return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
+  return ExactFastBf16Bytes(l) + 4ll * ExactFastRows(l) * l.group;
 }
 
 template <int kHeadDim, bool kHalves>
 __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(SkvDecodeParams p) {
   extern __shared__ __align__(16) unsigned char exact_fast_shared[];
-  __shared__ int chunks[kExactFastChunks];
+  __shared__ int chunks[kExactFastMaxChunks];
   __shared__ float inv_freq[kHeadDim / 2];
   __shared__ int count_shared;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int first = blockIdx.x * kExactFastChunks;
+  const int per_block = ExactFastChunks(l);
+  const int first = blockIdx.x * per_block;
   const int32_t* list =
       p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
   if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
   if (threadIdx.x == 0) count_shared = 0;
   __syncthreads();
-  if (threadIdx.x < kExactFastChunks) {
+  if (threadIdx.x < per_block) {
     const int i = first + threadIdx.x;
     const int chunk = i < l.max_candidates ? list[i] : -1;
     chunks[threadIdx.x] = chunk;
@@ -188,13 +204,14 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
   const int64_t stride = l.rank;
   const int rank_padded = SkvRankPadded(rank);
-  const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
+  // Tiles are laid out for the layout's rank (the shared memory's size); the layer's own rank,
+  // at most that, sets how much of them is used.
+  const int a_pitch = SkvRankPadded(l.rank) + 8, pitch = kHeadDim + 8;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   Bf16* b_tile = reinterpret_cast<Bf16*>(exact_fast_shared);
-  Bf16* q_tile = b_tile + rank_padded * pitch;
-  Bf16* a_ring = q_tile + kExactFastHeads * pitch + warp * 2 * 16 * a_pitch;
-  Bf16* key_tile =
-      q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch + warp * 16 * pitch;
+  Bf16* q_tile = b_tile + SkvRankPadded(l.rank) * pitch;
+  Bf16* a_rows = q_tile + kExactFastHeads * pitch;
+  Bf16* key_tile = a_rows + ExactFastRows(l) * a_pitch + warp * 16 * pitch;
   float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
   SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
                           b_tile, pitch);
@@ -207,36 +224,27 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
               inside ? q_row + static_cast<int64_t>(head) * kHeadDim + v * 8 : q_row,
               inside ? 16 : 0);
   }
-  CpAsyncCommit();
   __syncthreads();  // the chunk list and its count are visible
 
   const int count = count_shared, total_rows = count * chunk_size;
   const int num_tiles = (total_rows + 15) / 16;
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
-  auto load_tile = [&](int tile, Bf16* target) {
-    SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile, target,
-                           a_pitch);
-  };
-  if (warp < num_tiles) load_tile(warp, a_ring);
+  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps) {
+    SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile,
+                           a_rows + tile * 16 * a_pitch, a_pitch);
+  }
   CpAsyncCommit();
-  CpAsyncWait<1>();  // this thread's share of B_h and the queries have landed
-  __syncthreads();
+  CpAsyncWait<0>();
+  __syncthreads();  // B_h, the queries and every A row have landed
 
   const int g = lane / 4, c2 = (lane % 4) * 2;
-  int buffer = 0;
-  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1) {
-    if (tile + kExactFastWarps < num_tiles) {
-      load_tile(tile + kExactFastWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncwarp();  // this warp's A tile has landed
+  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps) {
     auto position = [&](int r) {
       const int token_row = tile * 16 + r;
       const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
       return static_cast<float>(chunks[which] * chunk_size + t);
     };
-    SkvRebuildTile<kHeadDim, kHalves>(a_ring + buffer * 16 * a_pitch, a_pitch, b_tile, pitch,
+    SkvRebuildTile<kHeadDim, kHalves>(a_rows + tile * 16 * a_pitch, a_pitch, b_tile, pitch,
                                       rank_padded, inv_freq, position, key_tile, pitch);
     // logits [16 tokens, 16 heads] = keys · Qᵀ: matrices 0/1 of the x4 load are dims k0..k0+15
     // of heads 0-7, matrices 2/3 those of heads 8-15.
@@ -260,7 +268,6 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
     }
     __syncwarp();  // the key tile is rebuilt again by the next tile
   }
-  CpAsyncWait<0>();
   __syncthreads();
   WriteChunkLse(token_logits, count, chunk_size, l.group, l.max_candidates, first,
                 p.candidate_lse +
@@ -286,76 +293,109 @@ const void* ExactFastKernel(const SkvDecodeParams& p) {
 
 // ---- re-rank select ---------------------------------------------------------------------------
 
+// Threads of a re-rank select block: one per gather slot at least (AssignGatherSlots), 256 for
+// budgets up to 256 chunks, else 1024.
+constexpr int kRerankThreadsSmall = 256;
 constexpr int kRerankThreads = 1024;
-using RerankScan = cub::BlockScan<int, kRerankThreads>;
+int RerankThreads(const SkvLayout& l) {
+  return l.max_budget <= kRerankThreadsSmall ? kRerankThreadsSmall : kRerankThreads;
+}
+
+// Candidates' scores padded to whole float4s.
+__host__ __device__ int RerankScoreSlots(const SkvLayout& l) {
+  return (l.max_candidates + 3) / 4 * 4;
+}
 
 int64_t RerankSharedBytes(const SkvLayout& l) {
-  // Candidates and their scores, the kept list and the free slots, the wanted bitmap.
-  return 8ll * l.max_candidates + 8ll * l.max_budget + 4ll * ((l.capacity_chunks + 31) / 32);
+  // The candidates' scores and the candidates, the kept list and the free slots, the wanted
+  // bitmap, each query head's log-sum-exp over all candidates.
+  return 4ll * RerankScoreSlots(l) + 4ll * l.max_candidates + 8ll * l.max_budget +
+         4ll * ((l.capacity_chunks + 31) / 32) + 4ll * l.group;
 }
 
 // One block per (KV head, row): per query head the softmax over every candidate token, a
-// chunk's score the sum of its tokens' probabilities, the max over the group; the chunk ranks
-// below K by (score, lower index first) are kept, in index order, and take the gather slots.
-__global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecodeParams p) {
+// chunk's score the sum of its tokens' probabilities (exp(chunk lse − all lse)), the max over
+// the group; the chunk ranks below K by (score, lower index first) are kept, in index order,
+// and take the gather slots.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParams p) {
+  using Scan = cub::BlockScan<int, kThreads>;
   extern __shared__ uint32_t rerank_shared[];
-  __shared__ typename RerankScan::TempStorage scan_storage;
-  __shared__ float reduce[32];
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int count_shared;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int words = (l.capacity_chunks + 31) / 32;
-  int* candidate = reinterpret_cast<int*>(rerank_shared);
-  float* score = reinterpret_cast<float*>(candidate + l.max_candidates);
-  int* selected = reinterpret_cast<int*>(score + l.max_candidates);
+  float* score = reinterpret_cast<float*>(rerank_shared);  // 16-byte aligned, float4 reads
+  int* candidate = reinterpret_cast<int*>(score + RerankScoreSlots(l));
+  int* selected = candidate + l.max_candidates;
   int* free_slots = selected + l.max_budget;
   uint32_t* wanted = reinterpret_cast<uint32_t*>(free_slots + l.max_budget);
+  float* all = reinterpret_cast<float*>(wanted + words);  // [group]
   const int32_t* list =
       p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
   int32_t* miss = p.miss_chunk + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget;
   int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
-  int held = 0;
-  for (int i = tid; i < l.max_candidates; i += kRerankThreads) {
-    candidate[i] = list[i];
-    score[i] = 0.0f;
-    held += list[i] >= 0;
+  if (tid == 0) count_shared = l.max_candidates;
+  __syncthreads();
+  for (int i = tid; i < l.max_candidates; i += kThreads) {
+    const int chunk = list[i];
+    candidate[i] = chunk;
+    if (chunk < 0 && (i == 0 || list[i - 1] >= 0)) count_shared = i;  // the list is packed
   }
-  for (int w = tid; w < words; w += kRerankThreads) wanted[w] = 0;
-  for (int s = tid; s < l.max_budget; s += kRerankThreads) miss[s] = -1;
-  const int count = static_cast<int>(BlockSum(static_cast<float>(held), reduce));
+  for (int w = tid; w < words; w += kThreads) wanted[w] = 0;
+  for (int s = tid; s < l.max_budget; s += kThreads) miss[s] = -1;
+  __syncthreads();
+  const int count = count_shared;
   const float* lse = p.candidate_lse +
                      (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates;
-  for (int g = 0; g < l.group; ++g) {
-    // A chunk's share of head g's softmax over every candidate token: exp(lse_chunk − lse_all).
+  // Each query head's log-sum-exp over every candidate, one warp per head.
+  for (int g = warp; g < l.group; g += kThreads / 32) {
     const float* x = lse + static_cast<int64_t>(g) * l.max_candidates;
-    float local = -INFINITY;
-    for (int i = tid; i < count; i += kRerankThreads) local = fmaxf(local, x[i]);
-    const float top = SkvBlockMax(local, reduce);
+    float top = -INFINITY;
+    for (int i = lane; i < count; i += 32) top = fmaxf(top, x[i]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
     float sum = 0.0f;
-    for (int i = tid; i < count; i += kRerankThreads) sum += expf(x[i] - top);
-    const float all = top + logf(BlockSum(sum, reduce));
-    for (int i = tid; i < count; i += kRerankThreads) score[i] = fmaxf(score[i], expf(x[i] - all));
-    __syncthreads();  // each candidate's score is one thread's; the next head reads it again
+    for (int i = lane; i < count; i += 32) sum += expf(x[i] - top);
+    sum = WarpSum(sum);
+    if (lane == 0) all[g] = top + logf(sum);
   }
+  __syncthreads();
+  // Scores are probabilities (>= 0); the padding past the candidates is -1, never better.
+  const int padded = (count + 3) / 4 * 4;
+  for (int i = tid; i < padded; i += kThreads) {
+    float best = i < count ? 0.0f : -1.0f;
+    for (int g = 0; g < l.group && i < count; ++g) {
+      best = fmaxf(best, expf(lse[static_cast<int64_t>(g) * l.max_candidates + i] - all[g]));
+    }
+    score[i] = best;
+  }
+  __syncthreads();
   // Keep rank < K, a chunk's rank counting the better ones and the equal ones of lower index
   // (candidates are in index order), then place the kept in index order.
   const int k = min(info.budget_chunks, count);
   int carry = 0;
-  for (int base = 0; base < count; base += kRerankThreads) {
+  for (int base = 0; base < count; base += kThreads) {
     const int i = base + tid;
     int keep = 0;
     if (i < count) {
       const float own = score[i];
       int better = 0;
-      for (int j = 0; j < count && better < k; ++j) {
-        const float other = score[j];
-        better += other > own || (other == own && j < i);
+      for (int j = 0; j < padded && better < k; j += 4) {
+        const float4 o = *reinterpret_cast<const float4*>(score + j);
+        better += (o.x > own || (o.x == own && j < i)) + (o.y > own || (o.y == own && j + 1 < i)) +
+                  (o.z > own || (o.z == own && j + 2 < i)) +
+                  (o.w > own || (o.w == own && j + 3 < i));
       }
       keep = better < k;
     }
     int before = 0, total = 0;
-    RerankScan(scan_storage).ExclusiveSum(keep, before, total);
+    Scan(scan_storage).ExclusiveSum(keep, before, total);
     if (keep) {
       const int chunk = candidate[i];
       selected[carry + before] = chunk;
@@ -364,8 +404,14 @@ __global__ void __launch_bounds__(kRerankThreads) SkvRerankSelectKernel(SkvDecod
     carry += total;
     __syncthreads();  // the scan storage is used again
   }
-  AssignGatherSlots<RerankScan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
-                                free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
+  AssignGatherSlots<Scan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
+                          free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
+}
+
+const void* RerankSelectKernel(const SkvLayout& l) {
+  return RerankThreads(l) == kRerankThreadsSmall
+             ? reinterpret_cast<const void*>(SkvRerankSelectKernel<kRerankThreadsSmall>)
+             : reinterpret_cast<const void*>(SkvRerankSelectKernel<kRerankThreads>);
 }
 
 }  // namespace
@@ -376,7 +422,9 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
   if (e != cudaSuccess) return e;
   const int64_t exact = ExactSharedBytes(l), select = RerankSharedBytes(l);
   if (exact > limit ||
-      select + static_cast<int64_t>(sizeof(RerankScan::TempStorage)) + 1024 > limit ||
+      select + static_cast<int64_t>(sizeof(cub::BlockScan<int, kRerankThreads>::TempStorage)) +
+              1024 >
+          limit ||
       l.max_candidates > kSkvMaxRerankCandidates || l.max_budget > kRerankThreads ||
       kExactThreads % (l.head_dim / 2) != 0) {
     return cudaErrorInvalidValue;
@@ -395,8 +443,7 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
       if ((e = AllowDynamicSharedMemory(kernel, fast)) != cudaSuccess) return e;
     }
   }
-  return AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvRerankSelectKernel),
-                                  static_cast<int>(select));
+  return AllowDynamicSharedMemory(RerankSelectKernel(l), static_cast<int>(select));
 }
 
 cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
@@ -405,8 +452,8 @@ cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
   if (!p.candidates || !p.candidate_lse || l.max_candidates < 1) return cudaErrorInvalidValue;
   cudaError_t error = cudaSuccess;
   if (const void* fast = ExactFastKernel(p)) {
-    const dim3 grid((l.max_candidates + kExactFastChunks - 1) / kExactFastChunks, l.num_kv_heads,
-                    p.rows);
+    const int per_block = ExactFastChunks(l);
+    const dim3 grid((l.max_candidates + per_block - 1) / per_block, l.num_kv_heads, p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
     error = cudaLaunchKernel(fast, grid, dim3(kExactFastWarps * 32), args,
@@ -418,9 +465,11 @@ cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
     error = cudaGetLastError();
   }
   if (error != cudaSuccess) return error;
-  SkvRerankSelectKernel<<<dim3(l.num_kv_heads, p.rows), kRerankThreads, RerankSharedBytes(l),
-                          stream>>>(p);
-  return cudaGetLastError();
+  SkvDecodeParams params = p;
+  void* args[] = {&params};
+  return cudaLaunchKernel(RerankSelectKernel(l), dim3(l.num_kv_heads, p.rows),
+                          dim3(RerankThreads(l)), args, static_cast<size_t>(RerankSharedBytes(l)),
+                          stream);
 }
 
 }  // namespace shadowkv::cuda
