@@ -22,6 +22,9 @@ class Rope {
  public:
   explicit Rope(RopeConfig config);
   const RopeConfig& config() const { return config_; }
+  // [rotary_dim / 2] the angle per position of each pair (base^(-2i/d), divided by the
+  // frequency factor and the linear scale): what the GPU's rotation kernels take.
+  const std::vector<float>& inverse_frequencies() const { return inv_freq_; }
 
   // Rotates `num_heads` heads of `head_dim` floats laid out contiguously in x, at `position`.
   void Apply(float* x, int num_heads, int head_dim, int64_t position) const;

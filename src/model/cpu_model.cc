@@ -21,21 +21,6 @@ void RoundToFp16(float* x, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] = Fp16ToFp32(Fp32ToFp16(x[i]));
 }
 
-// gate = gelu_tanh(gate) * up, GELU's tanh approximation as Gemma's FFN uses it.
-void GeluTanhGlu(float* gate, const float* up, int64_t count) {
-  const float k = std::sqrt(2.0f / 3.14159265358979323846f);
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    gate[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
-  }
-}
-
-// logits = cap * tanh(logits / cap) (Gemma's final soft-capping); cap 0 leaves them alone.
-void SoftCap(float* logits, int64_t count, float cap) {
-  if (cap <= 0.0f) return;
-  for (int64_t i = 0; i < count; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
-}
-
 // Attention with a window reads positions from the segments, so each must carry them.
 Status CheckPositioned(const kv::AttentionInput& input, int layer) {
   for (const auto& segments : input.heads) {

@@ -1,12 +1,10 @@
-// Whole-model parity: CudaModel against CpuModel (logits) on tiny random GGUF models: chunked
-// prefill, several sequences of different lengths, mixed prefill + decode steps, graph-replayed
-// decode steps; the tiny qwen3 model against transformers' goldens; the families the backend
-// refuses; and the model's errors (out of memory, bad inputs) as Status values.
+// Whole-model parity: CudaModel against CpuModel (logits) on tiny random GGUF models of every
+// family: chunked prefill, several sequences of different lengths, mixed prefill + decode steps,
+// graph-replayed decode steps; and the model's errors (out of memory, bad inputs, a head dim the
+// kernels do not take) as Status values.
 #include "gpu/model/cuda_model.h"
 
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "engine/sampler.h"
 #include "eval/prefill_record.h"
@@ -175,68 +173,53 @@ TEST(CudaModelParityTest, Qwen3QkNormTinyFamilyModel) {
   CheckModelParity(TinyFamilyPath("qwen3"), "gpu_qwen3", 3e-2);
 }
 
-// The tiny qwen3 model against transformers (scripts/goldens/tiny_family_goldens.py): logits at
-// the golden positions (each the last row of a prefill chunk) and 32 greedy tokens.
-TEST(CudaFamilyGoldenTest, Qwen3MatchesTransformers) {
+// The other families' tiny models (tests/data/goldens/, head dims 16 and 32): gemma3's sliding
+// and global layers with their own RoPE bases, post norms, GELU FFN, embedding scale and
+// soft-cap; phi3's fused tensors and LongRoPE; glm4's biases, half rotation in pairs and post
+// norms; mistral's window in every layer. The window of 8 is far below these prompts, so the
+// prefill chunks of 64 and the mixed steps read across it. (Against transformers:
+// cuda_family_test.cc.)
+TEST(CudaModelParityTest, Gemma3SlidingAndGlobalLayers) {
   SKV_SKIP_WITHOUT_GPU();
-  std::ifstream in(shadowkv::testing::DataPath("goldens/tiny_qwen3.json"));
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  const std::vector<int32_t> tokens = golden["tokens"];
-  const std::vector<int> positions = golden["full_logits"]["positions"];
-  const int vocab = golden["num_vocab"];
-  std::vector<float> rows(positions.size() * vocab);
-  std::ifstream f32(shadowkv::testing::DataPath("goldens/tiny_qwen3.f32"), std::ios::binary);
-  f32.read(reinterpret_cast<char*>(rows.data()), static_cast<std::streamsize>(rows.size() * 4));
-  ASSERT_TRUE(f32.good()) << "short golden logits";
-
-  auto gpu = CudaModel::Load(TinyFamilyPath("qwen3"), CudaModelOptions{1, 64, true});
-  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
-  ASSERT_TRUE((*gpu)->AllocateKvCache(1, 128).ok());
-  ParityChecker parity("qwen3 vs transformers", 3e-2);
-  std::vector<float> logits(vocab);
-  size_t done = 0;
-  for (size_t p = 0; p < positions.size(); ++p) {
-    const std::vector<int32_t> chunk(tokens.begin() + done, tokens.begin() + positions[p] + 1);
-    const Status status = (*gpu)->Forward(std::vector<CudaStepInput>{{0, chunk, logits.data()}});
-    ASSERT_TRUE(status.ok()) << status.ToString();
-    done = positions[p] + 1;
-    const std::vector<float> want(rows.begin() + p * vocab, rows.begin() + (p + 1) * vocab);
-    parity.Check(logits, want, "position " + std::to_string(positions[p]));
-  }
-  ASSERT_EQ(done, tokens.size());
-  const std::vector<int32_t> expected = golden["continuation"]["tokens"];
-  std::vector<int32_t> generated;
-  int32_t next = Argmax(logits);
-  while (generated.size() < expected.size()) {
-    generated.push_back(next);
-    const std::vector<CudaStepInput> step = {
-        {0, std::span<const int32_t>(&next, 1), logits.data()}};
-    const Status status = (*gpu)->Forward(step);
-    ASSERT_TRUE(status.ok()) << status.ToString();
-    next = Argmax(logits);
-  }
-  size_t same = 0;
-  while (same < generated.size() && generated[same] == expected[same]) ++same;
-  std::printf("[ golden   ] qwen3 greedy: first %zu of %zu tokens as transformers\n", same,
-              expected.size());
-  EXPECT_EQ(generated, expected);
+  CheckModelParity(TinyFamilyPath("gemma3"), "gpu_gemma3", 3e-2);
 }
 
-// Families the CUDA backend does not run yet are refused at load, naming what is missing.
-TEST(CudaModelTest, RefusesFamiliesItDoesNotRunYet) {
+TEST(CudaModelParityTest, Phi3FusedTensorsLongRope) {
   SKV_SKIP_WITHOUT_GPU();
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"gemma3", "architecture 'gemma3' is not supported"},
-      {"phi3", "architecture 'phi3' is not supported"},
-      {"glm4", "architecture 'glm4' is not supported"},
-      {"mistral", "sliding window of 8 tokens"}};
-  for (const auto& [family, fragment] : cases) {
-    auto gpu = CudaModel::Load(TinyFamilyPath(family), CudaModelOptions{1, 64, true});
-    ASSERT_FALSE(gpu.ok()) << family << " loaded";
-    EXPECT_EQ(gpu.status().code(), ErrorCode::kUnsupported) << gpu.status().ToString();
-    EXPECT_NE(gpu.status().message().find(fragment), std::string::npos)
-        << family << ": " << gpu.status().message();
-  }
+  CheckModelParity(TinyFamilyPath("phi3"), "gpu_phi3", 3e-2);
+}
+
+TEST(CudaModelParityTest, Glm4BiasesPartialRotaryPostNorms) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(TinyFamilyPath("glm4"), "gpu_glm4", 3e-2);
+}
+
+TEST(CudaModelParityTest, MistralWindowInEveryLayer) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(TinyFamilyPath("mistral"), "gpu_mistral", 3e-2);
+}
+
+// Head dim 96 (Phi-3-mini's) in the phi3 form and 256 (Gemma 3's) in the llama form: the decode
+// kernel's partial lanes and the prefill kernel's 16-row warps at those widths.
+TEST(CudaModelParityTest, HeadDims96And256) {
+  SKV_SKIP_WITHOUT_GPU();
+  // bf16 against fp32 through the layers: on the H200 (2026-12-02) the worst row was 3.9e-2
+  // here, where the head-dim-64 form stays under 2.3e-2.
+  CheckModelParity(SmallSpec("phi3", 384, 4, 2, gguf::GgmlType::kF32, true, 7), "gpu_phi3_d96",
+                   5e-2);
+  CheckModelParity(SmallSpec("llama", 512, 2, 1, gguf::GgmlType::kF32, true, 8), "gpu_llama_d256",
+                   3e-2);
+}
+
+// phi3 and glm4 forms of the small models (tiny_model.h) at head dim 64 and 128, the shapes of
+// released models' kernels (the GLM-4 one untied, with a group of 4).
+TEST(CudaModelParityTest, Phi3AndGlm4AtHeadDims64And128) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(SmallSpec("phi3", 256, 4, 2, gguf::GgmlType::kF32, true, 5), "gpu_phi3_d64",
+                   3e-2);
+  // The worst row measured on the H200 (2026-12-02): 3.3e-2.
+  CheckModelParity(SmallSpec("glm4", 512, 4, 1, gguf::GgmlType::kF32, false, 6), "gpu_glm4_d128",
+                   5e-2);
 }
 
 // ExportSlot hands a GPU prefill to the CPU policies (eval --device cuda): the exported keys
@@ -297,9 +280,13 @@ TEST(CudaModelTest, ErrorsAreStatuses) {
   EXPECT_EQ(model->slot_length(0), 0);  // rejected inputs change nothing
   EXPECT_TRUE(model->Forward(std::vector<CudaStepInput>{{0, ten, nullptr}}).ok());
   EXPECT_EQ(model->slot_length(0), 10);
-  // head_dim 16: the attention kernels do not support it.
-  auto unsupported = CudaModel::Load(WriteTinyModel(TinyModelSpec{}, "gpu_head16"), {});
+  // head_dim 24: the attention kernels do not support it.
+  TinyModelSpec head24;
+  head24.hidden = 96;
+  auto unsupported = CudaModel::Load(WriteTinyModel(head24, "gpu_head24"), {});
   EXPECT_EQ(unsupported.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(unsupported.status().message().find("head_dim 24"), std::string::npos)
+      << unsupported.status().message();
 }
 
 TEST(CudaModelTest, SyntheticModelDecodesCopiedSlotsIdentically) {

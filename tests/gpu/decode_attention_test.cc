@@ -1,5 +1,6 @@
-// GPU split-KV decode attention against the CPU attention op: head dims 64/128, GQA groups 1-8,
-// one split or many, sequences of different lengths in one launch. With SKV_GPU_BENCH=1 a
+// GPU split-KV decode attention against the CPU attention op: head dims 16-256, GQA groups
+// 1-8, one split or many, sequences of different lengths in one launch, sliding windows shorter
+// and longer than the sequences. With SKV_GPU_BENCH=1 a
 // micro-benchmark also times it at Llama-3-8B decode shapes against the read probe.
 #include "ops/cuda/attention/decode_attention.cuh"
 
@@ -17,8 +18,8 @@ namespace {
 
 using namespace testing;
 
-void CheckDecode(int head_dim, int group, int num_splits) {
-  std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits);
+void CheckDecode(int head_dim, int group, int num_splits, int window = 0) {
+  std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits + window * 7);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim;
   const std::vector<int64_t> slot_lengths = {200, 1337, 1, 700};
@@ -50,14 +51,16 @@ void CheckDecode(int head_dim, int group, int num_splits) {
   p.head_dim = head_dim;
   p.num_splits = num_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.window = window;
   SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
-  const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale};
+  // The CPU op masks a window only in positioned (causal) segments.
+  const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale, window};
   std::vector<float> want(got.size());
   std::vector<AttentionInput> inputs;
   for (int r = 0; r < rows; ++r) {
-    inputs.push_back(cache.Segments(slots[r], layer, positions[r] + 1, false));
+    inputs.push_back(cache.Segments(slots[r], layer, positions[r] + 1, window > 0));
   }
   std::vector<AttentionJob> jobs;
   for (int r = 0; r < rows; ++r) {
@@ -69,11 +72,11 @@ void CheckDecode(int head_dim, int group, int num_splits) {
   RunAttention(shape, jobs, pool);
   const double error = RelativeError(got, want);
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
-                                        << " splits " << num_splits;
-  ::testing::Test::RecordProperty(
-      "relative_error_h" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_s" +
-          std::to_string(num_splits),
-      std::to_string(error));
+                                        << " splits " << num_splits << " window " << window;
+  ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
+                                      std::to_string(group) + "_s" + std::to_string(num_splits) +
+                                      "_w" + std::to_string(window),
+                                  std::to_string(error));
 }
 
 TEST(CudaDecodeAttentionTest, Llama3ShapeManySplits) {
@@ -90,9 +93,59 @@ TEST(CudaDecodeAttentionTest, OneSplitPerSequence) {
 
 TEST(CudaDecodeAttentionTest, EveryGroupSizeAndHeadDim) {
   SKV_SKIP_WITHOUT_GPU();
-  for (int head_dim : {64, 128}) {
+  for (int head_dim : {16, 32, 64, 96, 128, 256}) {
     for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16);
   }
+}
+
+// Sliding windows: 8 (the tiny Gemma 3 model's), one split's worth, a window that is not a
+// multiple of 16, and one longer than two of the three rows (those then see every key).
+TEST(CudaDecodeAttentionTest, SlidingWindow) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (int head_dim : {16, 32, 64, 96, 128, 256}) {
+    for (int window : {8, 32, 100, 500}) {
+      CheckDecode(head_dim, 2, 16, window);
+      CheckDecode(head_dim, 4, 1, window);
+    }
+  }
+  CheckDecode(128, 8, 64, 1000);
+}
+
+// A window the CPU op would not apply to the same keys fails the comparison: the test sees it.
+TEST(CudaDecodeAttentionTest, WindowChangesTheOutput) {
+  SKV_SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> lengths = {300};
+  std::mt19937 rng(9);
+  const int head_dim = 64, num_kv_heads = 1, num_query_heads = 2;
+  RandomKvCache cache(1, 1, num_kv_heads, head_dim, 300, lengths, rng);
+  const std::vector<float> queries = RandomBf16Values(num_query_heads * head_dim, rng);
+  auto device_queries = ToDevice(ToBf16(queries));
+  auto device_slots = ToDevice(std::vector<int32_t>{0});
+  auto device_positions = ToDevice(std::vector<int32_t>{299});
+  auto partial_out = Poisoned<float>(num_query_heads * 4 * head_dim);
+  auto partial_lse = Poisoned<float>(num_query_heads * 4);
+  std::vector<std::vector<float>> outputs;
+  for (int window : {0, 50}) {
+    auto out = Poisoned<uint16_t>(num_query_heads * head_dim);
+    DecodeAttentionParams p;
+    p.queries = reinterpret_cast<const __nv_bfloat16*>(device_queries.get());
+    p.cache = cache.view();
+    p.slots = device_slots.get();
+    p.positions = device_positions.get();
+    p.partial_out = partial_out.get();
+    p.partial_lse = partial_lse.get();
+    p.out = reinterpret_cast<__nv_bfloat16*>(out.get());
+    p.rows = 1;
+    p.num_query_heads = num_query_heads;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.num_splits = 4;
+    p.scale = 0.125f;
+    p.window = window;
+    SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
+    outputs.push_back(ToHostBf16(out));
+  }
+  EXPECT_GT(RelativeError(outputs[1], outputs[0]), 10 * kAttentionTolerance);
 }
 
 TEST(CudaDecodeAttentionTest, SplitCountDoesNotDependOnLengths) {

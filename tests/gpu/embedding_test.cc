@@ -1,4 +1,5 @@
-// GPU embedding lookup against the CPU op (DequantRow of a BF16 table): exact.
+// GPU embedding lookup against the CPU op (DequantRow of a BF16 table, then the CPU model's fp32
+// multiply by the embedding scale): exact.
 #include "ops/cuda/elementwise/embedding.cuh"
 
 #include "gpu_test_util.h"
@@ -9,8 +10,7 @@ namespace {
 
 using namespace testing;
 
-TEST(CudaEmbeddingTest, RowsMatchTheCpuLookupExactly) {
-  SKV_SKIP_WITHOUT_GPU();
+void CheckLookup(float scale) {
   std::mt19937 rng(11);
   const int vocab = 1000, hidden = 320;
   const std::vector<float> table = RandomBf16Values(static_cast<int64_t>(vocab) * hidden, rng);
@@ -26,6 +26,7 @@ TEST(CudaEmbeddingTest, RowsMatchTheCpuLookupExactly) {
   p.out = out.get();
   p.rows = static_cast<int>(tokens.size());
   p.hidden = hidden;
+  p.scale = scale;
   SKV_ASSERT_CUDA(LaunchEmbedding(p, nullptr));
   const std::vector<float> got = ToHost(out);
 
@@ -33,7 +34,21 @@ TEST(CudaEmbeddingTest, RowsMatchTheCpuLookupExactly) {
                      vocab, hidden, static_cast<size_t>(hidden) * 2};
   std::vector<float> want(got.size());
   for (size_t r = 0; r < tokens.size(); ++r) DequantRow(matrix, tokens[r], want.data() + r * hidden);
+  if (scale != 1.0f) {
+    for (float& value : want) value *= scale;
+  }
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+}
+
+TEST(CudaEmbeddingTest, RowsMatchTheCpuLookupExactly) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckLookup(1.0f);
+}
+
+// Gemma's sqrt(hidden) scale, applied in fp32 as the CPU model applies it.
+TEST(CudaEmbeddingTest, ScaledRowsMatchTheCpuExactly) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckLookup(std::sqrt(320.0f));
 }
 
 }  // namespace

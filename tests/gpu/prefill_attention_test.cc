@@ -1,7 +1,8 @@
 // GPU causal flash prefill attention against the CPU attention op (wgmma for head dim 128 on
 // sm_90a builds, mma.sync otherwise): fresh prompts and later chunks (a cached prefix), several
-// sequences in one launch, GQA groups that do and do not divide the row tile, head dims 64 and
-// 128. With SKV_GPU_BENCH=1 a micro-benchmark also times the last 4096-query chunk of a 32K and
+// sequences in one launch, GQA groups that do and do not divide the row tile, head dims 16, 32,
+// 64, 96, 128 and 256, sliding windows (a block's first tiles skipped, keys below each row's window
+// masked). With SKV_GPU_BENCH=1 a micro-benchmark also times the last 4096-query chunk of a 32K and
 // of a 122K prompt.
 #include "ops/cuda/attention/prefill_attention.cuh"
 
@@ -24,8 +25,8 @@ struct Chunk {
   int num_queries;
 };
 
-void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
-  std::mt19937 rng(head_dim * 100 + group + static_cast<int>(chunks.size()));
+void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks, int window = 0) {
+  std::mt19937 rng(head_dim * 100 + group + static_cast<int>(chunks.size()) + window * 3);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim, layer = 0;
   std::vector<int64_t> slot_lengths(4, 0);
@@ -53,10 +54,11 @@ void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
   p.num_kv_heads = num_kv_heads;
   p.head_dim = head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  p.window = window;
   SKV_ASSERT_CUDA(LaunchPrefillAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
-  const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale};
+  const AttentionShape shape{num_query_heads, num_kv_heads, head_dim, p.scale, window};
   std::vector<float> want(got.size());
   std::vector<AttentionInput> inputs;
   for (const Chunk& c : chunks) {
@@ -71,9 +73,11 @@ void CheckPrefill(int head_dim, int group, const std::vector<Chunk>& chunks) {
   ThreadPool pool(2);
   RunAttention(shape, jobs, pool);
   const double error = RelativeError(got, want);
-  EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group;
+  EXPECT_LT(error, kAttentionTolerance)
+      << "head_dim " << head_dim << " group " << group << " window " << window;
   ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
-                                      std::to_string(group) + "_" + std::to_string(chunks.size()),
+                                      std::to_string(group) + "_" + std::to_string(chunks.size()) +
+                                      "_w" + std::to_string(window),
                                   std::to_string(error));
 }
 
@@ -91,6 +95,30 @@ TEST(CudaPrefillAttentionTest, LaterChunkSeesTheCachedPrefix) {
 TEST(CudaPrefillAttentionTest, SequencesOfDifferentLengthsInOneLaunch) {
   SKV_SKIP_WITHOUT_GPU();
   CheckPrefill(64, 3, {{2, 0, 5}, {0, 333, 200}, {3, 1000, 17}});
+}
+
+// Head dims 16 and 32 (the tiny Phi-3, GLM-4 and Gemma 3 models'), 96 (Phi-3-mini's) and 256
+// (Gemma 3's, 16-row warps and 32-key tiles) on the mma.sync kernel.
+TEST(CudaPrefillAttentionTest, OtherHeadDims) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (int head_dim : {16, 32, 96, 256}) {
+    CheckPrefill(head_dim, 2, {{0, 0, 40}});
+    CheckPrefill(head_dim, 4, {{2, 0, 5}, {0, 333, 200}, {3, 1000, 17}});
+  }
+}
+
+// Sliding windows of 8 (the tiny Gemma 3 model's), 64 (one or two tiles), 100 and 700, over fresh
+// prompts and later chunks whose first tiles no row sees; every head dim (128 is the wgmma
+// kernel on sm_90a).
+TEST(CudaPrefillAttentionTest, SlidingWindow) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (int head_dim : {16, 32, 64, 96, 128, 256}) {
+    for (int window : {8, 64, 100, 700}) {
+      CheckPrefill(head_dim, 2, {{0, 0, 300}}, window);
+      CheckPrefill(head_dim, 3, {{2, 0, 5}, {0, 333, 200}, {3, 900, 150}}, window);
+    }
+  }
+  CheckPrefill(128, 8, {{1, 700, 129}}, 100);
 }
 
 TEST(CudaPrefillAttentionTest, EveryGroupSize) {

@@ -1,9 +1,10 @@
-// GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts: logits of
-// every decode step within bf16 tolerance, the same chunks in the gather buffers (up to ties and
-// rounding), two sequences of different lengths in one batch (one with values in pinned host
-// memory), graduation of generated chunks; per-layer ranks from the key spectrum (the host rule,
-// the layout at the cap, decode at a rank below it); the row planner against the CPU's rule; and
-// a sequence saved to host memory and restored into another allocation decoding the same.
+// GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts (llama, and the
+// phi3 and glm4 forms): logits of every decode step within bf16 tolerance, the same chunks in the
+// gather buffers (up to ties and rounding), two sequences of different lengths in one batch (one
+// with values in pinned host memory), graduation of generated chunks; per-layer ranks from the
+// key spectrum (the host rule, the layout at the cap, decode at a rank below it); the row planner
+// against the CPU's rule; and a sequence saved to host memory and restored into another
+// allocation decoding the same.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -221,11 +222,11 @@ kv::KvPolicyConfig ParityConfig(bool fp8) {
 // `gpu_config` / `cpu_config`: the settings of each side where they differ (a per-layer rank
 // that every layer resolves to one rank against that fixed rank on the CPU); `want_ranks`: the
 // rank every layer of every sequence must report on the GPU (0: not checked).
+// `spec`: the model (the tiny Llama unless a test names another family's).
 void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig& cpu_config,
-                 bool copies, int want_ranks) {
+                 bool copies, int want_ranks, const TinyModelSpec& spec = SmallLlamaSpec(7)) {
   const bool fp8 = gpu_config.fp8_values != 0;
-  TinyModelSpec spec = SmallLlamaSpec(7);
-  const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity");
+  const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity_" + spec.architecture);
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
   CudaModelOptions options;
@@ -376,6 +377,20 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
 void CheckParity(bool fp8, bool copies = false) {
   const kv::KvPolicyConfig config = ParityConfig(fp8);
   CheckParity(config, config, copies, /*want_ranks=*/24);  // ceil8(128 / 6.4)
+}
+
+// phi3 (fused tensors, LongRoPE's factors in the rebuild's rotation and its attention factor in
+// the softmax scale) and glm4 (biased keys, half of each head rotated in pairs: the first
+// rebuild kernel, post norms), head dim 64, against the CPU policy on the same files.
+TEST(CudaShadowKvParityTest, Phi3AndGlm4MatchTheCpuPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const char* architecture : {"phi3", "glm4"}) {
+    SCOPED_TRACE(architecture);
+    const kv::KvPolicyConfig config = ParityConfig(false);
+    CheckParity(
+        config, config, false, /*want_ranks=*/24,
+        shadowkv::testing::SmallSpec(architecture, 256, 4, 2, gguf::GgmlType::kF32, true, 7));
+  }
 }
 
 TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {

@@ -1,7 +1,8 @@
 // Tensor parallelism on one GPU: the single-device communicator's all-reduce (eager and replayed
 // from CUDA graphs, fp32 and bf16), and tiny random-weight models split over 2 and 4 ranks on one
-// device against the same model unsplit: logits after chunked prefill and over graph-replayed
-// decode steps (full attention; ShadowKV is in tensor_parallel_shadowkv_test.cc). The NCCL test
+// device against the same model unsplit (the llama and qwen2 shapes and the gemma3, phi3 and
+// glm4 tiny family models): logits after chunked prefill and over graph-replayed decode steps
+// (full attention; ShadowKV is in tensor_parallel_shadowkv_test.cc). The NCCL test
 // needs two GPUs and skips, saying so, on fewer.
 #include <algorithm>
 #include <atomic>
@@ -11,6 +12,7 @@
 
 #include "gpu/tp/communicator.h"
 #include "gpu_test_util.h"
+#include "model/model_path.h"
 #include "sampling_test_util.h"
 #include "tp_test_util.h"
 
@@ -342,6 +344,61 @@ TEST(CudaTensorParallelTest, SyntheticSplitMatchesOneGpu) {
         return CudaModelGroup::CreateSynthetic(c, 3, SmallOptions(), tp);
       },
       "gpu_tp_synthetic", {2, 4}, true);
+}
+
+// The tiny family models (tests/data/goldens/, 2 KV heads, head dims 16 and 32) split over 2
+// ranks on one GPU against the same model unsplit: post norms applied after the all-reduce,
+// fused QKV and gate|up tensors (and phi3's LongRoPE, glm4's biases) split per rank, sliding
+// windows per head. Their context of 256 is below RunScript's, so a shorter script: a 40-token
+// prompt in chunks of 13, then 12 graph-replayed decode steps fed the unsplit model's tokens.
+TEST(CudaTensorParallelTest, FamilyModelsSplitOverTwoRanksMatchOneGpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const std::string family : {"gemma3", "phi3", "glm4"}) {
+    SCOPED_TRACE(family);
+    const std::string path = shadowkv::testing::DataPath("goldens/tiny_" + family + ".gguf");
+    const std::vector<int32_t> prompt = SomeTokens(40, 41);
+    std::vector<int32_t> forced;
+    std::vector<std::vector<float>> want;
+    for (int size : {1, 2}) {
+      auto group = CudaModelGroup::Load(path, SmallOptions(), TensorParallelOptions{size, true});
+      ASSERT_TRUE(group.ok()) << group.status().ToString();
+      ASSERT_TRUE((*group)->AllocateKvCache(1, 128).ok());
+      const int vocab = static_cast<int>((*group)->config().vocab_size);
+      std::vector<std::vector<float>> got;
+      std::vector<float> logits(vocab);
+      for (size_t done = 0; done < prompt.size(); done += 13) {
+        const size_t count = std::min<size_t>(13, prompt.size() - done);
+        const std::vector<int32_t> chunk(prompt.begin() + done, prompt.begin() + done + count);
+        const CudaStepInput in{0, chunk, logits.data()};
+        const Status status = (*group)->Forward(std::span<const CudaStepInput>(&in, 1));
+        ASSERT_TRUE(status.ok()) << status.ToString();
+        got.push_back(logits);
+      }
+      int32_t next = Argmax(logits);
+      const std::vector<int> slots = {0};
+      for (int step = 0; step < 12; ++step) {
+        if (size == 1) forced.push_back(next);
+        std::vector<int32_t> tokens = {forced[step]};
+        const Status status = (*group)->DecodeStep(slots, tokens, CudaSampling{}, logits.data());
+        ASSERT_TRUE(status.ok()) << status.ToString();
+        got.push_back(logits);
+        next = tokens[0];
+      }
+      if (size == 1) {
+        want = std::move(got);
+        continue;
+      }
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double error = RelativeError(got[i], want[i]);
+        worst = std::max(worst, error);
+        EXPECT_LT(error, 1e-2) << family << " split over 2, logit vector " << i;
+      }
+      std::printf("[ parity   ] tiny %s, 2 ranks: %zu logit vectors, worst relative error %.2e\n",
+                  family.c_str(), want.size(), worst);
+    }
+  }
 }
 
 TEST(CudaTensorParallelTest, SplitCopiesSlots) {

@@ -1,5 +1,6 @@
 // CpuModel::Load on tiny models broken after writing: non-finite weights in norms and in matrices
-// used as stored must be refused at load, naming the tensor.
+// used as stored must be refused at load, naming the tensor; and the phi3 and glm4 forms of the
+// tiny model (what the GPU ShadowKV tests use) load as those families.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -45,6 +46,34 @@ void ExpectNonFiniteRefused(const std::vector<uint8_t>& image, const std::string
   EXPECT_EQ(status.code(), ErrorCode::kCorrupt) << status.ToString();
   EXPECT_NE(status.message().find("tensor '" + tensor + "' holds a non-finite"), std::string::npos)
       << status.message();
+}
+
+TEST(ModelLoadTest, TinyPhi3AndGlm4SpecsLoadAsTheirFamilies) {
+  TinyModelSpec spec;
+  spec.hidden = 256;
+  spec.context = 1024;
+  spec.weight_type = gguf::GgmlType::kF32;
+  spec.architecture = "phi3";
+  const std::string phi3_path = testing::WriteTinyModel(spec, "load_phi3");
+  auto phi3 = CpuModel::Load(phi3_path, 1);
+  ASSERT_TRUE(phi3.ok()) << phi3.status().ToString();
+  const ModelConfig& p = (*phi3)->config();
+  EXPECT_TRUE(p.fused_qkv);
+  EXPECT_TRUE(p.fused_gate_up);
+  EXPECT_EQ(p.head_dim, 64);
+  ASSERT_EQ(p.rope.freq_factors.size(), 32u);
+  EXPECT_EQ(p.rope.freq_factors[1], 1.25f);   // the long factors: the context exceeds 512
+  EXPECT_GT(p.attention_scale, 1.0f / 8.0f);  // LongRoPE's attention factor squared
+  spec.architecture = "glm4";
+  auto glm4 = CpuModel::Load(testing::WriteTinyModel(spec, "load_glm4"), 1);
+  ASSERT_TRUE(glm4.ok()) << glm4.status().ToString();
+  const ModelConfig& g = (*glm4)->config();
+  EXPECT_TRUE(g.qkv_bias);
+  EXPECT_TRUE(g.post_norms);
+  EXPECT_TRUE(g.fused_gate_up);
+  EXPECT_FALSE(g.fused_qkv);
+  EXPECT_EQ(g.rope.rotary_dim, 32);
+  EXPECT_EQ(g.rope.style, RopeConfig::Style::kPairs);
 }
 
 TEST(ModelLoadTest, RefusesNonFiniteWeights) {

@@ -1,4 +1,5 @@
-// A tiny llama/qwen2-shaped GGUF model with random weights and a byte-level vocabulary, for tests.
+// A tiny llama/qwen2-shaped GGUF model with random weights and a byte-level vocabulary, for tests
+// (also phi3: fused QKV and gate|up, LongRoPE; glm4: biases, half rotation, post norms).
 #pragma once
 
 #include <unistd.h>
@@ -78,6 +79,21 @@ inline std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& s) {
 
   const int vocab = static_cast<int>(tokens.size());
   const int head_dim = s.hidden / s.heads;
+  const bool fused_gate_up = a == "phi3" || a == "glm4";
+  if (a == "glm4") w.AddUint32(a + ".rope.dimension_count", head_dim / 2);
+  if (a == "phi3") {
+    // LongRoPE over half the context: the long factors and an attention factor apply.
+    w.AddUint32(a + ".rope.scaling.original_context_length", s.context / 2);
+    std::vector<float> long_factors(head_dim / 2), short_factors(head_dim / 2);
+    for (int i = 0; i < head_dim / 2; ++i) {
+      long_factors[i] = 1.0f + 0.25f * i;
+      short_factors[i] = 1.0f + 0.05f * i;
+    }
+    (void)w.AddTensorFromFloats("rope_factors_long.weight", {head_dim / 2}, gguf::GgmlType::kF32,
+                                long_factors);
+    (void)w.AddTensorFromFloats("rope_factors_short.weight", {head_dim / 2}, gguf::GgmlType::kF32,
+                                short_factors);
+  }
   std::mt19937 rng(s.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto add = [&](const std::string& name, std::vector<int64_t> shape, gguf::GgmlType type,
@@ -96,17 +112,30 @@ inline std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& s) {
     const std::string p = "blk." + std::to_string(l) + ".";
     add(p + "attn_norm.weight", {s.hidden}, gguf::GgmlType::kF32, 0.1f, 1.0f);
     add(p + "ffn_norm.weight", {s.hidden}, gguf::GgmlType::kF32, 0.1f, 1.0f);
-    add(p + "attn_q.weight", {s.hidden, s.heads * head_dim}, s.weight_type, proj * 2.0f);
-    add(p + "attn_k.weight", {s.hidden, s.kv_heads * head_dim}, s.weight_type, proj * 2.0f);
-    add(p + "attn_v.weight", {s.hidden, s.kv_heads * head_dim}, s.weight_type, proj);
-    if (a == "qwen2") {
+    if (a == "phi3") {
+      add(p + "attn_qkv.weight", {s.hidden, (s.heads + 2 * s.kv_heads) * head_dim}, s.weight_type,
+          proj * 2.0f);
+    } else {
+      add(p + "attn_q.weight", {s.hidden, s.heads * head_dim}, s.weight_type, proj * 2.0f);
+      add(p + "attn_k.weight", {s.hidden, s.kv_heads * head_dim}, s.weight_type, proj * 2.0f);
+      add(p + "attn_v.weight", {s.hidden, s.kv_heads * head_dim}, s.weight_type, proj);
+    }
+    if (a == "glm4") {
+      add(p + "post_attention_norm.weight", {s.hidden}, gguf::GgmlType::kF32, 0.1f, 1.0f);
+      add(p + "post_ffw_norm.weight", {s.hidden}, gguf::GgmlType::kF32, 0.1f, 1.0f);
+    }
+    if (a == "qwen2" || a == "glm4") {
       add(p + "attn_q.bias", {s.heads * head_dim}, gguf::GgmlType::kF32, 0.1f);
       add(p + "attn_k.bias", {s.kv_heads * head_dim}, gguf::GgmlType::kF32, 0.1f);
       add(p + "attn_v.bias", {s.kv_heads * head_dim}, gguf::GgmlType::kF32, 0.1f);
     }
     add(p + "attn_output.weight", {s.heads * head_dim, s.hidden}, s.weight_type, proj);
-    add(p + "ffn_gate.weight", {s.hidden, s.ffn}, s.weight_type, proj);
-    add(p + "ffn_up.weight", {s.hidden, s.ffn}, s.weight_type, proj);
+    if (fused_gate_up) {
+      add(p + "ffn_up.weight", {s.hidden, 2 * s.ffn}, s.weight_type, proj);
+    } else {
+      add(p + "ffn_gate.weight", {s.hidden, s.ffn}, s.weight_type, proj);
+      add(p + "ffn_up.weight", {s.hidden, s.ffn}, s.weight_type, proj);
+    }
     if (!s.skip_ffn_down) add(p + "ffn_down.weight", {s.ffn, s.hidden}, s.weight_type, proj);
   }
   return w.Finish();

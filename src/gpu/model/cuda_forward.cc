@@ -9,12 +9,19 @@
 #include "gpu/tp/communicator.h"
 #include "ops/cuda/attention/decode_attention.cuh"
 #include "ops/cuda/elementwise/embedding.cuh"
+#include "ops/cuda/elementwise/gelu_tanh_glu.cuh"
+#include "ops/cuda/elementwise/soft_cap.cuh"
 #include "ops/cuda/elementwise/swiglu.cuh"
 #include "ops/cuda/gemm/gemm.h"
 #include "ops/cuda/norm/rmsnorm.cuh"
 #include "ops/cuda/rope/qkv_rope.cuh"
 
 namespace shadowkv::cuda {
+
+float AttentionScaleOf(const ModelConfig& config) {
+  return config.attention_scale > 0.0f ? config.attention_scale
+                                       : 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+}
 
 Status CudaModel::Impl::Upload() {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_block.get(), host_meta_block, meta_bytes,
@@ -71,10 +78,14 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     g.out = out;
     return Gemm(g, role);
   };
-  auto norm = [&](const float* delta, const float* weight, const int32_t* row_index, int rows) {
+  // x += delta (normalised with delta_weight first where that is not null: the post norms);
+  // xn = norm(x)·weight, of the rows row_index names (all when null).
+  auto norm = [&](const float* delta, const float* delta_weight, const float* weight,
+                  const int32_t* row_index, int rows) {
     RmsNormParams n;
     n.x = x.get();
     n.delta = delta;
+    n.delta_weight = delta_weight;
     n.weight = weight;
     n.out = xn.get();
     n.row_index = row_index;
@@ -83,7 +94,11 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     n.eps = c.rms_norm_eps;
     return LaunchRmsNorm(n, stream);
   };
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // A post norm's weights, or null where the model has none.
+  auto post_norm = [](const DeviceBuffer<float>& weights) -> const float* {
+    return weights.size() > 0 ? weights.get() : nullptr;
+  };
+  const float scale = AttentionScaleOf(c);
   const int rows = plan.rows;
   if (profiler) SKV_RETURN_IF_ERROR(mark(OpKind::kOther));  // the starting point
 
@@ -93,14 +108,21 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
   embedding.out = x.get();
   embedding.rows = rows;
   embedding.hidden = c.hidden_size;
+  embedding.scale = c.embedding_scale;
   SKV_CUDA_RETURN_IF_ERROR(LaunchEmbedding(embedding, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const DeviceLayer& w = layers[layer];
-    // The previous layer's FFN output joins the residual stream inside the norm.
-    SKV_CUDA_RETURN_IF_ERROR(
-        norm(layer == 0 ? nullptr : proj.get(), w.attn_norm.get(), nullptr, rows));
+    // Sliding-window layers read only the last sliding_window keys and rotate with their own
+    // frequencies (gemma3's local base).
+    const bool windowed = c.IsWindowed(layer);
+    const int window = windowed ? static_cast<int>(c.sliding_window) : 0;
+    // The previous layer's FFN output (after its post-FFN norm, where the model has one) joins
+    // the residual stream inside the norm.
+    SKV_CUDA_RETURN_IF_ERROR(norm(layer == 0 ? nullptr : proj.get(),
+                                  layer == 0 ? nullptr : post_norm(layers[layer - 1].post_ffn_norm),
+                                  w.attn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(
         gemm(0, xn.get(), w.qkv.get(), qkv.get(), GemmOutput::kFloat32, rows, c.hidden_size, qkv_width));
@@ -114,7 +136,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       rope.k_norm = w.k_norm.get();
       rope.norm_eps = c.rms_norm_eps;
     }
-    rope.inv_freq = inv_freq.get();
+    rope.inv_freq = windowed ? inv_freq_windowed.get() : inv_freq.get();
     rope.positions = meta.positions;
     rope.slots = meta.slots;
     rope.queries = q.get();
@@ -157,6 +179,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       d.head_dim = c.head_dim;
       d.num_splits = DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
       d.scale = scale;
+      d.window = window;
       SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));
     }
     if (plan.num_prefill > 0 && !plan.shadowkv) {
@@ -172,6 +195,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       pa.num_kv_heads = c.num_kv_heads;
       pa.head_dim = c.head_dim;
       pa.scale = scale;
+      pa.window = window;
       SKV_CUDA_RETURN_IF_ERROR(LaunchPrefillAttention(pa, stream));
     }
     SKV_RETURN_IF_ERROR(mark(OpKind::kAttention));
@@ -180,17 +204,28 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
         gemm(1, attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows, q_width, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
-    SKV_CUDA_RETURN_IF_ERROR(norm(proj.get(), w.ffn_norm.get(), nullptr, rows));
+    // The attention output (after the post-attention norm of the whole, summed rows) joins x.
+    SKV_CUDA_RETURN_IF_ERROR(
+        norm(proj.get(), post_norm(w.post_attn_norm), w.ffn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(gemm(2, xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16, rows,
                              c.hidden_size, 2ll * c.ffn_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
-    SwiGluParams swiglu;
-    swiglu.gate_up = gate_up.get();
-    swiglu.out = act.get();
-    swiglu.rows = rows;
-    swiglu.ffn = c.ffn_size;
-    SKV_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(swiglu, stream));
+    if (c.activation == FfnActivation::kGeluTanh) {
+      GeluTanhGluParams glu;
+      glu.gate_up = gate_up.get();
+      glu.out = act.get();
+      glu.rows = rows;
+      glu.ffn = c.ffn_size;
+      SKV_CUDA_RETURN_IF_ERROR(LaunchGeluTanhGlu(glu, stream));
+    } else {
+      SwiGluParams swiglu;
+      swiglu.gate_up = gate_up.get();
+      swiglu.out = act.get();
+      swiglu.rows = rows;
+      swiglu.ffn = c.ffn_size;
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(swiglu, stream));
+    }
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(
         gemm(3, act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows, c.ffn_size, c.hidden_size));
@@ -200,12 +235,20 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
 
   if (plan.logit_rows > 0) {
     // Only the rows whose logits are wanted get the last residual add, the norm and the head.
-    SKV_CUDA_RETURN_IF_ERROR(
-        norm(proj.get(), output_norm.get(), meta.logit_rows, plan.logit_rows));
+    SKV_CUDA_RETURN_IF_ERROR(norm(proj.get(), post_norm(layers.back().post_ffn_norm),
+                                  output_norm.get(), meta.logit_rows, plan.logit_rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
     SKV_RETURN_IF_ERROR(gemm(4, xn.get(), output, logits.get(), GemmOutput::kFloat32,
                              plan.logit_rows, c.hidden_size, c.vocab_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
+    if (c.final_logit_softcap > 0.0f) {  // before sampling, as the CPU caps what it returns
+      SoftCapParams cap;
+      cap.logits = logits.get();
+      cap.count = int64_t{plan.logit_rows} * c.vocab_size;
+      cap.cap = c.final_logit_softcap;
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSoftCap(cap, stream));
+      SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
+    }
     if (plan.sample) {
       SamplingParams sampling;
       sampling.logits = logits.get();

@@ -1,11 +1,14 @@
-// CudaModel: loading (GGUF dequantised to bf16, or synthetic weights made on the device), step
-// buffers and the KV cache. The forward pass itself is in cuda_forward.cc.
+// CudaModel: loading (GGUF dequantised to bf16, fused tensors split as the CPU splits them, or
+// synthetic weights made on the device), step buffers and the KV cache. The forward pass itself
+// is in cuda_forward.cc.
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <limits>
 #include <tuple>
 
 #include "core/half.h"
+#include "core/rope.h"
 #include "format/gguf.h"
 #include "format/quants.h"
 #include "gpu/model/cuda_model_impl.h"
@@ -14,6 +17,7 @@
 #include "ops/cuda/common/cuda_backend.h"
 #include "ops/cuda/elementwise/fill_random.cuh"
 #include "ops/cuda/gemm/gemm.h"
+#include "ops/cuda/rope/qkv_rope.cuh"
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
@@ -27,21 +31,9 @@ Status CheckSupported(const ModelConfig& c, const CudaModelOptions& o) {
     return Error(ErrorCode::kInvalidArgument, "model config has an empty dimension: {}",
                  c.Summary());
   }
-  // Gemma's post norms, GELU FFN, embedding scale and soft-cap, phi3's fused tensors and
-  // LongRoPE attention factor, and sliding-window masking are CPU-only for now.
-  if (c.post_norms || c.activation != FfnActivation::kSilu || c.embedding_scale != 1.0f ||
-      c.final_logit_softcap > 0.0f || c.fused_qkv || c.fused_gate_up) {
-    return Error(ErrorCode::kUnsupported,
-                 "architecture '{}' is not supported by the CUDA backend yet (supported there: "
-                 "llama, qwen2, qwen3; use --device cpu)",
-                 c.architecture);
-  }
-  if (!c.layer_windowed.empty()) {
-    return Error(ErrorCode::kUnsupported,
-                 "'{}' model with a sliding window of {} tokens: the CUDA attention kernels do "
-                 "not mask windows yet (use --device cpu)",
-                 c.architecture, c.sliding_window);
-  }
+  // Every architecture ModelConfig reads runs here (the forward pass follows its config: post
+  // norms, GELU FFN, embedding scale, soft-cap, fused tensors split at load, LongRoPE factors,
+  // sliding windows); what remains to check is what the kernels take.
   if (c.num_query_heads % c.num_kv_heads != 0) {
     return Error(ErrorCode::kUnsupported, "{} query heads are not a multiple of {} KV heads",
                  c.num_query_heads, c.num_kv_heads);
@@ -49,9 +41,19 @@ Status CheckSupported(const ModelConfig& c, const CudaModelOptions& o) {
   const int group = c.num_query_heads / c.num_kv_heads;
   if (!DecodeAttentionSupports(c.head_dim, group) || !PrefillAttentionSupports(c.head_dim)) {
     return Error(ErrorCode::kUnsupported,
-                 "the CUDA attention kernels support head_dim 64 or 128 with at most 8 query heads "
-                 "per KV head; this model has head_dim {} and {}",
-                 c.head_dim, group);
+                 "the CUDA attention kernels support head_dim 16, 32, 64, 96, 128 or 256 with at "
+                 "most 8 query heads per KV head; this '{}' model has head_dim {} and {} (use "
+                 "--device cpu)",
+                 c.architecture, c.head_dim, group);
+  }
+  if (c.qk_norm && !QkvRopeNormSupports(c.head_dim)) {
+    return Error(ErrorCode::kUnsupported,
+                 "the CUDA QK norm does not support head_dim {} (this '{}' model normalises its "
+                 "query and key heads; use --device cpu)",
+                 c.head_dim, c.architecture);
+  }
+  if (c.sliding_window > std::numeric_limits<int>::max()) {
+    return Error(ErrorCode::kUnsupported, "sliding window of {} tokens", c.sliding_window);
   }
   if (c.rope.rotary_dim % 2 != 0 || c.rope.rotary_dim > c.head_dim) {
     return Error(ErrorCode::kUnsupported, "rotary dim {} with head_dim {}", c.rope.rotary_dim,
@@ -304,15 +306,19 @@ Status CudaModel::Impl::Init() {
   SKV_ASSIGN_OR_RETURN(void* host_logit_block, PinnedAlloc(batch * c.vocab_size * 4));
   host_logits = static_cast<float*>(host_logit_block);
 
-  // RoPE inverse frequencies exactly as the CPU Rope computes them (fp64, then fp32).
-  std::vector<float> frequencies(c.rope.rotary_dim / 2);
-  for (int i = 0; i < c.rope.rotary_dim / 2; ++i) {
-    double inv = std::pow(static_cast<double>(c.rope.theta_base), -2.0 * i / c.rope.rotary_dim);
-    if (!c.rope.freq_factors.empty()) inv /= c.rope.freq_factors[i];
-    frequencies[i] = static_cast<float>(inv / c.rope.linear_scale);
+  // RoPE inverse frequencies: the CPU Rope's own (llama3 and LongRoPE factors and linear scaling
+  // folded in), and the sliding layers' where any layer slides (gemma3's local base).
+  auto upload_frequencies = [](const RopeConfig& rope, DeviceBuffer<float>& dest) -> Status {
+    const Rope rotation(rope);
+    const std::vector<float>& frequencies = rotation.inverse_frequencies();
+    SKV_RETURN_IF_ERROR(dest.Allocate(std::max<int64_t>(1, frequencies.size())));
+    if (!frequencies.empty()) SKV_RETURN_IF_ERROR(UploadFloats(frequencies, dest.get()));
+    return Status::Ok();
+  };
+  SKV_RETURN_IF_ERROR(upload_frequencies(c.rope, inv_freq));
+  if (!c.layer_windowed.empty()) {
+    SKV_RETURN_IF_ERROR(upload_frequencies(c.rope_windowed, inv_freq_windowed));
   }
-  SKV_RETURN_IF_ERROR(inv_freq.Allocate(std::max<int64_t>(1, frequencies.size())));
-  if (!frequencies.empty()) SKV_RETURN_IF_ERROR(UploadFloats(frequencies, inv_freq.get()));
   return Status::Ok();
 }
 
@@ -332,6 +338,10 @@ Status CudaModel::Impl::AllocateWeights() {
       SKV_RETURN_IF_ERROR(l.q_norm.Allocate(c.head_dim));
       SKV_RETURN_IF_ERROR(l.k_norm.Allocate(c.head_dim));
     }
+    if (c.post_norms) {
+      SKV_RETURN_IF_ERROR(l.post_attn_norm.Allocate(hidden));
+      SKV_RETURN_IF_ERROR(l.post_ffn_norm.Allocate(hidden));
+    }
   }
   SKV_RETURN_IF_ERROR(token_embd.Allocate(c.vocab_size * hidden));
   if (c.tied_embeddings) {
@@ -346,10 +356,7 @@ Status CudaModel::Impl::AllocateWeights() {
 
 int64_t CudaModel::Impl::DecodeWeightBytes() const {
   int64_t total = config.vocab_size * config.hidden_size * 2 + output_norm.bytes();
-  for (const DeviceLayer& l : layers) {
-    total += l.qkv.bytes() + l.qkv_bias.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() +
-             l.attn_norm.bytes() + l.ffn_norm.bytes() + l.q_norm.bytes() + l.k_norm.bytes();
-  }
+  for (const DeviceLayer& l : layers) total += l.Bytes();
   return total;
 }
 
@@ -399,6 +406,12 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
   const IndexRange q_rows = shard.QueryRows(c.head_dim), kv_rows = shard.KvRows(c.head_dim);
   const IndexRange ffn_rows = shard.FfnRows(), all_hidden{0, hidden};
   const int64_t local_q = q_rows.count, local_kv = kv_rows.count, local_ffn = ffn_rows.count;
+  auto shifted = [](IndexRange r, int64_t by) { return IndexRange{r.begin + by, r.count}; };
+  // Rows of a fused [q | k | v] tensor (phi3's attn_qkv) and of a fused [gate | up] one (phi3's
+  // and glm4's ffn_up) that this shard holds: each part's own rows, as the CPU splits them.
+  const int64_t fused_qkv = q_width + 2 * kv_width;
+  const IndexRange fused_k_rows = shifted(kv_rows, q_width);
+  const IndexRange fused_v_rows = shifted(kv_rows, q_width + kv_width);
   SKV_ASSIGN_OR_RETURN(const gguf::TensorInfo* embd,
                        FindMatrix(*file, "token_embd.weight", hidden, c.vocab_size));
   SKV_RETURN_IF_ERROR(UploadMatrix(*embd, impl->token_embd.get()));
@@ -421,17 +434,32 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
       return UploadSlice(*t, rows, cols, dest);
     };
     Bf16* qkv = l.qkv.get();
-    SKV_RETURN_IF_ERROR(upload("attn_q.weight", hidden, q_width, q_rows, all_hidden, qkv));
-    SKV_RETURN_IF_ERROR(upload("attn_k.weight", hidden, kv_width, kv_rows, all_hidden,
-                               qkv + local_q * hidden));
-    SKV_RETURN_IF_ERROR(upload("attn_v.weight", hidden, kv_width, kv_rows, all_hidden,
-                               qkv + (local_q + local_kv) * hidden));
+    Bf16* k_dest = qkv + local_q * hidden;
+    Bf16* v_dest = qkv + (local_q + local_kv) * hidden;
+    if (c.fused_qkv) {
+      SKV_RETURN_IF_ERROR(upload("attn_qkv.weight", hidden, fused_qkv, q_rows, all_hidden, qkv));
+      SKV_RETURN_IF_ERROR(
+          upload("attn_qkv.weight", hidden, fused_qkv, fused_k_rows, all_hidden, k_dest));
+      SKV_RETURN_IF_ERROR(
+          upload("attn_qkv.weight", hidden, fused_qkv, fused_v_rows, all_hidden, v_dest));
+    } else {
+      SKV_RETURN_IF_ERROR(upload("attn_q.weight", hidden, q_width, q_rows, all_hidden, qkv));
+      SKV_RETURN_IF_ERROR(upload("attn_k.weight", hidden, kv_width, kv_rows, all_hidden, k_dest));
+      SKV_RETURN_IF_ERROR(upload("attn_v.weight", hidden, kv_width, kv_rows, all_hidden, v_dest));
+    }
     SKV_RETURN_IF_ERROR(
         upload("attn_output.weight", q_width, hidden, all_hidden, q_rows, l.o.get()));
-    SKV_RETURN_IF_ERROR(
-        upload("ffn_gate.weight", hidden, ffn, ffn_rows, all_hidden, l.gate_up.get()));
-    SKV_RETURN_IF_ERROR(upload("ffn_up.weight", hidden, ffn, ffn_rows, all_hidden,
-                               l.gate_up.get() + local_ffn * hidden));
+    Bf16* up_dest = l.gate_up.get() + local_ffn * hidden;
+    if (c.fused_gate_up) {
+      SKV_RETURN_IF_ERROR(
+          upload("ffn_up.weight", hidden, 2 * ffn, ffn_rows, all_hidden, l.gate_up.get()));
+      SKV_RETURN_IF_ERROR(
+          upload("ffn_up.weight", hidden, 2 * ffn, shifted(ffn_rows, ffn), all_hidden, up_dest));
+    } else {
+      SKV_RETURN_IF_ERROR(
+          upload("ffn_gate.weight", hidden, ffn, ffn_rows, all_hidden, l.gate_up.get()));
+      SKV_RETURN_IF_ERROR(upload("ffn_up.weight", hidden, ffn, ffn_rows, all_hidden, up_dest));
+    }
     SKV_RETURN_IF_ERROR(
         upload("ffn_down.weight", ffn, hidden, all_hidden, ffn_rows, l.down.get()));
     SKV_ASSIGN_OR_RETURN(std::vector<float> attn_norm,
@@ -447,13 +475,29 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
                            LoadVector(*file, p + "attn_k_norm.weight", c.head_dim));
       SKV_RETURN_IF_ERROR(UploadFloats(k_norm, l.k_norm.get()));
     }
+    if (c.post_norms) {  // of whole hidden rows, after the all-reduce: the same on every rank
+      SKV_ASSIGN_OR_RETURN(std::vector<float> post_attn,
+                           LoadVector(*file, p + "post_attention_norm.weight", hidden));
+      SKV_RETURN_IF_ERROR(UploadFloats(post_attn, l.post_attn_norm.get()));
+      SKV_ASSIGN_OR_RETURN(std::vector<float> post_ffn,
+                           LoadVector(*file, p + "post_ffw_norm.weight", hidden));
+      SKV_RETURN_IF_ERROR(UploadFloats(post_ffn, l.post_ffn_norm.get()));
+    }
     if (c.qkv_bias) {
       std::vector<float> bias;
-      for (auto [name, size, range] : {std::tuple{"attn_q.bias", q_width, q_rows},
-                                       std::tuple{"attn_k.bias", kv_width, kv_rows},
-                                       std::tuple{"attn_v.bias", kv_width, kv_rows}}) {
-        SKV_ASSIGN_OR_RETURN(std::vector<float> part, LoadVector(*file, p + name, size));
-        bias.insert(bias.end(), part.begin() + range.begin, part.begin() + range.end());
+      if (c.fused_qkv) {
+        SKV_ASSIGN_OR_RETURN(std::vector<float> all,
+                             LoadVector(*file, p + "attn_qkv.bias", fused_qkv));
+        for (IndexRange range : {q_rows, fused_k_rows, fused_v_rows}) {
+          bias.insert(bias.end(), all.begin() + range.begin, all.begin() + range.end());
+        }
+      } else {
+        for (auto [name, size, range] : {std::tuple{"attn_q.bias", q_width, q_rows},
+                                         std::tuple{"attn_k.bias", kv_width, kv_rows},
+                                         std::tuple{"attn_v.bias", kv_width, kv_rows}}) {
+          SKV_ASSIGN_OR_RETURN(std::vector<float> part, LoadVector(*file, p + name, size));
+          bias.insert(bias.end(), part.begin() + range.begin, part.begin() + range.end());
+        }
       }
       SKV_RETURN_IF_ERROR(UploadFloats(bias, l.qkv_bias.get()));
     }
@@ -523,6 +567,10 @@ Result<std::unique_ptr<CudaModel>> CudaModel::CreateSynthetic(const ModelConfig&
                                          scale_for(ffn), down_seed, s));
     SKV_RETURN_IF_ERROR(UploadFloats(ones, l.attn_norm.get()));
     SKV_RETURN_IF_ERROR(UploadFloats(ones, l.ffn_norm.get()));
+    if (l.post_attn_norm.size() > 0) {
+      SKV_RETURN_IF_ERROR(UploadFloats(ones, l.post_attn_norm.get()));
+      SKV_RETURN_IF_ERROR(UploadFloats(ones, l.post_ffn_norm.get()));
+    }
     if (l.q_norm.size() > 0) {
       const std::vector<float> head_ones(c.head_dim, 1.0f);
       SKV_RETURN_IF_ERROR(UploadFloats(head_ones, l.q_norm.get()));
@@ -543,10 +591,7 @@ bool CudaModel::synthetic() const { return impl_->synthetic; }
 int64_t CudaModel::weight_bytes() const {
   const Impl& m = *impl_;
   int64_t total = m.token_embd.bytes() + m.output_own.bytes() + m.output_norm.bytes();
-  for (const DeviceLayer& l : m.layers) {
-    total += l.qkv.bytes() + l.qkv_bias.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() +
-             l.attn_norm.bytes() + l.ffn_norm.bytes() + l.q_norm.bytes() + l.k_norm.bytes();
-  }
+  for (const DeviceLayer& l : m.layers) total += l.Bytes();
   return total;
 }
 

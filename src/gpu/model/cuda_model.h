@@ -1,6 +1,7 @@
-// CudaModel: a llama/qwen2 model resident on one GPU (bf16 weights, fp32 accumulation) with a
-// device-side full KV cache: chunked prefill, batched decode over sequences of different
-// lengths, and decode steps replayed from CUDA graphs. Pure C++ interface (no CUDA types).
+// CudaModel: a model of any supported architecture (llama, qwen2, qwen3, gemma3, phi3, glm4)
+// resident on one GPU (bf16 weights, fp32 accumulation) with a device-side full KV cache:
+// chunked prefill, batched decode over sequences of different lengths, and decode steps replayed
+// from CUDA graphs. Pure C++ interface (no CUDA types).
 #pragma once
 
 #include <cstdint>
@@ -143,7 +144,8 @@ struct CudaShadowKvSnapshot {
 class CudaModel {
  public:
   // Reads a GGUF model and uploads it once, every weight dequantised to bf16. Unsupported shapes
-  // (head_dim other than 64/128, more than 8 query heads per KV head) are kUnsupported.
+  // (head_dim other than 16/32/64/96/128/256, more than 8 query heads per KV head) are
+  // kUnsupported.
   static Result<std::unique_ptr<CudaModel>> Load(const std::string& path,
                                                  const CudaModelOptions& options);
   // Random weights generated on the device with `config`'s shapes: for throughput only.

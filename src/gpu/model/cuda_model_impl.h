@@ -29,7 +29,7 @@ using Bf16 = __nv_bfloat16;
 
 struct DeviceLayer {
   DeviceBuffer<Bf16> qkv;       // [q_width + 2 * kv_width, hidden]: q rows, then k, then v
-  DeviceBuffer<float> qkv_bias;  // [q_width + 2 * kv_width] (qwen2) or empty
+  DeviceBuffer<float> qkv_bias;  // [q_width + 2 * kv_width] (qwen2, glm4) or empty
   DeviceBuffer<Bf16> o;         // [hidden, q_width]
   DeviceBuffer<Bf16> gate_up;   // [2 * ffn, hidden]: gate rows, then up rows
   DeviceBuffer<Bf16> down;      // [hidden, ffn]
@@ -37,6 +37,16 @@ struct DeviceLayer {
   DeviceBuffer<float> ffn_norm;   // [hidden]
   DeviceBuffer<float> q_norm;     // [head_dim] per-head norm of Q (qk_norm models) or empty
   DeviceBuffer<float> k_norm;     // [head_dim]
+  // [hidden] norms of the attention and FFN outputs before they join the residual stream
+  // (post_norms models: gemma3, glm4), else empty.
+  DeviceBuffer<float> post_attn_norm;
+  DeviceBuffer<float> post_ffn_norm;
+
+  int64_t Bytes() const {
+    return qkv.bytes() + qkv_bias.bytes() + o.bytes() + gate_up.bytes() + down.bytes() +
+           attn_norm.bytes() + ffn_norm.bytes() + q_norm.bytes() + k_norm.bytes() +
+           post_attn_norm.bytes() + post_ffn_norm.bytes();
+  }
 };
 
 // Per-step metadata, mirrored in pinned host memory and uploaded as one block before each step
@@ -160,7 +170,10 @@ struct CudaModel::Impl {
   DeviceBuffer<Bf16> output_own;  // [vocab, hidden] when not tied
   const Bf16* output = nullptr;   // output_own or token_embd
   DeviceBuffer<float> output_norm;  // [hidden]
-  DeviceBuffer<float> inv_freq;     // [rotary_dim / 2]
+  DeviceBuffer<float> inv_freq;     // [rotary_dim / 2] (core Rope's inverse frequencies)
+  // [rotary_dim / 2] the sliding-window layers' own (gemma3's local base), where any layer
+  // slides; empty otherwise.
+  DeviceBuffer<float> inv_freq_windowed;
 
   // Step buffers, [max_rows, width] unless noted.
   DeviceBuffer<float> x;         // residual stream
@@ -238,6 +251,11 @@ struct CudaModel::Impl {
                         std::span<const CudaSampling> sampling, float* logits_out,
                         StepProfiler* profiler);
 };
+
+// The softmax scale of q·k: the config's (gemma3's query_pre_attn_scalar, phi3's LongRoPE
+// attention factor folded in), or 1/sqrt(head_dim) for a config that sets none (0, e.g. one made
+// in code rather than read from a file).
+float AttentionScaleOf(const ModelConfig& config);
 
 // The device form of one row's setting; kInvalidArgument naming `where` when a field is out of
 // range (the CPU Sampler's rules).

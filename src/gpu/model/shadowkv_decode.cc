@@ -41,7 +41,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.inv_freq = inv_freq.get();
   p.rotary_dim = c.rope.rotary_dim;
   p.halves = c.rope.style == RopeConfig::Style::kHalves;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));  // chunk scoring, as on the CPU
   p.kernel_variant = settings.kernel_variant;
   p.coarse_select = settings.coarse_select;
   p.select_registers = settings.select_registers;
@@ -84,7 +84,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     d.num_kv_heads = c.num_kv_heads;
     d.head_dim = c.head_dim;
     d.num_splits = splits;
-    d.scale = p.scale;
+    d.scale = AttentionScaleOf(c);  // the model's own softmax scale (phi3: LongRoPE's factor)
     return LaunchDecodeAttention(d, on);
   };
   const int rows = plan.decode_rows;

@@ -62,9 +62,26 @@ Status UploadValueTable(ShadowKvState& s, cudaStream_t stream) {
 
 }  // namespace
 
+namespace {
+
+// ShadowKV rebuilds keys of any position and has no window to mask, so sliding-window layers
+// (gemma3, Mistral-style llama) take only the full cache, as on the CPU.
+Status RefuseSlidingWindows(const ModelConfig& c) {
+  const auto windowed = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
+  if (windowed == 0) return Status::Ok();
+  return Error(ErrorCode::kUnsupported,
+               "KV policy 'shadowkv' cannot serve this model: {} of its {} layers attend to a "
+               "sliding window of {} tokens, which only the 'full' policy keeps positioned for "
+               "the attention kernels to mask",
+               windowed, c.num_layers, c.sliding_window);
+}
+
+}  // namespace
+
 Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
     const kv::KvPolicyConfig& config, int64_t capacity) const {
   const ModelConfig& c = impl_->config;
+  SKV_RETURN_IF_ERROR(RefuseSlidingWindows(c));
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
                                                       c.head_dim, capacity));
   return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.ValueBytesPerSequence()};
@@ -75,6 +92,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   FreeShadowKv();
+  SKV_RETURN_IF_ERROR(RefuseSlidingWindows(c));
   if (num_sequences < 1) {
     return Error(ErrorCode::kInvalidArgument, "{} ShadowKV sequences", num_sequences);
   }

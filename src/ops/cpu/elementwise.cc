@@ -23,6 +23,19 @@ void SwiGlu(float* gate, const float* up, int64_t count) {
   }
 }
 
+void GeluTanhGlu(float* gate, const float* up, int64_t count) {
+  const float k = std::sqrt(2.0f / 3.14159265358979323846f);
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+void SoftCap(float* x, int64_t count, float cap) {
+  if (cap <= 0.0f) return;
+  for (int64_t i = 0; i < count; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void AddInPlace(float* x, const float* y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) x[i] += y[i];
 }

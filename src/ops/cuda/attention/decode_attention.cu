@@ -1,6 +1,7 @@
 // Decode attention: one block per (split, KV head, row), each K/V load serving the whole GQA
 // group; 4 warps stream 16-token tiles into mma.sync fragments and merge in shared memory; the
-// combine kernel (one block per query head and row) merges the splits.
+// combine kernel (one block per query head and row) merges the splits. A sliding window only moves
+// the first key a row reads; the splits divide the keys it sees.
 #include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>
@@ -20,6 +21,11 @@ __device__ __forceinline__ int SplitTokens(int length, int num_splits) {
   return max(kDecodeMinSplitTokens, (even + 15) / 16 * 16);
 }
 
+// Keys a query at position length - 1 sees: [length - visible, length).
+__device__ __forceinline__ int VisibleKeys(int length, int window) {
+  return window > 0 ? min(length, window) : length;
+}
+
 // A warp takes 16 tokens at a time straight from global memory into registers laid out as
 // mma.sync fragments (no shared memory, no barriers in the loop):
 //   S[heads x 16 tokens] = Q[16 x D] · Kᵀ: the GQA heads are rows 0..group-1 of A (the other
@@ -30,6 +36,9 @@ __device__ __forceinline__ int SplitTokens(int length, int num_splits) {
 //     holds chunks g + 8m of tokens 2c, 2c+1, 2c+8, 2c+9 (8 lanes read 128 contiguous bytes per
 //     load) and pairs the two tokens of each B register with a byte permute. Output column n of
 //     n-tile 8m + e is dim 64m + 8n + e.
+// Head dims 16, 32 and 96 have fewer 16-byte chunks per token than the lanes that read them: the
+// lanes past the last chunk load zeros (which add nothing to the dot products) and their output
+// columns are never stored. Head dims 64, 128 and 256 have no such lanes.
 // Rows past the split's end are clamped to its last token (never the unwritten rows past the
 // sequence) and get probability 0 exactly.
 
@@ -55,8 +64,12 @@ __device__ __forceinline__ void MmaLowRows(float& d0, float& d1, uint32_t a0, ui
 
 template <int kHeadDim>
 struct KvTile {
-  static constexpr int kKeyChunks = kHeadDim / 32;    // per token per lane
-  static constexpr int kValueChunks = kHeadDim / 64;  // per token per lane
+  static constexpr int kChunks = kHeadDim / 8;              // 16-byte chunks per token
+  static constexpr int kKeyChunks = (kChunks + 3) / 4;      // per token per lane
+  static constexpr int kValueChunks = (kChunks + 7) / 8;    // per token per lane
+  static constexpr bool kPartialKeys = kChunks % 4 != 0;    // lanes c >= kChunks read none
+  static constexpr bool kPartialValues = kChunks % 8 != 0;  // lanes g >= kChunks read none
+  static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16);
   uint4 keys[2][kKeyChunks];      // tokens g, g + 8
   uint4 values[4][kValueChunks];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9
 };
@@ -65,20 +78,27 @@ template <int kHeadDim>
 __device__ __forceinline__ void LoadKvTile(KvTile<kHeadDim>& tile, const __nv_bfloat16* keys,
                                            const __nv_bfloat16* values, int base, int last,
                                            int g, int c) {
+  using Tile = KvTile<kHeadDim>;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int token = min(base + 8 * h + g, last);
 #pragma unroll
-    for (int i = 0; i < KvTile<kHeadDim>::kKeyChunks; ++i) {
-      tile.keys[h][i] = LoadStream(keys + token * kHeadDim + (4 * i + c) * 8);
+    for (int i = 0; i < Tile::kKeyChunks; ++i) {
+      const int chunk = 4 * i + c;
+      tile.keys[h][i] = !Tile::kPartialKeys || chunk < Tile::kChunks
+                            ? LoadStream(keys + token * kHeadDim + chunk * 8)
+                            : make_uint4(0, 0, 0, 0);
     }
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int token = min(base + 2 * c + (j & 1) + (j >> 1) * 8, last);
 #pragma unroll
-    for (int m = 0; m < KvTile<kHeadDim>::kValueChunks; ++m) {
-      tile.values[j][m] = LoadStream(values + token * kHeadDim + (g + 8 * m) * 8);
+    for (int m = 0; m < Tile::kValueChunks; ++m) {
+      const int chunk = g + 8 * m;
+      tile.values[j][m] = !Tile::kPartialValues || chunk < Tile::kChunks
+                              ? LoadStream(values + token * kHeadDim + chunk * 8)
+                              : make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -87,12 +107,12 @@ template <int kHeadDim>
 struct MmaState {
   float max = -INFINITY;  // row g's running maximum (the same in the 4 lanes of a quad)
   float sum = 0.0f;       // this lane's share of row g's sum of probabilities
-  float acc[kHeadDim / 8][2] = {};
+  float acc[8 * KvTile<kHeadDim>::kValueChunks][2] = {};  // [n-tile][row g's two columns]
 };
 
 template <int kHeadDim>
 __device__ __forceinline__ void ProcessKvTile(const KvTile<kHeadDim>& tile,
-                                              const uint32_t (&q)[kHeadDim / 32][4],
+                                              const uint32_t (&q)[KvTile<kHeadDim>::kKeyChunks][4],
                                               float q_scale, int base, int end, int c,
                                               MmaState<kHeadDim>& state) {
   constexpr int kKeyChunks = KvTile<kHeadDim>::kKeyChunks;
@@ -158,8 +178,9 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
 
   const int split_index = blockIdx.x, kv_head = blockIdx.y, row = blockIdx.z;
   const int length = p.positions[row] + 1;
-  const int split = SplitTokens(length, p.num_splits);
-  const int begin = split_index * split;
+  const int visible = VisibleKeys(length, p.window);
+  const int split = SplitTokens(visible, p.num_splits);
+  const int begin = length - visible + split_index * split;
   if (begin >= length) return;  // the combine kernel counts only the splits that hold keys
   const int end = min(length, begin + split);
   const int group = p.num_query_heads / p.num_kv_heads;
@@ -174,8 +195,10 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
       static_cast<int64_t>(kv_head * group + g) * kHeadDim;
 #pragma unroll
   for (int i = 0; i < kKeyChunks; ++i) {
-    const uint4 chunk = g < group ? *reinterpret_cast<const uint4*>(q_row + (4 * i + c) * 8)
-                                  : make_uint4(0, 0, 0, 0);
+    const bool present = !KvTile<kHeadDim>::kPartialKeys || 4 * i + c < KvTile<kHeadDim>::kChunks;
+    const uint4 chunk = g < group && present
+                            ? *reinterpret_cast<const uint4*>(q_row + (4 * i + c) * 8)
+                            : make_uint4(0, 0, 0, 0);
     q[i][0] = chunk.x;
     q[i][1] = chunk.y;
     q[i][2] = chunk.z;
@@ -201,6 +224,8 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
   }
 #pragma unroll
   for (int m = 0; m < kValueChunks; ++m) {
+    // Columns 2c and 2c + 1 of n-tile 8m + e: dims 64m + 16c + e and 64m + 16c + 8 + e.
+    if (KvTile<kHeadDim>::kPartialValues && 64 * m + 16 * c >= kHeadDim) continue;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       shared_acc[warp][g][64 * m + 16 * c + e] = state.acc[8 * m + e][0];
@@ -230,9 +255,9 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
 
 __global__ void DecodeCombineKernel(DecodeAttentionParams p) {
   const int head = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
-  const int length = p.positions[row] + 1;
-  const int used = (length + SplitTokens(length, p.num_splits) - 1) /
-                   SplitTokens(length, p.num_splits);
+  const int visible = VisibleKeys(p.positions[row] + 1, p.window);
+  const int used =
+      (visible + SplitTokens(visible, p.num_splits) - 1) / SplitTokens(visible, p.num_splits);
   const int64_t first = (static_cast<int64_t>(row) * p.num_query_heads + head) * p.num_splits;
   float max_lse = -INFINITY;
   for (int s = 0; s < used; ++s) max_lse = fmaxf(max_lse, p.partial_lse[first + s]);
@@ -256,7 +281,9 @@ cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream
 }  // namespace
 
 bool DecodeAttentionSupports(int head_dim, int group_size) {
-  return (head_dim == 64 || head_dim == 128) && group_size >= 1 && group_size <= 8;
+  return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
+          head_dim == 256) &&
+         group_size >= 1 && group_size <= 8;
 }
 
 int DecodeNumSplits(int rows, int num_kv_heads, int target_blocks) {
@@ -268,13 +295,32 @@ int DecodeNumSplits(int rows, int num_kv_heads, int target_blocks) {
 cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (p.rows < 0 || p.num_kv_heads <= 0 || p.num_query_heads % p.num_kv_heads != 0 ||
-      p.num_splits < 1 || p.num_splits > kDecodeMaxSplits) {
+      p.num_splits < 1 || p.num_splits > kDecodeMaxSplits || p.window < 0) {
     return cudaErrorInvalidValue;
   }
   const int group = p.num_query_heads / p.num_kv_heads;
   if (!DecodeAttentionSupports(p.head_dim, group)) return cudaErrorInvalidValue;
-  const cudaError_t error =
-      p.head_dim == 64 ? LaunchForHeadDim<64>(p, stream) : LaunchForHeadDim<128>(p, stream);
+  cudaError_t error = cudaErrorInvalidValue;
+  switch (p.head_dim) {
+    case 16:
+      error = LaunchForHeadDim<16>(p, stream);
+      break;
+    case 32:
+      error = LaunchForHeadDim<32>(p, stream);
+      break;
+    case 64:
+      error = LaunchForHeadDim<64>(p, stream);
+      break;
+    case 96:
+      error = LaunchForHeadDim<96>(p, stream);
+      break;
+    case 128:
+      error = LaunchForHeadDim<128>(p, stream);
+      break;
+    case 256:
+      error = LaunchForHeadDim<256>(p, stream);
+      break;
+  }
   if (error != cudaSuccess) return error;
   DecodeCombineKernel<<<dim3(p.num_query_heads, p.rows), p.head_dim, 0, stream>>>(p);
   return cudaGetLastError();

@@ -19,7 +19,9 @@ struct DecodeAttentionParams {
   KvCacheView cache;
   int layer = 0;
   const int32_t* slots = nullptr;      // [rows] KV-cache slot of each row's sequence
-  const int32_t* positions = nullptr;  // [rows] the query's position: it sees keys [0, position]
+  // [rows] the query's position: it sees keys [0, position], or with a window the last `window`
+  // of them, [position - window + 1, position].
+  const int32_t* positions = nullptr;
   // Per (row, query head, split): the split's normalised output and log2-sum-exp2 of its scaled
   // scores. [rows, num_query_heads, num_splits, head_dim] and [rows, num_query_heads, num_splits].
   float* partial_out = nullptr;
@@ -28,10 +30,11 @@ struct DecodeAttentionParams {
   int rows = 0;
   int num_query_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;    // 64 or 128
-  int num_splits = 1;  // in [1, kDecodeMaxSplits]; a row of length L uses splits of
+  int head_dim = 0;    // 16, 32, 64, 96, 128 or 256
+  int num_splits = 1;  // in [1, kDecodeMaxSplits]; a row seeing L keys uses splits of
                        // max(kDecodeMinSplitTokens, ceil(L / num_splits) rounded up to 16) keys
-  float scale = 0.0f;  // usually 1/sqrt(head_dim)
+  float scale = 0.0f;  // the model's softmax scale (usually 1/sqrt(head_dim))
+  int window = 0;      // > 0: sliding-window attention over the last `window` keys; 0: all keys
 };
 
 // True when the kernel is built for this head_dim and group size (query heads per KV head).

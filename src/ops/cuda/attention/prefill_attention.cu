@@ -3,7 +3,8 @@
 // row R is query token R / group of query head kv_head * group + R % group, so the GQA heads of a
 // KV head share every K/V tile. Scores, the running max and sum, and the output stay in
 // registers; K/V tiles pass through shared memory (cp.async), and the score fragments are reused
-// directly as the A operand of P·V.
+// directly as the A operand of P·V. With a sliding window a block starts at the first tile its
+// lowest row sees, and masks keys below each row's window as it masks keys above its position.
 #include "ops/cuda/attention/prefill_attention.cuh"
 
 #include <cmath>
@@ -60,6 +61,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int last_packed = min(packed_rows, row0 + kBlockRows) - 1;
   const int num_keys = seq.first_position + last_packed / group + 1;
   const int num_tiles = (num_keys + kTileKeys - 1) / kTileKeys;
+  const int min_position = seq.first_position + row0 / group;
+  const int max_position = num_keys - 1;
+  // Keys below the lowest row's window are seen by no row of the block.
+  const int first_tile = p.window > 0 ? max(0, min_position - p.window + 1) / kTileKeys : 0;
   auto load_tile = [&](int tile) {
     const int stage = tile & 1, key0 = tile * kTileKeys;
     for (int index = threadIdx.x; index < kTileKeys * kChunks; index += kBlockThreads) {
@@ -72,7 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     CpAsyncCommit();
   };
-  load_tile(0);
+  load_tile(first_tile);
 
   for (int index = threadIdx.x; index < kBlockRows * kChunks; index += kBlockThreads) {
     const int r = index / kChunks, column = index % kChunks * 8;
@@ -94,7 +99,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     position_low[mt] = seq.first_position + (row0 + warp_row + mt * 16 + lane / 4) / group;
     position_high[mt] = seq.first_position + (row0 + warp_row + mt * 16 + lane / 4 + 8) / group;
   }
-  const int min_position = seq.first_position + row0 / group;
   const float score_scale = p.scale * kLog2e;
 
   float out[kMTiles][kDimTiles][4];
@@ -109,7 +113,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     sum_low[mt] = sum_high[mt] = 0.0f;
   }
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  for (int tile = first_tile; tile < num_tiles; ++tile) {
     if (tile + 1 < num_tiles) {
       load_tile(tile + 1);
     } else {
@@ -150,7 +154,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 
-    const bool needs_mask = key0 + kTileKeys - 1 > min_position;
+    // Causal: a key above some row's position; window: a key below some row's window.
+    const bool needs_mask =
+        key0 + kTileKeys - 1 > min_position || (p.window > 0 && key0 + p.window <= max_position);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
       // The maximum is taken over raw scores and the scale is folded into one FMA per
@@ -163,7 +169,9 @@ __global__ void __launch_bounds__(kWarps * 32)
           const int key = key0 + nt * 8 + lane % 4 * 2 + (e & 1);
           const int position = e < 2 ? position_low[mt] : position_high[mt];
           float s = score[mt][nt][e];
-          if (needs_mask && key > position) s = -INFINITY;
+          if (needs_mask && (key > position || (p.window > 0 && key + p.window <= position))) {
+            s = -INFINITY;
+          }
           score[mt][nt][e] = s;
         }
         tile_max_low = fmaxf(tile_max_low, fmaxf(score[mt][nt][0], score[mt][nt][1]));
@@ -267,28 +275,50 @@ cudaError_t LaunchPipelined(const PrefillAttentionParams& p, int group, cudaStre
   return cudaGetLastError();
 }
 
-// Head dim 128 on a build with sm_90a code: wgmma; elsewhere 4 warps x 32 rows on mma.sync.
+// Head dim 128 on a build with sm_90a code: wgmma; elsewhere (head dims 16 to 96, and 128
+// without sm_90a code) 4 warps x 32 rows on mma.sync; head dim 256 4 warps x 16 rows and 32-key
+// tiles (its output fragments alone take 128 registers a thread).
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const PrefillAttentionParams& p, int group, cudaStream_t stream) {
-  if (kHeadDim != 128 || !PrefillWgmmaAvailable()) {
-    return LaunchPipelined<kHeadDim, 4, 2, 64>(p, group, stream);
+  if constexpr (kHeadDim == 256) {
+    return LaunchPipelined<256, 4, 1, 32>(p, group, stream);
+  } else {
+    if (kHeadDim != 128 || !PrefillWgmmaAvailable()) {
+      return LaunchPipelined<kHeadDim, 4, 2, 64>(p, group, stream);
+    }
+    return LaunchPrefillWgmma(p, group, stream);
   }
-  return LaunchPrefillWgmma(p, group, stream);
 }
 
 }  // namespace
 
-bool PrefillAttentionSupports(int head_dim) { return head_dim == 64 || head_dim == 128; }
+bool PrefillAttentionSupports(int head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
+         head_dim == 256;
+}
 
 cudaError_t LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
   if (p.num_sequences == 0 || p.max_queries == 0) return cudaSuccess;
   if (p.num_sequences < 0 || p.max_queries < 0 || p.num_kv_heads <= 0 ||
-      p.num_query_heads % p.num_kv_heads != 0 || !PrefillAttentionSupports(p.head_dim)) {
+      p.num_query_heads % p.num_kv_heads != 0 || !PrefillAttentionSupports(p.head_dim) ||
+      p.window < 0) {
     return cudaErrorInvalidValue;
   }
   const int group = p.num_query_heads / p.num_kv_heads;
-  return p.head_dim == 64 ? LaunchForHeadDim<64>(p, group, stream)
-                          : LaunchForHeadDim<128>(p, group, stream);
+  switch (p.head_dim) {
+    case 16:
+      return LaunchForHeadDim<16>(p, group, stream);
+    case 32:
+      return LaunchForHeadDim<32>(p, group, stream);
+    case 64:
+      return LaunchForHeadDim<64>(p, group, stream);
+    case 96:
+      return LaunchForHeadDim<96>(p, group, stream);
+    case 256:
+      return LaunchForHeadDim<256>(p, group, stream);
+    default:
+      return LaunchForHeadDim<128>(p, group, stream);
+  }
 }
 
 }  // namespace shadowkv::cuda

@@ -12,7 +12,8 @@
 namespace shadowkv::cuda {
 
 // One sequence's chunk. Query i sits at position first_position + i and sees the keys at
-// positions [0, first_position + i], which must already be in the cache.
+// positions [0, first_position + i] (with a window, the last `window` of them), which must
+// already be in the cache.
 struct PrefillSequence {
   int32_t first_row = 0;  // row of query 0 in queries / out
   int32_t num_queries = 0;
@@ -30,8 +31,9 @@ struct PrefillAttentionParams {
   __nv_bfloat16* out = nullptr;  // [rows, num_query_heads * head_dim]
   int num_query_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;  // 64 or 128
-  float scale = 0.0f;
+  int head_dim = 0;    // 16, 32, 64, 96, 128 or 256
+  float scale = 0.0f;  // the model's softmax scale (usually 1/sqrt(head_dim))
+  int window = 0;      // > 0: a query at position p sees only keys [p - window + 1, p]
 };
 
 bool PrefillAttentionSupports(int head_dim);

@@ -14,7 +14,9 @@ namespace {
 // warpgroup with Q and K read from shared memory; the scores become the register A operand of
 // O += P·V (m64n128, V read transposed from shared memory). Q, K and V tiles use the 128-byte
 // swizzle: each head_dim/64 block of a row is one 128-byte line, its 16-byte chunks permuted by
-// the line index mod 8, and 8 lines form a 1024-byte atom. Head dim 128 only.
+// the line index mod 8, and 8 lines form a 1024-byte atom. Head dim 128 only. A sliding window
+// starts the tile loop at the first tile the block's lowest row sees and masks as the causal
+// bound does.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ const int kWgmmaCompiled = 1;
@@ -104,6 +106,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) PrefillWgmmaKernel(PrefillAtten
   const int last_packed = min(packed_rows, row0 + kWgBlockRows) - 1;
   const int num_keys = seq.first_position + last_packed / group + 1;
   const int num_tiles = (num_keys + kWgKeys - 1) / kWgKeys;
+  const int min_position = seq.first_position + row0 / group;
+  const int max_position = num_keys - 1;
+  // With a sliding window, keys below the lowest row's window are seen by no row of the block.
+  const int first_tile = p.window > 0 ? max(0, min_position - p.window + 1) / kWgKeys : 0;
 
   auto load_tile = [&](int tile) {
     if (tile < num_tiles) {
@@ -124,8 +130,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) PrefillWgmmaKernel(PrefillAtten
     }
     CpAsyncCommit();  // possibly empty: keeps the group count uniform
   };
-  load_tile(0);
-  load_tile(1);
+  load_tile(first_tile);
+  load_tile(first_tile + 1);
 
   for (int index = threadIdx.x; index < kWgBlockRows * 16; index += kWgThreads) {
     const int r = index / 16, chunk = index % 16;
@@ -143,7 +149,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) PrefillWgmmaKernel(PrefillAtten
   const int row_low = row0 + warpgroup * kWgRows + warp * 16 + lane / 4, row_high = row_low + 8;
   const int position_low = seq.first_position + row_low / group;
   const int position_high = seq.first_position + row_high / group;
-  const int min_position = seq.first_position + row0 / group;
   const float score_scale = p.scale * kLog2e;
 
   float out[64];
@@ -152,7 +157,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) PrefillWgmmaKernel(PrefillAtten
   float max_low = -INFINITY, max_high = -INFINITY, sum_low = 0.0f, sum_high = 0.0f;
   const uint32_t q_rows = q_address + warpgroup * kWgRows * 128;
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
+  for (int tile = first_tile; tile < num_tiles; ++tile) {
     CpAsyncWait<1>();  // this thread's copies of `tile` landed (only tile + 1 may be pending)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // visible to the wgmma
     __syncthreads();
@@ -177,7 +182,9 @@ __global__ void __launch_bounds__(kWgThreads, 1) PrefillWgmmaKernel(PrefillAtten
     load_tile(tile + 2);
 
     // Scores: n8 block nb holds keys key0 + 8 nb + 2 (lane % 4) + {0, 1}, rows low then high.
-    const bool needs_mask = key0 + kWgKeys - 1 > min_position;
+    // Causal: a key above some row's position; window: a key below some row's window.
+    const bool needs_mask =
+        key0 + kWgKeys - 1 > min_position || (p.window > 0 && key0 + p.window <= max_position);
     float tile_max_low = -INFINITY, tile_max_high = -INFINITY;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
@@ -185,7 +192,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) PrefillWgmmaKernel(PrefillAtten
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + nb * 8 + lane % 4 * 2 + (e & 1);
         float s = score[nb * 4 + e];
-        if (needs_mask && key > (e < 2 ? position_low : position_high)) s = -INFINITY;
+        const int position = e < 2 ? position_low : position_high;
+        if (needs_mask && (key > position || (p.window > 0 && key + p.window <= position))) {
+          s = -INFINITY;
+        }
         score[nb * 4 + e] = s;
       }
       tile_max_low = fmaxf(tile_max_low, fmaxf(score[nb * 4], score[nb * 4 + 1]));

@@ -8,7 +8,9 @@ __global__ void EmbeddingKernel(EmbeddingParams p) {
   const int row = blockIdx.x;
   const __nv_bfloat16* source = p.table + static_cast<int64_t>(p.tokens[row]) * p.hidden;
   float* dest = p.out + static_cast<int64_t>(row) * p.hidden;
-  for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) dest[c] = __bfloat162float(source[c]);
+  for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
+    dest[c] = __bfloat162float(source[c]) * p.scale;
+  }
 }
 
 }  // namespace

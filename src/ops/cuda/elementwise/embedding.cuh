@@ -1,4 +1,5 @@
-// Token embedding lookup on the GPU: rows of the bf16 table into the fp32 residual stream.
+// Token embedding lookup on the GPU: rows of the bf16 table into the fp32 residual stream, times
+// the model's embedding scale.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +15,7 @@ struct EmbeddingParams {
   float* out = nullptr;                  // [rows, hidden]
   int rows = 0;
   int hidden = 0;
+  float scale = 1.0f;  // every value is multiplied by it in fp32 (gemma3: sqrt(hidden))
 };
 
 cudaError_t LaunchEmbedding(const EmbeddingParams& params, cudaStream_t stream);

@@ -1,4 +1,4 @@
-// RMSNorm kernel: one block per row; the sum of squares in fp32, the scaling in fp32, bf16 out.
+// RMSNorm kernel: one block per row; the sums of squares in fp32, the scaling in fp32, bf16 out.
 #include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/norm/rmsnorm.cuh"
 
@@ -19,14 +19,28 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
   const int width = p.width;
   float* x = p.x + row * width;
   const float* delta = p.delta ? p.delta + row * width : nullptr;
+  const float* delta_weight = delta ? p.delta_weight : nullptr;
+  // A normalised delta: its own sum of squares first (the same for every thread of the block).
+  float delta_scale = 1.0f;
+  if (delta_weight) {
+    float delta_squares = 0.0f;
+    for (int c = threadIdx.x; c < width; c += kThreads) delta_squares += delta[c] * delta[c];
+    delta_squares = BlockSum(delta_squares, scratch);
+    delta_scale = rsqrtf(delta_squares / width + p.eps);
+  }
   float sum_squares = 0.0f;
   for (int base = threadIdx.x; base < width; base += kThreads * kBatch) {
-    float value[kBatch], add[kBatch];
+    float value[kBatch], add[kBatch], add_weight[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int c = base + u * kThreads;
       value[u] = c < width ? x[c] : 0.0f;
       add[u] = delta && c < width ? delta[c] : 0.0f;
+      add_weight[u] = delta_weight && c < width ? delta_weight[c] : 1.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (delta_weight) add[u] = add[u] * delta_scale * add_weight[u];
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {

@@ -1,6 +1,7 @@
 // QKV/RoPE kernel: one thread per (row, head, pair of elements); blocks of 256 threads along a
 // row's pairs, so a decode step's few rows still spread over many multiprocessors. A head's
-// pairs lie in whole warps of one block, so the QK norm reduces over those warps.
+// pairs lie in whole warps of one block (or, for heads of up to 32 dims, in an aligned part of
+// one warp), so the QK norm reduces over those warps (or lanes).
 #include "ops/cuda/rope/qkv_rope.cuh"
 
 #include "ops/cuda/common/device_utils.cuh"
@@ -50,16 +51,24 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
     if (p.q_norm) {  // uniform over the grid, so every thread of the block reaches the barrier
       __shared__ float warp_sums[kThreads / 32];
       float sum = rotating_head && active ? x0 * x0 + x1 * x1 : 0.0f;
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-      }
-      const int warp = threadIdx.x / 32;
-      if (threadIdx.x % 32 == 0) warp_sums[warp] = sum;
-      __syncthreads();
-      const int warps_per_head = half_dim / 32;
-      const int first_warp = warp / warps_per_head * warps_per_head;
       float total = 0.0f;
-      for (int w = 0; w < warps_per_head; ++w) total += warp_sums[first_warp + w];
+      if (half_dim < 32) {
+        // A head is an aligned group of half_dim lanes of one warp (half_dim divides 32).
+        for (int offset = half_dim / 2; offset > 0; offset >>= 1) {
+          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        }
+        total = sum;
+      } else {
+        for (int offset = 16; offset > 0; offset >>= 1) {
+          sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        }
+        const int warp = threadIdx.x / 32;
+        if (threadIdx.x % 32 == 0) warp_sums[warp] = sum;
+        __syncthreads();
+        const int warps_per_head = half_dim / 32;
+        const int first_warp = warp / warps_per_head * warps_per_head;
+        for (int w = 0; w < warps_per_head; ++w) total += warp_sums[first_warp + w];
+      }
       if (rotating_head) {
         const float* weight = head < p.num_query_heads ? p.q_norm : p.k_norm;
         const float inv = rsqrtf(total / static_cast<float>(d) + p.norm_eps);
@@ -108,15 +117,22 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
 
 }  // namespace
 
+bool QkvRopeNormSupports(int head_dim) {
+  // A head's sum within one warp (half_dim a power of two below 32) or over whole warps of one
+  // block (a multiple of 32 that divides the block).
+  const int half_dim = head_dim / 2;
+  if (head_dim <= 0 || head_dim % 2 != 0) return false;
+  return half_dim < 32 ? 32 % half_dim == 0 : half_dim % 32 == 0 && kThreads % half_dim == 0;
+}
+
 cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream) {
   if (params.rows == 0) return cudaSuccess;
   if (params.rows < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
       params.rotary_dim < 0 || params.rotary_dim % 2 != 0 || params.rotary_dim > params.head_dim) {
     return cudaErrorInvalidValue;
   }
-  const int half_dim = params.head_dim / 2;
   if ((params.q_norm == nullptr) != (params.k_norm == nullptr) ||
-      (params.q_norm && (half_dim % 32 != 0 || kThreads % half_dim != 0))) {
+      (params.q_norm && !QkvRopeNormSupports(params.head_dim))) {
     return cudaErrorInvalidValue;
   }
   const int pairs = (params.num_query_heads + 2 * params.num_kv_heads) * (params.head_dim / 2);

@@ -18,7 +18,8 @@ struct QkvRopeParams {
   const float* bias = nullptr;      // [(num_query_heads + 2 * num_kv_heads) * head_dim] or null
   // qwen3: RMSNorm of each query and key head (after the bias, before RoPE and before the
   // pre-RoPE key copy) with these [head_dim] weights; both null for none. Needs head_dim / 2 a
-  // multiple of 32 that divides the kernel's block of 256 (head_dim 64, 128, 256 or 512).
+  // power of two below 32 or a multiple of 32 that divides the kernel's block of 256 (head_dim
+  // 2, 4, 8, 16, 32, 64, 128, 256 or 512).
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   float norm_eps = 1e-6f;
@@ -42,6 +43,9 @@ struct QkvRopeParams {
   int64_t keys_pre_capacity = 0;
   const int32_t* keys_pre_rows = nullptr;
 };
+
+// True when the QK norm (q_norm / k_norm) can run at this head dim (see QkvRopeParams::q_norm).
+bool QkvRopeNormSupports(int head_dim);
 
 cudaError_t LaunchQkvRope(const QkvRopeParams& params, cudaStream_t stream);
 
