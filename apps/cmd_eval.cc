@@ -214,7 +214,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(model_->CopySlot(0, 1));
       SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &(*answers)[0], 1, &reference));
       reference.tokens = (*answers)[0].tokens;
-      SKV_RETURN_IF_ERROR(Follow(reference, nullptr, &(*answers)[0].fidelity));
+      SKV_RETURN_IF_ERROR(Follow(reference, false, &(*answers)[0].fidelity));
     }
     for (size_t p = 0; p < policies.size(); ++p) {
       if (!OnGpu(policies[p])) continue;
@@ -227,7 +227,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       eval::BackendAnswer& answer = (*answers)[p];
       if (fidelity) {  // first along full attention's answer, from a compression of its own
         SKV_RETURN_IF_ERROR(StartShadowKv(policies[p]));
-        SKV_RETURN_IF_ERROR(Follow(reference, &attendance, &answer.fidelity));
+        SKV_RETURN_IF_ERROR(Follow(reference, true, &answer.fidelity));
         model_->FreeShadowKv();
       }
       SKV_RETURN_IF_ERROR(StartShadowKv(policies[p]));
@@ -339,17 +339,17 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     return model_->CompressToShadowKv(0, 0);
   }
 
-  // Feeds the reference's tokens (all but the last) to ShadowKV sequence 0, or with `shadowkv`
-  // null compares the reference with itself, into `fidelity` (eval::RunTeacherForced's
+  // Feeds the reference's tokens (all but the last) to ShadowKV sequence 0, or without
+  // `on_shadowkv` compares the reference with itself, into `fidelity` (eval::RunTeacherForced's
   // measure).
-  Status Follow(const Reference& reference, const Attendance* shadowkv, eval::Fidelity* fidelity) {
+  Status Follow(const Reference& reference, bool on_shadowkv, eval::Fidelity* fidelity) {
     const int64_t vocab = model_->config().vocab_size;
     std::vector<float> logits(vocab);
     const cuda::CudaSampling greedy;
     const int index = 0;
     for (size_t j = 0; j + 1 < reference.tokens.size(); ++j) {
       const std::span<const float> want(reference.logits.data() + j * vocab, vocab);
-      if (shadowkv) {
+      if (on_shadowkv) {
         int32_t token = reference.tokens[j];
         SKV_RETURN_IF_ERROR(model_->ShadowKvDecodeStep(
             std::span<const int>(&index, 1), std::span<int32_t>(&token, 1), greedy, logits.data()));
