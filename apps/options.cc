@@ -89,6 +89,9 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
   app.add_option("--rerank-factor", c.rerank_factor,
                  "shadowkv --select rerank: candidates per kept chunk")
       ->capture_default_str();
+  app.add_option("--rerank-rank", c.rerank_rank,
+                 "shadowkv --select rerank: key components candidates are scored with (0 = all)")
+      ->capture_default_str();
   app.add_option("--select-mass", c.select_mass,
                  "shadowkv --select mass: share of the landmark score each KV head keeps")
       ->capture_default_str();

@@ -76,6 +76,15 @@ Status KvPolicyConfig::Validate() const {
   if (rerank_factor < 1) {
     return Error(ErrorCode::kInvalidArgument, "rerank factor {} must be at least 1", rerank_factor);
   }
+  if (rerank_rank < 0 || rerank_rank % 8 != 0) {
+    return Error(ErrorCode::kInvalidArgument, "rerank rank {} is not a multiple of 8 (0 = all)",
+                 rerank_rank);
+  }
+  if (rerank_rank > 0 && basis_groups > 1) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "rerank rank {} needs one key basis for all heads (basis_groups is {})",
+                 rerank_rank, basis_groups);
+  }
   if (!(select_mass > 0.0 && select_mass <= 1.0)) {
     return Error(ErrorCode::kInvalidArgument, "selection mass {} is not in (0, 1]", select_mass);
   }
@@ -157,6 +166,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"rank_max", Assign(&KvPolicyConfig::rank_max)},
       {"select", Assign(&KvPolicyConfig::selection)},
       {"rerank_factor", Assign(&KvPolicyConfig::rerank_factor)},
+      {"rerank_rank", Assign(&KvPolicyConfig::rerank_rank)},
       {"mass", Assign(&KvPolicyConfig::select_mass)},
       {"basis_groups", Assign(&KvPolicyConfig::basis_groups)},
       {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
@@ -180,7 +190,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 constexpr std::string_view kPaperForcedKeys[] = {
     "budget",     "budget_fraction", "budget_min",    "chunk",
     "rank",       "rank_ratio",      "rank_energy",   "rank_min",
-    "rank_max",   "select",          "rerank_factor", "mass",
+    "rank_max",   "select",          "rerank_factor", "rerank_rank", "mass",
     "outliers",   "window",          "successors",    "exact_layers",
     "fp8_values", "fp8_landmarks"};
 
@@ -200,6 +210,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.rank_max = 0;
   config.selection = "landmarks";
   config.rerank_factor = defaults.rerank_factor;
+  config.rerank_rank = defaults.rerank_rank;
   config.select_mass = defaults.select_mass;
   config.outlier_chunks = -1;
   config.local_window = 32;

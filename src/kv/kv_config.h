@@ -48,6 +48,11 @@ struct KvPolicyConfig {
   //              a floor and a cap around K.
   std::string selection = "rerank";  // docs/RESULTS.md "Defaults"
   int rerank_factor = 4;
+  // Components of the key basis the re-ranking scores candidates with: the first rerank_rank
+  // (a multiple of 8; largest eigenvalues first), or every component the layer keeps when 0 or above its rank.
+  // The kept chunks are attended with every component either way; scoring with fewer makes the
+  // re-rank cheaper where keys are wide. One basis for all heads only (basis_groups 1).
+  int rerank_rank = 0;
   double select_mass = 0.9;
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
   int local_window = 32;        // W: exact tokens at the end of the prompt
@@ -101,7 +106,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_max, select, rerank_factor,
-// mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no setting
+// rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no setting
 // it forces may be named too: kInvalidArgument),
 // exact_layers, fp8_values (0 or 1), fp8_landmarks (0 or 1), snap_window, snap_kernel,
 // snap_pooling, page, dense_layers, sinks. Settings not

@@ -50,7 +50,8 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(fp8->fp8_landmarks, 1);
   EXPECT_EQ(config->fp8_values, 0);
   auto modes = ParseKvVariant(
-      "shadowkv:rank_energy=0.95:rank_min=16:rank_max=96:select=rerank:rerank_factor=3:mass=0.8",
+      "shadowkv:rank_energy=0.95:rank_min=16:rank_max=96:select=rerank:rerank_factor=3:"
+      "rerank_rank=24:mass=0.8",
       base);
   ASSERT_TRUE(modes.ok()) << modes.status().ToString();
   EXPECT_DOUBLE_EQ(modes->rank_energy, 0.95);
@@ -58,6 +59,7 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(modes->rank_max, 96);
   EXPECT_EQ(modes->selection, "rerank");
   EXPECT_EQ(modes->rerank_factor, 3);
+  EXPECT_EQ(modes->rerank_rank, 24);
   EXPECT_DOUBLE_EQ(modes->select_mass, 0.8);
   EXPECT_EQ(config->selection, base.selection);
   EXPECT_DOUBLE_EQ(config->rank_energy, 0.0);
@@ -124,6 +126,7 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:rank_min=-8", "must not be negative"},
         Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
         Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
+        Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
         Case{"shadowkv:mass=0", "selection mass 0"},
         Case{"shadowkv:paper=2", "paper must be 0 or 1"},
         Case{"shadowkv:paper=1:rank=64", "paper=1 fixes 'rank'"},

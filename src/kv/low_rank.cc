@@ -247,10 +247,15 @@ void ProjectOntoBasis(const LowRankBasis& basis, const float* rows, int64_t num_
 
 void RebuildColumns(const LowRankBasis& basis, const float* coefficients, int64_t num_rows,
                     int column, int num_columns, float* out, int64_t out_stride) {
+  RebuildColumns(basis, basis.rank, coefficients, num_rows, column, num_columns, out, out_stride);
+}
+
+void RebuildColumns(const LowRankBasis& basis, int rank, const float* coefficients,
+                    int64_t num_rows, int column, int num_columns, float* out, int64_t out_stride) {
   if (num_rows == 0) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(num_rows), num_columns,
-              basis.rank, 1.0f, coefficients, basis.rank, basis.basis.data() + column, basis.width,
-              0.0f, out, static_cast<int>(out_stride));
+              rank, 1.0f, coefficients, rank, basis.basis.data() + column, basis.width, 0.0f, out,
+              static_cast<int>(out_stride));
 }
 
 }  // namespace shadowkv::kv

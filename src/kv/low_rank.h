@@ -91,5 +91,9 @@ void ProjectOntoBasis(const LowRankBasis& basis, const float* rows, int64_t num_
 // (coefficients [num_rows, rank]) into out [num_rows, out_stride].
 void RebuildColumns(const LowRankBasis& basis, const float* coefficients, int64_t num_rows,
                     int column, int num_columns, float* out, int64_t out_stride);
+// The same from the first `rank` components alone (0 < rank <= basis.rank; coefficients
+// [num_rows, rank], their first `rank` columns): the approximation a smaller basis would give.
+void RebuildColumns(const LowRankBasis& basis, int rank, const float* coefficients,
+                    int64_t num_rows, int column, int num_columns, float* out, int64_t out_stride);
 
 }  // namespace shadowkv::kv

@@ -212,13 +212,21 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   void SelectChunks(const LayerState& layer, const HeadState& head, int h, const float* queries,
                     int num_queries);
   // "rerank": the candidates' post-RoPE keys into scratch_.candidate_keys, copied from the
-  // gather buffer where a slot holds them and rebuilt otherwise.
+  // gather buffer where a slot holds them and rebuilt otherwise (all rebuilt, from the first
+  // ScoreRank components, where that is below the layer's rank).
   void CandidateKeys(const LayerState& layer, const HeadState& head, int h);
   // Rebuilds the post-RoPE keys of chunks scratch_.rebuild_items of head h into
-  // scratch_.rebuild_targets (chunk_size * head_dim floats each).
-  void RebuildKeys(const LayerState& layer, const HeadState& head, int h);
-  // Fills the gather slots of scratch_.misses (keys rebuilt, or with "rerank" copied from its
-  // candidates' keys; values from the slow tier); counts the bytes read into `stats`.
+  // scratch_.rebuild_targets (chunk_size * head_dim floats each), from the basis's first `rank`
+  // components (at most the layer's rank).
+  void RebuildKeys(const LayerState& layer, const HeadState& head, int h, int rank);
+  // Components the re-rank scores candidates with at `layer` (rerank_rank, at most its rank).
+  int ScoreRank(const LayerState& layer) const {
+    const int rerank_rank = settings_.config.rerank_rank;
+    return rerank_rank > 0 ? std::min(rerank_rank, layer.basis.rank) : layer.basis.rank;
+  }
+  // Fills the gather slots of scratch_.misses (keys rebuilt, or with "rerank" at the full rank
+  // copied from its candidates' keys; values from the slow tier); counts the bytes read into
+  // `stats`.
   Status FillMisses(const LayerState& layer, HeadState& head, int h, PolicyStats* stats);
 
   Settings settings_;
@@ -518,9 +526,11 @@ void ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadStat
   s.candidate_keys.resize(s.candidates.size() * chunk_floats);
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
+  const int rank = ScoreRank(layer);
+  const bool reuse_slots = rank == layer.basis.rank;  // a slot holds keys of every component
   for (size_t i = 0; i < s.candidates.size(); ++i) {
     float* target = s.candidate_keys.data() + i * chunk_floats;
-    const int32_t slot = head.slots.slot_of_item(s.candidates[i]);
+    const int32_t slot = reuse_slots ? head.slots.slot_of_item(s.candidates[i]) : -1;
     if (slot >= 0) {
       std::memcpy(target, head.gather_keys.data() + slot * chunk_floats, chunk_floats * kFloat);
     } else {
@@ -528,27 +538,31 @@ void ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadStat
       s.rebuild_targets.push_back(target);
     }
   }
-  RebuildKeys(layer, head, h);
+  RebuildKeys(layer, head, h, rank);
 }
 
-void ShadowKvSequenceImpl::RebuildKeys(const LayerState& layer, const HeadState& head, int h) {
+void ShadowKvSequenceImpl::RebuildKeys(const LayerState& layer, const HeadState& head, int h,
+                                       int rank) {
   const auto& items = scratch_.rebuild_items;
   if (items.empty()) return;
   const KvGeometry& g = settings_.geometry;
   const int chunk = settings_.chunk_size;
-  const int rank = layer.basis.rank;
+  const int stride = layer.basis.rank;
   const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
   const auto count = static_cast<int64_t>(items.size());
-  // Gather the chunks' A rows so one GEMM rebuilds all their keys for this head.
+  // Gather the chunks' A rows (their first `rank` columns) so one GEMM rebuilds all their keys
+  // for this head.
   scratch_.miss_coefficients.resize(count * chunk * rank);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t first_row = static_cast<int64_t>(head.landmark_chunks[items[i]]) * chunk;
-    std::memcpy(scratch_.miss_coefficients.data() + i * chunk * rank,
-                layer.coefficients.data() + first_row * rank, chunk * rank * kFloat);
+    for (int t = 0; t < chunk; ++t) {
+      std::memcpy(scratch_.miss_coefficients.data() + (i * chunk + t) * rank,
+                  layer.coefficients.data() + (first_row + t) * stride, rank * kFloat);
+    }
   }
   scratch_.rebuilt.resize(count * chunk_floats);
-  RebuildColumns(layer.basis, scratch_.miss_coefficients.data(), count * chunk, h * g.head_dim,
-                 g.head_dim, scratch_.rebuilt.data(), g.head_dim);
+  RebuildColumns(layer.basis, rank, scratch_.miss_coefficients.data(), count * chunk,
+                 h * g.head_dim, g.head_dim, scratch_.rebuilt.data(), g.head_dim);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t first_position = static_cast<int64_t>(head.landmark_chunks[items[i]]) * chunk;
     const float* rebuilt = scratch_.rebuilt.data() + i * chunk_floats;
@@ -565,7 +579,8 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
   if (s.misses.empty()) return Status::Ok();
   const int64_t chunk_floats =
       static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
-  const bool from_candidates = settings_.selection == Selection::kRerank;
+  const bool from_candidates =
+      settings_.selection == Selection::kRerank && ScoreRank(layer) == layer.basis.rank;
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   for (const auto [slot, item] : s.misses) {
@@ -582,7 +597,7 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
     SKV_RETURN_IF_ERROR(
         store_->Read(head.value_runs[item], head.gather_values.data() + slot * chunk_floats));
   }
-  RebuildKeys(layer, head, h);
+  RebuildKeys(layer, head, h, layer.basis.rank);
   stats->bytes_fetched += static_cast<int64_t>(s.misses.size()) * store_->run_bytes();
   return Status::Ok();
 }

@@ -73,14 +73,18 @@ TEST(ShadowKvModesTest, RankFromTheSpectrumFollowsTheKeysOwnRank) {
 // multi-token turn. At every step each KV head attends its outliers, the chunks its gather slots
 // hold (their keys and values exactly the stream's, rebuilt or reused) and the window; the
 // attended count is what the policy reports.
-void CheckSparseMode(const std::string& mode) {
+// With `rerank_rank` > 0 the re-rank scores candidates with that many components, and the
+// kept chunks must still hold their exact (full-rank) keys.
+void CheckSparseMode(const std::string& mode, int rerank_rank = 0) {
   SCOPED_TRACE(mode);
+  SCOPED_TRACE(rerank_rank);
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 29);
   KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
   config.budget_tokens = 64;  // K = 8 chunks
   config.selection = mode;
   config.rerank_factor = 2;
+  config.rerank_rank = rerank_rank;
   config.select_mass = 0.5;
   auto policy = MakePolicy(config, g);
   Runner runner(*policy, stream);
@@ -168,21 +172,28 @@ void CheckSparseMode(const std::string& mode) {
 
 TEST(ShadowKvModesTest, LandmarksSparseStepsHoldExactChunks) { CheckSparseMode("landmarks"); }
 TEST(ShadowKvModesTest, RerankSparseStepsHoldExactChunks) { CheckSparseMode("rerank"); }
+TEST(ShadowKvModesTest, RerankAtALowerRankStillHoldsExactChunks) {
+  CheckSparseMode("rerank", 8);
+}
 TEST(ShadowKvModesTest, HeadsSparseStepsHoldExactChunks) { CheckSparseMode("heads"); }
 TEST(ShadowKvModesTest, MassSparseStepsHoldExactChunks) { CheckSparseMode("mass"); }
 
-TEST(ShadowKvModesTest, RerankOverEveryChunkSelectsTheHighestExactMass) {
-  // rerank_factor * K >= L at full rank: every landmark chunk is a candidate scored on its exact
-  // keys, so the kept K are the chunks of highest exact attention mass (fp64 reference).
+// rerank_factor * K >= L: every landmark chunk is a candidate. The stream's keys have rank
+// `key_rank` (0: full), the basis keeps every component, and the candidates are scored with
+// `rerank_rank` of them (0: all). Returns, per (layer, KV head), whether the kept K are the
+// chunks of highest exact attention mass (fp64 reference).
+std::vector<bool> RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank) {
   const KvGeometry g = TestGeometry();
-  TokenStream stream(g, 0, 37);
+  TokenStream stream(g, key_rank, 37);
   KvPolicyConfig config = ShadowConfig(8, 32, 4, g.kv_width());
   config.budget_tokens = 80;  // K = 10 of 29 landmark chunks; 4 * 10 >= 29
   config.selection = "rerank";
+  config.rerank_rank = rerank_rank;
   auto policy = MakePolicy(config, g);
   Runner runner(*policy, stream);
   runner.Step(300, true);
   const int d = g.head_dim;
+  std::vector<bool> kept_best;
   for (int layer = 0; layer < g.num_layers; ++layer) {
     AttentionInput input;
     ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
@@ -218,9 +229,38 @@ TEST(ShadowKvModesTest, RerankOverEveryChunkSelectsTheHighestExactMass) {
       std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return best[a] > best[b]; });
       std::set<int64_t> expected;
       for (int i = 0; i < 10; ++i) expected.insert(chunks[order[i]]);
-      EXPECT_EQ(AsSet(info.gathered_chunks[h]), expected) << "layer " << layer << " head " << h;
+      kept_best.push_back(AsSet(info.gathered_chunks[h]) == expected);
     }
   }
+  return kept_best;
+}
+
+TEST(ShadowKvModesTest, RerankOverEveryChunkSelectsTheHighestExactMass) {
+  for (bool best : RerankKeepsTheHighestExactMass(0, 0)) EXPECT_TRUE(best);
+}
+
+TEST(ShadowKvModesTest, RerankRankScoresWithTheLeadingComponents) {
+  // Keys of rank 16: their first 16 components (largest eigenvalues first) are the keys
+  // exactly, so scoring with 16 of the 192 keeps the best chunks everywhere...
+  for (bool best : RerankKeepsTheHighestExactMass(16, 16)) EXPECT_TRUE(best);
+  // ...and scoring with 8 misses them somewhere: the setting reaches the scores.
+  const std::vector<bool> eight = RerankKeepsTheHighestExactMass(16, 8);
+  EXPECT_NE(std::count(eight.begin(), eight.end(), false), 0);
+}
+
+TEST(ShadowKvModesTest, RerankRankIsAMultipleOfEightWithOneBasis) {
+  const KvGeometry g = TestGeometry();
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  config.rerank_rank = 12;
+  const auto odd = MakeKvPolicy(config, g);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("rerank rank 12"), std::string::npos);
+  config.rerank_rank = 16;
+  EXPECT_TRUE(MakeKvPolicy(config, g).ok());
+  config.basis_groups = 2;
+  const auto grouped = MakeKvPolicy(config, g);
+  ASSERT_FALSE(grouped.ok());
+  EXPECT_NE(grouped.status().message().find("basis_groups"), std::string::npos);
 }
 
 TEST(ShadowKvModesTest, SuccessorsOnlyWithLandmarks) {

@@ -544,6 +544,10 @@ TEST(CudaShadowKvParityTest, RerankRunsThroughTheDecodeStep) {
   EXPECT_LT(same, total) << "re-ranking 4K candidates never changed a choice";
 
   CheckParityWhereTheCpuRuns(rerank, /*want_ranks=*/24);
+  // Candidates scored with the first 8 of the 24 components, kept chunks attended at 24.
+  rerank.rerank_rank = 8;
+  rerank.label = "shadowkv:select=rerank:rerank_rank=8";
+  CheckParityWhereTheCpuRuns(rerank, /*want_ranks=*/24);
 }
 
 // Per-query-head selection through the whole step: copies equal to their originals, K chunks

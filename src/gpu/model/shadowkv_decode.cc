@@ -50,6 +50,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.select_heads = s.geometry.select_heads ? 1 : 0;
   if (s.geometry.max_candidates > 0) {
     p.rerank_factor = s.geometry.rerank_factor;
+    p.rerank_rank = s.geometry.rerank_rank;
     p.candidates = s.candidates.get();
     p.candidate_lse = s.candidate_lse.get();
   }

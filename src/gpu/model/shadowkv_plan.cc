@@ -104,6 +104,7 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
       config.outlier_chunks, static_cast<int64_t>(g.max_budget) * g.chunk_size, g.capacity_chunks));
   if (config.selection == "rerank") {
     g.rerank_factor = config.rerank_factor;
+    g.rerank_rank = config.rerank_rank;
     const int64_t candidates = std::min<int64_t>(
         static_cast<int64_t>(config.rerank_factor) * g.max_budget, g.capacity_chunks);
     if (candidates > kSkvMaxRerankCandidates) {

@@ -31,6 +31,7 @@ struct SkvGeometry {
   // Chunk selection "rerank": the landmarks keep rerank_factor · K candidates per KV head (at
   // most max_candidates, the capacity's), whose rebuilt keys pick the K. 0: landmarks alone.
   int rerank_factor = 0;
+  int rerank_rank = 0;  // components the candidates are scored with (0: the layer's rank)
   int max_candidates = 0;
   bool select_heads = false;    // selection "heads": each query head's own ranking, round-robin
   int max_outliers = 0;         // O for that budget

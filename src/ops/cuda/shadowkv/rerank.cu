@@ -17,6 +17,12 @@ using Bf16 = __nv_bfloat16;
 
 // ---- exact scoring ----------------------------------------------------------------------------
 
+// Components the candidates of sequence `seq` are scored with (SkvDecodeParams::rerank_rank).
+__device__ __forceinline__ int ScoreRank(const SkvDecodeParams& p, int seq) {
+  const int rank = p.layout.RankOf(seq, p.layer);
+  return p.rerank_rank > 0 ? min(rank, p.rerank_rank) : rank;
+}
+
 // After a block has staged the logits of its `count` candidate chunks in `token_logits`
 // [count * chunk_size, group] (a barrier before): each (chunk, query head)'s log-sum-exp over
 // the chunk's tokens into lse [group, max_candidates], from column `first`.
@@ -65,7 +71,7 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   if (candidates[first] < 0) return;  // the list is packed: nothing from here on
   const int chunks = min(per_block, l.max_candidates - first);
   const SkvRowMeta m = p.meta[row];
-  const int rank = l.RankOf(m.seq, p.layer), width = l.kv_width();
+  const int rank = ScoreRank(p, m.seq), width = l.kv_width();
   const int64_t stride = l.rank, layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   const int tokens = per_block * chunk_size;
   float* a_rows = exact_shared;                                  // [tokens, l.rank]
@@ -187,7 +193,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
 
   const SkvRowMeta m = p.meta[row];
-  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = l.RankOf(m.seq, p.layer);
+  const int width = l.kv_width(), chunk_size = l.chunk_size, rank = ScoreRank(p, m.seq);
   const int64_t stride = l.rank;
   const int rank_padded = SkvRankPadded(rank);
   const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;

@@ -130,6 +130,10 @@ struct SkvDecodeParams {
   // kv_heads * group, max_candidates]: per query head, the log-sum-exp of each candidate chunk's
   // token logits; and keeps the best K, assigning the slots as the select does.
   int rerank_factor = 0;
+  // Components of the key basis the exact scoring rebuilds candidates from: the first
+  // rerank_rank (a multiple of 8), or the layer's rank when 0 or above it. The kept chunks are
+  // rebuilt at the layer's rank either way.
+  int rerank_rank = 0;
   int32_t* candidates = nullptr;
   float* candidate_lse = nullptr;
   // Per-query-head selection (selection "heads"): LaunchSkvSelect ranks the chunks by each
