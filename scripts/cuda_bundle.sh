@@ -25,5 +25,7 @@ for lib in $(ldd "${binaries[@]}" | awk '/=> \// {print $3}' | sort -u); do
   esac
 done
 (cd "$build" && git -C .. rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || true)
+# The GPU tests read tests/data through the source path compiled into them.
+pwd > "$stage/SOURCE_DIR"
 tar -C "$stage" -cJf "$archive" .
 echo "$archive: $(du -h "$archive" | cut -f1) ($(ls "$stage/lib" "$stage/lib/compat" | grep -c so) libraries)"

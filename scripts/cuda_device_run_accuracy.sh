@@ -9,11 +9,14 @@
 #                      `split -d`) in $HOME/m/parts for a later join
 #   join:NAME:SHA256   appends $HOME/m/parts/NAME_* in order into $HOME/m/NAME.gguf and checks
 #                      its sha256
-#   tests              the GPU tests of ShadowKV and the models (CudaShadowKv*, CudaModel*)
+#   tests              the GPU tests of ShadowKV and the models (CudaShadowKv*, CudaModel*), or
+#                      those of the gtest filter $TESTS ('*': the whole binary); tests/data is
+#                      linked where the bundle's build had it
 #   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV; with
 #                      FIDELITY=1 also each policy's fidelity along full attention's answers
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
-#   synth:CTX          the same on synthetic Llama-3-8B weights
+#   synth:CTX          the same on synthetic weights of $SYNTH (default llama3-8b) at batch
+#                      $BATCH (default auto)
 # MODEL is a file under $HOME/m (qwen, smol: $HOME/m/qwen.gguf); $TAG names the outputs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +49,12 @@ for step in "$@"; do
       echo "$length  $HOME/m/$model.gguf" | sha256sum -c - || exit 1
       ;;
     tests)
-      timeout 400 "$stage/bin/shadowkv_gpu_tests" \
-        --gtest_filter='CudaShadowKv*:CudaModel*:CudaSkv*:CudaRerank*:CudaSelect*' \
+      source_dir=$(cat "$stage/SOURCE_DIR" 2>/dev/null)
+      if [ -n "$source_dir" ] && [ ! -e "$source_dir/tests/data" ]; then
+        mkdir -p "$(dirname "$source_dir")" && ln -sfn "$PWD" "$source_dir"
+      fi
+      timeout "${LIMIT:-400}" "$stage/bin/shadowkv_gpu_tests" \
+        --gtest_filter="${TESTS:-CudaShadowKv*:CudaModel*:CudaSkv*:CudaRerank*:CudaSelect*}" \
         > "$out/gpu_tests_${tag}.log" 2>&1
       echo "tests: exit $?"
       grep -E "^\[  (PASSED|FAILED)|FAILED  \]|tests ran|\[ parity" "$out/gpu_tests_${tag}.log" | head -40
@@ -69,10 +76,10 @@ for step in "$@"; do
       grep -E "decode|tok/s|rank|batch" "$out/bench_${model}_${length}_${tag}.log" | tail -20
       ;;
     synth)
-      timeout "${LIMIT:-400}" "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
-        --kv "$kv" --context "$model" --batch auto --gen 64 --prefill-chunk 4096 \
-        --no-host-values --no-engine-loop --json "$out/bench_synth_${model}_${tag}.json" \
-        > "$out/bench_synth_${model}_${tag}.log" 2>&1
+      timeout "${LIMIT:-400}" "$stage/bin/shadowkv" bench --device cuda \
+        --synthetic "${SYNTH:-llama3-8b}" --kv "$kv" --context "$model" --batch "${BATCH:-auto}" \
+        --gen 64 --prefill-chunk 4096 --no-host-values --no-engine-loop \
+        --json "$out/bench_synth_${model}_${tag}.json" > "$out/bench_synth_${model}_${tag}.log" 2>&1
       echo "synth $model: exit $?"
       grep -E "decode|tok/s|rank|batch" "$out/bench_synth_${model}_${tag}.log" | tail -20
       ;;
