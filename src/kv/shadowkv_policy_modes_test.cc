@@ -180,9 +180,9 @@ TEST(ShadowKvModesTest, MassSparseStepsHoldExactChunks) { CheckSparseMode("mass"
 
 // rerank_factor * K >= L: every landmark chunk is a candidate. The stream's keys have rank
 // `key_rank` (0: full), the basis keeps every component, and the candidates are scored with
-// `rerank_rank` of them (0: all). Returns, per (layer, KV head), whether the kept K are the
+// `rerank_rank` of them (0: all). Gives, per (layer, KV head), whether the kept K are the
 // chunks of highest exact attention mass (fp64 reference).
-std::vector<bool> RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank) {
+void RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank, std::vector<bool>* kept_best) {
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, key_rank, 37);
   KvPolicyConfig config = ShadowConfig(8, 32, 4, g.kv_width());
@@ -193,7 +193,7 @@ std::vector<bool> RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank) 
   Runner runner(*policy, stream);
   runner.Step(300, true);
   const int d = g.head_dim;
-  std::vector<bool> kept_best;
+  kept_best->clear();
   for (int layer = 0; layer < g.num_layers; ++layer) {
     AttentionInput input;
     ASSERT_NO_FATAL_FAILURE(runner.AppendOne(layer, 300, nullptr, &input));
@@ -229,23 +229,28 @@ std::vector<bool> RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank) 
       std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return best[a] > best[b]; });
       std::set<int64_t> expected;
       for (int i = 0; i < 10; ++i) expected.insert(chunks[order[i]]);
-      kept_best.push_back(AsSet(info.gathered_chunks[h]) == expected);
+      kept_best->push_back(AsSet(info.gathered_chunks[h]) == expected);
     }
   }
-  return kept_best;
 }
 
 TEST(ShadowKvModesTest, RerankOverEveryChunkSelectsTheHighestExactMass) {
-  for (bool best : RerankKeepsTheHighestExactMass(0, 0)) EXPECT_TRUE(best);
+  std::vector<bool> kept_best;
+  ASSERT_NO_FATAL_FAILURE(RerankKeepsTheHighestExactMass(0, 0, &kept_best));
+  ASSERT_FALSE(kept_best.empty());
+  for (bool best : kept_best) EXPECT_TRUE(best);
 }
 
 TEST(ShadowKvModesTest, RerankRankScoresWithTheLeadingComponents) {
   // Keys of rank 16: their first 16 components (largest eigenvalues first) are the keys
   // exactly, so scoring with 16 of the 192 keeps the best chunks everywhere...
-  for (bool best : RerankKeepsTheHighestExactMass(16, 16)) EXPECT_TRUE(best);
+  std::vector<bool> kept_best;
+  ASSERT_NO_FATAL_FAILURE(RerankKeepsTheHighestExactMass(16, 16, &kept_best));
+  ASSERT_FALSE(kept_best.empty());
+  for (bool best : kept_best) EXPECT_TRUE(best);
   // ...and scoring with 8 misses them somewhere: the setting reaches the scores.
-  const std::vector<bool> eight = RerankKeepsTheHighestExactMass(16, 8);
-  EXPECT_NE(std::count(eight.begin(), eight.end(), false), 0);
+  ASSERT_NO_FATAL_FAILURE(RerankKeepsTheHighestExactMass(16, 8, &kept_best));
+  EXPECT_NE(std::count(kept_best.begin(), kept_best.end(), false), 0);
 }
 
 TEST(ShadowKvModesTest, RerankRankIsAMultipleOfEightWithOneBasis) {

@@ -8,7 +8,9 @@
 namespace shadowkv::cuda {
 
 // Lets `kernel` use up to `bytes` of dynamic shared memory on the current device (a no-op where
-// as much or more was already allowed there by this thread). Thread-safe without a lock.
+// as much or more was already allowed there). Never lowers the limit: two layouts of one process
+// (a test binary's, a tensor-parallel group's threads) each keep what they need. Every setting
+// of this attribute goes through here. Thread-safe; no lock once this thread has seen the size.
 cudaError_t AllowDynamicSharedMemory(const void* kernel, int bytes);
 
 }  // namespace shadowkv::cuda

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/common/device_utils.cuh"
+#include "ops/cuda/common/kernel_attributes.h"
 #include "ops/cuda/common/mma_utils.cuh"
 #include "ops/cuda/shadowkv/rebuild_tile.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
@@ -377,9 +378,7 @@ cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
   for (bool halves : {false, true}) {
     for (int slots : {32, 64, 128}) {
       if (const void* rebuild = RebuildRegKernel(l, halves, slots)) {
-        const cudaError_t e = cudaFuncSetAttribute(
-            rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            static_cast<int>(RegSharedBytes(SkvRankPadded(l.rank) / 16)));
+        const cudaError_t e = AllowDynamicSharedMemory(rebuild, static_cast<int>(RegSharedBytes(SkvRankPadded(l.rank) / 16)));
         if (e != cudaSuccess) return e;
       }
     }
@@ -388,8 +387,7 @@ cudaError_t SkvConfigureRebuildFast(const SkvLayout& l) {
   for (bool halves : {false, true}) {
     for (int slots : {32, 64, 128}) {
       if (const void* rebuild = RebuildFastKernel(l.head_dim, halves, slots)) {
-        const cudaError_t e = cudaFuncSetAttribute(
-            rebuild, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        const cudaError_t e = AllowDynamicSharedMemory(rebuild, static_cast<int>(bytes));
         if (e != cudaSuccess) return e;
       }
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/cuda/common/device_utils.cuh"
+#include "ops/cuda/common/kernel_attributes.h"
 #include "ops/cuda/common/mma_utils.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 #include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
@@ -348,8 +349,7 @@ const void* ScoreTcKernel(int head_dim, int group, bool fp8) {
 
 cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_bytes) {
   auto raise = [&](const void* kernel, int64_t bytes) {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(bytes));
+    return AllowDynamicSharedMemory(kernel, static_cast<int>(bytes));
   };
   cudaError_t e = SkvConfigureSelectFast(l, select_dynamic_bytes);
   if (e != cudaSuccess) return e;

@@ -6,6 +6,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "ops/cuda/common/device_utils.cuh"
+#include "ops/cuda/common/kernel_attributes.h"
 #include "ops/cuda/shadowkv/gather_slots.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 
@@ -436,8 +437,7 @@ cudaError_t SkvConfigureSelectFast(const SkvLayout& l, int64_t dynamic_bytes) {
     for (bool roomy : {false, true}) {
       if (roomy && !SelectRoomy(l, coarse, 0)) continue;
       if (const void* select = SelectFastKernel(l, coarse, roomy)) {
-        const cudaError_t e = cudaFuncSetAttribute(
-            select, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_bytes));
+        const cudaError_t e = AllowDynamicSharedMemory(select, static_cast<int>(dynamic_bytes));
         if (e != cudaSuccess) return e;
       }
     }
