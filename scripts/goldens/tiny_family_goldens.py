@@ -71,6 +71,7 @@ FAMILIES = {
     "mistral": {"arch": "llama", "pre": "default"},
     "phi3": {"arch": "phi3", "pre": "default"},
     "glm4": {"arch": "glm4", "pre": "default"},
+    "chatglm": {"arch": "chatglm", "pre": "chatglm-bpe"},
 }
 
 PHI3_ORIGINAL_CONTEXT = 16  # LongRoPE's pretraining length, under the prompt's 40 tokens
@@ -129,6 +130,17 @@ def BuildModel(family, torch, transformers):
                              "partial_rotary_factor": 0.5},
             tie_word_embeddings=False, **common)
         model = transformers.Glm4ForCausalLM(config)
+    elif family == "chatglm":
+        # GLM-4-9B-chat's form: Q/K/V biases, rotation of the first half of each head in
+        # interleaved pairs, fused gate_up_proj, no norms after attention or MLP; head_dim 32
+        # (not hidden / heads = 16).
+        config = transformers.GlmConfig(
+            num_hidden_layers=2, head_dim=32, attention_bias=True, pad_token_id=None,
+            eos_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5},
+            tie_word_embeddings=False, **common)
+        model = transformers.GlmForCausalLM(config)
     else:
         raise ValueError(family)
     # Seeded weights of a scale that keeps activations in a useful range; norm weights away
@@ -152,6 +164,17 @@ def PermuteForPairs(weights, heads):
     """llama.cpp's converter reorders Q/K rows so that rotation pairs are adjacent."""
     return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
+
+
+def FuseQkv(state, num_layers):
+    """Q, K and V (weights and biases) as one q|k|v tensor per layer, as ChatGLM checkpoints hold
+    query_key_value and llama.cpp's converter writes it to attn_qkv."""
+    for layer in range(num_layers):
+        prefix = f"model.layers.{layer}.self_attn."
+        for kind in ("weight", "bias"):
+            parts = [state.pop(f"{prefix}{p}_proj.{kind}") for p in ("q", "k", "v")]
+            state[f"{prefix}qkv_proj.{kind}"] = np.concatenate(parts, axis=0)
+    return state
 
 
 def HeadDim(config):
@@ -191,7 +214,7 @@ def WriteGguf(path, family, model, config, gguf):
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     if family == "mistral":
         writer.add_sliding_window(config.sliding_window)
-    if family == "glm4":
+    if family in ("glm4", "chatglm"):
         rope = config.rope_parameters
         writer.add_rope_dimension_count(int(HeadDim(config) * rope["partial_rotary_factor"]))
     tokens, types, merges = Vocabulary()
@@ -205,6 +228,8 @@ def WriteGguf(path, family, model, config, gguf):
 
     state = {k: v.detach().to(dtype=__import__("torch").float32).numpy()
              for k, v in model.state_dict().items()}
+    if family == "chatglm":
+        state = FuseQkv(state, config.num_hidden_layers)
     names = {
         "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",

@@ -11,7 +11,8 @@ namespace shadowkv {
 namespace {
 
 constexpr std::string_view kSupportedFormats =
-    "ChatML (<|im_start|>), Llama 3 (<|start_header_id|>), Gemma (<start_of_turn>)";
+    "ChatML (<|im_start|>), Llama 3 (<|start_header_id|>), Gemma (<start_of_turn>), GLM-4 "
+    "([gMASK]<sop>)";
 
 // Jinja's `trim`: Python's str.strip(), i.e. White_Space plus the separators U+001C..U+001F.
 std::string_view Trim(std::string_view text) {
@@ -106,6 +107,8 @@ const char* ChatFormatName(ChatFormat format) {
       return "llama3.1";
     case ChatFormat::kGemma:
       return "gemma";
+    case ChatFormat::kGlm4:
+      return "glm4";
   }
   return "unknown";
 }
@@ -121,6 +124,10 @@ Result<ChatTemplate> DetectChatTemplate(std::string_view template_text) {
   }
   if (template_text.find("<start_of_turn>") != std::string_view::npos) {
     chat_template.format = ChatFormat::kGemma;
+    return chat_template;
+  }
+  if (template_text.find("[gMASK]<sop>") != std::string_view::npos) {
+    chat_template.format = ChatFormat::kGlm4;
     return chat_template;
   }
   if (template_text.find("<|im_start|>") != std::string_view::npos) {
@@ -149,6 +156,9 @@ Result<ChatTemplate> DetectChatTemplate(const gguf::GgufFile& file) {
     }
     if (has("<|im_start|>") && has("<|im_end|>")) return ChatTemplate{ChatFormat::kChatML, ""};
     if (has("<start_of_turn>") && has("<end_of_turn>")) return ChatTemplate{ChatFormat::kGemma, ""};
+    if (has("[gMASK]") && has("<sop>") && has("<|user|>") && has("<|assistant|>")) {
+      return ChatTemplate{ChatFormat::kGlm4, ""};
+    }
   }
   std::string architecture = "(none)";
   if (file.Find("general.architecture") != nullptr) {
@@ -158,6 +168,9 @@ Result<ChatTemplate> DetectChatTemplate(const gguf::GgufFile& file) {
     return ChatTemplate{ChatFormat::kChatML, ""};
   }
   if (architecture == "gemma3") return ChatTemplate{ChatFormat::kGemma, ""};
+  if (architecture == "glm4" || architecture == "chatglm") {
+    return ChatTemplate{ChatFormat::kGlm4, ""};
+  }
   return Error(ErrorCode::kUnsupported,
                "no tokenizer.chat_template and no known turn tokens (architecture {}); "
                "supported: {}",
@@ -234,6 +247,14 @@ std::vector<ChatPiece> RenderChat(const ChatTemplate& chat_template,
       if (add_generation_prompt) out.Markup("<start_of_turn>model\n");
       break;
     }
+    case ChatFormat::kGlm4:
+      out.Markup("[gMASK]<sop>");
+      for (const ChatMessage& message : messages) {
+        out.Markup("<|" + message.role + "|>\n");
+        out.Content(message.content);
+      }
+      if (add_generation_prompt) out.Markup("<|assistant|>\n");
+      break;
   }
   return out.Take();
 }

@@ -1,4 +1,5 @@
-// Chat prompt formats (ChatML, Llama 3, Gemma): detection from GGUF metadata and rendering.
+// Chat prompt formats (ChatML, Llama 3, Gemma, GLM-4): detection from GGUF metadata and
+// rendering.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,10 @@ enum class ChatFormat {
   // <start_of_turn>model\n. A system message has no turn of its own: its text and a blank line
   // open the first turn after it (Gemma 3's template).
   kGemma,
+  // [gMASK]<sop> once, then <|{role}|>\n{content} per message ... then <|assistant|>\n
+  // (GLM-4-9B-chat and GLM-4-0414: the chatglm and glm4 architectures). A turn ends where the
+  // next opens; the model ends its own with <|user|>, the file's end-of-turn token.
+  kGlm4,
 };
 
 struct ChatMessage {

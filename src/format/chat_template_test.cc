@@ -133,6 +133,28 @@ TEST(ChatTemplateTest, GemmaFoldsTheSystemPromptIntoTheFirstTurn) {
             "<start_of_turn>user\nHi<end_of_turn>\n");
 }
 
+// GLM-4's template: [gMASK]<sop> once, each message after its role marker and a newline,
+// content verbatim, no closing token (the next turn's marker ends a turn).
+TEST(ChatTemplateTest, Glm4OpensWithGmaskAndSop) {
+  const Result<ChatTemplate> detected = DetectChatTemplate(
+      "[gMASK]<sop>{% for item in messages %}{% if item['content'] %}<|{{ item['role'] }}|>"
+      "\n{{ item['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt "
+      "%}<|assistant|>\n{% endif %}");
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kGlm4);
+  EXPECT_STREQ(ChatFormatName(ChatFormat::kGlm4), "glm4");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kGlm4,
+                              Messages{{"system", "Be brief."},
+                                       {"user", "Hi"},
+                                       {"assistant", " Hello. "},
+                                       {"user", "Bye\n"}},
+                              true),
+            "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHi<|assistant|>\n Hello. "
+            "<|user|>\nBye\n<|assistant|>\n");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kGlm4, Messages{{"user", "Hi"}}, false),
+            "[gMASK]<sop><|user|>\nHi");
+}
+
 TEST(ChatTemplateTest, DetectsTheNewFamiliesWithoutATemplate) {
   const auto detect = [](const std::string& architecture, std::vector<std::string> tokens) {
     gguf::GgufWriter writer;
@@ -146,6 +168,10 @@ TEST(ChatTemplateTest, DetectsTheNewFamiliesWithoutATemplate) {
   EXPECT_EQ(detect("llama", {"a", "<start_of_turn>", "<end_of_turn>"}).value(), ChatFormat::kGemma);
   EXPECT_EQ(detect("gemma3", {"a", "b"}).value(), ChatFormat::kGemma);
   EXPECT_EQ(detect("qwen3", {"a", "b"}).value(), ChatFormat::kChatML);
+  EXPECT_EQ(detect("llama", {"[gMASK]", "<sop>", "<|user|>", "<|assistant|>"}).value(),
+            ChatFormat::kGlm4);
+  EXPECT_EQ(detect("chatglm", {"a", "b"}).value(), ChatFormat::kGlm4);
+  EXPECT_EQ(detect("glm4", {"a", "b"}).value(), ChatFormat::kGlm4);
   EXPECT_FALSE(detect("llama", {"a", "<start_of_turn>"}).ok());  // half a pair is no format
 }
 

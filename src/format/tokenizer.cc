@@ -73,9 +73,10 @@ constexpr std::string_view kTurnMarkerTexts[] = {
     "<|im_start|>",    "<|start_header_id|>", "<|end_header_id|>",
     "<start_of_turn>", "<|begin_of_text|>",
 };
-// Preferred end-of-turn token when the metadata names none, in this order.
+// Preferred end-of-turn token when the metadata names none, in this order (GLM-4 ends its turn
+// by opening the user's, as llama.cpp's converter records in eot_token_id).
 constexpr std::string_view kEndOfTurnTexts[] = {"<|eot_id|>", "<|im_end|>", "<end_of_turn>",
-                                                "<|end|>"};
+                                                "<|end|>", "<|user|>"};
 
 // One BPE symbol of the piece being merged: a doubly linked list over the piece's bytes.
 struct Symbol {
@@ -251,8 +252,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& fil
     return Error(ErrorCode::kCorrupt, "BPE tokenizer without tokenizer.ggml.merges");
   }
   SKV_ASSIGN_OR_RETURN(config.merges, file.GetStringArray("tokenizer.ggml.merges"));
-  // Llama 3 vocabularies expect a BOS unless the file says otherwise.
-  config.add_bos = pre_type == PreTokenizerType::kLlama3;
+  // Llama 3 vocabularies expect a BOS unless the file says otherwise; GLM-4's split is Llama 3's
+  // but its prompts open with the template's [gMASK]<sop>, never a BOS (llama.cpp drops it too).
+  config.add_bos =
+      pre_type == PreTokenizerType::kLlama3 && config.pre != "chatglm-bpe" && config.pre != "glm4";
   SKV_RETURN_IF_ERROR(ReadSpecialTokens(file, &config));
   return Create(std::move(config));
 }

@@ -5,6 +5,7 @@
 
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "format/gguf.h"
 #include "format/gguf_writer.h"
@@ -192,6 +193,24 @@ TEST(TokenizerTest, Accessors) {
   EXPECT_EQ(tokenizer->eot_id(), kImEnd);
 }
 
+// A GLM-4 vocabulary (no <|im_end|> or <|eot_id|>) whose file names no eot token: the model
+// ends its turn by opening the user's, so <|user|> ends generation.
+TEST(TokenizerTest, GlmUserMarkerEndsTheTurnWhenNoEotIsNamed) {
+  TokenizerConfig config;
+  for (int byte = 0; byte < 256; ++byte) config.tokens.push_back(MappedByte(byte));
+  config.tokens.insert(config.tokens.end(),
+                       {"<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>"});
+  config.token_types.assign(256, TokenType::kNormal);
+  config.token_types.resize(config.tokens.size(), TokenType::kControl);
+  config.eos_id = 256;
+  auto tokenizer = MakeTokenizer(std::move(config));
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(tokenizer->eot_id(), 259);
+  EXPECT_TRUE(tokenizer->IsEndOfGeneration(259));
+  EXPECT_TRUE(tokenizer->IsEndOfGeneration(256));
+  EXPECT_FALSE(tokenizer->IsEndOfGeneration(260));
+}
+
 TEST(TokenizerTest, Decode) {
   auto tokenizer = MakeTokenizer(SmallConfig());
   ASSERT_NE(tokenizer, nullptr);
@@ -328,8 +347,10 @@ TEST(TokenizerTest, RejectsBadConfigs) {
   EXPECT_EQ(result.status().code(), ErrorCode::kCorrupt);
 }
 
-// A GGUF image holding SmallConfig() as tokenizer.ggml.* metadata.
-std::vector<uint8_t> SmallGguf(const std::string& model, const std::string& pre) {
+// A GGUF image holding SmallConfig() as tokenizer.ggml.* metadata (add_bos_token true unless
+// `with_add_bos` is false, which leaves the key out).
+std::vector<uint8_t> SmallGguf(const std::string& model, const std::string& pre,
+                               bool with_add_bos = true) {
   const TokenizerConfig config = SmallConfig();
   gguf::GgufWriter writer;
   writer.AddString("general.architecture", "llama");
@@ -343,8 +364,22 @@ std::vector<uint8_t> SmallGguf(const std::string& model, const std::string& pre)
   writer.AddUint32("tokenizer.ggml.bos_token_id", kBos);
   writer.AddUint32("tokenizer.ggml.eos_token_id", kImEnd);
   writer.AddUint32("tokenizer.ggml.padding_token_id", kEndOfText);
-  writer.AddBool("tokenizer.ggml.add_bos_token", true);
+  if (with_add_bos) writer.AddBool("tokenizer.ggml.add_bos_token", true);
   return writer.Finish();
+}
+
+// Without add_bos_token, a Llama 3 vocabulary takes a BOS; GLM-4's (the same split, pre
+// chatglm-bpe or glm4) does not: its template opens every prompt with [gMASK]<sop>.
+TEST(TokenizerTest, GlmVocabulariesTakeNoBosByDefault) {
+  for (const auto& [pre, want_bos] : std::vector<std::pair<std::string, bool>>{
+           {"llama-bpe", true}, {"chatglm-bpe", false}, {"glm4", false}}) {
+    auto file = gguf::GgufFile::FromBytes(SmallGguf("gpt2", pre, /*with_add_bos=*/false));
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf(*file.value());
+    ASSERT_TRUE(tokenizer.ok()) << pre << ": " << tokenizer.status().ToString();
+    EXPECT_EQ((*tokenizer)->pre_tokenizer(), PreTokenizerType::kLlama3) << pre;
+    EXPECT_EQ((*tokenizer)->add_bos(), want_bos) << pre;
+  }
 }
 
 TEST(TokenizerTest, FromGguf) {

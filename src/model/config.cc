@@ -9,7 +9,7 @@
 
 namespace shadowkv {
 
-const char* SupportedArchitectures() { return "llama, qwen2, qwen3, gemma3, phi3, glm4"; }
+const char* SupportedArchitectures() { return "llama, qwen2, qwen3, gemma3, phi3, glm4, chatglm"; }
 
 namespace {
 
@@ -47,7 +47,7 @@ Result<std::string> OptionalString(const gguf::GgufFile& file, const std::string
 
 bool IsKnownArchitecture(const std::string& a) {
   return a == "llama" || a == "qwen2" || a == "qwen3" || a == "gemma3" || a == "phi3" ||
-         a == "glm4";
+         a == "glm4" || a == "chatglm";
 }
 
 // Which layers slide, from '{arch}.attention.sliding_window_pattern': a period N (layer l slides
@@ -135,9 +135,10 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                  "mixture-of-experts models are not supported ('{}.expert_count' = {})", a,
                  experts);
   }
-  // qwen3 and gemma3 heads are wider or narrower than hidden / heads and say so in key_length;
-  // llama and qwen2 files must keep the two equal, as the engine always assumed for them.
-  const bool free_head_dim = a == "qwen3" || a == "gemma3" || a == "glm4";
+  // qwen3 and gemma3 heads are wider or narrower than hidden / heads and say so in key_length
+  // (the GLM families may too); llama and qwen2 files must keep the two equal, as the engine
+  // always assumed for them.
+  const bool free_head_dim = a == "qwen3" || a == "gemma3" || a == "glm4" || a == "chatglm";
   if (!free_head_dim || file.Find(a + ".attention.key_length") == nullptr) {
     if (c.hidden_size % c.num_query_heads != 0) {
       return Error(ErrorCode::kCorrupt, "embedding length {} is not a multiple of {} heads",
@@ -193,8 +194,9 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
   c.qkv_bias = file.FindTensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = a == "qwen3" || a == "gemma3";
   c.fused_qkv = file.FindTensor("blk.0.attn_qkv.weight") != nullptr;
-  c.fused_gate_up =
-      (a == "phi3" || a == "glm4") && file.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  // phi3 and the GLM families store ffn_up as the gate rows, then the up rows.
+  c.fused_gate_up = (a == "phi3" || a == "glm4" || a == "chatglm") &&
+                    file.FindTensor("blk.0.ffn_gate.weight") == nullptr;
   c.post_norms = a == "glm4";  // GLM-4-0414's norms after attention and MLP (plain weights)
   if (c.fused_qkv) c.qkv_bias = file.FindTensor("blk.0.attn_qkv.bias") != nullptr;
   if (a == "gemma3") {
@@ -225,10 +227,10 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& file) {
                    c.rope.theta_base);
     }
   }
-  // llama.cpp's converter permutes llama's Q/K rows for paired rotation, GLM-4 rotates pairs
-  // as trained; the others rotate halves.
-  c.rope.style =
-      a == "llama" || a == "glm4" ? RopeConfig::Style::kPairs : RopeConfig::Style::kHalves;
+  // llama.cpp's converter permutes llama's Q/K rows for paired rotation, the GLM families
+  // rotate pairs as trained; the others rotate halves.
+  c.rope.style = a == "llama" || a == "glm4" || a == "chatglm" ? RopeConfig::Style::kPairs
+                                                               : RopeConfig::Style::kHalves;
   SKV_ASSIGN_OR_RETURN(const std::string scaling, OptionalString(file, a + ".rope.scaling.type"));
   if (!scaling.empty() && scaling != "none") {
     if (scaling != "linear") {

@@ -48,8 +48,8 @@ struct ModelConfig {
   bool qkv_bias = false;         // qwen2 adds a bias to Q, K and V
   bool tied_embeddings = false;  // no output.weight: logits use token_embd
   bool qk_norm = false;          // qwen3, gemma3: per-head RMSNorm of Q and K before RoPE
-  bool fused_qkv = false;        // phi3: one attn_qkv tensor (q rows, k rows, v rows)
-  bool fused_gate_up = false;    // phi3, glm4: ffn_up holds the gate rows, then the up rows
+  bool fused_qkv = false;        // phi3, chatglm: one attn_qkv tensor (q rows, k rows, v rows)
+  bool fused_gate_up = false;    // phi3, glm4, chatglm: ffn_up holds gate rows, then up rows
   bool post_norms = false;       // gemma3, glm4: RMSNorm of the attention and FFN outputs too
   FfnActivation activation = FfnActivation::kSilu;
   float embedding_scale = 1.0f;      // gemma3: token embeddings are multiplied by sqrt(hidden)

@@ -235,7 +235,8 @@ TEST(ModelConfigTest, RefusesInconsistentShapes) {
 
 TEST(ModelConfigTest, RefusesAnUnknownArchitectureNamingTheSupportedOnes) {
   ExpectRefused(ConfigFile("mamba"), ErrorCode::kUnsupported,
-                {"architecture 'mamba' is not supported", "llama", "qwen2", "qwen3", "gemma3"});
+                {"architecture 'mamba' is not supported", "llama", "qwen2", "qwen3", "gemma3",
+                 "phi3", "glm4", "chatglm"});
 }
 
 gguf::Value BoolArray(std::vector<bool> flags) {

@@ -213,7 +213,7 @@ TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaFamilyGoldenTest,
-                         ::testing::Values("qwen3", "gemma3", "phi3", "glm4", "mistral"),
+                         ::testing::Values("qwen3", "gemma3", "phi3", "glm4", "chatglm", "mistral"),
                          [](const auto& info) { return info.param; });
 
 // ModelConfig refuses what no backend runs, before the CUDA backend sees it, naming what is
@@ -228,7 +228,7 @@ TEST(CudaFamilyTest, UnknownArchitectureIsRefused) {
   EXPECT_NE(gpu.status().message().find("architecture 'falcon' is not supported"),
             std::string::npos)
       << gpu.status().message();
-  EXPECT_NE(gpu.status().message().find("gemma3, phi3, glm4"), std::string::npos)
+  EXPECT_NE(gpu.status().message().find("gemma3, phi3, glm4, chatglm"), std::string::npos)
       << gpu.status().message();
 }
 

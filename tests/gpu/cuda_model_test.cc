@@ -176,7 +176,8 @@ TEST(CudaModelParityTest, Qwen3QkNormTinyFamilyModel) {
 // The other families' tiny models (tests/data/goldens/, head dims 16 and 32): gemma3's sliding
 // and global layers with their own RoPE bases, post norms, GELU FFN, embedding scale and
 // soft-cap; phi3's fused tensors and LongRoPE; glm4's biases, half rotation in pairs and post
-// norms; mistral's window in every layer. The window of 8 is far below these prompts, so the
+// norms; chatglm's fused QKV with its bias and head dim 32 over hidden 64; mistral's window in
+// every layer. The window of 8 is far below these prompts, so the
 // prefill chunks of 64 and the mixed steps read across it. (Against transformers:
 // cuda_family_test.cc.)
 TEST(CudaModelParityTest, Gemma3SlidingAndGlobalLayers) {
@@ -192,6 +193,11 @@ TEST(CudaModelParityTest, Phi3FusedTensorsLongRope) {
 TEST(CudaModelParityTest, Glm4BiasesPartialRotaryPostNorms) {
   SKV_SKIP_WITHOUT_GPU();
   CheckModelParity(TinyFamilyPath("glm4"), "gpu_glm4", 3e-2);
+}
+
+TEST(CudaModelParityTest, ChatGlmFusedQkvBiasPartialRotary) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(TinyFamilyPath("chatglm"), "gpu_chatglm", 3e-2);
 }
 
 TEST(CudaModelParityTest, MistralWindowInEveryLayer) {

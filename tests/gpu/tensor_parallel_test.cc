@@ -1,9 +1,9 @@
 // Tensor parallelism on one GPU: the single-device communicator's all-reduce (eager and replayed
 // from CUDA graphs, fp32 and bf16), and tiny random-weight models split over 2 and 4 ranks on one
-// device against the same model unsplit (the llama and qwen2 shapes and the gemma3, phi3 and
-// glm4 tiny family models): logits after chunked prefill and over graph-replayed decode steps
-// (full attention; ShadowKV is in tensor_parallel_shadowkv_test.cc). The NCCL test
-// needs two GPUs and skips, saying so, on fewer.
+// device against the same model unsplit (the llama and qwen2 shapes and the gemma3, phi3, glm4
+// and chatglm tiny family models): logits after chunked prefill and over graph-replayed decode
+// steps (full attention; ShadowKV is in tensor_parallel_shadowkv_test.cc). The NCCL test needs two
+// GPUs and skips, saying so, on fewer.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -346,14 +346,15 @@ TEST(CudaTensorParallelTest, SyntheticSplitMatchesOneGpu) {
       "gpu_tp_synthetic", {2, 4}, true);
 }
 
-// The tiny family models (tests/data/goldens/, 2 KV heads, head dims 16 and 32) split over 2
-// ranks on one GPU against the same model unsplit: post norms applied after the all-reduce,
-// fused QKV and gate|up tensors (and phi3's LongRoPE, glm4's biases) split per rank, sliding
-// windows per head. Their context of 256 is below RunScript's, so a shorter script: a 40-token
-// prompt in chunks of 13, then 12 graph-replayed decode steps fed the unsplit model's tokens.
+// The tiny family models (tests/data/goldens/, 2 KV heads, head dims 16 and 32) split over 2 ranks
+// on one GPU against the same model unsplit: post norms applied after the all-reduce, fused QKV and
+// gate|up tensors (and phi3's LongRoPE, glm4's biases, chatglm's fused QKV bias) split per rank,
+// sliding windows per head. Their context of 256 is below RunScript's, so a shorter script: a
+// 40-token prompt in chunks of 13, then 12 graph-replayed decode steps fed the unsplit model's
+// tokens.
 TEST(CudaTensorParallelTest, FamilyModelsSplitOverTwoRanksMatchOneGpu) {
   SKV_SKIP_WITHOUT_GPU();
-  for (const std::string family : {"gemma3", "phi3", "glm4"}) {
+  for (const std::string family : {"gemma3", "phi3", "glm4", "chatglm"}) {
     SCOPED_TRACE(family);
     const std::string path = shadowkv::testing::DataPath("goldens/tiny_" + family + ".gguf");
     const std::vector<int32_t> prompt = SomeTokens(40, 41);

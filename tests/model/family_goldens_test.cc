@@ -134,7 +134,7 @@ TEST_P(FamilyGoldenTest, MatchesTransformers) {
 // larger than it (the window then spans chunk boundaries).
 INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
                          ::testing::Combine(::testing::Values("qwen3", "gemma3", "mistral", "phi3",
-                                                              "glm4"),
+                                                              "glm4", "chatglm"),
                                             ::testing::Values(size_t{64}, size_t{5}, size_t{13})),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_chunk" +
@@ -143,10 +143,11 @@ INSTANTIATE_TEST_SUITE_P(Families, FamilyGoldenTest,
 
 void RunEveryPolicy(const std::string& family);
 
-// qwen3, phi3 and glm4 have no windowed layer: every policy serves them (qwen3's with the
-// normed pre-RoPE keys, phi3's rotated with the LongRoPE factors, glm4's half rotated).
+// qwen3, phi3, glm4 and chatglm have no windowed layer: every policy serves them (qwen3's with
+// the normed pre-RoPE keys, phi3's rotated with the LongRoPE factors, glm4's and chatglm's half
+// rotated).
 TEST(FamilyPolicyTest, EveryPolicyRunsOnTheFamiliesWithoutWindows) {
-  for (const std::string family : {"qwen3", "phi3", "glm4"}) {
+  for (const std::string family : {"qwen3", "phi3", "glm4", "chatglm"}) {
     SCOPED_TRACE(family);
     RunEveryPolicy(family);
   }

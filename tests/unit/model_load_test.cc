@@ -1,6 +1,6 @@
 // CpuModel::Load on tiny models broken after writing: non-finite weights in norms and in matrices
-// used as stored must be refused at load, naming the tensor; and the phi3 and glm4 forms of the
-// tiny model (what the GPU ShadowKV tests use) load as those families.
+// used as stored must be refused at load, naming the tensor; and the phi3, glm4 and chatglm forms
+// of the tiny model (what the GPU ShadowKV tests use) load as those families.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -48,7 +48,7 @@ void ExpectNonFiniteRefused(const std::vector<uint8_t>& image, const std::string
       << status.message();
 }
 
-TEST(ModelLoadTest, TinyPhi3AndGlm4SpecsLoadAsTheirFamilies) {
+TEST(ModelLoadTest, TinyPhi3AndGlmSpecsLoadAsTheirFamilies) {
   TinyModelSpec spec;
   spec.hidden = 256;
   spec.context = 1024;
@@ -74,6 +74,17 @@ TEST(ModelLoadTest, TinyPhi3AndGlm4SpecsLoadAsTheirFamilies) {
   EXPECT_FALSE(g.fused_qkv);
   EXPECT_EQ(g.rope.rotary_dim, 32);
   EXPECT_EQ(g.rope.style, RopeConfig::Style::kPairs);
+  // chatglm as llama.cpp converts GlmForCausalLM: glm4's form, separate Q/K/V, no post norms.
+  spec.architecture = "chatglm";
+  auto chatglm = CpuModel::Load(testing::WriteTinyModel(spec, "load_chatglm"), 1);
+  ASSERT_TRUE(chatglm.ok()) << chatglm.status().ToString();
+  const ModelConfig& c = (*chatglm)->config();
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.post_norms);
+  EXPECT_TRUE(c.fused_gate_up);
+  EXPECT_FALSE(c.fused_qkv);
+  EXPECT_EQ(c.rope.rotary_dim, 32);
+  EXPECT_EQ(c.rope.style, RopeConfig::Style::kPairs);
 }
 
 TEST(ModelLoadTest, RefusesNonFiniteWeights) {

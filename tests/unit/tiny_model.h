@@ -1,5 +1,6 @@
 // A tiny llama/qwen2-shaped GGUF model with random weights and a byte-level vocabulary, for tests
-// (also phi3: fused QKV and gate|up, LongRoPE; glm4: biases, half rotation, post norms).
+// (also phi3: fused QKV and gate|up, LongRoPE; glm4: biases, half rotation, post norms; chatglm:
+// glm4's form without the post norms, as llama.cpp converts GlmForCausalLM).
 #pragma once
 
 #include <unistd.h>
@@ -79,8 +80,9 @@ inline std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& s) {
 
   const int vocab = static_cast<int>(tokens.size());
   const int head_dim = s.hidden / s.heads;
-  const bool fused_gate_up = a == "phi3" || a == "glm4";
-  if (a == "glm4") w.AddUint32(a + ".rope.dimension_count", head_dim / 2);
+  const bool glm = a == "glm4" || a == "chatglm";
+  const bool fused_gate_up = a == "phi3" || glm;
+  if (glm) w.AddUint32(a + ".rope.dimension_count", head_dim / 2);
   if (a == "phi3") {
     // LongRoPE over half the context: the long factors and an attention factor apply.
     w.AddUint32(a + ".rope.scaling.original_context_length", s.context / 2);
@@ -124,7 +126,7 @@ inline std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& s) {
       add(p + "post_attention_norm.weight", {s.hidden}, gguf::GgmlType::kF32, 0.1f, 1.0f);
       add(p + "post_ffw_norm.weight", {s.hidden}, gguf::GgmlType::kF32, 0.1f, 1.0f);
     }
-    if (a == "qwen2" || a == "glm4") {
+    if (a == "qwen2" || glm) {
       add(p + "attn_q.bias", {s.heads * head_dim}, gguf::GgmlType::kF32, 0.1f);
       add(p + "attn_k.bias", {s.kv_heads * head_dim}, gguf::GgmlType::kF32, 0.1f);
       add(p + "attn_v.bias", {s.kv_heads * head_dim}, gguf::GgmlType::kF32, 0.1f);

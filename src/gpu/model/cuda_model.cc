@@ -407,8 +407,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::Load(const std::string& path,
   const IndexRange ffn_rows = shard.FfnRows(), all_hidden{0, hidden};
   const int64_t local_q = q_rows.count, local_kv = kv_rows.count, local_ffn = ffn_rows.count;
   auto shifted = [](IndexRange r, int64_t by) { return IndexRange{r.begin + by, r.count}; };
-  // Rows of a fused [q | k | v] tensor (phi3's attn_qkv) and of a fused [gate | up] one (phi3's
-  // and glm4's ffn_up) that this shard holds: each part's own rows, as the CPU splits them.
+  // Rows of a fused [q | k | v] tensor (phi3's and chatglm's attn_qkv, chatglm's with its bias)
+  // and of a fused [gate | up] one (phi3's, glm4's and chatglm's ffn_up) that this shard holds:
+  // each part's own rows, as the CPU splits them.
   const int64_t fused_qkv = q_width + 2 * kv_width;
   const IndexRange fused_k_rows = shifted(kv_rows, q_width);
   const IndexRange fused_v_rows = shifted(kv_rows, q_width + kv_width);

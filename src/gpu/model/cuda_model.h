@@ -1,5 +1,5 @@
-// CudaModel: a model of any supported architecture (llama, qwen2, qwen3, gemma3, phi3, glm4)
-// resident on one GPU (bf16 weights, fp32 accumulation) with a device-side full KV cache:
+// CudaModel: a model of any supported architecture (llama, qwen2, qwen3, gemma3, phi3, glm4,
+// chatglm) resident on one GPU (bf16 weights, fp32 accumulation) with a device-side full KV cache:
 // chunked prefill, batched decode over sequences of different lengths, and decode steps replayed
 // from CUDA graphs. Pure C++ interface (no CUDA types).
 #pragma once

@@ -29,7 +29,7 @@ using Bf16 = __nv_bfloat16;
 
 struct DeviceLayer {
   DeviceBuffer<Bf16> qkv;       // [q_width + 2 * kv_width, hidden]: q rows, then k, then v
-  DeviceBuffer<float> qkv_bias;  // [q_width + 2 * kv_width] (qwen2, glm4) or empty
+  DeviceBuffer<float> qkv_bias;  // [q_width + 2 * kv_width] (qwen2, glm4, chatglm) or empty
   DeviceBuffer<Bf16> o;         // [hidden, q_width]
   DeviceBuffer<Bf16> gate_up;   // [2 * ffn, hidden]: gate rows, then up rows
   DeviceBuffer<Bf16> down;      // [hidden, ffn]
