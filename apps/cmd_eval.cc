@@ -661,8 +661,8 @@ Command AddEvalCommand(CLI::App& app) {
   AddDeviceOption(
       *cmd, options->device,
       "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16), the "
-      "other policies decode on the CPU from the GPU's prefill (tasks and NIAH grid; "
-      "multi-turn runs on the CPU)");
+      "other policies (and ShadowKV on sliding-window models) decode on the CPU from the GPU's "
+      "prefill (tasks and NIAH grid; multi-turn runs on the CPU)");
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");
   cmd->add_option("--json", options->json_path, "write the full report as JSON");
