@@ -128,10 +128,13 @@ bool NeedsCorpus(const eval::EvalSettings& settings) {
 // the prefilled slot itself (last, so nothing needs copying). The other policies (SnapKV, Quest,
 // StreamingLLM) have no GPU kernels: they take the GPU's keys and values of the prompt, the CPU
 // model runs the prompt's last tokens again to give SnapKV its observation-window queries, and
-// they decode on the CPU. Tasks, prompts and scoring stay with the CPU model's tokenizer.
-bool OnGpu(const kv::KvPolicyConfig& config) {
+// they decode on the CPU. On a sliding-window model (gemma3) ShadowKV takes that CPU path too:
+// the GPU's ShadowKV cache has no windowed layers, the CPU's policies keep them exact (their
+// window) beside the global layers' compression. Tasks, prompts and scoring stay with the CPU
+// model's tokenizer.
+bool OnGpu(const kv::KvPolicyConfig& config, const ModelConfig& model) {
   return kv::IsPolicy(config, kv::PolicyKind::kFull) ||
-         kv::IsPolicy(config, kv::PolicyKind::kShadowKv);
+         (kv::IsPolicy(config, kv::PolicyKind::kShadowKv) && model.layer_windowed.empty());
 }
 
 class CudaEvalBackend final : public eval::AnswerBackend {
@@ -148,7 +151,10 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         slots_(slots) {}
 
   std::string numerics() const override {
-    return cpu_policies_ ? fmt::format("cuda-bf16; snapkv/quest/streaming decode on the CPU ({})",
+    return cpu_policies_ ? fmt::format("cuda-bf16; {} decode on the CPU ({})",
+                                       cpu_model_.config().layer_windowed.empty()
+                                           ? "snapkv/quest/streaming"
+                                           : "shadowkv/snapkv/quest/streaming",
                                        NumericsName(cpu_model_.numerics()))
                          : "cuda-bf16";
   }
@@ -159,7 +165,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     for (const kv::KvPolicyConfig& config : policies) {
       if (kv::IsPolicy(config, kv::PolicyKind::kFull)) {
         ++full;
-      } else if (kv::IsPolicy(config, kv::PolicyKind::kShadowKv)) {
+      } else if (OnGpu(config, cpu_model_.config())) {  // ShadowKV on the GPU
         SKV_RETURN_IF_ERROR(model_->ShadowKvBytesPerSequence(config, capacity_).status());
       } else {
         SKV_RETURN_IF_ERROR(kv::MakeKvPolicy(config, cpu_model_.kv_geometry()).status());
@@ -174,8 +180,11 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       }
       if (cpu_policies_ > 0) {
         return Error(ErrorCode::kUnsupported,
-                     "--fidelity on the GPU follows the GPU's policies only (full, shadowkv); "
-                     "snapkv, quest and streaming decode on the CPU: leave them out");
+                     "--fidelity on the GPU follows the GPU's policies only (full, and shadowkv "
+                     "where no layer slides); {} decode on the CPU: leave them out",
+                     cpu_model_.config().layer_windowed.empty()
+                         ? "snapkv, quest and streaming"
+                         : "on this sliding-window model shadowkv, snapkv, quest and streaming");
       }
       if (slots_ < 2) return Error(ErrorCode::kInternal, "fidelity needs a second cache slot");
     }
@@ -217,7 +226,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(Follow(reference, false, &(*answers)[0].fidelity));
     }
     for (size_t p = 0; p < policies.size(); ++p) {
-      if (!OnGpu(policies[p])) continue;
+      if (!OnGpu(policies[p], cpu_model_.config())) continue;
       if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) {
         full_index = static_cast<int>(p);
         continue;
@@ -296,7 +305,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     std::vector<kv::KvPolicyConfig> cpu;
     int64_t tail = 1;
     for (const kv::KvPolicyConfig& config : policies) {
-      if (OnGpu(config)) continue;
+      if (OnGpu(config, cpu_model_.config())) continue;
       cpu.push_back(config);
       if (kv::IsPolicy(config, kv::PolicyKind::kSnapKv))
         tail = std::max<int64_t>(tail, config.snap_window);
@@ -321,7 +330,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     SKV_RETURN_IF_ERROR(
         eval::AnswerFromRecord(cpu_model_, record, cpu, max_new_tokens, &cpu_answers));
     for (size_t p = 0, next = 0; p < policies.size(); ++p) {
-      if (!OnGpu(policies[p])) (*answers)[p] = std::move(cpu_answers[next++]);
+      if (!OnGpu(policies[p], cpu_model_.config())) {
+        (*answers)[p] = std::move(cpu_answers[next++]);
+      }
     }
     return Status::Ok();
   }
@@ -650,8 +661,8 @@ Command AddEvalCommand(CLI::App& app) {
   AddDeviceOption(
       *cmd, options->device,
       "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16), the "
-      "other policies decode on the CPU from the GPU's prefill (tasks and NIAH grid; "
-      "multi-turn runs on the CPU)");
+      "other policies (and ShadowKV on sliding-window models) decode on the CPU from the GPU's "
+      "prefill (tasks and NIAH grid; multi-turn runs on the CPU)");
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");
   cmd->add_option("--json", options->json_path, "write the full report as JSON");

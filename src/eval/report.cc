@@ -119,7 +119,8 @@ std::string AttendedFooter(const std::vector<kv::KvPolicyConfig>& policies,
 }
 
 // The footer's memory lines at length `l`: fast-tier KV bytes per token of every policy that
-// reports them, and the ranks ShadowKV chose per layer (min/mean/max over layers and questions).
+// reports them, and the ranks ShadowKV chose per layer (min/mean/max over compressed layers and
+// questions).
 std::string MemoryFooter(const ScoreSummary& s, size_t l) {
   std::string bytes, ranks;
   for (size_t p = 0; p < s.policies.size(); ++p) {
@@ -146,8 +147,10 @@ std::string MemoryFooter(const ScoreSummary& s, size_t l) {
         s.policies[0], s.fidelity_steps[l][0], fidelity);
   }
   if (!bytes.empty()) out += "fast-tier KV bytes per token (mean over questions): " + bytes + "\n";
-  if (!ranks.empty())
-    out += "key rank per layer (min/mean/max over layers and questions): " + ranks + "\n";
+  if (!ranks.empty()) {
+    out +=
+        "key rank per layer (min/mean/max over compressed layers and questions): " + ranks + "\n";
+  }
   return out;
 }
 
@@ -213,7 +216,11 @@ ScoreSummary Summarize(const EvalReport& report) {
         bytes_sum[l][p] += static_cast<double>(o.memory.fast_bytes) / o.kv_tokens;
         bytes_count[l][p]++;
       }
-      ranks[l][p].insert(ranks[l][p].end(), o.layer_ranks.begin(), o.layer_ranks.end());
+      // Compressed layers only: a layer kept exact (a windowed layer of gemma3, exact_layers)
+      // reports rank 0.
+      for (int rank : o.layer_ranks) {
+        if (rank > 0) ranks[l][p].push_back(rank);
+      }
       s.fidelity_steps[l][p] += o.fidelity.steps;
       same_top_sum[l][p] += o.fidelity.same_top;
       kl_sum[l][p] += o.fidelity.kl_sum;

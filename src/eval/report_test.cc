@@ -206,7 +206,8 @@ TEST(ReportTest, FastTierBytesPerTokenAndLayerRanksAreReported) {
     return q;
   };
   report.questions = {with_memory(Question("vt", 2048, {1.0, 1.0}), {8, 16, 24}, 1000),
-                      with_memory(Question("vt", 2048, {1.0, 0.0}), {16, 16, 40}, 1500)};
+                      // a layer kept exact (rank 0) is left out of the spread
+                      with_memory(Question("vt", 2048, {1.0, 0.0}), {0, 16, 16, 40}, 1500)};
   const ScoreSummary s = Summarize(report);
   EXPECT_DOUBLE_EQ(s.fast_bytes_per_token[0][0], 4.0);
   EXPECT_DOUBLE_EQ(s.fast_bytes_per_token[0][1], 1.25);
@@ -219,12 +220,12 @@ TEST(ReportTest, FastTierBytesPerTokenAndLayerRanksAreReported) {
                        "shadowkv:rank_energy=0.9 1"),
             std::string::npos)
       << table;
-  EXPECT_NE(table.find("key rank per layer (min/mean/max over layers and questions): "
+  EXPECT_NE(table.find("key rank per layer (min/mean/max over compressed layers and questions): "
                        "shadowkv:rank_energy=0.9 8/20.0/40"),
             std::string::npos)
       << table;
   const auto json = ReportToJson(report);
-  EXPECT_EQ(json["questions"][1]["outputs"][1]["layer_ranks"], nlohmann::json({16, 16, 40}));
+  EXPECT_EQ(json["questions"][1]["outputs"][1]["layer_ranks"], nlohmann::json({0, 16, 16, 40}));
   EXPECT_EQ(json["questions"][1]["outputs"][1]["kv_fast_bytes_per_token"], 1.5);
   EXPECT_FALSE(json["questions"][0]["outputs"][0].contains("layer_ranks"));
   EXPECT_EQ(json["settings"]["policies"][1]["resolved_on_first_question"]["2048"]["layer_ranks"],

@@ -20,15 +20,18 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// A ShadowKV sequence's rank and outlier chunks (layer 0, KV head 0) and every layer's rank;
-// other policies: unchanged.
-void ShadowKvShape(const kv::SequenceKv& sequence, int num_layers, int* rank,
+// A ShadowKV sequence's rank and outlier chunks (its first global layer: layer 0 but on
+// sliding-window models, whose windowed layers are not compressed; KV head 0) and every layer's
+// rank (0 for a windowed layer); other policies: unchanged.
+void ShadowKvShape(const kv::SequenceKv& sequence, const ModelConfig& config, int* rank,
                    std::vector<int>* layer_ranks, int64_t* outlier_chunks) {
   if (const auto* shadow = dynamic_cast<const kv::ShadowKvSequence*>(&sequence)) {
-    const kv::ShadowKvLayerInfo info = shadow->Inspect(0);
+    int first = 0;
+    while (first + 1 < config.num_layers && config.IsWindowed(first)) ++first;
+    const kv::ShadowKvLayerInfo info = shadow->Inspect(first);
     *rank = info.rank;
     layer_ranks->clear();
-    for (int l = 0; l < num_layers; ++l) layer_ranks->push_back(shadow->Inspect(l).rank);
+    for (int l = 0; l < config.num_layers; ++l) layer_ranks->push_back(shadow->Inspect(l).rank);
     *outlier_chunks =
         info.outlier_chunks.empty() ? 0 : static_cast<int64_t>(info.outlier_chunks[0].size());
   }
@@ -342,8 +345,7 @@ void Runner::Collect(Conversation& conversation, Metric metric, QuestionOutcome*
     PolicyOutput out = Output(p, std::span<const int32_t>(stream.generated).subspan(begin), metric,
                               *outcome, conversation.prefill_tokens);
     out.truncated = stream.truncated;
-    ShadowKvShape(sequence, model_.config().num_layers, &out.rank, &out.layer_ranks,
-                  &out.outlier_chunks);
+    ShadowKvShape(sequence, model_.config(), &out.rank, &out.layer_ranks, &out.outlier_chunks);
     out.stats = sequence.stats();
     out.memory = sequence.memory();
     out.kv_tokens = sequence.num_tokens();
@@ -520,7 +522,7 @@ Status AnswerFromRecord(CpuModel& model, const PrefillRecord& record,
     answer.truncated = streams[p].truncated;
     answer.stats = sequences[p]->stats();
     answer.memory = sequences[p]->memory();
-    ShadowKvShape(*sequences[p], model.config().num_layers, &answer.rank, &answer.layer_ranks,
+    ShadowKvShape(*sequences[p], model.config(), &answer.rank, &answer.layer_ranks,
                   &answer.outlier_chunks);
   }
   return Status::Ok();

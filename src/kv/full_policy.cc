@@ -52,7 +52,7 @@ class FullSequence final : public SequenceKv {
   }
 
   Status FinishPrefill(int) override { return Status::Ok(); }
-  int64_t num_tokens() const override { return layer_tokens_.back(); }
+  int64_t num_tokens() const override { return layer_tokens_.empty() ? 0 : layer_tokens_.back(); }
 
   MemoryUsage memory() const override {
     MemoryUsage usage;

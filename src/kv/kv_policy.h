@@ -36,10 +36,13 @@ struct KvGeometry {
   // Sliding-window layers (gemma3's local layers, Mistral-style models): a query at position p
   // of layer l with layer_windowed[l] sees only positions p - sliding_window + 1 .. p.
   // layer_windowed is [num_layers], or empty when no layer slides. The window is applied by the
-  // attention op from the positions of the segments a policy prepares, so it needs a policy
-  // whose segments keep every token at its position: MakeKvPolicy builds only 'full' for such
-  // a geometry and refuses the others (they select or evict by score and position, which would
-  // mix tokens outside the window into a windowed layer's attention).
+  // attention op from the positions of the segments a policy prepares, so a windowed layer needs
+  // every token of its window kept exactly at its position, and nothing else matters to it. For
+  // such a geometry MakeKvPolicy splits the layers (kv/sliding_split_policy.cc): the windowed
+  // ones keep exactly the tokens a future query's window can reach (older ones are dropped), the
+  // global ones take the named policy, made for a geometry of those layers alone
+  // (GlobalLayersGeometry in kv/policies.h). A sparse policy on a geometry whose every layer
+  // slides has nothing to serve and is refused; 'full' is then the windows alone.
   int64_t sliding_window = 0;
   std::vector<bool> layer_windowed;
 
@@ -157,8 +160,9 @@ class KvPolicy {
   KvGeometry geometry_;
 };
 
-// Builds the policy named by config.policy; impossible settings give kInvalidArgument, a policy
-// that cannot serve the geometry (a sparse one on sliding-window layers) kUnsupported.
+// Builds the policy named by config.policy (on a sliding-window geometry: for its global layers,
+// beside the windowed layers' windows); impossible settings give kInvalidArgument, a policy that
+// cannot serve the geometry (a sparse one where every layer slides) kUnsupported.
 Result<std::unique_ptr<KvPolicy>> MakeKvPolicy(const KvPolicyConfig& config,
                                                const KvGeometry& geometry);
 

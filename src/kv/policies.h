@@ -26,4 +26,17 @@ Result<std::unique_ptr<KvPolicy>> MakeSnapKvPolicy(const KvPolicyConfig&, const 
 Result<std::unique_ptr<KvPolicy>> MakeQuestPolicy(const KvPolicyConfig&, const KvGeometry&);
 Result<std::unique_ptr<KvPolicy>> MakeStreamingPolicy(const KvPolicyConfig&, const KvGeometry&);
 
+// Sliding-window geometries (KvGeometry::layer_windowed not empty): the windowed layers keep the
+// tokens their window reaches, exactly (sliding_split_policy.cc); the global layers go to
+// `global`, the named policy made by its factory above for GlobalLayersGeometry(geometry) and
+// GlobalLayersConfig(config, geometry). The result is named as `global` and reports `config`.
+Result<std::unique_ptr<KvPolicy>> MakeSlidingSplitPolicy(const KvPolicyConfig& config,
+                                                         const KvGeometry& geometry,
+                                                         std::unique_ptr<KvPolicy> global);
+// The global (not windowed) layers alone, numbered 0.. in the model's order; no window.
+KvGeometry GlobalLayersGeometry(const KvGeometry& geometry);
+// `config` for the global layers: settings that count the model's first layers (exact_layers,
+// quest_dense_layers) count the global layers among those.
+KvPolicyConfig GlobalLayersConfig(const KvPolicyConfig& config, const KvGeometry& geometry);
+
 }  // namespace shadowkv::kv

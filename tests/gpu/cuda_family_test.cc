@@ -232,8 +232,8 @@ TEST(CudaFamilyTest, UnknownArchitectureIsRefused) {
       << gpu.status().message();
 }
 
-// Sliding-window layers take the full cache only: ShadowKV is refused, saying why, both when a
-// pool is planned and when it is allocated.
+// Sliding-window layers take the full cache only on the GPU: ShadowKV is refused, saying why and
+// where it runs instead (the CPU backend), both when a pool is planned and when it is allocated.
 TEST(CudaFamilyTest, ShadowKvIsRefusedOnSlidingWindowModels) {
   SKV_SKIP_WITHOUT_GPU();
   kv::KvPolicyConfig config;
@@ -244,6 +244,8 @@ TEST(CudaFamilyTest, ShadowKvIsRefusedOnSlidingWindowModels) {
     const Status allocated = (*gpu)->AllocateShadowKv(config, 1, 128);
     EXPECT_EQ(allocated.code(), ErrorCode::kUnsupported) << family << ": " << allocated.ToString();
     EXPECT_NE(allocated.message().find("sliding window of 8 tokens"), std::string::npos)
+        << allocated.message();
+    EXPECT_NE(allocated.message().find("runs on the CPU backend"), std::string::npos)
         << allocated.message();
     const auto planned = (*gpu)->ShadowKvBytesPerSequence(config, 128);
     EXPECT_EQ(planned.status().code(), ErrorCode::kUnsupported) << family;

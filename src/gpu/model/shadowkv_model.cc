@@ -64,15 +64,19 @@ Status UploadValueTable(ShadowKvState& s, cudaStream_t stream) {
 
 namespace {
 
-// ShadowKV rebuilds keys of any position and has no window to mask, so sliding-window layers
-// (gemma3, Mistral-style llama) take only the full cache, as on the CPU.
+// The GPU's ShadowKV cache compresses every layer and has no window to mask, so sliding-window
+// models (gemma3, Mistral-style llama) take only the full cache here. The CPU backend serves
+// them with ShadowKV on the global layers and the windowed layers kept exact
+// (kv/sliding_split_policy.cc), and `eval --device cuda` decodes ShadowKV there.
 Status RefuseSlidingWindows(const ModelConfig& c) {
   const auto windowed = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
   if (windowed == 0) return Status::Ok();
   return Error(ErrorCode::kUnsupported,
-               "KV policy 'shadowkv' cannot serve this model: {} of its {} layers attend to a "
-               "sliding window of {} tokens, which only the 'full' policy keeps positioned for "
-               "the attention kernels to mask",
+               "KV policy 'shadowkv' has no CUDA path for this model: {} of its {} layers attend "
+               "to a sliding window of {} tokens, and the GPU's ShadowKV cache compresses every "
+               "layer; ShadowKV on sliding-window models (global layers compressed, windowed "
+               "layers exact) runs on the CPU backend (--device cpu; `eval --device cuda` "
+               "decodes it there from the GPU's prompt)",
                windowed, c.num_layers, c.sliding_window);
 }
 
