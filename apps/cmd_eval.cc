@@ -110,6 +110,21 @@ std::string FileSha256(const std::string& path) {
   return got == 64 ? std::string(buffer, 64) : "";
 }
 
+// The report of a run still going to `json_path`, through a temporary file renamed over it so a
+// reader never sees half a file. A failure only costs the partial copy: it is not reported.
+void WritePartialReport(const eval::EvalReport& partial, const std::string& model_path,
+                        const std::string& json_path) {
+  eval::EvalReport report = partial;
+  report.model_path = model_path;
+  const std::string temporary = json_path + ".partial";
+  {
+    std::ofstream out(temporary);
+    out << eval::ReportToJson(report).dump(1) << "\n";
+    if (!out) return;
+  }
+  std::rename(temporary.c_str(), json_path.c_str());
+}
+
 bool NeedsCorpus(const eval::EvalSettings& settings) {
   if (settings.mode == eval::EvalMode::kMultiTurn) return true;
   for (const std::string& task : settings.tasks) {
@@ -548,10 +563,19 @@ int RunEvalCommand(const EvalOptions& o) {
   }
   std::fprintf(stderr, "\n");
 
+  std::string json_path = o.json_path;
+  if (json_path.empty() && !o.png_path.empty()) json_path = "eval.json";
   const bool terminal = isatty(STDERR_FILENO) && !o.quiet;
   const auto start = Clock::now();
-  auto last_line = start;
+  auto last_line = start, last_partial = start;
   auto progress = [&](const eval::EvalProgress& p) {
+    // Every 30 s the questions answered so far go to the JSON file ("complete": false), so a run
+    // stopped before its end leaves what it did; the finished report replaces it.
+    if (!json_path.empty() && p.partial && p.done > 0 && !p.current.empty() &&
+        std::chrono::duration<double>(Clock::now() - last_partial).count() >= 30.0) {
+      WritePartialReport(*p.partial, model_path, json_path);
+      last_partial = Clock::now();
+    }
     if (o.quiet) return;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     std::string eta = "?";
@@ -580,8 +604,6 @@ int RunEvalCommand(const EvalOptions& o) {
   std::fputs(eval::FormatTables(report).c_str(), stdout);
   std::printf("%zu questions in %s\n", report.questions.size(),
               FormatDuration(report.seconds).c_str());
-  std::string json_path = o.json_path;
-  if (json_path.empty() && !o.png_path.empty()) json_path = "eval.json";
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << eval::ReportToJson(report).dump(1) << "\n";
@@ -665,7 +687,9 @@ Command AddEvalCommand(CLI::App& app) {
       "prefill (tasks and NIAH grid; multi-turn runs on the CPU)");
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");
-  cmd->add_option("--json", options->json_path, "write the full report as JSON");
+  cmd->add_option("--json", options->json_path,
+                  "write the full report as JSON (while the run goes on, every 30 s the questions "
+                  "answered so far, with \"complete\": false)");
   cmd->add_option("--csv", options->csv_path, "write the scores as CSV");
   cmd->add_option("--png", options->png_path,
                   "plot (scripts/plot_eval.py): heatmaps for --niah-grid, per-turn accuracy for "

@@ -497,7 +497,8 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
        {{"baseline", s.policies.empty() ? "" : s.policies[0]}, {"scores", differences}}},
       {"attended_tokens_per_query", attended},
       {"questions", questions},
-      {"seconds", report.seconds}};
+      {"seconds", report.seconds},
+      {"complete", report.complete}};
   if (!report.model_sha256.empty()) out["model"]["sha256"] = report.model_sha256;
   if (st.mode == EvalMode::kTasks) out["unavailable"] = std::string(kUnavailableTasksNote);
   if (st.mode != EvalMode::kTasks) {

@@ -145,11 +145,13 @@ Result<EvalReport> Runner::Run() {
       break;
   }
   report_.seconds = Since(start);
+  report_.complete = true;
   return std::move(report_);
 }
 
 void Runner::Report(const std::string& current) {
   state_.current = current;
+  state_.partial = &report_;
   if (progress_) progress_(state_);
 }
 

@@ -87,6 +87,7 @@ struct EvalReport {
   std::string haystack_source;
   std::vector<QuestionOutcome> questions;
   double seconds = 0.0;
+  bool complete = false;  // false in a report of a run still going (EvalProgress::partial)
 };
 
 // Work done so far, for progress lines; weights approximate cost (prompt tokens).
@@ -94,6 +95,9 @@ struct EvalProgress {
   int64_t done = 0, total = 0;  // questions (samples, grid cells × samples)
   double done_weight = 0, total_weight = 0;
   std::string current;  // what is running now
+  // The report so far (the questions answered, in order; `complete` false), for a caller that
+  // keeps what a stopped run did. Valid during the progress call only.
+  const EvalReport* partial = nullptr;
 };
 using ProgressFn = std::function<void(const EvalProgress&)>;
 

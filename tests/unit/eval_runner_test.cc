@@ -95,6 +95,36 @@ TEST_F(EvalRunnerTest, EveryPolicyAnswersEveryQuestion) {
   }
 }
 
+// The progress calls hand out the report so far: the questions answered before each call, in
+// order, marked incomplete (what `eval --json` writes while it runs); the returned report is
+// complete, and the JSON says which it is.
+TEST_F(EvalRunnerTest, ProgressCarriesThePartialReport) {
+  const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
+  eval::EvalSettings settings;
+  settings.tasks = {"passkey"};
+  settings.lengths = {1300};
+  settings.samples = 3;
+  settings.policies = {kv::KvPolicyConfig{}};
+  std::vector<size_t> seen;
+  bool all_incomplete = true;
+  auto progress = [&](const eval::EvalProgress& p) {
+    ASSERT_NE(p.partial, nullptr);
+    EXPECT_EQ(p.partial->questions.size(), static_cast<size_t>(p.done));
+    all_incomplete = all_incomplete && !p.partial->complete;
+    if (!p.partial->questions.empty()) {
+      EXPECT_EQ(eval::ReportToJson(*p.partial)["complete"], false);
+      EXPECT_EQ(p.partial->questions.back().index, static_cast<int>(p.done) - 1);
+    }
+    seen.push_back(p.partial->questions.size());
+  };
+  auto report = eval::RunEval(*model_, format_, tasks, settings, progress);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(all_incomplete);
+  EXPECT_EQ(seen, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_TRUE(report->complete);
+  EXPECT_EQ(eval::ReportToJson(*report)["complete"], true);
+}
+
 // Fidelity: every policy follows the first policy's answer. A policy that answers exactly as the
 // first has the first's top token at every step; the first against itself has no divergence; a
 // small budget diverges somewhere. Steps are the answer's tokens after the first.
