@@ -188,11 +188,10 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 
 // The variant keys whose settings paper=1 forces.
 constexpr std::string_view kPaperForcedKeys[] = {
-    "budget",     "budget_fraction", "budget_min",    "chunk",
-    "rank",       "rank_ratio",      "rank_energy",   "rank_min",
-    "rank_max",   "select",          "rerank_factor", "rerank_rank", "mass",
-    "outliers",   "window",          "successors",    "exact_layers",
-    "fp8_values", "fp8_landmarks"};
+    "budget",        "budget_fraction", "budget_min", "chunk",        "rank",
+    "rank_ratio",    "rank_energy",     "rank_min",   "rank_max",     "select",
+    "rerank_factor", "rerank_rank",     "mass",       "outliers",     "window",
+    "successors",    "exact_layers",    "fp8_values", "fp8_landmarks"};
 
 }  // namespace
 

@@ -26,7 +26,8 @@ Result<std::unique_ptr<KvPolicy>> MakeSnapKvPolicy(const KvPolicyConfig&, const 
 Result<std::unique_ptr<KvPolicy>> MakeQuestPolicy(const KvPolicyConfig&, const KvGeometry&);
 Result<std::unique_ptr<KvPolicy>> MakeStreamingPolicy(const KvPolicyConfig&, const KvGeometry&);
 
-// Sliding-window geometries (KvGeometry::layer_windowed not empty): the windowed layers keep the
+// Sliding-window geometries (KvGeometry::layer_windowed one flag per layer and a positive window,
+// as MakeKvPolicy checks before it calls this): the windowed layers keep the
 // tokens their window reaches, exactly (sliding_split_policy.cc); the global layers go to
 // `global`, the named policy made by its factory above for GlobalLayersGeometry(geometry) and
 // GlobalLayersConfig(config, geometry). The result is named as `global` and reports `config`.

@@ -555,10 +555,14 @@ void ShadowKvSequenceImpl::RebuildKeys(const LayerState& layer, const HeadState&
   scratch_.miss_coefficients.resize(count * chunk * rank);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t first_row = static_cast<int64_t>(head.landmark_chunks[items[i]]) * chunk;
-    for (int t = 0; t < chunk; ++t) {
-      std::memcpy(scratch_.miss_coefficients.data() + (i * chunk + t) * rank,
-                  layer.coefficients.data() + (first_row + t) * stride, rank * kFloat);
+    const float* rows = layer.coefficients.data() + first_row * stride;
+    float* target = scratch_.miss_coefficients.data() + i * chunk * rank;
+    if (rank == stride) {  // every column: the chunk's rows are one run
+      std::memcpy(target, rows, chunk * rank * kFloat);
+      continue;
     }
+    for (int t = 0; t < chunk; ++t)
+      std::memcpy(target + t * rank, rows + t * stride, rank * kFloat);
   }
   scratch_.rebuilt.resize(count * chunk_floats);
   RebuildColumns(layer.basis, rank, scratch_.miss_coefficients.data(), count * chunk,

@@ -172,9 +172,7 @@ void CheckSparseMode(const std::string& mode, int rerank_rank = 0) {
 
 TEST(ShadowKvModesTest, LandmarksSparseStepsHoldExactChunks) { CheckSparseMode("landmarks"); }
 TEST(ShadowKvModesTest, RerankSparseStepsHoldExactChunks) { CheckSparseMode("rerank"); }
-TEST(ShadowKvModesTest, RerankAtALowerRankStillHoldsExactChunks) {
-  CheckSparseMode("rerank", 8);
-}
+TEST(ShadowKvModesTest, RerankAtALowerRankStillHoldsExactChunks) { CheckSparseMode("rerank", 8); }
 TEST(ShadowKvModesTest, HeadsSparseStepsHoldExactChunks) { CheckSparseMode("heads"); }
 TEST(ShadowKvModesTest, MassSparseStepsHoldExactChunks) { CheckSparseMode("mass"); }
 

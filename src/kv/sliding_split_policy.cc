@@ -315,14 +315,10 @@ KvPolicyConfig GlobalLayersConfig(const KvPolicyConfig& config, const KvGeometry
 Result<std::unique_ptr<KvPolicy>> MakeSlidingSplitPolicy(const KvPolicyConfig& config,
                                                          const KvGeometry& geometry,
                                                          std::unique_ptr<KvPolicy> global) {
-  if (static_cast<int>(geometry.layer_windowed.size()) != geometry.num_layers ||
-      geometry.sliding_window <= 0) {
-    return Error(ErrorCode::kInternal, "{} windowed-layer flags and a window of {} for {} layers",
-                 geometry.layer_windowed.size(), geometry.sliding_window, geometry.num_layers);
-  }
-  if (global->geometry().num_layers != GlobalLayersGeometry(geometry).num_layers) {
+  const int global_layers = GlobalLayersGeometry(geometry).num_layers;
+  if (global->geometry().num_layers != global_layers) {
     return Error(ErrorCode::kInternal, "the global layers' policy has {} layers, the model {}",
-                 global->geometry().num_layers, GlobalLayersGeometry(geometry).num_layers);
+                 global->geometry().num_layers, global_layers);
   }
   return std::unique_ptr<KvPolicy>(
       std::make_unique<SplitPolicy>(config, geometry, std::move(global)));

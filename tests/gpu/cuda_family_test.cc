@@ -191,8 +191,7 @@ TEST_P(CudaFamilyGoldenTest, GreedyTextMatchesTheCpuModel) {
     if (got != want.tokens[step]) {
       double sum_squares = 0;
       for (float value : cpu) sum_squares += static_cast<double>(value) * value;
-      const double near_tie =
-          2 * LogitTolerance(family) * std::sqrt(sum_squares / golden.vocab);
+      const double near_tie = 2 * LogitTolerance(family) * std::sqrt(sum_squares / golden.vocab);
       const double margin = cpu[want.tokens[step]] - cpu[got];
       parted = "step " + std::to_string(step) + ": CPU " + std::to_string(want.tokens[step]) +
                ", GPU " + std::to_string(got) + ", CPU margin " + std::to_string(margin) +
