@@ -143,13 +143,14 @@ bool NeedsCorpus(const eval::EvalSettings& settings) {
 // the prefilled slot itself (last, so nothing needs copying). The other policies (SnapKV, Quest,
 // StreamingLLM) have no GPU kernels: they take the GPU's keys and values of the prompt, the CPU
 // model runs the prompt's last tokens again to give SnapKV its observation-window queries, and
-// they decode on the CPU. On a sliding-window model (gemma3) ShadowKV takes that CPU path too:
-// the GPU's ShadowKV cache has no windowed layers, the CPU's policies keep them exact (their
+// they decode on the CPU. Where the GPU's ShadowKV cannot run (a sliding-window model such as
+// gemma3, or GLM-4-9B's 16 query heads per KV head: CudaModel::ShadowKvRunsHere) ShadowKV takes
+// that CPU path too; on a sliding model the CPU's policies keep the windowed layers exact (their
 // window) beside the global layers' compression. Tasks, prompts and scoring stay with the CPU
 // model's tokenizer.
-bool OnGpu(const kv::KvPolicyConfig& config, const ModelConfig& model) {
+bool OnGpu(const kv::KvPolicyConfig& config, const cuda::CudaModel& model) {
   return kv::IsPolicy(config, kv::PolicyKind::kFull) ||
-         (kv::IsPolicy(config, kv::PolicyKind::kShadowKv) && model.layer_windowed.empty());
+         (kv::IsPolicy(config, kv::PolicyKind::kShadowKv) && model.ShadowKvRunsHere().ok());
 }
 
 class CudaEvalBackend final : public eval::AnswerBackend {
@@ -167,7 +168,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
 
   std::string numerics() const override {
     return cpu_policies_ ? fmt::format("cuda-bf16; {} decode on the CPU ({})",
-                                       cpu_model_.config().layer_windowed.empty()
+                                       model_->ShadowKvRunsHere().ok()
                                            ? "snapkv/quest/streaming"
                                            : "shadowkv/snapkv/quest/streaming",
                                        NumericsName(cpu_model_.numerics()))
@@ -180,7 +181,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     for (const kv::KvPolicyConfig& config : policies) {
       if (kv::IsPolicy(config, kv::PolicyKind::kFull)) {
         ++full;
-      } else if (OnGpu(config, cpu_model_.config())) {  // ShadowKV on the GPU
+      } else if (OnGpu(config, *model_)) {  // ShadowKV on the GPU
         SKV_RETURN_IF_ERROR(model_->ShadowKvBytesPerSequence(config, capacity_).status());
       } else {
         SKV_RETURN_IF_ERROR(kv::MakeKvPolicy(config, cpu_model_.kv_geometry()).status());
@@ -196,10 +197,10 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       if (cpu_policies_ > 0) {
         return Error(ErrorCode::kUnsupported,
                      "--fidelity on the GPU follows the GPU's policies only (full, and shadowkv "
-                     "where no layer slides); {} decode on the CPU: leave them out",
-                     cpu_model_.config().layer_windowed.empty()
+                     "where the GPU runs it); {} decode on the CPU: leave them out",
+                     model_->ShadowKvRunsHere().ok()
                          ? "snapkv, quest and streaming"
-                         : "on this sliding-window model shadowkv, snapkv, quest and streaming");
+                         : "on this model shadowkv, snapkv, quest and streaming");
       }
       if (slots_ < 2) return Error(ErrorCode::kInternal, "fidelity needs a second cache slot");
     }
@@ -241,7 +242,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(Follow(reference, false, &(*answers)[0].fidelity));
     }
     for (size_t p = 0; p < policies.size(); ++p) {
-      if (!OnGpu(policies[p], cpu_model_.config())) continue;
+      if (!OnGpu(policies[p], *model_)) continue;
       if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) {
         full_index = static_cast<int>(p);
         continue;
@@ -320,7 +321,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     std::vector<kv::KvPolicyConfig> cpu;
     int64_t tail = 1;
     for (const kv::KvPolicyConfig& config : policies) {
-      if (OnGpu(config, cpu_model_.config())) continue;
+      if (OnGpu(config, *model_)) continue;
       cpu.push_back(config);
       if (kv::IsPolicy(config, kv::PolicyKind::kSnapKv))
         tail = std::max<int64_t>(tail, config.snap_window);
@@ -345,7 +346,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     SKV_RETURN_IF_ERROR(
         eval::AnswerFromRecord(cpu_model_, record, cpu, max_new_tokens, &cpu_answers));
     for (size_t p = 0, next = 0; p < policies.size(); ++p) {
-      if (!OnGpu(policies[p], cpu_model_.config())) {
+      if (!OnGpu(policies[p], *model_)) {
         (*answers)[p] = std::move(cpu_answers[next++]);
       }
     }

@@ -228,6 +228,31 @@ TEST(CudaModelParityTest, Phi3AndGlm4AtHeadDims64And128) {
                    5e-2);
 }
 
+// GLM-4-9B's 16 query heads per KV head (here at head dim 64 and 128, one KV head): full
+// attention on the GPU against the CPU model; ShadowKV is refused there, naming the group.
+TEST(CudaModelParityTest, SixteenQueryHeadsPerKvHead) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckModelParity(SmallSpec("glm4", 1024, 16, 1, gguf::GgmlType::kF32, false, 12),
+                   "gpu_glm4_g16_d64", 5e-2);
+  const std::string path =
+      WriteTinyModel(SmallSpec("glm4", 2048, 16, 1, gguf::GgmlType::kF32, false, 13),
+                     "gpu_glm4_g16_d128");
+  CheckModelParity(path, "gpu_glm4_g16_d128_parity", 5e-2);
+  CudaModelOptions options;
+  options.max_batch = 2;
+  options.max_step_tokens = 128;
+  auto gpu = CudaModel::Load(path, options).value();
+  const Status refused = gpu->ShadowKvRunsHere();
+  EXPECT_EQ(refused.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(refused.message().find("16 query heads per KV head"), std::string::npos)
+      << refused.message();
+  kv::KvPolicyConfig shadowkv;
+  shadowkv.policy = "shadowkv";
+  EXPECT_EQ(gpu->AllocateShadowKv(shadowkv, 1, 512).code(), ErrorCode::kUnsupported);
+  EXPECT_EQ(gpu->ShadowKvBytesPerSequence(shadowkv, 512).status().code(),
+            ErrorCode::kUnsupported);
+}
+
 // ExportSlot hands a GPU prefill to the CPU policies (eval --device cuda): the exported keys
 // (both sides of RoPE) and values of every layer match the CPU's own prefill record.
 TEST(CudaModelTest, ExportedSlotMatchesTheCpuPrefill) {

@@ -1,5 +1,5 @@
 // GPU split-KV decode attention against the CPU attention op: head dims 16-256, GQA groups
-// 1-8, one split or many, sequences of different lengths in one launch, sliding windows shorter
+// 1-8 and the wide ones served 8 heads a block (12, 16: GLM-4-9B's, 32), one split or many, sequences of different lengths in one launch, sliding windows shorter
 // and longer than the sequences. With SKV_GPU_BENCH=1 a
 // micro-benchmark also times it at Llama-3-8B decode shapes against the read probe.
 #include "ops/cuda/attention/decode_attention.cuh"
@@ -96,6 +96,18 @@ TEST(CudaDecodeAttentionTest, EveryGroupSizeAndHeadDim) {
   for (int head_dim : {16, 32, 64, 96, 128, 256}) {
     for (int group = 1; group <= 8; ++group) CheckDecode(head_dim, group, 16);
   }
+}
+
+// Groups above kDecodeHeadsPerBlock take several blocks per KV head, the last one partial (12).
+TEST(CudaDecodeAttentionTest, WideGroups) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (int head_dim : {64, 128, 256}) {
+    for (int group : {9, 12, 16, 32}) CheckDecode(head_dim, group, 16);
+  }
+  CheckDecode(128, 16, 1);
+  CheckDecode(128, 16, 64, 100);
+  EXPECT_TRUE(DecodeAttentionSupports(128, kDecodeMaxGroup));
+  EXPECT_FALSE(DecodeAttentionSupports(128, kDecodeMaxGroup + 1));
 }
 
 // Sliding windows: 8 (the tiny Gemma 3 model's), one split's worth, a window that is not a

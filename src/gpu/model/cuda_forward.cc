@@ -52,16 +52,14 @@ Status CudaModel::Impl::Gemm(const GemmParams& params, int role) {
 
 Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
   const ModelConfig& c = config;
-  auto mark = [&](OpKind kind) {
-    return profiler ? profiler->Mark(kind, stream) : Status::Ok();
-  };
+  auto mark = [&](OpKind kind) { return profiler ? profiler->Mark(kind, stream) : Status::Ok(); };
   // Tensor parallelism: each rank's W_o holds its heads' columns and its W_down its FFN units'
   // rows, so their products are partial sums of `rows` hidden rows, summed over the ranks in
   // fp32 (the residual stream's type). Nothing without a communicator.
   auto reduce_across_ranks = [&](float* partial, int rows) -> Status {
     if (!options.communicator) return Status::Ok();
-    SKV_RETURN_IF_ERROR(options.communicator->AllReduceSum(
-        partial, int64_t{rows} * c.hidden_size, tp::ReduceType::kFloat32, stream));
+    SKV_RETURN_IF_ERROR(options.communicator->AllReduceSum(partial, int64_t{rows} * c.hidden_size,
+                                                           tp::ReduceType::kFloat32, stream));
     return mark(OpKind::kAllReduce);
   };
   // `role`: which of the step's GEMMs (0 QKV, 1 O, 2 gate|up, 3 down, 4 head), the same on
@@ -124,8 +122,8 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
                                   layer == 0 ? nullptr : post_norm(layers[layer - 1].post_ffn_norm),
                                   w.attn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
-    SKV_RETURN_IF_ERROR(
-        gemm(0, xn.get(), w.qkv.get(), qkv.get(), GemmOutput::kFloat32, rows, c.hidden_size, qkv_width));
+    SKV_RETURN_IF_ERROR(gemm(0, xn.get(), w.qkv.get(), qkv.get(), GemmOutput::kFloat32, rows,
+                             c.hidden_size, qkv_width));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
 
     QkvRopeParams rope;
@@ -177,7 +175,9 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       d.num_query_heads = c.num_query_heads;
       d.num_kv_heads = c.num_kv_heads;
       d.head_dim = c.head_dim;
-      d.num_splits = DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
+      d.num_splits = DecodeNumSplits(
+          plan.decode_rows, c.num_kv_heads * DecodeGroupBlocks(c.num_query_heads / c.num_kv_heads),
+          target_blocks);
       d.scale = scale;
       d.window = window;
       SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));
@@ -200,16 +200,16 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     }
     SKV_RETURN_IF_ERROR(mark(OpKind::kAttention));
 
-    SKV_RETURN_IF_ERROR(
-        gemm(1, attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows, q_width, c.hidden_size));
+    SKV_RETURN_IF_ERROR(gemm(1, attn.get(), w.o.get(), proj.get(), GemmOutput::kFloat32, rows,
+                             q_width, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
     // The attention output (after the post-attention norm of the whole, summed rows) joins x.
     SKV_CUDA_RETURN_IF_ERROR(
         norm(proj.get(), post_norm(w.post_attn_norm), w.ffn_norm.get(), nullptr, rows));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
-    SKV_RETURN_IF_ERROR(gemm(2, xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16, rows,
-                             c.hidden_size, 2ll * c.ffn_size));
+    SKV_RETURN_IF_ERROR(gemm(2, xn.get(), w.gate_up.get(), gate_up.get(), GemmOutput::kBfloat16,
+                             rows, c.hidden_size, 2ll * c.ffn_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     if (c.activation == FfnActivation::kGeluTanh) {
       GeluTanhGluParams glu;
@@ -227,8 +227,8 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       SKV_CUDA_RETURN_IF_ERROR(LaunchSwiGlu(swiglu, stream));
     }
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
-    SKV_RETURN_IF_ERROR(
-        gemm(3, act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows, c.ffn_size, c.hidden_size));
+    SKV_RETURN_IF_ERROR(gemm(3, act.get(), w.down.get(), proj.get(), GemmOutput::kFloat32, rows,
+                             c.ffn_size, c.hidden_size));
     SKV_RETURN_IF_ERROR(mark(OpKind::kGemm));
     SKV_RETURN_IF_ERROR(reduce_across_ranks(proj.get(), rows));
   }
@@ -381,7 +381,8 @@ Status CudaModel::Forward(std::span<const CudaStepInput> inputs) {
       if (count == 1) {
         ++plan.decode_rows;
       } else {
-        h.sequences[plan.num_prefill++] = PrefillSequence{first_row, count, first_position, in.slot};
+        h.sequences[plan.num_prefill++] =
+            PrefillSequence{first_row, count, first_position, in.slot};
         plan.max_prefill_queries = std::max(plan.max_prefill_queries, count);
       }
       if (in.logits_out || in.sample) {

@@ -42,9 +42,9 @@ Status CheckSupported(const ModelConfig& c, const CudaModelOptions& o) {
   if (!DecodeAttentionSupports(c.head_dim, group) || !PrefillAttentionSupports(c.head_dim)) {
     return Error(ErrorCode::kUnsupported,
                  "the CUDA attention kernels support head_dim 16, 32, 64, 96, 128 or 256 with at "
-                 "most 8 query heads per KV head; this '{}' model has head_dim {} and {} (use "
+                 "most {} query heads per KV head; this '{}' model has head_dim {} and {} (use "
                  "--device cpu)",
-                 c.architecture, c.head_dim, group);
+                 kDecodeMaxGroup, c.architecture, c.head_dim, group);
   }
   if (c.qk_norm && !QkvRopeNormSupports(c.head_dim)) {
     return Error(ErrorCode::kUnsupported,

@@ -144,7 +144,7 @@ struct CudaShadowKvSnapshot {
 class CudaModel {
  public:
   // Reads a GGUF model and uploads it once, every weight dequantised to bf16. Unsupported shapes
-  // (head_dim other than 16/32/64/96/128/256, more than 8 query heads per KV head) are
+  // (head_dim other than 16/32/64/96/128/256, more than 32 query heads per KV head) are
   // kUnsupported.
   static Result<std::unique_ptr<CudaModel>> Load(const std::string& path,
                                                  const CudaModelOptions& options);
@@ -208,6 +208,10 @@ class CudaModel {
   // rank, chunk size, outliers and window come from `config` as on the CPU.
   Status AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences, int64_t capacity);
   void FreeShadowKv();
+  // Whether this model's ShadowKV runs on the GPU: a refusal naming why where it does not
+  // (sliding-window layers; more query heads per KV head than the scoring kernels take). The
+  // CPU backend serves those models' ShadowKV. Every other ShadowKV entry point checks it too.
+  Status ShadowKvRunsHere() const;
   // Device bytes of one sequence without its values, and of its values (after AllocateShadowKv,
   // or for a planned allocation).
   Result<std::pair<int64_t, int64_t>> ShadowKvBytesPerSequence(const kv::KvPolicyConfig& config,

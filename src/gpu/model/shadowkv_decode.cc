@@ -69,7 +69,11 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     // The whole step's split count, so a row's sums run in the same order split or not.
     const int fixed = settings.attention_splits;
     const int splits =
-        fixed > 0 ? fixed : DecodeNumSplits(plan.decode_rows, c.num_kv_heads, target_blocks);
+        fixed > 0 ? fixed
+                  : DecodeNumSplits(
+                        plan.decode_rows,
+                        c.num_kv_heads * DecodeGroupBlocks(c.num_query_heads / c.num_kv_heads),
+                        target_blocks);
     DecodeAttentionParams d;
     d.queries = q.get() + first * q_width;
     d.cache = s.layout.attn;
@@ -77,7 +81,8 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     d.slots = meta.slots + first;
     d.positions = s.attn_last + first;
     // [rows, query heads, splits, head_dim]: the part's rows start after the others' splits.
-    d.partial_out = partial_out.get() + static_cast<int64_t>(first) * c.num_query_heads * splits * c.head_dim;
+    d.partial_out =
+        partial_out.get() + static_cast<int64_t>(first) * c.num_query_heads * splits * c.head_dim;
     d.partial_lse = partial_lse.get() + static_cast<int64_t>(first) * c.num_query_heads * splits;
     d.out = attn.get() + first * q_width;
     d.rows = count;
@@ -176,8 +181,8 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
       return Error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
                    tokens[i], config.vocab_size);
     }
-    rows[i] = PlanSkvRow(seq, s.lengths[seq], s.exact_first0[seq], s.host_info[seq],
-                         g.chunk_size, g.local_window);
+    rows[i] = PlanSkvRow(seq, s.lengths[seq], s.exact_first0[seq], s.host_info[seq], g.chunk_size,
+                         g.local_window);
     attn_rows[i] = rows[i].attn_row;
     pre_rows[i] = rows[i].pre_row;
     attn_last[i] = rows[i].attn_last;

@@ -1,5 +1,6 @@
 // Decode attention: one block per (split, KV head, row), each K/V load serving the whole GQA
-// group; 4 warps stream 16-token tiles into mma.sync fragments and merge in shared memory; the
+// group (a group of more than 8 query heads is served 8 heads a block, each block reading the KV
+// head once: GLM-4's 16 read it twice); 4 warps stream 16-token tiles into mma.sync fragments and merge in shared memory; the
 // combine kernel (one block per query head and row) merges the splits. A sliding window only moves
 // the first key a row reads; the splits divide the keys it sees.
 #include "ops/cuda/attention/decode_attention.cuh"
@@ -172,18 +173,21 @@ template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParams p) {
   constexpr int kKeyChunks = KvTile<kHeadDim>::kKeyChunks;
   constexpr int kValueChunks = KvTile<kHeadDim>::kValueChunks;
-  __shared__ float shared_max[kWarps][8];
-  __shared__ float shared_sum[kWarps][8];
-  __shared__ float shared_acc[kWarps][8][kHeadDim];
+  __shared__ float shared_max[kWarps][kDecodeHeadsPerBlock];
+  __shared__ float shared_sum[kWarps][kDecodeHeadsPerBlock];
+  __shared__ float shared_acc[kWarps][kDecodeHeadsPerBlock][kHeadDim];
 
-  const int split_index = blockIdx.x, kv_head = blockIdx.y, row = blockIdx.z;
+  const int group = p.num_query_heads / p.num_kv_heads, blocks = DecodeGroupBlocks(group);
+  const int split_index = blockIdx.x, kv_head = blockIdx.y / blocks, row = blockIdx.z;
+  // This block's query heads of the group: [first_head, first_head + heads).
+  const int first_head = blockIdx.y % blocks * kDecodeHeadsPerBlock;
+  const int heads = min(kDecodeHeadsPerBlock, group - first_head);
   const int length = p.positions[row] + 1;
   const int visible = VisibleKeys(length, p.window);
   const int split = SplitTokens(visible, p.num_splits);
   const int begin = length - visible + split_index * split;
   if (begin >= length) return;  // the combine kernel counts only the splits that hold keys
   const int end = min(length, begin + split);
-  const int group = p.num_query_heads / p.num_kv_heads;
   const int64_t head_offset = p.cache.HeadOffset(p.slots[row], p.layer, kv_head);
   const __nv_bfloat16* keys = p.cache.keys + head_offset;
   const __nv_bfloat16* values = p.cache.values + head_offset;
@@ -192,11 +196,11 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
   uint32_t q[kKeyChunks][4];
   const __nv_bfloat16* q_row =
       p.queries + static_cast<int64_t>(row) * p.num_query_heads * kHeadDim +
-      static_cast<int64_t>(kv_head * group + g) * kHeadDim;
+      static_cast<int64_t>(kv_head * group + first_head + g) * kHeadDim;
 #pragma unroll
   for (int i = 0; i < kKeyChunks; ++i) {
     const bool present = !KvTile<kHeadDim>::kPartialKeys || 4 * i + c < KvTile<kHeadDim>::kChunks;
-    const uint4 chunk = g < group && present
+    const uint4 chunk = g < heads && present
                             ? *reinterpret_cast<const uint4*>(q_row + (4 * i + c) * 8)
                             : make_uint4(0, 0, 0, 0);
     q[i][0] = chunk.x;
@@ -233,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
     }
   }
   __syncthreads();
-  for (int index = threadIdx.x; index < group * kHeadDim; index += kThreads) {
+  for (int index = threadIdx.x; index < heads * kHeadDim; index += kThreads) {
     const int head = index / kHeadDim, d = index % kHeadDim;
     float block_max = -INFINITY;
 #pragma unroll
@@ -246,7 +250,8 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
       out += shared_acc[w][head][d] * weight;
     }
     const int64_t head_split =
-        (static_cast<int64_t>(row) * p.num_query_heads + kv_head * group + head) * p.num_splits +
+        (static_cast<int64_t>(row) * p.num_query_heads + kv_head * group + first_head + head) *
+            p.num_splits +
         split_index;
     p.partial_out[head_split * kHeadDim + d] = out / sum;
     if (d == 0) p.partial_lse[head_split] = block_max + log2f(sum);
@@ -273,7 +278,8 @@ __global__ void DecodeCombineKernel(DecodeAttentionParams p) {
 
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream) {
-  const dim3 grid(p.num_splits, p.num_kv_heads, p.rows);
+  const dim3 grid(p.num_splits,
+                  p.num_kv_heads * DecodeGroupBlocks(p.num_query_heads / p.num_kv_heads), p.rows);
   DecodeMmaKernel<kHeadDim><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -283,7 +289,7 @@ cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream
 bool DecodeAttentionSupports(int head_dim, int group_size) {
   return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
           head_dim == 256) &&
-         group_size >= 1 && group_size <= 8;
+         group_size >= 1 && group_size <= kDecodeMaxGroup;
 }
 
 int DecodeNumSplits(int rows, int num_kv_heads, int target_blocks) {

@@ -13,6 +13,14 @@ namespace shadowkv::cuda {
 
 constexpr int kDecodeMaxSplits = 64;       // splits per (row, KV head) at most
 constexpr int kDecodeMinSplitTokens = 32;  // a split reads at least this many keys
+constexpr int kDecodeHeadsPerBlock = 8;     // query heads of a GQA group one block serves
+constexpr int kDecodeMaxGroup = 32;         // query heads per KV head at most
+
+// Blocks per (split, KV head, row): a group of more than kDecodeHeadsPerBlock query heads is
+// served by several blocks, each reading the KV head's keys and values.
+__host__ __device__ constexpr int DecodeGroupBlocks(int group) {
+  return (group + kDecodeHeadsPerBlock - 1) / kDecodeHeadsPerBlock;
+}
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* queries = nullptr;  // [rows, num_query_heads * head_dim] post-RoPE
@@ -40,7 +48,8 @@ struct DecodeAttentionParams {
 // True when the kernel is built for this head_dim and group size (query heads per KV head).
 bool DecodeAttentionSupports(int head_dim, int group_size);
 
-// Splits per (row, KV head) for `rows` rows; `target_blocks` is 8 per multiprocessor. The
+// Splits per (row, KV head) for `rows` rows; `target_blocks` is 8 per multiprocessor. With
+// groups above kDecodeHeadsPerBlock, pass num_kv_heads · DecodeGroupBlocks(group). The
 // kernel keeps 3 blocks per multiprocessor resident, so the count is the largest that
 // fills at most two such waves (whole waves: no idle tail). It does not depend on the lengths,
 // so a captured graph stays valid as sequences grow.

@@ -13,7 +13,7 @@ namespace shadowkv::cuda {
 namespace {
 
 constexpr int kHeadsThreads = 1024;
-constexpr int kMaxHeadsGroup = 8;  // query heads per KV head (SkvConfigureKernels' bound)
+constexpr int kMaxHeadsGroup = kSkvMaxGroup;  // query heads per KV head
 // Entries of the group's top-K lists one thread ranks: kMaxHeadsGroup · K / kHeadsThreads.
 constexpr int kRanksPerThread = kMaxHeadsGroup * kSkvMaxBudgetChunks / kHeadsThreads;
 using HeadsScan = cub::BlockScan<int, kHeadsThreads>;

@@ -620,7 +620,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   if (select_bytes > limit || rebuild_bytes > limit || graduate_bytes > limit ||
       coefficient_bytes > limit || l.chunk_size > kSkvMaxGraduateChunk ||
       l.max_budget > kSkvMaxBudgetChunks || l.rank % 8 != 0 ||
-      (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > 8) {
+      (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > kSkvMaxGroup) {
     return cudaErrorInvalidValue;
   }
   // Never lowers a limit another layout of this process raised (an FP8 model's graduation asks

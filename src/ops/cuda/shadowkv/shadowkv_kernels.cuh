@@ -15,6 +15,7 @@
 namespace shadowkv::cuda {
 
 constexpr int kSkvMaxBudgetChunks = 1024;  // K per KV head at most (one select block's threads)
+constexpr int kSkvMaxGroup = 8;           // query heads per KV head at most (score and select)
 constexpr int kSkvMaxGraduateChunk = 16;   // C at most (a graduating chunk's tokens in registers)
 constexpr int kSkvScoreChunksPerBlock = 256;  // chunks scored by one block of the fast kernel
 SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
