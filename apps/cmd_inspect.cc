@@ -57,7 +57,7 @@ class RecordingSequence final : public kv::ForwardingSequenceKv {
 // energy level, and (`rule`) the rank ShadowKV's rank_energy rule picks at each level (multiple
 // of 8, the settings' floor and cap; one basis over the whole width).
 Result<nlohmann::json> Spectrum(const std::vector<float>& rows, int64_t tokens, int width, int keep,
-                                const kv::KvPolicyConfig& rule) {
+                                const kv::KvPolicyConfig& rule, int head_dim) {
   const std::vector<double> gram = kv::GramMatrix(rows.data(), tokens, width, width);
   SKV_ASSIGN_OR_RETURN(std::vector<double> eig, kv::GramEigenvalues(gram, width));
   double total = 0;
@@ -69,8 +69,8 @@ Result<nlohmann::json> Spectrum(const std::vector<float>& rows, int64_t tokens, 
     while (rank < width && cumulative < level * total) cumulative += std::max(0.0, eig[rank++]);
     const std::string key = fmt::format("{:.0f}", level * 100);
     ranks[key] = rank;
-    chosen[key] =
-        kv::RankForEnergy(eig, total, level, rule.rank_min, std::min(rule.rank_max, width));
+    chosen[key] = kv::RankForEnergy(eig, total, level, kv::RankFloor(rule, head_dim),
+                                    std::min(rule.rank_max, width));
   }
   std::vector<double> singular;
   const double top = std::sqrt(std::max(eig.empty() ? 0.0 : eig[0], 1e-30));
@@ -226,7 +226,7 @@ int RunInspect(const InspectOptions& o) {
     for (auto [name, rows] : {std::pair{"pre_rope_keys", &recording.k_pre[l]},
                               std::pair{"post_rope_keys", &recording.k_post[l]},
                               std::pair{"values", &recording.values[l]}}) {
-      auto spectrum = Spectrum(*rows, tokens, width, o.max_spectrum, o.kv);
+      auto spectrum = Spectrum(*rows, tokens, width, o.max_spectrum, o.kv, c.head_dim);
       if (!spectrum.ok()) return Fail(spectrum.status().ToString());
       layer[name] = *spectrum;
     }

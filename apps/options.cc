@@ -81,6 +81,9 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
   app.add_option("--rank-min", c.rank_min,
                  "shadowkv: smallest rank (of the ratio rule and of each layer's energy rule)")
       ->capture_default_str();
+  app.add_option("--rank-head-ratio", c.rank_head_ratio,
+                 "shadowkv: smallest rank as a share of one KV head's width (a second floor)")
+      ->capture_default_str();
   app.add_option("--rank-max", c.rank_max, "shadowkv: largest per-layer rank (0 = the width)")
       ->capture_default_str();
   app.add_option("--select", c.selection,

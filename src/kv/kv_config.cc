@@ -64,6 +64,10 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "rank bounds [{}, {}] must not be negative", rank_min,
                  rank_max);
   }
+  if (!(rank_head_ratio >= 0.0 && rank_head_ratio <= 1.0)) {
+    return Error(ErrorCode::kInvalidArgument, "rank head ratio {} is not in [0, 1]",
+                 rank_head_ratio);
+  }
   if (rank_max > 0 && rank_min > rank_max) {
     return Error(ErrorCode::kInvalidArgument, "rank floor {} is above the rank cap {}", rank_min,
                  rank_max);
@@ -163,6 +167,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"rank_ratio", Assign(&KvPolicyConfig::rank_ratio)},
       {"rank_energy", Assign(&KvPolicyConfig::rank_energy)},
       {"rank_min", Assign(&KvPolicyConfig::rank_min)},
+      {"rank_head_ratio", Assign(&KvPolicyConfig::rank_head_ratio)},
       {"rank_max", Assign(&KvPolicyConfig::rank_max)},
       {"select", Assign(&KvPolicyConfig::selection)},
       {"rerank_factor", Assign(&KvPolicyConfig::rerank_factor)},
@@ -187,13 +192,20 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 }
 
 // The variant keys whose settings paper=1 forces.
+// clang-format off
 constexpr std::string_view kPaperForcedKeys[] = {
-    "budget",        "budget_fraction", "budget_min", "chunk",        "rank",
-    "rank_ratio",    "rank_energy",     "rank_min",   "rank_max",     "select",
-    "rerank_factor", "rerank_rank",     "mass",       "outliers",     "window",
-    "successors",    "exact_layers",    "fp8_values", "fp8_landmarks"};
+    "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
+    "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_rank", "mass",
+    "outliers", "window", "successors", "exact_layers", "fp8_values", "fp8_landmarks"};
+// clang-format on
 
 }  // namespace
+
+int RankFloor(const KvPolicyConfig& config, int head_dim) {
+  // The small slack keeps exact products (0.5 · 256 = 128) from rounding up.
+  const auto head = static_cast<int>(std::ceil(config.rank_head_ratio * head_dim - 1e-6));
+  return (std::max({config.rank_min, head, 0}) + 7) / 8 * 8;
+}
 
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   if (config.paper != 1) return config;
@@ -206,6 +218,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.rank_ratio = 1 / 6.4;
   config.rank_energy = 0.0;
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   config.rank_max = 0;
   config.selection = "landmarks";
   config.rerank_factor = defaults.rerank_factor;

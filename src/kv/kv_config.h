@@ -37,6 +37,11 @@ struct KvPolicyConfig {
   // The smallest rank of either rule (per basis group), rounded up to 8; 0 = none. 48: narrow
   // keys need it (docs/RESULTS.md "Defaults").
   int rank_min = 48;
+  // A second floor: this share of one KV head's width (head_dim), rounded up to 8; 0 = none.
+  // Where a model has one or two wide KV heads the ratio and rank_min keep too few of a head's
+  // dimensions: Gemma 3 270M (one KV head of 256) answers as full attention at rank 128 and
+  // loses 14-25 points at 48 (docs/RESULTS.md "Gemma 3 270M"). RankFloor combines the two.
+  double rank_head_ratio = 0.5;
   int rank_max = 0;
   // Chunk selection at each decode step (docs/DESIGN.md, "Chunk selection"):
   //   landmarks  the method's: per KV head, the K chunks whose landmarks score highest (softmax
@@ -49,9 +54,10 @@ struct KvPolicyConfig {
   std::string selection = "rerank";  // docs/RESULTS.md "Defaults"
   int rerank_factor = 4;
   // Components of the key basis the re-ranking scores candidates with: the first rerank_rank
-  // (a multiple of 8; largest eigenvalues first), or every component the layer keeps when 0 or above its rank.
-  // The kept chunks are attended with every component either way; scoring with fewer makes the
-  // re-rank cheaper where keys are wide. One basis for all heads only (basis_groups 1).
+  // (a multiple of 8; largest eigenvalues first), or every component the layer keeps when 0 or
+  // above its rank. The kept chunks are attended with every component either way; scoring with
+  // fewer makes the re-rank cheaper where keys are wide. One basis for all heads only (basis_groups
+  // 1).
   int rerank_rank = 0;
   double select_mass = 0.9;
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
@@ -94,6 +100,11 @@ struct KvPolicyConfig {
   const std::string& display_name() const { return label.empty() ? policy : label; }
 };
 
+// The rank floor of either rule for keys of `head_dim` per KV head: max(rank_min,
+// ceil(rank_head_ratio * head_dim)) rounded up to 8 (0 when both are 0). ResolveRank and
+// RankForEnergy cap it (the basis width; rank_max under rank_energy).
+int RankFloor(const KvPolicyConfig& config, int head_dim);
+
 // With config.paper == 1, `config` with the method's published settings forced: the fixed rank
 // rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, no rank floor,
 // rank_energy 0),
@@ -105,12 +116,12 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
-// budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_max, select, rerank_factor,
-// rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no setting
-// it forces may be named too: kInvalidArgument),
-// exact_layers, fp8_values (0 or 1), fp8_landmarks (0 or 1), snap_window, snap_kernel,
-// snap_pooling, page, dense_layers, sinks. Settings not
-// named come from `base`. Unknown keys, malformed values and invalid results are
+// budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
+// rerank_factor,
+// rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no
+// setting it forces may be named too: kInvalidArgument), exact_layers, fp8_values (0 or 1),
+// fp8_landmarks (0 or 1), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks.
+// Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 

@@ -65,11 +65,29 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_DOUBLE_EQ(config->rank_energy, 0.0);
 }
 
+// The rank floor: rank_min, or half a KV head's width where heads are wide, rounded up to 8.
+TEST(KvConfigTest, RankFloorTakesTheWiderOfItsTwoRules) {
+  KvPolicyConfig c;                   // rank_min 48, rank_head_ratio 0.5
+  EXPECT_EQ(RankFloor(c, 64), 48);    // Qwen2.5-0.5B, SmolLM2: rank_min
+  EXPECT_EQ(RankFloor(c, 128), 64);   // GLM-4-9B's two KV heads of 128
+  EXPECT_EQ(RankFloor(c, 256), 128);  // Gemma 3's one KV head of 256
+  c.rank_head_ratio = 0.3;
+  EXPECT_EQ(RankFloor(c, 256), 80);  // 76.8 rounded up to 8
+  c.rank_min = 0;
+  c.rank_head_ratio = 0.0;
+  EXPECT_EQ(RankFloor(c, 256), 0);
+  auto parsed = ParseKvVariant("shadowkv:rank_head_ratio=0.25", KvPolicyConfig{});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_DOUBLE_EQ(parsed->rank_head_ratio, 0.25);
+  EXPECT_EQ(RankFloor(*parsed, 256), 64);
+}
+
 TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   // Base settings far from the method's: paper=1 puts every one of them back.
   KvPolicyConfig base;
   base.rank = 64;
   base.rank_energy = 0.9;
+  base.rank_head_ratio = 0.75;
   base.selection = "mass";
   base.budget_tokens = 1024;
   base.budget_fraction = 0.1;
@@ -87,6 +105,8 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   EXPECT_EQ(paper->rank, 0);
   EXPECT_DOUBLE_EQ(paper->rank_ratio, 1 / 6.4);
   EXPECT_DOUBLE_EQ(paper->rank_energy, 0.0);
+  EXPECT_EQ(paper->rank_min, 0);
+  EXPECT_DOUBLE_EQ(paper->rank_head_ratio, 0.0);
   EXPECT_EQ(paper->selection, "landmarks");
   EXPECT_EQ(paper->budget_tokens, 0);
   EXPECT_DOUBLE_EQ(paper->budget_fraction, 0.015625);
@@ -117,13 +137,17 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
   };
   for (const Case& c :
        {Case{"shadowkv:colour=red", "unknown setting 'colour'"},
-        Case{"shadowkv:rank", "not KEY=VALUE"}, Case{"shadowkv:rank=12x", "12x"},
-        Case{"shadowkv:budget=", "budget"}, Case{"shadowkv:chunk=0", "chunk size 0"},
+        Case{"shadowkv:rank", "not KEY=VALUE"},
+        Case{"shadowkv:rank=12x", "12x"},
+        Case{"shadowkv:budget=", "budget"},
+        Case{"shadowkv:chunk=0", "chunk size 0"},
         Case{"shadowkv:fp8_values=2", "fp8_values must be 0 or 1"},
         Case{"shadowkv:fp8_landmarks=-1", "fp8_landmarks must be 0 or 1"},
         Case{"shadowkv:rank_energy=1.5", "rank energy 1.5"},
         Case{"shadowkv:rank_min=64:rank_max=32", "rank floor 64"},
         Case{"shadowkv:rank_min=-8", "must not be negative"},
+        Case{"shadowkv:rank_head_ratio=1.5", "rank head ratio 1.5"},
+        Case{"shadowkv:paper=1:rank_head_ratio=0.25", "paper=1 fixes 'rank_head_ratio'"},
         Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
         Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},

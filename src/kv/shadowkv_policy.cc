@@ -743,11 +743,12 @@ Result<std::unique_ptr<KvPolicy>> MakeShadowKvPolicy(const KvPolicyConfig& reque
                    "basis_groups)",
                    config.rank_max, group_width);
     }
-    settings.rank_rule = {0, config.rank_energy, config.rank_min, config.rank_max};
+    settings.rank_rule = {0, config.rank_energy, RankFloor(config, geometry.head_dim),
+                          config.rank_max};
     settings.rank = (config.rank_max > 0 ? config.rank_max : group_width) * groups;
   } else {
-    auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio, config.rank_min,
-                            group_width);
+    auto rank = ResolveRank(RankPerGroup(config.rank, groups), config.rank_ratio,
+                            RankFloor(config, geometry.head_dim), group_width);
     if (!rank.ok()) {
       return Error(ErrorCode::kInvalidArgument, "ShadowKV: {}", rank.status().message());
     }

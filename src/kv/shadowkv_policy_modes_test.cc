@@ -69,6 +69,44 @@ TEST(ShadowKvModesTest, RankFromTheSpectrumFollowsTheKeysOwnRank) {
   EXPECT_NE(too_wide.status().message().find("192"), std::string::npos);
 }
 
+// One wide KV head (Gemma 3's 256): the default rank is half the head (128), not the ratio's
+// 40 or rank_min's 48; the published rule has no floor; the head floor also bounds the energy
+// rule from below.
+TEST(ShadowKvModesTest, WideKvHeadsKeepHalfTheirWidth) {
+  KvGeometry g = TestGeometry();
+  g.num_query_heads = 4;
+  g.num_kv_heads = 1;
+  g.head_dim = 256;
+  g.rope.rotary_dim = 256;
+  TokenStream stream(g, 16, 5);
+  auto rank_of = [&](const KvPolicyConfig& config) {
+    auto policy = MakePolicy(config, g);
+    Runner runner(*policy, stream);
+    runner.Step(600, true);
+    return runner.shadow().Inspect(0).rank;
+  };
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  config.rank_min = 48;
+  config.rank_head_ratio = 0.5;  // the defaults' floors
+  EXPECT_EQ(rank_of(config), 128);
+  config.rank_head_ratio = 0.0;
+  EXPECT_EQ(rank_of(config), 48);
+  config.rank_min = 0;
+  EXPECT_EQ(rank_of(config), 40);  // the ratio alone: 256 / 6.4
+  config.rank_head_ratio = 0.5;
+  config.rank_energy = 0.99;  // keys of rank 16: the spectrum alone would keep 16
+  EXPECT_EQ(rank_of(config), 128);
+  config.rank_max = 64;  // an explicit cap binds over the floor
+  EXPECT_EQ(rank_of(config), 64);
+  KvPolicyConfig paper;
+  paper.policy = "shadowkv";
+  paper.paper = 1;
+  EXPECT_EQ(rank_of(paper), 40);  // the published rule: no floor
+  KvPolicyConfig defaults;
+  defaults.policy = "shadowkv";
+  EXPECT_EQ(rank_of(defaults), 128);
+}
+
 // Sparse budget, full rank: each mode through prefill, decode steps that graduate chunks and a
 // multi-token turn. At every step each KV head attends its outliers, the chunks its gather slots
 // hold (their keys and values exactly the stream's, rebuilt or reused) and the window; the

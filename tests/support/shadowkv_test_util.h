@@ -190,9 +190,10 @@ inline KvPolicyConfig ShadowConfig(int chunk, int window, int64_t outliers, int 
   c.rank = rank;
   c.budget_tokens = 100000;  // every chunk fits
   // The method's landmark selection and its rank rule without a floor; tests of the other
-  // selections and of the floor name them.
+  // selections and of the floors name them.
   c.selection = "landmarks";
   c.rank_min = 0;
+  c.rank_head_ratio = 0.0;
   return c;
 }
 

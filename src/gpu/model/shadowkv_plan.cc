@@ -77,10 +77,10 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
                    "is not",
                    g.rank);
     }
-    g.rank_floor = std::min(g.rank, std::max(8, (config.rank_min + 7) / 8 * 8));
+    g.rank_floor = std::min(g.rank, std::max(8, kv::RankFloor(config, head_dim)));
   } else {
-    SKV_ASSIGN_OR_RETURN(g.rank, kv::ResolveRank(config.rank, config.rank_ratio, config.rank_min,
-                                                 g.kv_width()));
+    SKV_ASSIGN_OR_RETURN(g.rank, kv::ResolveRank(config.rank, config.rank_ratio,
+                                                 kv::RankFloor(config, head_dim), g.kv_width()));
   }
   if (g.rank % 8 != 0) {
     return Error(ErrorCode::kUnsupported,
