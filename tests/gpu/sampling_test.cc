@@ -387,6 +387,7 @@ TEST(CudaModelSamplingTest, PerRowSettingsThroughShadowKvDecodeStep) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   ASSERT_TRUE(model.AllocateKvCache(2, 512, /*keep_pre_rope_keys=*/true).ok());
   ASSERT_TRUE(model.AllocateShadowKv(config, 2, 512).ok());
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 43), SomeTokens(237, 44)};

@@ -62,6 +62,7 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
   ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
   EXPECT_EQ(geometry->rank, 24);  // ceil8(128 / 6.4)
@@ -107,6 +108,10 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   kv::KvPolicyConfig spectrum = fixed;
   spectrum.rank_energy = 0.9;
   spectrum.rank_min = 12;
+  auto half_head = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(half_head.ok()) << half_head.status().ToString();
+  EXPECT_EQ(half_head->rank_floor, 32);  // the default head floor: half of 64
+  spectrum.rank_head_ratio = 0.0;
   auto wide = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   ASSERT_TRUE(wide.ok()) << wide.status().ToString();
   EXPECT_TRUE(wide->per_layer_rank());
@@ -170,6 +175,7 @@ TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   for (const int fp8 : {0, 1}) {
     config.fp8_landmarks = fp8;
     auto odd = MakeSkvGeometry(config, 2, 2, 64, 400);  // 50 chunks
@@ -210,6 +216,7 @@ kv::KvPolicyConfig ParityConfig(bool fp8) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   config.fp8_values = fp8 ? 1 : 0;
   config.fp8_landmarks = fp8 ? 1 : 0;
   return config;
@@ -617,6 +624,7 @@ TEST(CudaShadowKvRankTest, EachLayerTakesTheRankItsKeySpectrumAsks) {
     kv::KvPolicyConfig config = ParityConfig(false);
     config.rank_energy = energy;
     config.rank_min = 16;
+    config.rank_head_ratio = 0.0;  // the floor the host rule below is given
     config.rank_max = 96;
     ASSERT_TRUE(gpu.AllocateShadowKv(config, 1, 512).ok());
     EXPECT_EQ(gpu.shadowkv_stats().rank, 96);  // the layout's: the cap
@@ -694,6 +702,7 @@ TEST(CudaShadowKvSnapshotTest, RestoredSequenceDecodesAsTheOriginal) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   const std::vector<int32_t> prompt = SomeTokens(300, 21);
   ASSERT_TRUE(gpu.AllocateKvCache(1, 512, true).ok());
   ASSERT_TRUE(gpu.AllocateShadowKv(config, 2, 512).ok());

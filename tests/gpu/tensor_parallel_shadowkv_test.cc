@@ -29,6 +29,7 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   config.rank_ratio = 1.0;
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 41), SomeTokens(237, 42)};
   const int steps = 24;
@@ -132,6 +133,7 @@ void CheckSplitAgainstCpuBasisGroups(bool fp8) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   config.fp8_values = fp8 ? 1 : 0;
   config.fp8_landmarks = fp8 ? 1 : 0;
   kv::KvPolicyConfig cpu_config = config;
@@ -225,6 +227,7 @@ TEST(CudaTensorParallelTest, ShadowKvSplitCopiesAndRestoresSequences) {
   config.budget_tokens = 64;
   config.selection = "landmarks";  // the method's selection and rank rule (no floor)
   config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
   const std::vector<int32_t> prompt = SomeTokens(300, 43);
   ASSERT_TRUE(model.AllocateKvCache(1, 300, true).ok());
   CudaStepInput in{0, prompt, nullptr};
