@@ -1,8 +1,9 @@
 // Decode attention: one block per (split, KV head, row), each K/V load serving the whole GQA
 // group (a group of more than 8 query heads is served 8 heads a block, each block reading the KV
-// head once: GLM-4's 16 read it twice); 4 warps stream 16-token tiles into mma.sync fragments and merge in shared memory; the
-// combine kernel (one block per query head and row) merges the splits. A sliding window only moves
-// the first key a row reads; the splits divide the keys it sees.
+// head once: GLM-4's 16 read it twice); 4 warps stream 16-token tiles into mma.sync fragments
+// and merge in shared memory; the combine kernel (one block per query head and row) merges the
+// splits. A sliding window only moves the first key a row reads; the splits divide the keys it
+// sees.
 #include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>

@@ -13,8 +13,8 @@ namespace shadowkv::cuda {
 
 constexpr int kDecodeMaxSplits = 64;       // splits per (row, KV head) at most
 constexpr int kDecodeMinSplitTokens = 32;  // a split reads at least this many keys
-constexpr int kDecodeHeadsPerBlock = 8;     // query heads of a GQA group one block serves
-constexpr int kDecodeMaxGroup = 32;         // query heads per KV head at most
+constexpr int kDecodeHeadsPerBlock = 8;    // query heads of a GQA group one block serves
+constexpr int kDecodeMaxGroup = 32;        // query heads per KV head at most
 
 // Blocks per (split, KV head, row): a group of more than kDecodeHeadsPerBlock query heads is
 // served by several blocks, each reading the KV head's keys and values.
@@ -26,7 +26,7 @@ struct DecodeAttentionParams {
   const __nv_bfloat16* queries = nullptr;  // [rows, num_query_heads * head_dim] post-RoPE
   KvCacheView cache;
   int layer = 0;
-  const int32_t* slots = nullptr;      // [rows] KV-cache slot of each row's sequence
+  const int32_t* slots = nullptr;  // [rows] KV-cache slot of each row's sequence
   // [rows] the query's position: it sees keys [0, position], or with a window the last `window`
   // of them, [position - window + 1, position].
   const int32_t* positions = nullptr;
