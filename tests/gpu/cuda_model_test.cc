@@ -46,13 +46,18 @@ class ParityChecker {
 };
 
 // The model at `path`, whose context holds at least 156 tokens.
+// Options for `batch` sequences and `step_tokens` tokens a step, graphs on.
+CudaModelOptions Options(int batch, int step_tokens) {
+  CudaModelOptions options;
+  options.max_batch = batch;
+  options.max_step_tokens = step_tokens;
+  return options;
+}
+
 void CheckModelParity(const std::string& path, const std::string& tag, double tolerance) {
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);  // fp32 activations and KV
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  CudaModelOptions options;
-  options.max_batch = 4;
-  options.max_step_tokens = 256;
-  auto gpu = CudaModel::Load(path, options);
+  auto gpu = CudaModel::Load(path, Options(4, 256));
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   const Status allocated =
       (*gpu)->AllocateKvCache(4, std::min<int64_t>(512, (*cpu)->config().context_length));
@@ -238,10 +243,7 @@ TEST(CudaModelParityTest, SixteenQueryHeadsPerKvHead) {
       WriteTinyModel(SmallSpec("glm4", 2048, 16, 1, gguf::GgmlType::kF32, false, 13),
                      "gpu_glm4_g16_d128");
   CheckModelParity(path, "gpu_glm4_g16_d128_parity", 5e-2);
-  CudaModelOptions options;
-  options.max_batch = 2;
-  options.max_step_tokens = 128;
-  auto gpu = CudaModel::Load(path, options).value();
+  auto gpu = CudaModel::Load(path, Options(2, 128)).value();
   const Status refused = gpu->ShadowKvRunsHere();
   EXPECT_EQ(refused.code(), ErrorCode::kUnsupported);
   EXPECT_NE(refused.message().find("16 query heads per KV head"), std::string::npos)
@@ -260,7 +262,7 @@ TEST(CudaModelTest, ExportedSlotMatchesTheCpuPrefill) {
   const std::string path =
       WriteTinyModel(SmallSpec("qwen2", 256, 4, 2, gguf::GgmlType::kF32, false, 11), "gpu_export");
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact).value();
-  auto gpu = CudaModel::Load(path, CudaModelOptions{2, 128, true}).value();
+  auto gpu = CudaModel::Load(path, Options(2, 128)).value();
   ASSERT_TRUE(gpu->AllocateKvCache(2, 512, /*keep_pre_rope_keys=*/true).ok());
   const std::vector<int32_t> prompt = SomeTokens(300, 12);
   for (size_t done = 0; done < prompt.size(); done += 128) {
@@ -293,7 +295,7 @@ TEST(CudaModelTest, ErrorsAreStatuses) {
   SKV_SKIP_WITHOUT_GPU();
   const std::string path =
       WriteTinyModel(SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, 9), "gpu_errors");
-  auto model = CudaModel::Load(path, CudaModelOptions{2, 64, true}).value();
+  auto model = CudaModel::Load(path, Options(2, 64)).value();
   // Far more KV cache than any GPU has: a status, and the model stays usable.
   Status status = model->AllocateKvCache(1'000'000, 512);
   EXPECT_EQ(status.code(), ErrorCode::kResourceExhausted) << status.ToString();
@@ -323,7 +325,7 @@ TEST(CudaModelTest, ErrorsAreStatuses) {
 TEST(CudaModelTest, SyntheticModelDecodesCopiedSlotsIdentically) {
   SKV_SKIP_WITHOUT_GPU();
   const ModelConfig config = SyntheticModelConfig("smollm2-135m").value();
-  auto model = CudaModel::CreateSynthetic(config, 7, CudaModelOptions{4, 512, true});
+  auto model = CudaModel::CreateSynthetic(config, 7, Options(4, 512));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ASSERT_TRUE((*model)->AllocateKvCache(3, 1024).ok());
   std::vector<float> prefill_logits(config.vocab_size);
