@@ -148,11 +148,6 @@ bool NeedsCorpus(const eval::EvalSettings& settings) {
 // that CPU path too; on a sliding model the CPU's policies keep the windowed layers exact (their
 // window) beside the global layers' compression. Tasks, prompts and scoring stay with the CPU
 // model's tokenizer.
-bool OnGpu(const kv::KvPolicyConfig& config, const cuda::CudaModel& model) {
-  return kv::IsPolicy(config, kv::PolicyKind::kFull) ||
-         (kv::IsPolicy(config, kv::PolicyKind::kShadowKv) && model.ShadowKvRunsHere().ok());
-}
-
 class CudaEvalBackend final : public eval::AnswerBackend {
  public:
   // `slots`: 2 where fidelity is measured (full attention answers in slot 1 while slot 0 keeps
@@ -164,13 +159,13 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         tokenizer_(cpu_model.tokenizer()),
         capacity_(capacity),
         prefill_chunk_(prefill_chunk),
-        slots_(slots) {}
+        slots_(slots),
+        shadowkv_on_gpu_(model_->ShadowKvRunsHere().ok()) {}
 
   std::string numerics() const override {
     return cpu_policies_ ? fmt::format("cuda-bf16; {} decode on the CPU ({})",
-                                       model_->ShadowKvRunsHere().ok()
-                                           ? "snapkv/quest/streaming"
-                                           : "shadowkv/snapkv/quest/streaming",
+                                       shadowkv_on_gpu_ ? "snapkv/quest/streaming"
+                                                        : "shadowkv/snapkv/quest/streaming",
                                        NumericsName(cpu_model_.numerics()))
                          : "cuda-bf16";
   }
@@ -181,7 +176,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     for (const kv::KvPolicyConfig& config : policies) {
       if (kv::IsPolicy(config, kv::PolicyKind::kFull)) {
         ++full;
-      } else if (OnGpu(config, *model_)) {  // ShadowKV on the GPU
+      } else if (OnGpu(config)) {  // ShadowKV on the GPU
         SKV_RETURN_IF_ERROR(model_->ShadowKvBytesPerSequence(config, capacity_).status());
       } else {
         SKV_RETURN_IF_ERROR(kv::MakeKvPolicy(config, cpu_model_.kv_geometry()).status());
@@ -198,9 +193,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         return Error(ErrorCode::kUnsupported,
                      "--fidelity on the GPU follows the GPU's policies only (full, and shadowkv "
                      "where the GPU runs it); {} decode on the CPU: leave them out",
-                     model_->ShadowKvRunsHere().ok()
-                         ? "snapkv, quest and streaming"
-                         : "on this model shadowkv, snapkv, quest and streaming");
+                     shadowkv_on_gpu_ ? "snapkv, quest and streaming"
+                                      : "on this model shadowkv, snapkv, quest and streaming");
       }
       if (slots_ < 2) return Error(ErrorCode::kInternal, "fidelity needs a second cache slot");
     }
@@ -242,7 +236,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(Follow(reference, false, &(*answers)[0].fidelity));
     }
     for (size_t p = 0; p < policies.size(); ++p) {
-      if (!OnGpu(policies[p], *model_)) continue;
+      if (!OnGpu(policies[p])) continue;
       if (kv::IsPolicy(policies[p], kv::PolicyKind::kFull)) {
         full_index = static_cast<int>(p);
         continue;
@@ -321,7 +315,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     std::vector<kv::KvPolicyConfig> cpu;
     int64_t tail = 1;
     for (const kv::KvPolicyConfig& config : policies) {
-      if (OnGpu(config, *model_)) continue;
+      if (OnGpu(config)) continue;
       cpu.push_back(config);
       if (kv::IsPolicy(config, kv::PolicyKind::kSnapKv))
         tail = std::max<int64_t>(tail, config.snap_window);
@@ -346,7 +340,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     SKV_RETURN_IF_ERROR(
         eval::AnswerFromRecord(cpu_model_, record, cpu, max_new_tokens, &cpu_answers));
     for (size_t p = 0, next = 0; p < policies.size(); ++p) {
-      if (!OnGpu(policies[p], *model_)) {
+      if (!OnGpu(policies[p])) {
         (*answers)[p] = std::move(cpu_answers[next++]);
       }
     }
@@ -431,6 +425,12 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     return Status::Ok();
   }
 
+  // Full attention, and ShadowKV where this model's runs on the GPU.
+  bool OnGpu(const kv::KvPolicyConfig& config) const {
+    return kv::IsPolicy(config, kv::PolicyKind::kFull) ||
+           (shadowkv_on_gpu_ && kv::IsPolicy(config, kv::PolicyKind::kShadowKv));
+  }
+
   std::unique_ptr<cuda::CudaModel> model_;
   CpuModel& cpu_model_;
   const Tokenizer& tokenizer_;
@@ -438,6 +438,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   int64_t capacity_;
   int prefill_chunk_;
   int slots_;
+  bool shadowkv_on_gpu_;  // CudaModel::ShadowKvRunsHere
 };
 
 // Loads `model_path` onto the GPU for prompts of up to `max_tokens` (prompt + answer);

@@ -66,9 +66,8 @@ nlohmann::ordered_json KvConfigJson(const kv::KvPolicyConfig& c) {
 std::string KvConfigText(const kv::KvPolicyConfig& c) {
   return fmt::format(
       "budget={};fraction={};min={};chunk={};rank={};rank_ratio={:.4f};rank_energy={};"
-      "rank_min={};rank_head_ratio={};rank_max={};select={};rerank_factor={};rerank_rank={};mass={}"
-      ";paper={};outliers="
-      "{};window={};"
+      "rank_min={};rank_head_ratio={};rank_max={};select={};rerank_factor={};rerank_rank={};"
+      "mass={};paper={};outliers={};window={};"
       "snap_window={};snap_kernel={};snap_pooling={};page={};dense_layers={};sinks={}",
       c.budget_tokens, c.budget_fraction, c.budget_min_tokens, c.chunk_size, c.rank, c.rank_ratio,
       c.rank_energy, c.rank_min, c.rank_head_ratio, c.rank_max, c.selection, c.rerank_factor,

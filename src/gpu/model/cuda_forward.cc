@@ -176,8 +176,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       d.num_kv_heads = c.num_kv_heads;
       d.head_dim = c.head_dim;
       d.num_splits = DecodeNumSplits(
-          plan.decode_rows, c.num_kv_heads * DecodeGroupBlocks(c.num_query_heads / c.num_kv_heads),
-          target_blocks);
+          plan.decode_rows, DecodeHeadBlocks(c.num_query_heads, c.num_kv_heads), target_blocks);
       d.scale = scale;
       d.window = window;
       SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));

@@ -69,11 +69,10 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     // The whole step's split count, so a row's sums run in the same order split or not.
     const int fixed = settings.attention_splits;
     const int splits =
-        fixed > 0 ? fixed
-                  : DecodeNumSplits(
-                        plan.decode_rows,
-                        c.num_kv_heads * DecodeGroupBlocks(c.num_query_heads / c.num_kv_heads),
-                        target_blocks);
+        fixed > 0
+            ? fixed
+            : DecodeNumSplits(plan.decode_rows, DecodeHeadBlocks(c.num_query_heads, c.num_kv_heads),
+                              target_blocks);
     DecodeAttentionParams d;
     d.queries = q.get() + first * q_width;
     d.cache = s.layout.attn;

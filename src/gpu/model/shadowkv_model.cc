@@ -62,15 +62,14 @@ Status UploadValueTable(ShadowKvState& s, cudaStream_t stream) {
 
 }  // namespace
 
-namespace {
-
 // The GPU's ShadowKV cache compresses every layer and has no window to mask, so sliding-window
 // models (gemma3, Mistral-style llama) take only the full cache here; its scoring and select
 // kernels hold a GQA group's query heads in one mma tile of 8 columns, so GLM-4-9B's 16 query
 // heads per KV head take only the full cache too. The CPU backend serves both with ShadowKV
 // (on a sliding model the global layers compressed and the windowed layers kept exact,
 // kv/sliding_split_policy.cc), and `eval --device cuda` decodes ShadowKV there.
-Status RefuseUnsupportedShape(const ModelConfig& c) {
+Status CudaModel::ShadowKvRunsHere() const {
+  const ModelConfig& c = impl_->config;
   const int group = c.num_query_heads / c.num_kv_heads;
   if (group > kSkvMaxGroup) {
     return Error(ErrorCode::kUnsupported,
@@ -91,14 +90,10 @@ Status RefuseUnsupportedShape(const ModelConfig& c) {
                windowed, c.num_layers, c.sliding_window);
 }
 
-}  // namespace
-
-Status CudaModel::ShadowKvRunsHere() const { return RefuseUnsupportedShape(impl_->config); }
-
 Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
     const kv::KvPolicyConfig& config, int64_t capacity) const {
   const ModelConfig& c = impl_->config;
-  SKV_RETURN_IF_ERROR(RefuseUnsupportedShape(c));
+  SKV_RETURN_IF_ERROR(ShadowKvRunsHere());
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
                                                       c.head_dim, capacity));
   return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.ValueBytesPerSequence()};
@@ -109,7 +104,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   Impl& m = *impl_;
   const ModelConfig& c = m.config;
   FreeShadowKv();
-  SKV_RETURN_IF_ERROR(RefuseUnsupportedShape(c));
+  SKV_RETURN_IF_ERROR(ShadowKvRunsHere());
   if (num_sequences < 1) {
     return Error(ErrorCode::kInvalidArgument, "{} ShadowKV sequences", num_sequences);
   }

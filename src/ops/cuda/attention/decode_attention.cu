@@ -279,8 +279,7 @@ __global__ void DecodeCombineKernel(DecodeAttentionParams p) {
 
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream) {
-  const dim3 grid(p.num_splits,
-                  p.num_kv_heads * DecodeGroupBlocks(p.num_query_heads / p.num_kv_heads), p.rows);
+  const dim3 grid(p.num_splits, DecodeHeadBlocks(p.num_query_heads, p.num_kv_heads), p.rows);
   DecodeMmaKernel<kHeadDim><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -21,6 +21,10 @@ constexpr int kDecodeMaxGroup = 32;        // query heads per KV head at most
 __host__ __device__ constexpr int DecodeGroupBlocks(int group) {
   return (group + kDecodeHeadsPerBlock - 1) / kDecodeHeadsPerBlock;
 }
+// Blocks per (split, row): every KV head's, the grid's y extent and what DecodeNumSplits counts.
+__host__ __device__ constexpr int DecodeHeadBlocks(int num_query_heads, int num_kv_heads) {
+  return num_kv_heads * DecodeGroupBlocks(num_query_heads / num_kv_heads);
+}
 
 struct DecodeAttentionParams {
   const __nv_bfloat16* queries = nullptr;  // [rows, num_query_heads * head_dim] post-RoPE
@@ -49,7 +53,7 @@ struct DecodeAttentionParams {
 bool DecodeAttentionSupports(int head_dim, int group_size);
 
 // Splits per (row, KV head) for `rows` rows; `target_blocks` is 8 per multiprocessor. With
-// groups above kDecodeHeadsPerBlock, pass num_kv_heads · DecodeGroupBlocks(group). The
+// groups above kDecodeHeadsPerBlock, pass DecodeHeadBlocks(query heads, KV heads). The
 // kernel keeps 3 blocks per multiprocessor resident, so the count is the largest that
 // fills at most two such waves (whole waves: no idle tail). It does not depend on the lengths,
 // so a captured graph stays valid as sequences grow.
