@@ -435,48 +435,51 @@ TEST_P(CudaShadowKvKernelsTest, RebuildStopsAtEachSequencesOwnRank) {
   }
 }
 
-// Graduation at per-layer ranks below the layout's: the graduating chunk's A rows are its
-// pre-RoPE keys times Bᵀ over the sequence's own rank and exact zeros past it (B's rows there
-// hold random values, and A's row a poison, so computing or skipping them would show), and
-// no other chunk's rows are touched.
+// Graduation at per-layer ranks below the layout's, every layer in one launch: the graduating
+// chunk's A rows are its pre-RoPE keys times Bᵀ over the (sequence, layer)'s own rank and exact
+// zeros past it (B's rows there hold random values, and A's row a poison, so computing or
+// skipping them would show), no other chunk's rows are touched, and each layer's exact rows move
+// down one chunk.
 TEST(CudaShadowKvGraduationTest, ProjectsAtEachSequencesOwnRankAndZerosTheRest) {
   SKV_SKIP_WITHOUT_GPU();
   constexpr int kHeads = 2, kDim = 64, kChunk = 8, kWindow = 32, kCapacity = 16, kRank = 32;
-  constexpr int kSeqs = 2, kGraduating = 5, kRecentBase = 24, kAttnCapacity = kRecentBase + 40;
-  const int own_rank[kSeqs] = {16, 32};
+  constexpr int kSeqs = 2, kLayers = 2, kGraduating = 5, kRecentBase = 24;
+  constexpr int kAttnCapacity = kRecentBase + 40, kHeld = kWindow + kChunk - 1;
+  const int own_rank[kSeqs][kLayers] = {{16, 32}, {32, 8}};  // [seq][layer]
   constexpr int kWidth = kHeads * kDim, kRecent = kWindow + kChunk;
+  constexpr int64_t kSeqLayers = int64_t{kSeqs} * kLayers;
   std::mt19937 rng(23);
-  const std::vector<float> pre = RandomBf16Values(int64_t{kSeqs} * kRecent * kWidth, rng);
-  const std::vector<float> basis = RandomBf16Values(int64_t{kSeqs} * kRank * kWidth, rng, 0.2f);
+  const std::vector<float> pre = RandomBf16Values(kSeqLayers * kRecent * kWidth, rng);
+  const std::vector<float> basis = RandomBf16Values(kSeqLayers * kRank * kWidth, rng, 0.2f);
   const std::vector<float> attn_keys =
-      RandomBf16Values(int64_t{kSeqs} * kHeads * kAttnCapacity * kDim, rng);
+      RandomBf16Values(kSeqLayers * kHeads * kAttnCapacity * kDim, rng);
   auto d_pre = ToDevice(ToBf16(pre));
   auto d_basis = ToDevice(ToBf16(basis));
   auto d_attn_keys = ToDevice(ToBf16(attn_keys));
   auto d_attn_values = ToDevice(ToBf16(attn_keys));
-  auto d_coefficients = Poisoned<uint16_t>(int64_t{kSeqs} * kCapacity * kChunk * kRank);
-  auto d_landmarks = Poisoned<uint16_t>(int64_t{kSeqs} * kHeads * kCapacity * kDim);
-  auto d_outlier = ToDevice(std::vector<uint8_t>(kSeqs * kHeads * kCapacity, 1));
+  auto d_coefficients = Poisoned<uint16_t>(kSeqLayers * kCapacity * kChunk * kRank);
+  auto d_landmarks = Poisoned<uint16_t>(kSeqLayers * kHeads * kCapacity * kDim);
+  auto d_outlier = ToDevice(std::vector<uint8_t>(kSeqLayers * kHeads * kCapacity, 1));
   std::vector<DeviceBuffer<uint16_t>> stores;
   std::vector<__nv_bfloat16*> store_pointers;
   for (int s = 0; s < kSeqs; ++s) {
-    stores.push_back(Poisoned<uint16_t>(int64_t{kHeads} * kCapacity * kChunk * kDim));
+    stores.push_back(Poisoned<uint16_t>(int64_t{kLayers} * kHeads * kCapacity * kChunk * kDim));
     store_pointers.push_back(reinterpret_cast<__nv_bfloat16*>(stores.back().get()));
   }
   auto d_stores = ToDevice(store_pointers);
-  auto d_layer_rank = ToDevice(std::vector<int32_t>(own_rank, own_rank + kSeqs));
+  auto d_layer_rank = ToDevice(std::vector<int32_t>(&own_rank[0][0], &own_rank[0][0] + kSeqLayers));
   auto d_info =
       ToDevice(std::vector<SkvSequenceInfo>(kSeqs, SkvSequenceInfo{1, 2, 8, kRecentBase}));
   std::vector<SkvRowMeta> meta(kSeqs);
   for (int r = 0; r < kSeqs; ++r) {
     meta[r].seq = kSeqs - 1 - r;
-    meta[r].recent_rows = kRecent;
+    meta[r].held_rows = kHeld;  // the most a step holds before it graduates
     meta[r].graduate_chunk = kGraduating;
     meta[r].num_chunks = kGraduating + 1;
   }
   auto d_meta = ToDevice(meta);
   SkvLayout l;
-  l.num_layers = 1;
+  l.num_layers = kLayers;
   l.num_kv_heads = kHeads;
   l.head_dim = kDim;
   l.group = 2;
@@ -488,7 +491,7 @@ TEST(CudaShadowKvGraduationTest, ProjectsAtEachSequencesOwnRankAndZerosTheRest) 
   l.attn.keys = reinterpret_cast<__nv_bfloat16*>(d_attn_keys.get());
   l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_attn_values.get());
   l.attn.num_slots = kSeqs;
-  l.attn.num_layers = 1;
+  l.attn.num_layers = kLayers;
   l.attn.num_kv_heads = kHeads;
   l.attn.head_dim = kDim;
   l.attn.capacity = kAttnCapacity;
@@ -505,30 +508,58 @@ TEST(CudaShadowKvGraduationTest, ProjectsAtEachSequencesOwnRankAndZerosTheRest) 
   p.layout = l;
   p.meta = d_meta.get();
   p.rows = kSeqs;
+  p.layer = -1;  // not read: graduation covers every layer
   SKV_ASSERT_CUDA(LaunchSkvGraduate(p, nullptr));
   const std::vector<float> coefficients = ToHostBf16(d_coefficients);
+  const std::vector<float> moved_keys = ToHostBf16(d_attn_keys);
+  const std::vector<float> moved_pre = ToHostBf16(d_pre);
+  const std::vector<float> landmarks = ToHostBf16(d_landmarks);
   for (int s = 0; s < kSeqs; ++s) {
-    for (int chunk = 0; chunk < kCapacity; ++chunk) {
-      for (int t = 0; t < kChunk; ++t) {
-        const float* a =
-            coefficients.data() + ((int64_t{s} * kCapacity + chunk) * kChunk + t) * kRank;
-        for (int j = 0; j < kRank; ++j) {
-          if (chunk != kGraduating) {
-            ASSERT_TRUE(std::isnan(a[j])) << "sequence " << s << " chunk " << chunk << " written";
-            continue;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      SCOPED_TRACE(::testing::Message() << "sequence " << s << " layer " << layer);
+      const int64_t sl = int64_t{s} * kLayers + layer;
+      for (int chunk = 0; chunk < kCapacity; ++chunk) {
+        for (int t = 0; t < kChunk; ++t) {
+          const float* a = coefficients.data() + ((sl * kCapacity + chunk) * kChunk + t) * kRank;
+          for (int j = 0; j < kRank; ++j) {
+            if (chunk != kGraduating) {
+              ASSERT_TRUE(std::isnan(a[j])) << "chunk " << chunk << " written";
+              continue;
+            }
+            if (j >= own_rank[s][layer]) {
+              ASSERT_EQ(a[j], 0.0f) << "token " << t << " coefficient " << j << " past its rank";
+              continue;
+            }
+            double want = 0.0;
+            for (int e = 0; e < kWidth; ++e) {
+              want += double{pre[(sl * kRecent + t) * kWidth + e]} *
+                      basis[(sl * kRank + j) * kWidth + e];
+            }
+            ASSERT_NEAR(a[j], want, 1e-2 * std::max(1.0, std::fabs(want)))
+                << "token " << t << " coefficient " << j;
           }
-          if (j >= own_rank[s]) {
-            ASSERT_EQ(a[j], 0.0f) << "sequence " << s << " (rank " << own_rank[s] << ") token " << t
-                                  << " coefficient " << j << " past its rank";
-            continue;
+        }
+      }
+      for (int h = 0; h < kHeads; ++h) {
+        // The landmark is the mean of the chunk's post-RoPE keys (the first C exact rows).
+        const int64_t head = (sl * kHeads + h) * kAttnCapacity + kRecentBase;
+        for (int e = 0; e < kDim; ++e) {
+          double mean = 0.0;
+          for (int t = 0; t < kChunk; ++t) mean += attn_keys[(head + t) * kDim + e];
+          mean /= kChunk;
+          const float landmark =
+              landmarks[((sl * kHeads + h) * kCapacity + kGraduating) * kDim + e];
+          ASSERT_NEAR(landmark, mean, 1e-2 * std::max(1.0, std::fabs(mean))) << "dim " << e;
+        }
+        // Rows [C, held) moved to [0, held - C), in the attention keys and the pre-RoPE keys.
+        for (int t = 0; t < kHeld - kChunk; ++t) {
+          for (int e = 0; e < kDim; ++e) {
+            ASSERT_EQ(moved_keys[(head + t) * kDim + e], attn_keys[(head + t + kChunk) * kDim + e])
+                << "head " << h << " row " << t;
+            const int64_t pre_at = (sl * kRecent + t) * kWidth + h * kDim + e;
+            ASSERT_EQ(moved_pre[pre_at], pre[pre_at + int64_t{kChunk} * kWidth])
+                << "head " << h << " pre-RoPE row " << t;
           }
-          double want = 0.0;
-          for (int e = 0; e < kWidth; ++e) {
-            want += double{pre[(int64_t{s} * kRecent + t) * kWidth + e]} *
-                    basis[(int64_t{s} * kRank + j) * kWidth + e];
-          }
-          ASSERT_NEAR(a[j], want, 1e-2 * std::max(1.0, std::fabs(want)))
-              << "sequence " << s << " token " << t << " coefficient " << j;
         }
       }
     }

@@ -30,7 +30,8 @@ using shadowkv::testing::TinyModelSpec;
 using shadowkv::testing::WriteTinyModel;
 
 // Hand-computed: W = 32, C = 8, a 100-token prompt chunks [0, 64) and keeps 36 tokens exact; the
-// window reaches 40 exact tokens when token 103 is appended, and chunk 8 (tokens 64..71) leaves.
+// window would reach 40 exact tokens with token 103, so at that step chunk 8 (tokens 64..71)
+// leaves before the token is written.
 TEST(CudaShadowKvPlanTest, RowPlansFollowTheCpuGraduationRule) {
   SkvSequenceInfo info{2, 8, 16, 80};
   EXPECT_EQ(SkvExactFirst(100, 64, 8, 32), 64);
@@ -40,13 +41,15 @@ TEST(CudaShadowKvPlanTest, RowPlansFollowTheCpuGraduationRule) {
   EXPECT_EQ(first.seq, 3);
   EXPECT_EQ(first.pre_row, 36);
   EXPECT_EQ(first.attn_row, 80 + 36);
-  EXPECT_EQ(first.recent_rows, 37);
+  EXPECT_EQ(first.held_rows, 36);
   EXPECT_EQ(first.graduate_chunk, -1);
   EXPECT_EQ(first.num_chunks, 8);
   EXPECT_EQ(first.attn_last, 80 + 37 - 1);
   SkvRowMeta graduating = PlanSkvRow(3, 103, 64, info, 8, 32);  // token 103: 40 exact
-  EXPECT_EQ(graduating.pre_row, 39);
-  EXPECT_EQ(graduating.recent_rows, 40);
+  // The chunk leaves first (39 held, 31 kept), then the token goes in after the 31.
+  EXPECT_EQ(graduating.held_rows, 39);
+  EXPECT_EQ(graduating.pre_row, 31);
+  EXPECT_EQ(graduating.attn_row, 80 + 31);
   EXPECT_EQ(graduating.graduate_chunk, 8);
   EXPECT_EQ(graduating.num_chunks, 9);
   EXPECT_EQ(graduating.attn_last, 80 + 32 - 1);  // 32 exact after the chunk left
@@ -74,6 +77,20 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->num_chunks, 33);  // (300 - 32) / 8
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
+}
+
+// A step graduates before it appends, so the GPU needs an exact token behind the new one.
+TEST(CudaShadowKvPlanTest, NoExactWindowIsRefusedNamingTheWindow) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.local_window = 0;
+  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
+  ASSERT_FALSE(geometry.ok());
+  EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(geometry.status().message().find("window=0"), std::string::npos)
+      << geometry.status().ToString();
+  config.local_window = 1;
+  EXPECT_TRUE(MakeSkvGeometry(config, 2, 2, 64, 512).ok());
 }
 
 // Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the

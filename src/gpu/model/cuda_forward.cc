@@ -109,6 +109,8 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
   embedding.scale = c.embedding_scale;
   SKV_CUDA_RETURN_IF_ERROR(LaunchEmbedding(embedding, stream));
   SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
+  // ShadowKV: the chunks leaving the exact windows, every layer's, before any layer appends.
+  if (plan.shadowkv) SKV_RETURN_IF_ERROR(RunShadowKvGraduation(plan, profiler));
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const DeviceLayer& w = layers[layer];

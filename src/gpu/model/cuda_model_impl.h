@@ -243,6 +243,8 @@ struct CudaModel::Impl {
   // advances).
   std::vector<CudaSampling> SameForEveryRow(const CudaSampling& sampling, int rows);
   // The ShadowKV part of one decode layer, after the QKV/RoPE kernel.
+  // Every layer's graduation for a ShadowKV step (none where plan.skv_graduates is false).
+  Status RunShadowKvGraduation(const StepPlan& plan, StepProfiler* profiler);
   Status RunShadowKvAttention(const StepPlan& plan, int layer, StepProfiler* profiler);
   Status ShadowKvDecodeStepImpl(std::span<const int> seqs, std::span<int32_t> tokens,
                                 std::span<const CudaSampling> sampling, float* logits_out,

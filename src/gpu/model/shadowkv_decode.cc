@@ -1,6 +1,7 @@
-// The ShadowKV decode step on the GPU: its kernel settings, the sparse attention of one layer
-// (graduation, scoring, select, value fetch beside the key rebuild, attention; in two
-// overlapping halves of the rows when graph-replayed) and the step around it.
+// The ShadowKV decode step on the GPU: its kernel settings, the graduation of every layer at the
+// step's start, the sparse attention of one layer (scoring, select, value fetch beside the key
+// rebuild, attention; in two overlapping halves of the rows when graph-replayed) and the step
+// around it.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -21,6 +22,16 @@ SkvDecodeSettings ShadowKvDecodeSettings(const CudaKernelOptions& options) {
   d.rebuild_slots = options.rebuild_slots;
   d.attention_splits = std::clamp(options.attention_splits, 0, kDecodeMaxSplits);
   return d;
+}
+
+Status CudaModel::Impl::RunShadowKvGraduation(const StepPlan& plan, StepProfiler* profiler) {
+  if (!plan.skv_graduates) return Status::Ok();
+  SkvDecodeParams p;
+  p.layout = skv->layout;
+  p.meta = skv->row_meta;
+  p.rows = plan.decode_rows;
+  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
+  return profiler ? profiler->Mark(OpKind::kSkvGraduate, stream) : Status::Ok();
 }
 
 Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
@@ -61,8 +72,6 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     if (part.candidates) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRerank(part, on));
     return Status::Ok();
   };
-  if (plan.skv_graduates) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvGraduate(p, stream));
-  SKV_RETURN_IF_ERROR(mark(OpKind::kSkvGraduate));
   // Sparse attention of rows [first, first + count) on `on`.
   auto attend = [&](int first, int count, cudaStream_t on) {
     const int64_t q_width = static_cast<int64_t>(c.num_query_heads) * c.head_dim;

@@ -54,6 +54,13 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
                  "ShadowKV on the GPU: chunk selection '{}' is not implemented yet",
                  config.selection);
   }
+  if (config.local_window < 1) {
+    // A step graduates its chunk before appending its token (LaunchSkvGraduate), so the chunk
+    // must hold earlier tokens only.
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV on the GPU keeps at least 1 exact recent token (window=0 runs on the "
+                 "CPU only)");
+  }
   if (config.select_successors != 0 && config.selection != "landmarks") {
     return Error(ErrorCode::kUnsupported,
                  "ShadowKV on the GPU: successor selection (successors=1) goes with the landmark "
@@ -173,9 +180,11 @@ SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSe
   m.seq = seq;
   const int64_t before = SkvExactFirst(length, exact_first0, chunk_size, local_window);
   const int64_t after = SkvExactFirst(length + 1, exact_first0, chunk_size, local_window);
-  m.pre_row = static_cast<int32_t>(length - before);
+  // The graduation (a chunk of earlier tokens) runs before the new token is written, which then
+  // goes in after the exact rows that remain.
+  m.held_rows = static_cast<int32_t>(length - before);
+  m.pre_row = static_cast<int32_t>(length - after);
   m.attn_row = info.recent_base + m.pre_row;
-  m.recent_rows = m.pre_row + 1;
   m.graduate_chunk = after > before ? static_cast<int32_t>(before / chunk_size) : -1;
   m.num_chunks = static_cast<int32_t>(after / chunk_size);
   m.attn_last = info.recent_base + static_cast<int32_t>(length + 1 - after) - 1;

@@ -30,22 +30,28 @@ constexpr int kGraduateThreads = 256;
 
 constexpr int kGraduateBasisRows = 16;  // rank outputs per block of the A-row kernel
 
+// The graduation kernels run once per step for every layer (blockIdx.z), before the first
+// layer's QKV kernel appends the step's token: the chunk that leaves holds only earlier tokens
+// (the window keeps local_window >= 1 of them, MakeSkvGeometry), so one launch of each serves
+// all layers, and a step on which a few rows graduate costs three launches, not three per layer.
+
 // A rows of each graduating chunk, a = k_pre · Bᵀ (B has orthonormal rows): one block per (row,
-// kGraduateBasisRows of the rank), its warps one basis row at a time, each lane 8 dims of every
-// 256 against all C tokens, then a warp sum per token. Shared: the chunk's pre-RoPE keys
+// kGraduateBasisRows of the rank, layer), its warps one basis row at a time, each lane 8 dims of
+// every 256 against all C tokens, then a warp sum per token. Shared: the chunk's pre-RoPE keys
 // [C, kv_width] as fp32 (kv_width a multiple of 8).
 __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKernel(SkvDecodeParams p) {
   extern __shared__ float pre_rows[];
   const SkvRowMeta m = p.meta[blockIdx.x];
   if (m.graduate_chunk < 0) return;
   const SkvLayout& l = p.layout;
+  const int layer = blockIdx.z;
   const int width = l.kv_width(), chunk = l.chunk_size;
-  const int64_t layer_index = LayerIndex(l, m.seq, p.layer);
+  const int64_t layer_index = LayerIndex(l, m.seq, layer);
   Bf16* coefficients =
       l.coefficients + (layer_index * l.capacity_chunks + m.graduate_chunk) * chunk * l.rank;
   // Past the layer's own rank (a per-layer rank) the coefficients are zeros, as B's rows there
   // are: written, not computed, so that the row never keeps what an earlier sequence left.
-  const int rank = l.RankOf(m.seq, p.layer);
+  const int rank = l.RankOf(m.seq, layer);
   const int first = blockIdx.y * kGraduateBasisRows;
   const int last = min(l.rank, first + kGraduateBasisRows), own_last = min(last, rank);
   const int zero_from = max(first, own_last), zeros = last - zero_from;
@@ -82,29 +88,30 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKerne
   }
 }
 
-// One block per row: landmark, values to the store, outlier flag (and under FP8 the
+// One block per (row, layer): landmark, values to the store, outlier flag (and under FP8 the
 // quantised run and landmark). Shared (FP8 landmarks only): the means [kv_heads, d] as fp32.
 __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeParams p) {
   extern __shared__ float means[];
   const SkvRowMeta m = p.meta[blockIdx.x];
   if (m.graduate_chunk < 0) return;
   const SkvLayout& l = p.layout;
+  const int layer = blockIdx.z;
   const int chunk = l.chunk_size, d = l.head_dim;
   const SkvSequenceInfo info = l.info[m.seq];
   // Landmark (mean post-RoPE key), values to the store, and the chunk joins the landmark set.
   for (int index = threadIdx.x; index < l.num_kv_heads * d; index += blockDim.x) {
     const int h = index / d, e = index % d;
-    const int64_t head_offset = l.attn.HeadOffset(m.seq, p.layer, h);
+    const int64_t head_offset = l.attn.HeadOffset(m.seq, layer, h);
     const Bf16* keys = l.attn.keys + head_offset + static_cast<int64_t>(info.recent_base) * d;
     const Bf16* values = l.attn.values + head_offset + static_cast<int64_t>(info.recent_base) * d;
     float sum = 0.0f;
     for (int t = 0; t < chunk; ++t) sum += __bfloat162float(keys[t * d + e]);
     if (!l.fp8_values) {
-      Bf16* store = l.values[m.seq] + l.RunIndex(p.layer, h, m.graduate_chunk) * chunk * d;
+      Bf16* store = l.values[m.seq] + l.RunIndex(layer, h, m.graduate_chunk) * chunk * d;
       for (int t = 0; t < chunk; ++t) store[t * d + e] = values[t * d + e];
     }
     const float mean = sum / static_cast<float>(chunk);
-    const int64_t head_index = l.HeadIndex(m.seq, p.layer, h);
+    const int64_t head_index = l.HeadIndex(m.seq, layer, h);
     if (l.fp8_landmarks) {
       means[index] = mean;
     } else {
@@ -118,14 +125,14 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
   // FP8: one warp per KV head quantises the chunk's values and its landmark.
   for (int h = threadIdx.x / 32; h < l.num_kv_heads; h += blockDim.x / 32) {
     if (l.fp8_values) {
-      const Bf16* values = l.attn.values + l.attn.HeadOffset(m.seq, p.layer, h) +
+      const Bf16* values = l.attn.values + l.attn.HeadOffset(m.seq, layer, h) +
                            static_cast<int64_t>(info.recent_base) * d;
       WarpQuantizeFp8Run([&](int i) { return __bfloat162float(values[i]); }, chunk * d,
-                         l.ValueCodes(m.seq, p.layer, h, m.graduate_chunk),
-                         l.ValueScale(m.seq, p.layer, h, m.graduate_chunk));
+                         l.ValueCodes(m.seq, layer, h, m.graduate_chunk),
+                         l.ValueScale(m.seq, layer, h, m.graduate_chunk));
     }
     if (l.fp8_landmarks) {
-      const int64_t landmark = l.HeadIndex(m.seq, p.layer, h) * l.capacity_chunks +
+      const int64_t landmark = l.HeadIndex(m.seq, layer, h) * l.capacity_chunks +
                                m.graduate_chunk;
       WarpQuantizeFp8Run([&](int i) { return means[h * d + i]; }, d,
                          l.landmark_codes + landmark * d, l.landmark_scales + landmark);
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
   }
 }
 
-// One block per (row, KV head): exact rows [C, recent_rows) move to [0, recent_rows − C), for
+// One block per (row, KV head, layer): exact rows [C, held_rows) move to [0, held_rows − C), for
 // post-RoPE K, V and this head's slice of the pre-RoPE keys. Everything is read before anything
 // is written (the ranges overlap).
 __global__ void __launch_bounds__(kGraduateThreads) SkvShiftKernel(SkvDecodeParams p) {
@@ -141,14 +148,14 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvShiftKernel(SkvDecodePara
   const SkvRowMeta m = p.meta[blockIdx.x];
   if (m.graduate_chunk < 0) return;
   const SkvLayout& l = p.layout;
-  const int h = blockIdx.y, d = l.head_dim, chunk = l.chunk_size, width = l.kv_width();
-  const int kept = m.recent_rows - chunk;
+  const int h = blockIdx.y, layer = blockIdx.z, d = l.head_dim, chunk = l.chunk_size;
+  const int width = l.kv_width(), kept = m.held_rows - chunk;
   const SkvSequenceInfo info = l.info[m.seq];
   const int64_t head_offset =
-      l.attn.HeadOffset(m.seq, p.layer, h) + static_cast<int64_t>(info.recent_base) * d;
+      l.attn.HeadOffset(m.seq, layer, h) + static_cast<int64_t>(info.recent_base) * d;
   Bf16* keys = l.attn.keys + head_offset;
   Bf16* values = l.attn.values + head_offset;
-  Bf16* pre = l.keys_pre + LayerIndex(l, m.seq, p.layer) * l.recent_capacity * width + h * d;
+  Bf16* pre = l.keys_pre + LayerIndex(l, m.seq, layer) * l.recent_capacity * width + h * d;
   const int count = kept * d;
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
     const int t = i / d, e = i % d;
@@ -647,15 +654,19 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
 cudaError_t LaunchSkvGraduate(const SkvDecodeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
-  SkvGraduateKernel<<<p.rows, kGraduateThreads, GraduateSharedBytes(l), stream>>>(p);
+  const int layers = l.num_layers;
+  SkvGraduateKernel<<<dim3(p.rows, 1, layers), kGraduateThreads, GraduateSharedBytes(l),
+                      stream>>>(p);
   cudaError_t error = cudaGetLastError();
   if (error != cudaSuccess) return error;
-  const dim3 coefficient_grid(p.rows, (l.rank + kGraduateBasisRows - 1) / kGraduateBasisRows);
+  const dim3 coefficient_grid(p.rows, (l.rank + kGraduateBasisRows - 1) / kGraduateBasisRows,
+                              layers);
   SkvGraduateCoefficientsKernel<<<coefficient_grid, kGraduateThreads,
                                   GraduateCoefficientsSharedBytes(l), stream>>>(p);
   if ((error = cudaGetLastError()) != cudaSuccess) return error;
   const size_t shift_bytes = 3ull * (l.recent_capacity - l.chunk_size) * l.head_dim * sizeof(Bf16);
-  SkvShiftKernel<<<dim3(p.rows, l.num_kv_heads), kGraduateThreads, shift_bytes, stream>>>(p);
+  SkvShiftKernel<<<dim3(p.rows, l.num_kv_heads, layers), kGraduateThreads, shift_bytes,
+                   stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -152,8 +152,9 @@ SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& params, int first, int coun
 // A step's rows are split in two for the selection from this many rows.
 constexpr int kSkvSplitMinRows = 4;
 
-// Graduation (rows whose graduate_chunk >= 0): A rows = K_pre·Bᵀ, landmark, values to the store,
-// then the exact window moves down by one chunk.
+// Graduation (rows whose graduate_chunk >= 0), every layer of the layout in one launch of each
+// kernel, before the step's first layer appends its token: A rows = K_pre·Bᵀ, landmark, values
+// to the store, then the exact window moves down by one chunk. `params.layer` is not read.
 cudaError_t LaunchSkvGraduate(const SkvDecodeParams& params, cudaStream_t stream);
 // logits[row, q head, chunk] = scale·q·L (−inf for outliers); chunks [0, num_chunks).
 cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);

@@ -21,11 +21,12 @@ struct SkvSequenceInfo {
 // One decode row's plan for this step (mirrored on the device).
 struct SkvRowMeta {
   int32_t seq = 0;
-  int32_t recent_rows = 0;      // exact rows once the new token is appended (before graduation)
+  // Each step graduates first (every layer at once), then appends the new token.
+  int32_t held_rows = 0;        // exact rows held before the step (what graduation shifts)
   int32_t graduate_chunk = -1;  // the chunk that leaves the exact window at this step, or -1
   int32_t num_chunks = 0;       // chunks formed after graduation (landmark index range)
   int32_t attn_last = 0;        // attention covers buffer rows [0, attn_last]
-  int32_t attn_row = 0;         // attention-buffer row of the new token
+  int32_t attn_row = 0;         // attention-buffer row of the new token (after graduation)
   int32_t pre_row = 0;          // row of the new token's pre-RoPE key among the exact rows
   int32_t pad = 0;
 };
