@@ -346,7 +346,8 @@ def steady_state(records, decoders):
 STEP_SERIES = re.compile(
     r'^(shadowkv_engine_steps_total|shadowkv_engine_step_rows_total|'
     r'shadowkv_engine_step_seconds_total|shadowkv_handler_seconds_total|'
-    r'shadowkv_handler_wakeups_total|shadowkv_handler_tokens_total)(\{[^}]*\})? (\S+)$')
+    r'shadowkv_handler_wakeups_total|shadowkv_handler_tokens_total|'
+    r'shadowkv_kv_compress_seconds_total)(\{[^}]*\})? (\S+)$')
 
 
 def scrape_step_counters(base_url):
@@ -391,6 +392,9 @@ def step_breakdown(before, after):
         if tokens > 0 else None,
         "write_us_per_token": (1e6 * delta(handler.format("write")) / tokens)
         if tokens > 0 else None,
+        # Prompt compression (ShadowKV on the GPU), summed over the policies of finished requests.
+        "compress_seconds": sum(after[key] - before.get(key, 0.0) for key in after
+                                if key.startswith("shadowkv_kv_compress_seconds_total")),
     }
 
 
@@ -475,6 +479,9 @@ def print_summary(policy, s):
               f"({number(b['tokens_per_wakeup'], 1)} tokens), detokenize "
               f"{number(b['detokenize_us_per_token'], 1)} us and write "
               f"{number(b['write_us_per_token'], 1)} us per token")
+        if b.get("compress_seconds"):
+            print(f"  prompt compression: {b['compress_seconds']:.2f} s in the loop "
+                  f"({1000 * b['compress_seconds'] / max(1, s['completed']):.1f} ms per request)")
     if s["errors_by_status"]:
         print(f"  errors by status: {s['errors_by_status']}")
     if s["share_right"] is not None:

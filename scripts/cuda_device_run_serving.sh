@@ -9,10 +9,12 @@
 #     installs the wheels in .whl/ to /tmp/site
 #   tests: the GPU tests of the serving path (sampling, models, serving, ShadowKV model)
 #   tests-all: the whole GPU test binary (tensor-parallel tests in a process of their own)
-#   bench: `bench` at SERVE_CONTEXTS (default 20000,30000) x SERVE_BATCH (64), full and ShadowKV,
-#     step loop and engine loop
+#   bench: `bench` at SERVE_CONTEXTS (default 20000,30000) x SERVE_BATCH (64), the policies of
+#     SERVE_KV (default full,shadowkv), step loop and engine loop
 #   serve: bench/serve_bench.py, SERVE_BATCH concurrent streams of SERVE_PROMPT (20000) token ids
-#     and SERVE_OUTPUT (2048) tokens each, a server per policy
+#     and SERVE_OUTPUT (2048) tokens each, a server per policy of SERVE_KV
+#   (bench and serve: with SERVE_SYNTH=NAME, random weights of that shape instead of the GGUF,
+#   e.g. qwen2.5-0.5b; no model to assemble)
 #   load: 160 concurrent short streams at --max-batch 64 --max-queue 64 (every stream past the
 #     queue gets 429, none is lost)
 #   servecheck: tests/gpu/serve_check.py (greedy repeatability, refusals, SIGTERM) on the GPU
@@ -32,6 +34,12 @@ batch=${SERVE_BATCH:-64}
 prompt=${SERVE_PROMPT:-20000}
 output=${SERVE_OUTPUT:-2048}
 synth_context=${SYNTH_CONTEXT:-124928}
+serve_kv=${SERVE_KV:-full,shadowkv}
+if [ -n "${SERVE_SYNTH:-}" ]; then
+  weights=(--synthetic "$SERVE_SYNTH")
+else
+  weights=(-m "$model")
+fi
 
 bundle_ready() {
   [ -e "$bundle" ] || { echo "no bundle: run the setup step first"; return 1; }
@@ -80,7 +88,7 @@ for step in "$@"; do
       ;;
     bench)
       bundle_ready || exit 1
-      timeout 420 "$stage/bin/shadowkv" bench --device cuda -m "$model" --kv full,shadowkv \
+      timeout 420 "$stage/bin/shadowkv" bench --device cuda "${weights[@]}" --kv "$serve_kv" \
         --context "$contexts" --batch "$batch" --gen 256 --prefill-chunk 2048 \
         --json "$out/bench_serving.json" > "$out/bench_serving.log" 2>&1
       echo "bench: exit $?"
@@ -88,15 +96,18 @@ for step in "$@"; do
       ;;
     serve)
       bundle_ready || exit 1
-      timeout 560 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" --model "$model" \
-        --server-per-kv --kv full,shadowkv --prompt-ids "$prompt" --output-tokens "$output" \
+      [ -n "${SERVE_SYNTH:-}" ] && serve_weights=(--synthetic "$SERVE_SYNTH") \
+        || serve_weights=(--model "$model")
+      timeout 560 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" "${serve_weights[@]}" \
+        --server-per-kv --kv "$serve_kv" --prompt-ids "$prompt" --output-tokens "$output" \
         --num-requests "$batch" --concurrency "$batch" --client-processes 8 --startup-timeout 300 \
         --request-timeout 1200 --json "$out/serve_${prompt}.json" -- --device cuda \
         --ctx-size 32768 --max-batch "$batch" --max-seqs "$batch" --prefill-chunk 2048 \
         --http-threads $((batch + 16)) --max-body 4096 --timeout 3600 \
         > "$out/serve_${prompt}.log" 2>&1
       echo "serve: exit $?"
-      grep -E "== kv|steady|TTFT|ITL|engine loop|errors|GPU pool|bounded" "$out/serve_${prompt}.log"
+      grep -E "== kv|steady|TTFT|ITL|engine loop|compression|errors|GPU pool|bounded" \
+        "$out/serve_${prompt}.log"
       ;;
     load)
       bundle_ready || exit 1

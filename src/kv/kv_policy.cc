@@ -15,6 +15,7 @@ PolicyStats& PolicyStats::operator+=(const PolicyStats& o) {
   chunk_selections += o.chunk_selections;
   chunk_hits += o.chunk_hits;
   bytes_fetched += o.bytes_fetched;
+  compress_seconds += o.compress_seconds;
   return *this;
 }
 
@@ -25,6 +26,7 @@ PolicyStats& PolicyStats::operator-=(const PolicyStats& o) {
   chunk_selections -= o.chunk_selections;
   chunk_hits -= o.chunk_hits;
   bytes_fetched -= o.bytes_fetched;
+  compress_seconds -= o.compress_seconds;
   return *this;
 }
 

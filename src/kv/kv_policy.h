@@ -84,6 +84,9 @@ struct PolicyStats {
   int64_t chunk_selections = 0;  // chunks selected (sparse policies)
   int64_t chunk_hits = 0;        // of those, reused from the previous step
   int64_t bytes_fetched = 0;     // bytes moved from the slow tier
+  // Host time spent compressing the prompt, where a backend measures it (the GPU server's
+  // ShadowKV: the engine loop waits for it).
+  double compress_seconds = 0;
   double hit_rate() const {
     return chunk_selections ? static_cast<double>(chunk_hits) / chunk_selections : 0.0;
   }

@@ -151,6 +151,12 @@ std::string Metrics::Render() const {
     out +=
         fmt::format("shadowkv_kv_chunk_hits_total{{policy=\"{}\"}} {}\n", policy, stats.chunk_hits);
   }
+  Header(&out, "shadowkv_kv_compress_seconds_total", "counter",
+         "Time the engine loop spent compressing prompts (ShadowKV on the GPU).");
+  for (const auto& [policy, stats] : policy_stats_) {
+    out += fmt::format("shadowkv_kv_compress_seconds_total{{policy=\"{}\"}} {}\n", policy,
+                       stats.compress_seconds);
+  }
   Header(&out, "shadowkv_kv_hit_rate", "gauge", "Chunk hit rate (hits / selections) per policy.");
   for (const auto& [policy, stats] : policy_stats_) {
     out += fmt::format("shadowkv_kv_hit_rate{{policy=\"{}\"}} {}\n", policy, stats.hit_rate());

@@ -28,6 +28,8 @@ TEST(MetricsTest, RendersCountersGaugesAndHitRate) {
   kv::PolicyStats stats;
   stats.chunk_selections = 8;
   stats.chunk_hits = 6;
+  stats.compress_seconds = 0.25;
+  m.AddPolicyStats("shadowkv", stats);
   m.AddPolicyStats("shadowkv", stats);
   EngineGauges g;
   g.queue_depth = 3;
@@ -44,6 +46,7 @@ TEST(MetricsTest, RendersCountersGaugesAndHitRate) {
         "shadowkv_queue_depth 3\n",
         "shadowkv_kv_memory_bytes{tier=\"slow\",owner=\"running\"} 200\n",
         "shadowkv_kv_hit_rate{policy=\"shadowkv\"} 0.75\n",
+        "shadowkv_kv_compress_seconds_total{policy=\"shadowkv\"} 0.5\n",
         "# TYPE shadowkv_time_to_first_token_seconds histogram\n",
         "# TYPE shadowkv_inter_token_latency_seconds histogram\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "gpu/tp/cuda_model_group.h"
@@ -400,7 +401,10 @@ Status CudaServingModel::Compress(Sequence& s) {
   if (placed.code() == ErrorCode::kResourceExhausted) return Status::Ok();
   SKV_RETURN_IF_ERROR(placed);
   s.has_values_ = true;
+  const auto start = std::chrono::steady_clock::now();
   const Status compressed = group_->CompressToShadowKv(s.slot_, s.sequence_);
+  s.stats_.compress_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (compressed.code() == ErrorCode::kUnsupported) {
     // Too short for the budget: the sequence keeps its slot and full attention.
     s.has_values_ = false;
