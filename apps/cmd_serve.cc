@@ -98,6 +98,7 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
       model_or = cuda::CudaServingModel::CreateSynthetic(config, c);
     }
     SKV_ASSIGN_OR_RETURN(auto model, std::move(model_or));
+    SKV_RETURN_IF_ERROR(model->WarmUp());
     loaded.pool = model->Describe();
     loaded.max_batch = model->max_batch();
     loaded.serving = std::move(model);

@@ -295,6 +295,44 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
   for (const auto& tokens : out) EXPECT_EQ(tokens.size(), 10u);
 }
 
+// The start-up warm-up (a throwaway prompt prefilled, compressed and decoded) gives its
+// sequence back and leaves nothing behind: the whole pool is free, and the same steps give the
+// same logits as on a model that never warmed up.
+TEST(CudaServingTest, WarmUpLeavesThePoolAsItFoundIt) {
+  SKV_SKIP_WITHOUT_GPU();
+  auto warmed = CudaServingModel::Load(ServingModelPath(), Options("shadowkv"));
+  ASSERT_TRUE(warmed.ok()) << warmed.status().ToString();
+  auto cold = CudaServingModel::Load(ServingModelPath(), Options("shadowkv"));
+  ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+  const Status warm = (*warmed)->WarmUp();
+  ASSERT_TRUE(warm.ok()) << warm.ToString();
+  const kv::KvPolicyConfig config = Options("shadowkv").kv;
+  Stepper a{**warmed, (*warmed)->MakePolicy(config).value(), {}};
+  Stepper b{**cold, (*cold)->MakePolicy(config).value(), {}};
+  for (Stepper* x : {&a, &b}) {
+    for (int i = 0; i < Options("shadowkv").sequences; ++i) {
+      auto sequence = x->policy->NewSequence();
+      ASSERT_TRUE(sequence.ok()) << "sequence " << i << ": " << sequence.status().ToString();
+      x->seqs.push_back(std::move(*sequence));
+    }
+  }
+  const std::vector<int32_t> p0 = Tokens(600, 21), p1 = Tokens(400, 22);
+  double worst = 0;
+  auto step = [&](const std::vector<std::pair<int, std::vector<int32_t>>>& rows,
+                  const std::vector<bool>& finish) {
+    const auto got = a.Step(rows, finish);
+    const auto want = b.Step(rows, finish);
+    for (size_t i = 0; i < rows.size(); ++i) worst = std::max(worst, RelativeError(got[i], want[i]));
+  };
+  step({{0, p0}}, {true});
+  step({{1, p1}}, {true});
+  for (int t = 0; t < 12; ++t) {
+    step({{0, {static_cast<int32_t>(40 + t)}}, {1, {static_cast<int32_t>(90 + t)}}},
+         {false, false});
+  }
+  EXPECT_LT(worst, 1e-6) << "the warm-up's sequence left state that a later one saw";
+}
+
 // A held sequence forks on the device: the copy (and the original) decode exactly as the
 // original would have, for a full-cache slot and for a compressed ShadowKV sequence.
 TEST(CudaServingTest, ForkedSequencesDecodeAsTheOriginal) {

@@ -285,6 +285,34 @@ Status CudaServingModel::RemakePool(const kv::KvPolicyConfig& kv, int sequences,
   return Status::Ok();
 }
 
+Status CudaServingModel::WarmUp() {
+  if (!shadowkv()) return Status::Ok();
+  // Long enough to compress at the served budget (its chunks, the outliers and the window need
+  // a little more than the budget), within the context.
+  const int64_t length = std::min<int64_t>(
+      config_.context_length - 1, 2 * options_.kv.BudgetTokens(config_.context_length) + 1024);
+  if (length < 1) return Status::Ok();
+  SKV_ASSIGN_OR_RETURN(auto sequence, NewSequence());
+  const std::vector<int32_t> prompt(static_cast<size_t>(length), 0);
+  const SamplingParams greedy;
+  int32_t next = 0;
+  for (int64_t first = 0; first < length; first += options_.prefill_chunk) {
+    engine::StepRow row;
+    row.kv = sequence.get();
+    row.tokens = std::span<const int32_t>(prompt).subspan(
+        first, std::min<int64_t>(options_.prefill_chunk, length - first));
+    row.finish_prefill = first + std::ssize(row.tokens) == length;
+    row.sampling = row.finish_prefill ? &greedy : nullptr;
+    SKV_RETURN_IF_ERROR(Step(std::span(&row, 1), std::span(&next, 1)));
+  }
+  engine::StepRow decode;
+  decode.kv = sequence.get();
+  decode.tokens = std::span<const int32_t>(&next, 1);
+  decode.sampling = &greedy;
+  int32_t after = 0;
+  return Step(std::span(&decode, 1), std::span(&after, 1));
+}
+
 Result<int> CudaServingModel::SequencesWithDeviceValues() {
   if (!shadowkv() || skv_value_bytes_ <= 0) return sequences_;
   SKV_ASSIGN_OR_RETURN(const int64_t free_bytes, group_->FreeDeviceBytes());

@@ -75,6 +75,11 @@ class CudaServingModel final : public engine::ServingModel {
   Result<std::unique_ptr<kv::KvPolicy>> MakePolicy(const kv::KvPolicyConfig& config) const override;
   Status Step(std::span<const engine::StepRow> rows, std::span<int32_t> next_tokens) override;
 
+  // ShadowKV: runs one throwaway prompt through prefill, compression and a decode step, so that
+  // what the first use of each costs (library and kernel loading, solver set-up) is paid before
+  // any request waits on it; the sequence goes back to the pool. Full attention: nothing.
+  // Call before the engine loop starts (it uses Step).
+  Status WarmUp();
   // The pool in words (sequences, context, device and host memory, what bounded it), for the
   // start-up line.
   std::string Describe() const;
