@@ -12,7 +12,7 @@ namespace {
 
 constexpr std::string_view kSupportedFormats =
     "ChatML (<|im_start|>), Llama 3 (<|start_header_id|>), Gemma (<start_of_turn>), GLM-4 "
-    "([gMASK]<sop>)";
+    "([gMASK]<sop>), ChatGLM3 ([gMASK]sop)";
 
 // Jinja's `trim`: Python's str.strip(), i.e. White_Space plus the separators U+001C..U+001F.
 std::string_view Trim(std::string_view text) {
@@ -109,6 +109,8 @@ const char* ChatFormatName(ChatFormat format) {
       return "gemma";
     case ChatFormat::kGlm4:
       return "glm4";
+    case ChatFormat::kChatGlm3:
+      return "chatglm3";
   }
   return "unknown";
 }
@@ -128,6 +130,10 @@ Result<ChatTemplate> DetectChatTemplate(std::string_view template_text) {
   }
   if (template_text.find("[gMASK]<sop>") != std::string_view::npos) {
     chat_template.format = ChatFormat::kGlm4;
+    return chat_template;
+  }
+  if (template_text.find("[gMASK]sop") != std::string_view::npos) {
+    chat_template.format = ChatFormat::kChatGlm3;
     return chat_template;
   }
   if (template_text.find("<|im_start|>") != std::string_view::npos) {
@@ -156,8 +162,9 @@ Result<ChatTemplate> DetectChatTemplate(const gguf::GgufFile& file) {
     }
     if (has("<|im_start|>") && has("<|im_end|>")) return ChatTemplate{ChatFormat::kChatML, ""};
     if (has("<start_of_turn>") && has("<end_of_turn>")) return ChatTemplate{ChatFormat::kGemma, ""};
-    if (has("[gMASK]") && has("<sop>") && has("<|user|>") && has("<|assistant|>")) {
-      return ChatTemplate{ChatFormat::kGlm4, ""};
+    if (has("[gMASK]") && has("<|user|>") && has("<|assistant|>")) {
+      if (has("<sop>")) return ChatTemplate{ChatFormat::kGlm4, ""};
+      if (has("sop")) return ChatTemplate{ChatFormat::kChatGlm3, ""};
     }
   }
   std::string architecture = "(none)";
@@ -254,6 +261,14 @@ std::vector<ChatPiece> RenderChat(const ChatTemplate& chat_template,
         out.Content(message.content);
       }
       if (add_generation_prompt) out.Markup("<|assistant|>\n");
+      break;
+    case ChatFormat::kChatGlm3:
+      out.Markup("[gMASK]sop");
+      for (const ChatMessage& message : messages) {
+        out.Markup("<|" + message.role + "|>\n ");
+        out.Content(message.content);
+      }
+      if (add_generation_prompt) out.Markup("<|assistant|>");
       break;
   }
   return out.Take();

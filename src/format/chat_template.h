@@ -1,5 +1,5 @@
-// Chat prompt formats (ChatML, Llama 3, Gemma, GLM-4): detection from GGUF metadata and
-// rendering.
+// Chat prompt formats (ChatML, Llama 3, Gemma, GLM-4, ChatGLM3): detection from GGUF metadata
+// and rendering.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,9 @@ enum class ChatFormat {
   // (GLM-4-9B-chat and GLM-4-0414: the chatglm and glm4 architectures). A turn ends where the
   // next opens; the model ends its own with <|user|>, the file's end-of-turn token.
   kGlm4,
+  // [gMASK]sop once, then <|{role}|>\n {content} per message (a space before the content) ...
+  // then <|assistant|> (ChatGLM3-6B: the chatglm architecture with the SentencePiece "sop").
+  kChatGlm3,
 };
 
 struct ChatMessage {

@@ -155,6 +155,34 @@ TEST(ChatTemplateTest, Glm4OpensWithGmaskAndSop) {
             "[gMASK]<sop><|user|>\nHi");
 }
 
+// ChatGLM3's template: [gMASK]sop (the SentencePiece token, no angle brackets) once, a space
+// between each role's newline and its content, no newline after the generation prompt. The
+// template and the expected text are those of llama.cpp's own test of it
+// (tests/test-chat-template.cpp, case "ChatGLM3", in the llama.cpp that
+// scripts/fetch_model.py --reference-vocab takes its files from), over that test's conversation.
+TEST(ChatTemplateTest, ChatGlm3MatchesLlamaCppsRendering) {
+  const Result<ChatTemplate> detected = DetectChatTemplate(
+      "{% for message in messages %}{% if loop.first %}[gMASK]sop<|{{ message['role'] }}|>\n "
+      "{{ message['content'] }}{% else %}<|{{ message['role'] }}|>\n {{ message['content'] }}"
+      "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}");
+  ASSERT_TRUE(detected.ok()) << detected.status().ToString();
+  EXPECT_EQ(detected->format, ChatFormat::kChatGlm3);
+  EXPECT_STREQ(ChatFormatName(ChatFormat::kChatGlm3), "chatglm3");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kChatGlm3,
+                              Messages{{"system", "You are a helpful assistant"},
+                                       {"user", "Hello"},
+                                       {"assistant", "Hi there"},
+                                       {"user", "Who are you"},
+                                       {"assistant", "   I am an assistant   "},
+                                       {"user", "Another question"}},
+                              true),
+            "[gMASK]sop<|system|>\n You are a helpful assistant<|user|>\n Hello<|assistant|>\n Hi "
+            "there<|user|>\n Who are you<|assistant|>\n    I am an assistant   <|user|>\n Another "
+            "question<|assistant|>");
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kChatGlm3, Messages{{"user", "Hi"}}, false),
+            "[gMASK]sop<|user|>\n Hi");
+}
+
 TEST(ChatTemplateTest, DetectsTheNewFamiliesWithoutATemplate) {
   const auto detect = [](const std::string& architecture, std::vector<std::string> tokens) {
     gguf::GgufWriter writer;
@@ -170,6 +198,8 @@ TEST(ChatTemplateTest, DetectsTheNewFamiliesWithoutATemplate) {
   EXPECT_EQ(detect("qwen3", {"a", "b"}).value(), ChatFormat::kChatML);
   EXPECT_EQ(detect("llama", {"[gMASK]", "<sop>", "<|user|>", "<|assistant|>"}).value(),
             ChatFormat::kGlm4);
+  EXPECT_EQ(detect("chatglm", {"[gMASK]", "sop", "<|user|>", "<|assistant|>"}).value(),
+            ChatFormat::kChatGlm3);
   EXPECT_EQ(detect("chatglm", {"a", "b"}).value(), ChatFormat::kGlm4);
   EXPECT_EQ(detect("glm4", {"a", "b"}).value(), ChatFormat::kGlm4);
   EXPECT_FALSE(detect("llama", {"a", "<start_of_turn>"}).ok());  // half a pair is no format
