@@ -144,7 +144,7 @@ bool NeedsCorpus(const eval::EvalSettings& settings) {
 // StreamingLLM) have no GPU kernels: they take the GPU's keys and values of the prompt, the CPU
 // model runs the prompt's last tokens again to give SnapKV its observation-window queries, and
 // they decode on the CPU. Where the GPU's ShadowKV cannot run (a sliding-window model such as
-// gemma3, or GLM-4-9B's 16 query heads per KV head: CudaModel::ShadowKvRunsHere) ShadowKV takes
+// gemma3, or a GQA group its kernels are not built for: CudaModel::ShadowKvRunsHere) ShadowKV takes
 // that CPU path too; on a sliding model the CPU's policies keep the windowed layers exact (their
 // window) beside the global layers' compression. Tasks, prompts and scoring stay with the CPU
 // model's tokenizer.

@@ -417,6 +417,24 @@ TEST(CudaShadowKvParityTest, Phi3AndGlm4MatchTheCpuPolicy) {
   }
 }
 
+// GLM-4-9B's 16 query heads per KV head: the tensor-core scoring in two column tiles of 8 heads
+// and the select over all 16, against the CPU policy, for the landmark selection and the
+// re-rank, at head dim 64 (two KV heads) and 128 (one).
+TEST(CudaShadowKvParityTest, SixteenQueryHeadsPerKvHeadMatchTheCpuPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  kv::KvPolicyConfig rerank = ParityConfig(false);
+  rerank.selection = "rerank";
+  rerank.label = "shadowkv:select=rerank";
+  for (const TinyModelSpec& spec :
+       {shadowkv::testing::SmallSpec("glm4", 2048, 32, 2, gguf::GgmlType::kF32, false, 14),
+        shadowkv::testing::SmallSpec("glm4", 2048, 16, 1, gguf::GgmlType::kF32, false, 15)}) {
+    SCOPED_TRACE(::testing::Message() << spec.kv_heads << " KV heads");
+    const kv::KvPolicyConfig landmarks = ParityConfig(false);
+    CheckParity(landmarks, landmarks, /*copies=*/true, /*want_ranks=*/24, spec);  // ceil8(128/6.4)
+    CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24, spec);
+  }
+}
+
 TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   SKV_SKIP_WITHOUT_GPU();
   CheckParity(/*fp8=*/false);

@@ -64,19 +64,19 @@ Status UploadValueTable(ShadowKvState& s, cudaStream_t stream) {
 
 // The GPU's ShadowKV cache compresses every layer and has no window to mask, so sliding-window
 // models (gemma3, Mistral-style llama) take only the full cache here; its scoring and select
-// kernels hold a GQA group's query heads in one mma tile of 8 columns, so GLM-4-9B's 16 query
-// heads per KV head take only the full cache too. The CPU backend serves both with ShadowKV
-// (on a sliding model the global layers compressed and the windowed layers kept exact,
-// kv/sliding_split_policy.cc), and `eval --device cuda` decodes ShadowKV there.
+// kernels hold a GQA group's query heads in mma tiles of 8 columns, built for groups of 1 to 8
+// and 16 (GLM-4-9B), so other groups take only the full cache too. The CPU backend serves both
+// with ShadowKV (on a sliding model the global layers compressed and the windowed layers kept
+// exact, kv/sliding_split_policy.cc), and `eval --device cuda` decodes ShadowKV there.
 Status CudaModel::ShadowKvRunsHere() const {
   const ModelConfig& c = impl_->config;
   const int group = c.num_query_heads / c.num_kv_heads;
-  if (group > kSkvMaxGroup) {
+  if (!SkvGroupSupported(group)) {
     return Error(ErrorCode::kUnsupported,
                  "KV policy 'shadowkv' has no CUDA path for this model: it has {} query heads per "
-                 "KV head and the GPU's ShadowKV kernels take at most {}; ShadowKV on it runs on "
-                 "the CPU backend (--device cpu; `eval --device cuda` decodes it there from the "
-                 "GPU's prompt), full attention runs here",
+                 "KV head and the GPU's ShadowKV kernels take 1 to 8 or {}; ShadowKV on it runs "
+                 "on the CPU backend (--device cpu; `eval --device cuda` decodes it there from "
+                 "the GPU's prompt), full attention runs here",
                  group, kSkvMaxGroup);
   }
   const auto windowed = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
@@ -115,6 +115,12 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_seq
   if (config.select_successors != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV successor selection (successors=1) needs "
                  "the fast decode kernels (kernel option shadowkv_kernels = 1, the default)");
+  }
+  if (c.num_query_heads / c.num_kv_heads > kSkvMaxGroupFirst && !fast) {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV with more than {} query heads per KV head needs the fast decode kernels "
+                 "(kernel option shadowkv_kernels = 1, the default)",
+                 kSkvMaxGroupFirst);
   }
   if (config.fp8_landmarks != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "

@@ -161,8 +161,8 @@ int64_t ScoreTcSharedBytes(int head_dim, bool fp8) {
 
 // Scoring on the tensor cores: each warp owns kSkvScoreChunksPerBlock chunks of one (row, KV
 // head) and streams them in 16-chunk tiles through a cp.async ring; one m16n8k16 product per
-// 16 dimensions gives the tile's logits for all query heads of the group at once (the mma's N =
-// 8 columns hold the group's heads, the rest zero). No cross-lane reduction per chunk, and the
+// 16 dimensions and 8 query heads gives the tile's logits for those heads (the mma's N = 8
+// columns hold them, the rest zero; a group of 16 takes two products on the same A fragment). No cross-lane reduction per chunk, and the
 // warp's softmax statistics come out of the same pass. Needs capacity_chunks % 16 == 0 (the
 // outlier flags of a tile are one aligned 16-byte copy).
 // FP8 landmarks (kFp8): the codes convert exactly to fp16 in registers and the product runs in
@@ -172,7 +172,8 @@ int64_t ScoreTcSharedBytes(int head_dim, bool fp8) {
 // 2c+8, 2c+9; the query fragment is permuted the same way (a dot product ignores the order).
 template <int kHeadDim, int kGroup, bool kFp8>
 __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecodeParams p) {
-  static_assert(kGroup <= 8, "the mma's 8 columns hold the group's query heads");
+  static_assert(kGroup <= 16, "two mma column tiles of 8 query heads at most");
+  constexpr int kHeadTiles = (kGroup + 7) / 8;
   using Shape = ScoreTcShared<kHeadDim, kFp8>;
   constexpr int kSteps = kHeadDim / 16;
   constexpr int kPieceBytes = 16;
@@ -200,24 +201,29 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
   const int tiles = (last - first + kScoreTcTile - 1) / kScoreTcTile;
   const int gq = lane / 4, cq = lane % 4;
 
-  // B fragments (16 dims x 8 heads per step): column gq is query head gq.
-  uint32_t qb[kSteps][2];
+  // B fragments (16 dims x 8 heads per step and head tile): column gq of tile ht is query head
+  // 8 * ht + gq.
+  uint32_t qb[kHeadTiles][kSteps][2];
   const Bf16* q_row =
       p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * kHeadDim;
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) {
-    qb[st][0] = qb[st][1] = 0u;
-    if (gq < kGroup) {
-      if constexpr (kFp8) {
-        const Bf16* q = q_row + gq * kHeadDim + st * 16 + 4 * cq;
-        const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q));
-        const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q + 2));
-        qb[st][0] = PackHalf2Saturated(low.x, low.y);
-        qb[st][1] = PackHalf2Saturated(high.x, high.y);
-      } else {
-        const Bf16* q = q_row + gq * kHeadDim + st * 16 + 2 * cq;
-        qb[st][0] = *reinterpret_cast<const uint32_t*>(q);
-        qb[st][1] = *reinterpret_cast<const uint32_t*>(q + 8);
+  for (int ht = 0; ht < kHeadTiles; ++ht) {
+    const int head = 8 * ht + gq;
+#pragma unroll
+    for (int st = 0; st < kSteps; ++st) {
+      qb[ht][st][0] = qb[ht][st][1] = 0u;
+      if (head < kGroup) {
+        if constexpr (kFp8) {
+          const Bf16* q = q_row + head * kHeadDim + st * 16 + 4 * cq;
+          const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q));
+          const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q + 2));
+          qb[ht][st][0] = PackHalf2Saturated(low.x, low.y);
+          qb[ht][st][1] = PackHalf2Saturated(high.x, high.y);
+        } else {
+          const Bf16* q = q_row + head * kHeadDim + st * 16 + 2 * cq;
+          qb[ht][st][0] = *reinterpret_cast<const uint32_t*>(q);
+          qb[ht][st][1] = *reinterpret_cast<const uint32_t*>(q + 8);
+        }
       }
     }
   }
@@ -256,14 +262,20 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
 #pragma unroll
   for (int t = 0; t < kScoreTcStages - 1; ++t) issue(t);
 
-  float run_top[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};  // heads 2cq, 2cq + 1
+  // Heads 8 * ht + 2cq and 8 * ht + 2cq + 1.
+  float run_top[kHeadTiles][2], run_sum[kHeadTiles][2];
+#pragma unroll
+  for (int ht = 0; ht < kHeadTiles; ++ht) {
+    run_top[ht][0] = run_top[ht][1] = -INFINITY;
+    run_sum[ht][0] = run_sum[ht][1] = 0.0f;
+  }
   for (int tile = 0; tile < tiles; ++tile) {
     issue(tile + kScoreTcStages - 1);
     CpAsyncWait<kScoreTcStages - 1>();
     __syncwarp();
     const int stage = tile % kScoreTcStages;
     const unsigned char* tile_rows = tile_of(stage);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[kHeadTiles][4] = {};
 #pragma unroll
     for (int st = 0; st < kSteps; ++st) {
       uint32_t a[4];
@@ -275,50 +287,62 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
         a[1] = Fp8x2ToHalf2Bits(lower);
         a[2] = Fp8x2ToHalf2Bits(upper >> 16);
         a[3] = Fp8x2ToHalf2Bits(lower >> 16);
-        MmaF16(acc, a, qb[st][0], qb[st][1]);
+#pragma unroll
+        for (int ht = 0; ht < kHeadTiles; ++ht) MmaF16(acc[ht], a, qb[ht][st][0], qb[ht][st][1]);
       } else {
         const Bf16* rows = reinterpret_cast<const Bf16*>(tile_rows);
         LdMatrixX4(a, rows + (lane & 15) * kPitch + st * 16 + (lane >> 4) * 8);
-        MmaBf16(acc, a, qb[st][0], qb[st][1]);
+#pragma unroll
+        for (int ht = 0; ht < kHeadTiles; ++ht) MmaBf16(acc[ht], a, qb[ht][st][0], qb[ht][st][1]);
       }
     }
-    // acc: (chunk gq, head 2cq), (gq, 2cq + 1), (gq + 8, 2cq), (gq + 8, 2cq + 1).
+    // acc[ht]: (chunk gq, head 2cq), (gq, 2cq + 1), (gq + 8, 2cq), (gq + 8, 2cq + 1), heads
+    // counted from 8 * ht.
     const int c0 = first + tile * kScoreTcTile;
     const unsigned char* flags = flags_of(stage);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int head = 2 * cq + (e & 1), r = gq + (e >> 1) * 8;
-      if (head < kGroup && c0 + r < last) {
-        const float scale = kFp8 ? scales_of(stage)[r] * p.scale : p.scale;
-        const float x = flags[r] ? -INFINITY : acc[e] * scale;
-        logits[static_cast<int64_t>(head) * l.capacity_chunks + c0 + r] = x;
-        SoftmaxAdd(x, &run_top[e & 1], &run_sum[e & 1]);
+    for (int ht = 0; ht < kHeadTiles; ++ht) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int head = 8 * ht + 2 * cq + (e & 1), r = gq + (e >> 1) * 8;
+        if (head < kGroup && c0 + r < last) {
+          const float scale = kFp8 ? scales_of(stage)[r] * p.scale : p.scale;
+          const float x = flags[r] ? -INFINITY : acc[ht][e] * scale;
+          logits[static_cast<int64_t>(head) * l.capacity_chunks + c0 + r] = x;
+          SoftmaxAdd(x, &run_top[ht][e & 1], &run_sum[ht][e & 1]);
+        }
       }
     }
     __syncwarp();  // this stage is refilled by the next iteration's issue
   }
   CpAsyncWait<0>();
-  // The 8 lanes of one cq hold parts of the same two heads' statistics.
+  // The 8 lanes of one cq hold parts of the same heads' statistics.
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int ht = 0; ht < kHeadTiles; ++ht) {
 #pragma unroll
-    for (int offset = 4; offset < 32; offset <<= 1) {
-      const float top_b = __shfl_xor_sync(0xffffffffu, run_top[j], offset);
-      const float sum_b = __shfl_xor_sync(0xffffffffu, run_sum[j], offset);
-      SoftmaxMerge(top_b, sum_b, &run_top[j], &run_sum[j]);
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) {
+        const float top_b = __shfl_xor_sync(0xffffffffu, run_top[ht][j], offset);
+        const float sum_b = __shfl_xor_sync(0xffffffffu, run_sum[ht][j], offset);
+        SoftmaxMerge(top_b, sum_b, &run_top[ht][j], &run_sum[ht][j]);
+      }
     }
   }
   if (gq == 0) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int head = 2 * cq + j;
-      if (head < kGroup) {
-        float* partial = p.softmax_partials +
-                         ((static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup + head) *
-                             SkvScoreBlocks(l.capacity_chunks) * 2 +
-                         part * 2;
-        partial[0] = run_top[j];
-        partial[1] = run_sum[j];
+    for (int ht = 0; ht < kHeadTiles; ++ht) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int head = 8 * ht + 2 * cq + j;
+        if (head < kGroup) {
+          float* partial = p.softmax_partials +
+                           ((static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup + head) *
+                               SkvScoreBlocks(l.capacity_chunks) * 2 +
+                           part * 2;
+          partial[0] = run_top[ht][j];
+          partial[1] = run_sum[ht][j];
+        }
       }
     }
   }
@@ -335,6 +359,7 @@ const void* ScoreTcKernelOf(int group) {
     case 6: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 6, kFp8>);
     case 7: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 7, kFp8>);
     case 8: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 8, kFp8>);
+    case 16: return reinterpret_cast<const void*>(SkvScoreTcKernel<kHeadDim, 16, kFp8>);
     default: return nullptr;
   }
 }
@@ -354,7 +379,8 @@ cudaError_t SkvConfigureFastKernels(const SkvLayout& l, int64_t select_dynamic_b
   cudaError_t e = SkvConfigureSelectFast(l, select_dynamic_bytes);
   if (e != cudaSuccess) return e;
   const bool fp8 = l.fp8_landmarks != 0;
-  if (fp8 && l.capacity_chunks % kScoreTcTile != 0) return cudaErrorInvalidValue;
+  // FP8 landmarks and groups above 8 query heads have the tensor-core scoring only.
+  if ((fp8 || l.group > 8) && l.capacity_chunks % kScoreTcTile != 0) return cudaErrorInvalidValue;
   if (const void* score = ScoreTcKernel(l.head_dim, l.group, fp8)) {
     if ((e = raise(score, ScoreTcSharedBytes(l.head_dim, fp8))) != cudaSuccess) return e;
   }

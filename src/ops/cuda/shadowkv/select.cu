@@ -417,6 +417,7 @@ const void* SelectFastKernelOf(int group) {
     case 6: return reinterpret_cast<const void*>(SkvSelectFastKernel<6, kThreads, kCoarse, kMinBlocks>);
     case 7: return reinterpret_cast<const void*>(SkvSelectFastKernel<7, kThreads, kCoarse, kMinBlocks>);
     case 8: return reinterpret_cast<const void*>(SkvSelectFastKernel<8, kThreads, kCoarse, kMinBlocks>);
+    case 16: return reinterpret_cast<const void*>(SkvSelectFastKernel<16, kThreads, kCoarse, kMinBlocks>);
     default: return nullptr;
   }
 }

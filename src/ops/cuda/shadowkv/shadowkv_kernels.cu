@@ -627,7 +627,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   if (select_bytes > limit || rebuild_bytes > limit || graduate_bytes > limit ||
       coefficient_bytes > limit || l.chunk_size > kSkvMaxGraduateChunk ||
       l.max_budget > kSkvMaxBudgetChunks || l.rank % 8 != 0 ||
-      (l.head_dim != 64 && l.head_dim != 128) || l.group < 1 || l.group > kSkvMaxGroup) {
+      (l.head_dim != 64 && l.head_dim != 128) || !SkvGroupSupported(l.group)) {
     return cudaErrorInvalidValue;
   }
   // Never lowers a limit another layout of this process raised (an FP8 model's graduation asks

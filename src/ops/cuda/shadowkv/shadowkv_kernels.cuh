@@ -15,7 +15,13 @@
 namespace shadowkv::cuda {
 
 constexpr int kSkvMaxBudgetChunks = 1024;  // K per KV head at most (one select block's threads)
-constexpr int kSkvMaxGroup = 8;           // query heads per KV head at most (score and select)
+constexpr int kSkvMaxGroup = 16;          // query heads per KV head at most (score and select)
+constexpr int kSkvMaxGroupFirst = 8;      // the same for the first kernels (kSkvKernelsFirst)
+// The query heads per KV head the scoring and select kernels are built for: 1 to 8 (each a
+// tensor-core tile's columns, or fewer), and 16 (two tiles: GLM-4-9B).
+constexpr bool SkvGroupSupported(int group) {
+  return (group >= 1 && group <= 8) || group == kSkvMaxGroup;
+}
 constexpr int kSkvMaxGraduateChunk = 16;   // C at most (a graduating chunk's tokens in registers)
 constexpr int kSkvScoreChunksPerBlock = 256;  // chunks scored by one block of the fast kernel
 SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
