@@ -255,21 +255,18 @@ std::vector<ChatPiece> RenderChat(const ChatTemplate& chat_template,
       break;
     }
     case ChatFormat::kGlm4:
-      out.Markup("[gMASK]<sop>");
+    case ChatFormat::kChatGlm3: {
+      // The two differ in the opening token, a space before each message and the newline
+      // after the generation prompt.
+      const bool glm4 = chat_template.format == ChatFormat::kGlm4;
+      out.Markup(glm4 ? "[gMASK]<sop>" : "[gMASK]sop");
       for (const ChatMessage& message : messages) {
-        out.Markup("<|" + message.role + "|>\n");
+        out.Markup("<|" + message.role + (glm4 ? "|>\n" : "|>\n "));
         out.Content(message.content);
       }
-      if (add_generation_prompt) out.Markup("<|assistant|>\n");
+      if (add_generation_prompt) out.Markup(glm4 ? "<|assistant|>\n" : "<|assistant|>");
       break;
-    case ChatFormat::kChatGlm3:
-      out.Markup("[gMASK]sop");
-      for (const ChatMessage& message : messages) {
-        out.Markup("<|" + message.role + "|>\n ");
-        out.Content(message.content);
-      }
-      if (add_generation_prompt) out.Markup("<|assistant|>");
-      break;
+    }
   }
   return out.Take();
 }
