@@ -525,6 +525,11 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                       {"prefill_tokens_per_s", context / r.prefill_seconds},
                       {"compress_seconds", r.compress_seconds},
                       {"compress_fraction_of_prefill", r.compress_seconds / r.prefill_seconds},
+                      {"compress_phase_seconds",
+                       {{"gram", r.compress_phase_seconds[0]},
+                        {"eigenvectors", r.compress_phase_seconds[1]},
+                        {"projection_landmarks", r.compress_phase_seconds[2]},
+                        {"outliers_copies", r.compress_phase_seconds[3]}}},
                       {"decode_tokens_per_s", top.decode_tokens_per_s},
                       {"step_ms", top.step_ms},
                       {"hit_rate", top.hit_rate},
@@ -541,10 +546,14 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                       {"runs", runs}});
           shadowkv_lines.push_back(fmt::format(
               "{:>7}: budget {} tokens, rank {}, {} outlier chunks; prefill {:.2f} s, ShadowKV "
-              "compression {:.2f} s ({:.1f}% of the prefill); per sequence {:.2f} GiB on the GPU "
-              "+ {:.2f} GiB of values; GPU in use {:.1f} GiB, pinned host values {:.1f} GiB",
+              "compression {:.1f} ms ({:.1f}% of the prefill: Gram {:.1f}, eigenvectors {:.1f}, "
+              "projection and landmarks {:.1f}, outliers and copies {:.1f}); per sequence {:.2f} "
+              "GiB on the GPU + {:.2f} GiB of values; GPU in use {:.1f} GiB, pinned host values "
+              "{:.1f} GiB",
               context, r.budget_tokens, r.rank, r.outlier_chunks, r.prefill_seconds,
-              r.compress_seconds, 100.0 * r.compress_seconds / r.prefill_seconds,
+              1e3 * r.compress_seconds, 100.0 * r.compress_seconds / r.prefill_seconds,
+              1e3 * r.compress_phase_seconds[0], 1e3 * r.compress_phase_seconds[1],
+              1e3 * r.compress_phase_seconds[2], 1e3 * r.compress_phase_seconds[3],
               r.device_bytes_per_sequence / kGiB, r.value_bytes_per_sequence / kGiB,
               r.gpu_bytes_used / kGiB, r.host_bytes / kGiB));
           if (o.engine_loop) {

@@ -295,7 +295,9 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   // Compresses the prefilled prompt into sequence 0 (values allocated), then frees its full cache.
   auto compress = [&]() -> Status {
     SKV_RETURN_IF_ERROR(model.CompressToShadowKv(0, 0));
-    r.compress_seconds = model.shadowkv_stats().compress_seconds;
+    const CudaShadowKvStats stats = model.shadowkv_stats();
+    r.compress_seconds = stats.compress_seconds;
+    r.compress_phase_seconds = stats.compress_phase_seconds;
     model.FreeKvCache();
     return Status::Ok();
   };

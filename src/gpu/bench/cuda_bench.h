@@ -2,6 +2,7 @@
 // Pure C++ interface.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -111,6 +112,7 @@ struct ShadowKvBenchResult {
   int64_t free_bytes = 0;
   double prefill_seconds = 0;   // full-attention prefill of one prompt (pre-RoPE keys kept)
   double compress_seconds = 0;  // factorisation + landmarks + outliers + value offload
+  std::array<double, 4> compress_phase_seconds{};  // CudaShadowKvStats's parts of it
   std::vector<ShadowKvBenchRun> runs;  // device values only; device + host values (if any)
   int best = 0;                        // index into runs
   int64_t gpu_bytes_used = 0;

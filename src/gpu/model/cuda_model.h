@@ -4,6 +4,7 @@
 // from CUDA graphs. Pure C++ interface (no CUDA types).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -114,6 +115,10 @@ struct CudaShadowKvStats {
   int64_t chunks_selected = 0;    // summed over steps, layers, KV heads
   int64_t chunk_hits = 0;         // of which already in the gather buffer
   double compress_seconds = 0;    // the last CompressToShadowKv
+  // Its parts (host clock between its synchronisations; over tensor-parallel ranks, summed):
+  // the Gram matrices and their download, the eigenvectors on the host, the projection with
+  // landmarks and minimum cosines (and their download), the outliers and the copies.
+  std::array<double, 4> compress_phase_seconds{};
 };
 
 // One ShadowKV sequence's chunk selections since it was compressed (or the counters reset):

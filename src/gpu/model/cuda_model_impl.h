@@ -101,6 +101,7 @@ struct ShadowKvState {
   std::vector<int64_t> lengths;                   // [seq] tokens held, 0 = not compressed
   std::vector<int64_t> exact_first0;              // [seq] first exact position after compression
   double compress_seconds = 0;
+  std::array<double, 4> compress_phase_seconds{};  // CudaShadowKvStats::compress_phase_seconds
   // Step scratch and per-row plans (pinned mirror uploaded before each step).
   DeviceBuffer<float> logits;       // [max_batch, query heads, capacity_chunks]
   DeviceBuffer<float> softmax_partials;  // [max_batch, query heads, SkvScoreBlocks(capacity), 2]

@@ -321,6 +321,13 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     return Error(ErrorCode::kInvalidArgument, "sequence {} has no value store", seq);
   }
   const auto start = Clock::now();
+  auto phase_start = start;
+  std::array<double, 4> phases{};
+  auto end_phase = [&](int phase) {
+    const auto now = Clock::now();
+    phases[phase] = std::chrono::duration<double>(now - phase_start).count();
+    phase_start = now;
+  };
   const ModelConfig& c = m.config;
   const SkvGeometry& g = s.geometry;
   const SkvLayout& l = s.layout;
@@ -354,6 +361,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
                                            cudaMemcpyDeviceToHost, stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   gram.Reset();
+  end_phase(0);
 
   // 2. Top-r eigenvectors per layer on the CPU (the reference's solver, in fp32 like the Gram
   //    it is given), layers in parallel threads. OpenBLAS runs single-threaded meanwhile:
@@ -402,6 +410,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.layer_rank.get() + static_cast<int64_t>(seq) * layers,
                                            ranks_host.data(), ranks_host.size() * sizeof(int32_t),
                                            cudaMemcpyHostToDevice, stream));
+  end_phase(1);
 
   // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
   //    values, every chunk's quantised value run).
@@ -433,6 +442,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(min_cosine_host.data(), min_cosine.get(),
                                            min_cosine.bytes(), cudaMemcpyDeviceToHost, stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  end_phase(2);
 
   // 4. Outliers per (layer, head) by the CPU's own rule; their exact K/V into the buffer.
   std::vector<int32_t> outlier_host(static_cast<size_t>(layers) * heads * outliers);
@@ -503,7 +513,9 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   s.host_info[seq] = plan.info;
   s.lengths[seq] = prompt;
   s.exact_first0[seq] = chunked;
+  end_phase(3);
   s.compress_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  s.compress_phase_seconds = phases;
   return Status::Ok();
 }
 
@@ -646,6 +658,7 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
     }
   }
   stats.compress_seconds = s.compress_seconds;
+  stats.compress_phase_seconds = s.compress_phase_seconds;
   return stats;
 }
 

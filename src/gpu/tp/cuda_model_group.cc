@@ -449,6 +449,9 @@ CudaShadowKvStats CudaModelGroup::shadowkv_stats() const {
     total.host_bytes += each[r].host_bytes;
     total.chunks_selected += each[r].chunks_selected;
     total.chunk_hits += each[r].chunk_hits;
+    for (size_t i = 0; i < total.compress_phase_seconds.size(); ++i) {
+      total.compress_phase_seconds[i] += each[r].compress_phase_seconds[i];
+    }
   }
   total.compress_seconds = state_->compress_seconds;
   return total;
