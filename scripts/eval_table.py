@@ -3,11 +3,12 @@
 from `shadowkv eval --json` reports, merging the questions of every report given (e.g. one report
 per seed).
 
-Usage: scripts/eval_table.py [--json] REPORT.json [REPORT.json ...]
+Usage: scripts/eval_table.py [--json] [--baseline POLICY] REPORT.json [REPORT.json ...]
 
 One table per context length. Rows are tasks (needle depths, turns) in first-seen order, then
-the average over rows and each policy's paired difference to the first policy; columns are
-policies in first-seen order. Each cell is the mean score with its interval, computed exactly as
+the average over rows and each policy's paired difference to the baseline (the first policy, or
+--baseline's, e.g. quest:budget=640 to compare the sparse policies with one another); columns
+are policies in first-seen order. Each cell is the mean score with its interval, computed exactly as
 `shadowkv eval` does (src/eval/bootstrap.h): percentile bootstrap over the questions, 2000
 resamples, the average resampling within each row, seeded from the first report's seed, so a
 single report re-tabled here shows the intervals the eval printed. A row of one question gets
@@ -132,9 +133,8 @@ def load(paths):
     return seed, policies, data
 
 
-def summarize(seed, policies, data):
+def summarize(seed, policies, data, first):
     summary = OrderedDict()
-    first = policies[0]
     for length, rows in data.items():
         table = OrderedDict()
         average_seed = bootstrap_seed(seed, length, "")
@@ -185,8 +185,7 @@ def text(c):
     return f"{c['mean']:.1f} [{c['interval'][0]:.1f}, {c['interval'][1]:.1f}]"
 
 
-def print_tables(policies, summary, sparse):
-    first = policies[0]
+def print_tables(policies, summary, sparse, first):
     for length, part in summary.items():
         print(f"context {length} tokens, score % [95%]:\n")
         print("| row (questions) | " + " | ".join(policies) + " |")
@@ -221,18 +220,29 @@ def print_tables(policies, summary, sparse):
 
 
 def main(argv):
+    argv = list(argv)
     as_json = "--json" in argv
+    baseline = None
+    if "--baseline" in argv:
+        at = argv.index("--baseline")
+        if at + 1 >= len(argv):
+            sys.exit("--baseline needs a policy name")
+        baseline = argv[at + 1]
+        del argv[at:at + 2]
     paths = [a for a in argv if a != "--json"]
     if not paths:
         sys.exit(__doc__)
     seed, policies, data = load(paths)
     if not policies:
         sys.exit("no questions in the report(s)")
-    summary = summarize(seed, policies, data)
+    if baseline is not None and baseline not in policies:
+        sys.exit(f"--baseline {baseline}: not a policy of the report(s) ({', '.join(policies)})")
+    first = baseline if baseline is not None else policies[0]
+    summary = summarize(seed, policies, data, first)
     if as_json:
         print(json.dumps({str(k): v for k, v in summary.items()}, indent=1))
     else:
-        print_tables(policies, summary, lambda p: p.split(":")[0] != "full")
+        print_tables(policies, summary, lambda p: p.split(":")[0] != "full", first)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -80,7 +81,6 @@ TEST(EvalTableScriptTest, ReproducesTheEvalsIntervalsFromItsJson) {
   std::ofstream(path) << eval::ReportToJson(*report).dump(1);
   const std::string script = std::string(SHADOWKV_SOURCE_DIR) + "/scripts/eval_table.py";
   const auto got = nlohmann::json::parse(Capture("python3 '" + script + "' --json '" + path + "'"));
-  std::remove(path.c_str());
 
   const eval::ScoreSummary s = eval::Summarize(*report);
   ASSERT_EQ(s.lengths.size(), 1u);
@@ -117,6 +117,39 @@ TEST(EvalTableScriptTest, ReproducesTheEvalsIntervalsFromItsJson) {
   EXPECT_GT(nonzero_widths, 4);
   // The sparse policies read fewer tokens than full on these prompts.
   EXPECT_LT(s.attended_tokens[0][1], s.attended_tokens[0][0]);
+
+  // --baseline streaming: the paired differences against streaming, as the eval gives them when
+  // streaming is its first policy (the resamples depend on the seed and the questions only).
+  const auto against = nlohmann::json::parse(Capture("python3 '" + script +
+                                                     "' --json --baseline streaming '" + path + "'"));
+  std::rotate(report->settings.policies.begin(), report->settings.policies.begin() + 1,
+              report->settings.policies.end());
+  for (eval::QuestionOutcome& q : report->questions) {
+    std::rotate(q.outputs.begin(), q.outputs.begin() + 1, q.outputs.end());
+  }
+  const eval::ScoreSummary b = eval::Summarize(*report);
+  ASSERT_EQ(b.policies[0], "streaming");
+  for (size_t p = 0; p < b.policies.size(); ++p) {
+    const std::string& policy = b.policies[p];
+    for (size_t r = 0; r <= b.rows.size(); ++r) {
+      const bool average = r == b.rows.size();
+      const std::string row = average ? "average" : b.rows[r];
+      const auto& c = against["1200"]["rows"][row][policy];
+      const std::string at = row + "/" + policy + " against streaming";
+      if (p == 0) {
+        EXPECT_FALSE(c.contains("difference")) << at;
+        continue;
+      }
+      EXPECT_DOUBLE_EQ(c["difference"]["mean"].get<double>(),
+                       average ? b.average_differences[0][p] : b.differences[0][r][p])
+          << at;
+      ExpectInterval(
+          c["difference"]["interval"],
+          average ? b.average_difference_intervals[0][p] : b.difference_intervals[0][r][p],
+          at + " difference");
+    }
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace
