@@ -117,6 +117,25 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
       ->capture_default_str();
   app.add_option("--sink-tokens", c.sink_tokens, "streaming: attention-sink tokens")
       ->capture_default_str();
+  app.add_flag("--paper{1}", c.paper,
+               "shadowkv: the published configuration (rank 1/6.4 of the key width, landmark "
+               "selection, budget 1.56% with a 256-token floor), as shadowkv:paper=1 elsewhere; "
+               "the settings it fixes cannot be given with it");
+  // --paper fixes these; naming one as well is refused, as for the variant's paper=1.
+  app.parse_complete_callback([&app, &c] {
+    if (c.paper != 1) return;
+    for (const char* fixed :
+         {"--budget", "--budget-fraction", "--budget-min", "--chunk-size", "--rank", "--rank-ratio",
+          "--rank-energy", "--rank-min", "--rank-head-ratio", "--rank-max", "--select",
+          "--rerank-factor", "--rerank-rank", "--select-mass", "--outliers", "--local-window",
+          "--fp8-values", "--fp8-landmarks"}) {
+      if (app.count(fixed) > 0) {
+        throw CLI::ValidationError("--paper",
+                                   std::string("--paper fixes ") + fixed + "; name one or the other");
+      }
+    }
+    c = kv::WithPaperSettings(c);
+  });
 }
 
 void AddSamplingOptions(CLI::App& app, SamplingParams& p) {

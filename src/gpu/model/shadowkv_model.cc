@@ -91,17 +91,20 @@ Status CudaModel::ShadowKvRunsHere() const {
 }
 
 Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
-    const kv::KvPolicyConfig& config, int64_t capacity) const {
+    const kv::KvPolicyConfig& requested, int64_t capacity) const {
   const ModelConfig& c = impl_->config;
+  const kv::KvPolicyConfig config = kv::WithPaperSettings(requested);  // as the CPU policy does
   SKV_RETURN_IF_ERROR(ShadowKvRunsHere());
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
                                                       c.head_dim, capacity));
   return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.ValueBytesPerSequence()};
 }
 
-Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences,
+Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_sequences,
                                    int64_t capacity) {
   Impl& m = *impl_;
+  // A config made in code with paper=1 gets the forced settings, as the CPU policy gives it.
+  const kv::KvPolicyConfig config = kv::WithPaperSettings(requested);
   const ModelConfig& c = m.config;
   FreeShadowKv();
   SKV_RETURN_IF_ERROR(ShadowKvRunsHere());
