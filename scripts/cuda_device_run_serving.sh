@@ -38,7 +38,7 @@ serve_kv=${SERVE_KV:-full,shadowkv}
 if [ -n "${SERVE_SYNTH:-}" ]; then
   weights=(--synthetic "$SERVE_SYNTH")
 else
-  weights=(-m "$model")
+  weights=(--model "$model")  # bench's and serve_bench.py's flag alike
 fi
 
 bundle_ready() {
@@ -96,9 +96,7 @@ for step in "$@"; do
       ;;
     serve)
       bundle_ready || exit 1
-      [ -n "${SERVE_SYNTH:-}" ] && serve_weights=(--synthetic "$SERVE_SYNTH") \
-        || serve_weights=(--model "$model")
-      timeout 560 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" "${serve_weights[@]}" \
+      timeout 560 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" "${weights[@]}" \
         --server-per-kv --kv "$serve_kv" --prompt-ids "$prompt" --output-tokens "$output" \
         --num-requests "$batch" --concurrency "$batch" --client-processes 8 --startup-timeout 300 \
         --request-timeout 1200 --json "$out/serve_${prompt}.json" -- --device cuda \
