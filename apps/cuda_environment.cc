@@ -52,6 +52,11 @@ void AddKernelTuningOptions(CLI::App& app) {
                  "rule for the step's rows)")
       ->capture_default_str()
       ->check(CLI::Range(0, kMaxAttentionSplits));
+  app.add_option("--basis-gpu-width", k.basis_gpu_max_width,
+                 "cuda shadowkv: key widths (KV heads x head dim) up to this fit the compression's "
+                 "key basis on the GPU, wider ones on the host (0: always on the host)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 16));
 }
 
 }  // namespace shadowkv::app

@@ -19,7 +19,7 @@ for lib in $(ldd "${binaries[@]}" | awk '/=> \// {print $3}' | sort -u); do
   name=$(basename "$lib")
   case "$name" in
     libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*) ;;
-    libcuda*|libcublas*|libcudart*|libnccl*) ;;  # NCCL is opened at run time from the machine's own
+    libcuda*|libcublas*|libcudart*|libcusolver*|libcusparse*|libnvJitLink*|libnccl*) ;;  # NCCL is opened at run time from the machine's own
     libstdc++*|libgcc_s*) cp -L "$lib" "$stage/lib/compat/$name" ;;
     *) cp -L "$lib" "$stage/lib/$name" ;;
   esac

@@ -37,6 +37,10 @@ struct CudaKernelOptions {
   // Split count of the sparse attention, 1 to kDecodeMaxSplits; 0: the full attention's rule
   // for the step's rows (DecodeNumSplits).
   int attention_splits = 0;
+  // ShadowKV compression: key widths (kv_heads x head_dim) up to this fit their basis on the GPU
+  // (every layer's Gram matrix solved at once, in stream order); wider ones on the host (LAPACK,
+  // a thread per layer). 0: always on the host.
+  int basis_gpu_max_width = 512;
 };
 
 struct CudaModelOptions {
@@ -115,9 +119,9 @@ struct CudaShadowKvStats {
   int64_t chunks_selected = 0;    // summed over steps, layers, KV heads
   int64_t chunk_hits = 0;         // of which already in the gather buffer
   double compress_seconds = 0;    // the last CompressToShadowKv
-  // Its parts (host clock between its synchronisations; over tensor-parallel ranks, summed):
-  // the Gram matrices and their download, the eigenvectors on the host, the projection with
-  // landmarks and minimum cosines (and their download), the outliers and the copies.
+  // Its parts on the GPU's timeline (over tensor-parallel ranks, summed): the Gram matrices, the
+  // eigenvectors (on the GPU, or downloaded, solved on the host and uploaded), the projection
+  // with landmarks and minimum cosines, the outliers (picked on the host) and the copies.
   std::array<double, 4> compress_phase_seconds{};
 };
 

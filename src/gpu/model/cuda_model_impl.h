@@ -20,6 +20,7 @@
 #include "ops/cuda/common/device_buffer.h"
 #include "ops/cuda/common/kv_cache_view.cuh"
 #include "ops/cuda/gemm/gemm.h"
+#include "ops/cuda/linalg/symmetric_eigen.h"
 #include "ops/cuda/sampling/sampling.cuh"
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
@@ -100,6 +101,15 @@ struct ShadowKvState {
   std::vector<SkvSequenceInfo> host_info;         // [seq]
   std::vector<int64_t> lengths;                   // [seq] tokens held, 0 = not compressed
   std::vector<int64_t> exact_first0;              // [seq] first exact position after compression
+  // The basis fit on the GPU (CudaKernelOptions::basis_gpu_max_width): every layer's Gram
+  // matrix solved at once. gram: [layers, kv_width, kv_width] fp32, overwritten by the
+  // eigenvectors; eigen_values [layers, kv_width]; eigen_info [layers]. Null / empty: solved on
+  // the host.
+  std::unique_ptr<BatchedSymmetricEigen> eigen;
+  DeviceBuffer<float> gram, eigen_values;
+  DeviceBuffer<int32_t> eigen_info;
+  // GPU-timeline marks of a compression's phases (timing events).
+  std::array<cudaEvent_t, 5> compress_marks{};
   double compress_seconds = 0;
   std::array<double, 4> compress_phase_seconds{};  // CudaShadowKvStats::compress_phase_seconds
   // Step scratch and per-row plans (pinned mirror uploaded before each step).

@@ -1,6 +1,6 @@
 // CudaModel's ShadowKV sequences: allocation, compression of a prefilled full-cache slot
-// (Gram matrix on the GPU, top-r eigenvectors on the CPU, A, landmarks, outliers, values),
-// copies, snapshots and statistics. The decode step is in shadowkv_decode.cc.
+// (Gram matrices and their top-r eigenvectors on the GPU, or on the host for wide keys; A,
+// landmarks, outliers, values), copies, snapshots and statistics. The decode step is in shadowkv_decode.cc.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -23,6 +23,9 @@ ShadowKvState::~ShadowKvState() {
   }
   if (host_meta_block) (void)cudaFreeHost(host_meta_block);
   for (cudaEvent_t event : {fork, join, half.start, half.fork, half.join, half.done}) {
+    if (event) (void)cudaEventDestroy(event);
+  }
+  for (cudaEvent_t event : compress_marks) {
     if (event) (void)cudaEventDestroy(event);
   }
   for (cudaStream_t other : {side_stream, half.stream, half.fetch_stream}) {
@@ -199,6 +202,16 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
        {&s->fork, &s->join, &s->half.start, &s->half.fork, &s->half.join, &s->half.done}) {
     SKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(created, cudaEventDisableTiming));
   }
+  for (cudaEvent_t& created : s->compress_marks) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaEventCreate(&created));
+  }
+  if (width <= m.options.kernels.basis_gpu_max_width) {  // compression step 2 on the GPU
+    SKV_ASSIGN_OR_RETURN(s->eigen, BatchedSymmetricEigen::Create(static_cast<int>(width),
+                                                                 c.num_layers, m.stream));
+    SKV_RETURN_IF_ERROR(sized(s->gram.Allocate(layers * width * width)));
+    SKV_RETURN_IF_ERROR(sized(s->eigen_values.Allocate(layers * width)));
+    SKV_RETURN_IF_ERROR(sized(s->eigen_info.Allocate(layers)));
+  }
 
   s->device_values.resize(n);
   s->host_values.assign(n, nullptr);
@@ -306,74 +319,17 @@ Status CudaModel::FreeShadowKvValues(int seq) {
   return UploadValueTable(s, m.stream);
 }
 
-Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
-  using Clock = std::chrono::steady_clock;
-  Impl& m = *impl_;
-  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
-  ShadowKvState& s = *m.skv;
-  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
-  if (full_slot < 0 || full_slot >= m.cache.num_slots) {
-    return Error(ErrorCode::kInvalidArgument, "full-cache slot {} is outside [0, {})", full_slot,
-                 m.cache.num_slots);
-  }
-  if (m.kv_keys_pre.size() == 0) {
-    return Error(ErrorCode::kInvalidArgument,
-                 "the full cache keeps no pre-RoPE keys: AllocateKvCache(..., true)");
-  }
-  if (!s.value_pointers[seq]) {
-    return Error(ErrorCode::kInvalidArgument, "sequence {} has no value store", seq);
-  }
-  const auto start = Clock::now();
-  auto phase_start = start;
-  std::array<double, 4> phases{};
-  auto end_phase = [&](int phase) {
-    const auto now = Clock::now();
-    phases[phase] = std::chrono::duration<double>(now - phase_start).count();
-    phase_start = now;
-  };
-  const ModelConfig& c = m.config;
-  const SkvGeometry& g = s.geometry;
-  const SkvLayout& l = s.layout;
-  const int64_t prompt = m.lengths[full_slot];
-  SKV_ASSIGN_OR_RETURN(SkvCompressionPlan plan, PlanSkvCompression(s.config, g, prompt));
-  const int layers = c.num_layers, heads = c.num_kv_heads, d = c.head_dim, chunk = g.chunk_size;
+namespace {
+
+// Compression step 2 on the host (widths past CudaKernelOptions::basis_gpu_max_width): the
+// top-`rank` eigenvectors of each layer's Gram matrix (gram_host: [layers, width, width]) by the
+// CPU policy's own solver, in fp32 like the Gram it is given, layers in parallel threads, into
+// basis_host ([layers, rank, width] bf16, zeros past a layer's rank) and ranks_host ([layers]).
+// OpenBLAS runs single-threaded meanwhile: concurrent callers of its threaded server serialise
+// (measured: 12 s for 32 layers of width 1024 on 16 cores).
+Status FitBasesOnHost(const SkvGeometry& g, int layers, std::span<const float> gram_host,
+                      std::span<uint16_t> basis_host, std::span<int32_t> ranks_host) {
   const int width = g.kv_width(), rank = g.rank;
-  const int64_t chunked = plan.exact_first, num_chunks = plan.num_chunks;
-  const int64_t recent = prompt - chunked;
-  const int outliers = plan.info.outlier_chunks;
-  cudaStream_t stream = m.stream;
-  auto pre_keys = [&](int layer) {
-    return m.kv_keys_pre.get() +
-           (static_cast<int64_t>(full_slot) * layers + layer) * m.cache.capacity * width;
-  };
-
-  // 1. Gram matrices of every layer's pre-RoPE keys (all prompt rows), fp32 on the tensor cores.
-  DeviceBuffer<float> gram;
-  SKV_RETURN_IF_ERROR(gram.Allocate(static_cast<int64_t>(layers) * width * width));
-  const float one = 1.0f, zero = 0.0f;
-  for (int layer = 0; layer < layers; ++layer) {
-    // Row-major X [prompt, width] is column-major Xᵀ; G = Xᵀ·X = (Xᵀ)·(Xᵀ)ᵀ.
-    SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-        m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one,
-        pre_keys(layer), CUDA_R_16BF, width, pre_keys(layer), CUDA_R_16BF, width, &zero,
-        gram.get() + static_cast<int64_t>(layer) * width * width, CUDA_R_32F, width,
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
-  std::vector<float> gram_host(static_cast<size_t>(layers) * width * width);
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gram_host.data(), gram.get(), gram.bytes(),
-                                           cudaMemcpyDeviceToHost, stream));
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  gram.Reset();
-  end_phase(0);
-
-  // 2. Top-r eigenvectors per layer on the CPU (the reference's solver, in fp32 like the Gram
-  //    it is given), layers in parallel threads. OpenBLAS runs single-threaded meanwhile:
-  //    concurrent callers of its threaded server serialise (measured: 12 s for 32 layers of
-  //    width 1024 on 16 cores). Under a per-layer rank r is the cap: the layer keeps the rank
-  //    its spectrum asks for (SkvRankForEnergy) and the rows past it are zeros, so that A's
-  //    columns there come out zero below and in every graduation.
-  std::vector<uint16_t> basis_host(static_cast<size_t>(layers) * rank * width, 0);
-  std::vector<int32_t> ranks_host(layers, rank);
   std::vector<Status> fits(layers, Status::Ok());
   const int blas_threads = openblas_get_num_threads();
   openblas_set_num_threads(1);
@@ -383,9 +339,9 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         for (int layer = t; layer < layers; layer += threads) {
-          const std::span<const float> layer_gram(
-              gram_host.data() + static_cast<size_t>(layer) * width * width,
-              static_cast<size_t>(width) * width);
+          const std::span<const float> layer_gram =
+              gram_host.subspan(static_cast<size_t>(layer) * width * width,
+                                static_cast<size_t>(width) * width);
           auto fit = kv::FitLowRankBasis(layer_gram, width, rank);
           if (!fit.ok()) {
             fits[layer] = fit.status();
@@ -406,14 +362,145 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   }
   openblas_set_num_threads(blas_threads);
   for (const Status& fit : fits) SKV_RETURN_IF_ERROR(fit);
+  return Status::Ok();
+}
+
+// After the stream has passed the GPU solve: an error naming the layers whose solve did not
+// converge.
+Status CheckEigenInfo(const ShadowKvState& s, cudaStream_t stream) {
+  std::vector<int32_t> info(static_cast<size_t>(s.eigen_info.size()));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(info.data(), s.eigen_info.get(), s.eigen_info.bytes(),
+                                           cudaMemcpyDeviceToHost, stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::string failed;
+  for (size_t layer = 0; layer < info.size(); ++layer) {
+    if (info[layer] != 0) failed += fmt::format("{}{} ({})", failed.empty() ? "" : ", ", layer,
+                                                info[layer]);
+  }
+  if (failed.empty()) return Status::Ok();
+  return Error(ErrorCode::kInternal,
+               "ShadowKV compression: the eigensolver of the key basis failed on layers {}", failed);
+}
+
+}  // namespace
+
+Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
+  using Clock = std::chrono::steady_clock;
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (full_slot < 0 || full_slot >= m.cache.num_slots) {
+    return Error(ErrorCode::kInvalidArgument, "full-cache slot {} is outside [0, {})", full_slot,
+                 m.cache.num_slots);
+  }
+  if (m.kv_keys_pre.size() == 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "the full cache keeps no pre-RoPE keys: AllocateKvCache(..., true)");
+  }
+  if (!s.value_pointers[seq]) {
+    return Error(ErrorCode::kInvalidArgument, "sequence {} has no value store", seq);
+  }
+  const auto start = Clock::now();
+  cudaStream_t stream = m.stream;
+  // Phase marks on the GPU's timeline (read after the last synchronisation below).
+  auto mark = [&](int index) { return cudaEventRecord(s.compress_marks[index], stream); };
+  SKV_CUDA_RETURN_IF_ERROR(mark(0));
+  const ModelConfig& c = m.config;
+  const SkvGeometry& g = s.geometry;
+  const SkvLayout& l = s.layout;
+  const int64_t prompt = m.lengths[full_slot];
+  SKV_ASSIGN_OR_RETURN(SkvCompressionPlan plan, PlanSkvCompression(s.config, g, prompt));
+  const int layers = c.num_layers, heads = c.num_kv_heads, d = c.head_dim, chunk = g.chunk_size;
+  const int width = g.kv_width(), rank = g.rank;
+  const int64_t chunked = plan.exact_first, num_chunks = plan.num_chunks;
+  const int64_t recent = prompt - chunked;
+  const int outliers = plan.info.outlier_chunks;
+  auto pre_keys = [&](int layer) {
+    return m.kv_keys_pre.get() +
+           (static_cast<int64_t>(full_slot) * layers + layer) * m.cache.capacity * width;
+  };
+
+  // 1. Gram matrices of every layer's pre-RoPE keys (all prompt rows), fp32 on the tensor cores.
+  DeviceBuffer<float> host_path_gram;
+  float* gram = s.gram.get();
+  if (!s.eigen) {
+    SKV_RETURN_IF_ERROR(host_path_gram.Allocate(static_cast<int64_t>(layers) * width * width));
+    gram = host_path_gram.get();
+  }
+  const float one = 1.0f, zero = 0.0f;
+  for (int layer = 0; layer < layers; ++layer) {
+    // Row-major X [prompt, width] is column-major Xᵀ; G = Xᵀ·X = (Xᵀ)·(Xᵀ)ᵀ.
+    SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one,
+        pre_keys(layer), CUDA_R_16BF, width, pre_keys(layer), CUDA_R_16BF, width, &zero,
+        gram + static_cast<int64_t>(layer) * width * width, CUDA_R_32F, width,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  SKV_CUDA_RETURN_IF_ERROR(mark(1));
+
+  // 2. Top-r eigenvectors of each layer's Gram matrix as B's rows; under a per-layer rank r is
+  //    the cap: the layer keeps the rank its spectrum asks for (SkvRankForEnergy) and the rows
+  //    past it are zeros, so that A's columns there come out zero below and in every graduation.
   Bf16* basis = l.basis + static_cast<int64_t>(seq) * layers * rank * width;
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(basis, basis_host.data(),
-                                           basis_host.size() * sizeof(uint16_t),
-                                           cudaMemcpyHostToDevice, stream));
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.layer_rank.get() + static_cast<int64_t>(seq) * layers,
-                                           ranks_host.data(), ranks_host.size() * sizeof(int32_t),
-                                           cudaMemcpyHostToDevice, stream));
-  end_phase(1);
+  int32_t* layer_ranks = s.layer_rank.get() + static_cast<int64_t>(seq) * layers;
+  std::vector<int32_t> ranks_host(layers, rank);
+  if (s.eigen) {
+    // On the GPU, every layer at once, in stream order: the host waits only where a per-layer
+    // rank needs the spectrum.
+    std::vector<float> diagonal;
+    if (g.per_layer_rank()) {  // the traces, before the solver overwrites the matrices
+      diagonal.resize(static_cast<size_t>(layers) * width);
+      for (int layer = 0; layer < layers; ++layer) {
+        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+            diagonal.data() + static_cast<size_t>(layer) * width, sizeof(float),
+            gram + static_cast<int64_t>(layer) * width * width, (width + 1) * sizeof(float),
+            sizeof(float), width, cudaMemcpyDeviceToHost, stream));
+      }
+    }
+    SKV_RETURN_IF_ERROR(s.eigen->Run(gram, s.eigen_values.get(), s.eigen_info.get()));
+    if (g.per_layer_rank()) {
+      std::vector<float> values(static_cast<size_t>(layers) * width);
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(values.data(), s.eigen_values.get(),
+                                               values.size() * sizeof(float),
+                                               cudaMemcpyDeviceToHost, stream));
+      SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      SKV_RETURN_IF_ERROR(CheckEigenInfo(s, stream));
+      std::vector<double> top(rank);
+      for (int layer = 0; layer < layers; ++layer) {
+        const float* ascending = values.data() + static_cast<size_t>(layer) * width;
+        for (int i = 0; i < rank; ++i) top[i] = ascending[width - 1 - i];
+        double total = 0.0;
+        for (int i = 0; i < width; ++i) total += diagonal[static_cast<size_t>(layer) * width + i];
+        ranks_host[layer] =
+            SkvRankForEnergy(top, total, g.rank_energy, g.rank_floor, rank);
+      }
+    }
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(layer_ranks, ranks_host.data(),
+                                             ranks_host.size() * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, stream));
+    SkvBasisParams bp;
+    bp.layout = l;
+    bp.seq = seq;
+    bp.eigenvectors = gram;
+    bp.ranks = g.per_layer_rank() ? layer_ranks : nullptr;
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvBasisFromEigenvectors(bp, stream));
+  } else {
+    std::vector<float> gram_host(static_cast<size_t>(layers) * width * width);
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gram_host.data(), gram, gram_host.size() * 4,
+                                             cudaMemcpyDeviceToHost, stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    host_path_gram.Reset();
+    std::vector<uint16_t> basis_host(static_cast<size_t>(layers) * rank * width, 0);
+    SKV_RETURN_IF_ERROR(FitBasesOnHost(g, layers, gram_host, basis_host, ranks_host));
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(basis, basis_host.data(),
+                                             basis_host.size() * sizeof(uint16_t),
+                                             cudaMemcpyHostToDevice, stream));
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(layer_ranks, ranks_host.data(),
+                                             ranks_host.size() * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, stream));
+  }
+  SKV_CUDA_RETURN_IF_ERROR(mark(2));
 
   // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
   //    values, every chunk's quantised value run).
@@ -444,8 +531,9 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   std::vector<float> min_cosine_host(static_cast<size_t>(min_cosine.size()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(min_cosine_host.data(), min_cosine.get(),
                                            min_cosine.bytes(), cudaMemcpyDeviceToHost, stream));
+  SKV_CUDA_RETURN_IF_ERROR(mark(3));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  end_phase(2);
+  if (s.eigen && !g.per_layer_rank()) SKV_RETURN_IF_ERROR(CheckEigenInfo(s, stream));
 
   // 4. Outliers per (layer, head) by the CPU's own rule; their exact K/V into the buffer.
   std::vector<int32_t> outlier_host(static_cast<size_t>(layers) * heads * outliers);
@@ -512,13 +600,18 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
       cudaMemsetAsync(l.SequenceCounters(seq), 0, 2 * sizeof(unsigned long long), stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.info.get() + seq, &plan.info, sizeof(plan.info),
                                            cudaMemcpyHostToDevice, stream));
+  SKV_CUDA_RETURN_IF_ERROR(mark(4));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   s.host_info[seq] = plan.info;
   s.lengths[seq] = prompt;
   s.exact_first0[seq] = chunked;
-  end_phase(3);
   s.compress_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  s.compress_phase_seconds = phases;
+  for (size_t i = 0; i < s.compress_phase_seconds.size(); ++i) {
+    float ms = 0.0f;
+    SKV_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(&ms, s.compress_marks[i], s.compress_marks[i + 1]));
+    s.compress_phase_seconds[i] = ms / 1e3;
+  }
   return Status::Ok();
 }
 

@@ -777,4 +777,30 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& p, cudaStream_t strea
   return cudaGetLastError();
 }
 
+namespace {
+
+__global__ void SkvBasisFromEigenvectorsKernel(SkvBasisParams p) {
+  const SkvLayout& l = p.layout;
+  const int row = blockIdx.x, layer = blockIdx.y;
+  const int width = l.num_kv_heads * l.head_dim;
+  const int keep = p.ranks ? p.ranks[layer] : l.rank;
+  __nv_bfloat16* out =
+      l.basis + ((static_cast<int64_t>(p.seq) * l.num_layers + layer) * l.rank + row) * width;
+  const float* column = p.eigenvectors + (static_cast<int64_t>(layer) * width + width - 1 - row) *
+                                             width;
+  for (int k = threadIdx.x; k < width; k += blockDim.x) {
+    out[k] = __float2bfloat16(row < keep ? column[k] : 0.0f);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchSkvBasisFromEigenvectors(const SkvBasisParams& p, cudaStream_t stream) {
+  const int width = p.layout.num_kv_heads * p.layout.head_dim;
+  if (p.layout.rank < 1 || p.layout.rank > width || !p.eigenvectors) return cudaErrorInvalidValue;
+  SkvBasisFromEigenvectorsKernel<<<dim3(p.layout.rank, p.layout.num_layers), std::min(width, 256),
+                                   0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace shadowkv::cuda

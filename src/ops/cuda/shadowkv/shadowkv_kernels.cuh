@@ -178,6 +178,19 @@ cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& params, cudaStream_t str
 // Keys of the missed chunks: A rows · B_h on tensor cores, RoPE at the chunk's positions.
 cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& params, cudaStream_t stream);
 
+// Compression of one sequence, every layer: B from the eigenvectors of each layer's Gram matrix
+// (BatchedSymmetricEigen's output). Row i of layer l's B is eigenvector width-1-i (the i-th
+// largest eigenvalue's) in bf16, for i < the layer's rank; rows from there to layout.rank are 0.
+struct SkvBasisParams {
+  SkvLayout layout;
+  int seq = 0;
+  // [layers, kv_width, kv_width]: column j (column-major) is the eigenvector of the layer's j-th
+  // smallest eigenvalue.
+  const float* eigenvectors = nullptr;
+  const int32_t* ranks = nullptr;  // [layers] rows each layer keeps (<= layout.rank), or null: all
+};
+cudaError_t LaunchSkvBasisFromEigenvectors(const SkvBasisParams& params, cudaStream_t stream);
+
 // Compression of one freshly prefilled sequence, one layer: landmarks (mean post-RoPE key of
 // each chunk) and each chunk's smallest cosine between its landmark and its keys.
 struct SkvLandmarkParams {
