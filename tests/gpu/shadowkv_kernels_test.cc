@@ -2,7 +2,7 @@
 // inputs: landmark scoring + top-k (ScoreLandmarks, SelectTopK) and the gather-slot reuse
 // (GatherSlots) over two steps, for two sequences with different chunk counts and outliers in
 // one launch; the key rebuild against RebuildColumns + Rope::Apply at positions past 1e5, also
-// at per-layer ranks below the layout's.
+// at per-layer ranks below the layout's; the compression's outlier pick against PickOutlierChunks.
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 #include <algorithm>
@@ -440,6 +440,46 @@ TEST_P(CudaShadowKvKernelsTest, RebuildStopsAtEachSequencesOwnRank) {
 // zeros past it (B's rows there hold random values, and A's row a poison, so computing or
 // skipping them would show), no other chunk's rows are touched, and each layer's exact rows move
 // down one chunk.
+// The compression's outlier pick on the GPU against kv::PickOutlierChunks: lowest min-cosine
+// first, ties to the lower chunk, the picks in increasing index; values drawn from a few levels
+// so that ties are common, and counts from one to every chunk.
+TEST(CudaShadowKvOutlierTest, PickMatchesTheCpuRuleWithTies) {
+  SKV_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(17);
+  for (const auto& [pairs, chunks, count] :
+       std::vector<std::array<int, 3>>{{48, 2500, 12}, {4, 300, 1}, {6, 97, 97}, {2, 15000, 45}}) {
+    std::uniform_int_distribution<int> level(0, 40);
+    std::vector<float> values(static_cast<size_t>(pairs) * chunks);
+    for (float& v : values) v = level(rng) / 40.0f - 0.25f;
+    auto device_values = ToDevice(values);
+    auto picked = Poisoned<int32_t>(static_cast<int64_t>(pairs) * count);
+    SkvPickOutliersParams p;
+    p.min_cosine = device_values.get();
+    p.pairs = pairs;
+    p.num_chunks = chunks;
+    p.count = count;
+    p.outliers = picked.get();
+    SKV_ASSERT_CUDA(LaunchSkvPickOutliers(p, nullptr));
+    const std::vector<int32_t> got = ToHost(picked);
+    for (int pair = 0; pair < pairs; ++pair) {
+      const std::vector<int32_t> want = kv::PickOutlierChunks(
+          std::span<const float>(values.data() + static_cast<size_t>(pair) * chunks, chunks),
+          count);
+      const std::vector<int32_t> row(got.begin() + static_cast<size_t>(pair) * count,
+                                     got.begin() + static_cast<size_t>(pair + 1) * count);
+      ASSERT_EQ(row, want) << pairs << " x " << chunks << " chunks, " << count << " picked, pair "
+                           << pair;
+    }
+  }
+  SkvPickOutliersParams too_many;
+  too_many.min_cosine = reinterpret_cast<const float*>(16);
+  too_many.outliers = reinterpret_cast<int32_t*>(16);
+  too_many.pairs = 1;
+  too_many.num_chunks = 4;
+  too_many.count = 5;
+  EXPECT_EQ(LaunchSkvPickOutliers(too_many, nullptr), cudaErrorInvalidValue);
+}
+
 TEST(CudaShadowKvGraduationTest, ProjectsAtEachSequencesOwnRankAndZerosTheRest) {
   SKV_SKIP_WITHOUT_GPU();
   constexpr int kHeads = 2, kDim = 64, kChunk = 8, kWindow = 32, kCapacity = 16, kRank = 32;

@@ -121,7 +121,7 @@ struct CudaShadowKvStats {
   double compress_seconds = 0;    // the last CompressToShadowKv
   // Its parts on the GPU's timeline (over tensor-parallel ranks, summed): the Gram matrices, the
   // eigenvectors (on the GPU, or downloaded, solved on the host and uploaded), the projection
-  // with landmarks and minimum cosines, the outliers (picked on the host) and the copies.
+  // with landmarks and minimum cosines, the outliers and the copies.
   std::array<double, 4> compress_phase_seconds{};
 };
 

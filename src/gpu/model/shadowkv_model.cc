@@ -1,6 +1,7 @@
 // CudaModel's ShadowKV sequences: allocation, compression of a prefilled full-cache slot
 // (Gram matrices and their top-r eigenvectors on the GPU, or on the host for wide keys; A,
-// landmarks, outliers, values), copies, snapshots and statistics. The decode step is in shadowkv_decode.cc.
+// landmarks, outliers, values), copies, snapshots and statistics. The decode step is in
+// shadowkv_decode.cc.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -10,7 +11,6 @@
 
 #include "core/half.h"
 #include "gpu/model/cuda_model_impl.h"
-#include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
 #include "ops/cuda/gemm/gemm.h"
 
@@ -379,7 +379,8 @@ Status CheckEigenInfo(const ShadowKvState& s, cudaStream_t stream) {
   }
   if (failed.empty()) return Status::Ok();
   return Error(ErrorCode::kInternal,
-               "ShadowKV compression: the eigensolver of the key basis failed on layers {}", failed);
+               "ShadowKV compression: the eigensolver of the key basis failed on layers {}",
+               failed);
 }
 
 }  // namespace
@@ -429,14 +430,14 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     gram = host_path_gram.get();
   }
   const float one = 1.0f, zero = 0.0f;
-  for (int layer = 0; layer < layers; ++layer) {
-    // Row-major X [prompt, width] is column-major Xᵀ; G = Xᵀ·X = (Xᵀ)·(Xᵀ)ᵀ.
-    SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-        m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one,
-        pre_keys(layer), CUDA_R_16BF, width, pre_keys(layer), CUDA_R_16BF, width, &zero,
-        gram + static_cast<int64_t>(layer) * width * width, CUDA_R_32F, width,
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
+  // Row-major X [prompt, width] is column-major Xᵀ; G = Xᵀ·X = (Xᵀ)·(Xᵀ)ᵀ. Every layer in one
+  // launch: one product's output is a tile or two, so a layer alone keeps a few SMs busy.
+  const int64_t layer_keys = m.cache.capacity * width;
+  SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+      m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one,
+      pre_keys(0), CUDA_R_16BF, width, layer_keys, pre_keys(0), CUDA_R_16BF, width, layer_keys,
+      &zero, gram, CUDA_R_32F, width, static_cast<int64_t>(width) * width, layers,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   SKV_CUDA_RETURN_IF_ERROR(mark(1));
 
   // 2. Top-r eigenvectors of each layer's Gram matrix as B's rows; under a per-layer rank r is
@@ -506,17 +507,23 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   //    values, every chunk's quantised value run).
   DeviceBuffer<float> min_cosine;
   SKV_RETURN_IF_ERROR(min_cosine.Allocate(static_cast<int64_t>(layers) * heads * num_chunks));
-  for (int layer = 0; layer < layers; ++layer) {
+  {
     GemmParams gp;
-    gp.x = pre_keys(layer);
-    gp.weight = basis + static_cast<int64_t>(layer) * rank * width;
-    gp.y = l.coefficients + (static_cast<int64_t>(seq) * layers + layer) * g.capacity_chunks *
-                                chunk * rank;
+    gp.x = pre_keys(0);
+    gp.weight = basis;
+    gp.y = l.coefficients + static_cast<int64_t>(seq) * layers * g.capacity_chunks * chunk * rank;
     gp.output = GemmOutput::kBfloat16;
     gp.rows = chunked;
     gp.in = width;
     gp.out = rank;
-    SKV_RETURN_IF_ERROR(RunGemm(m.cublas, gp));
+    GemmBatch every_layer;
+    every_layer.batch = layers;
+    every_layer.x_stride = layer_keys;
+    every_layer.weight_stride = static_cast<int64_t>(rank) * width;
+    every_layer.y_stride = static_cast<int64_t>(g.capacity_chunks) * chunk * rank;
+    SKV_RETURN_IF_ERROR(RunGemmBatched(m.cublas, gp, every_layer));
+  }
+  for (int layer = 0; layer < layers; ++layer) {
     SkvLandmarkParams lp;
     lp.layout = l;
     lp.seq = seq;
@@ -528,32 +535,20 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvLandmarks(lp, stream));
     if (g.fp8_values) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreValuesFp8(lp, stream));
   }
-  std::vector<float> min_cosine_host(static_cast<size_t>(min_cosine.size()));
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(min_cosine_host.data(), min_cosine.get(),
-                                           min_cosine.bytes(), cudaMemcpyDeviceToHost, stream));
   SKV_CUDA_RETURN_IF_ERROR(mark(3));
-  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (s.eigen && !g.per_layer_rank()) SKV_RETURN_IF_ERROR(CheckEigenInfo(s, stream));
 
-  // 4. Outliers per (layer, head) by the CPU's own rule; their exact K/V into the buffer.
-  std::vector<int32_t> outlier_host(static_cast<size_t>(layers) * heads * outliers);
-  for (int layer = 0; layer < layers; ++layer) {
-    for (int h = 0; h < heads; ++h) {
-      const float* values =
-          min_cosine_host.data() + (static_cast<size_t>(layer) * heads + h) * num_chunks;
-      const std::vector<int32_t> picked =
-          kv::PickOutlierChunks(std::span<const float>(values, num_chunks), outliers);
-      std::copy(picked.begin(), picked.end(),
-                outlier_host.begin() + (static_cast<size_t>(layer) * heads + h) * outliers);
-    }
-  }
+  // 4. Outliers per (layer, head) by the CPU's own rule (kv::PickOutlierChunks), on the GPU;
+  //    their exact K/V into the buffer.
   DeviceBuffer<int32_t> outlier_list;
-  SKV_RETURN_IF_ERROR(outlier_list.Allocate(std::max<int64_t>(1, outlier_host.size())));
-  if (!outlier_host.empty()) {
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(outlier_list.get(), outlier_host.data(),
-                                             outlier_host.size() * 4, cudaMemcpyHostToDevice,
-                                             stream));
-  }
+  SKV_RETURN_IF_ERROR(
+      outlier_list.Allocate(std::max<int64_t>(1, static_cast<int64_t>(layers) * heads * outliers)));
+  SkvPickOutliersParams pick;
+  pick.min_cosine = min_cosine.get();
+  pick.pairs = layers * heads;
+  pick.num_chunks = static_cast<int>(num_chunks);
+  pick.count = outliers;
+  pick.outliers = outlier_list.get();
+  SKV_CUDA_RETURN_IF_ERROR(LaunchSkvPickOutliers(pick, stream));
   const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
   for (int layer = 0; layer < layers; ++layer) {
     SkvOutlierParams op;
@@ -602,6 +597,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
                                            cudaMemcpyHostToDevice, stream));
   SKV_CUDA_RETURN_IF_ERROR(mark(4));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  if (s.eigen && !g.per_layer_rank()) SKV_RETURN_IF_ERROR(CheckEigenInfo(s, stream));
   s.host_info[seq] = plan.info;
   s.lengths[seq] = prompt;
   s.exact_first0[seq] = chunked;

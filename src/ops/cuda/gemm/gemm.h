@@ -1,4 +1,5 @@
-// bf16 GEMMs: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ beta·y), fp32 compute, on cuBLAS.
+// bf16 GEMMs: y[rows, out] = x[rows, in] · W[out, in]ᵀ (+ beta·y), fp32 compute, on cuBLAS;
+// one at a time or a strided batch of one shape.
 #pragma once
 
 #include <cublas_v2.h>
@@ -25,6 +26,16 @@ struct GemmParams {
 
 // Runs on the stream (and workspace) set on `handle`. Sizes must fit cuBLAS's int dimensions.
 Status RunGemm(cublasHandle_t handle, const GemmParams& params);
+
+// `batch` independent GEMMs of one shape in one launch: product b reads x + b * x_stride and
+// weight + b * weight_stride and writes y + b * y_stride (strides in elements of each).
+struct GemmBatch {
+  int batch = 1;
+  int64_t x_stride = 0;
+  int64_t weight_stride = 0;
+  int64_t y_stride = 0;
+};
+Status RunGemmBatched(cublasHandle_t handle, const GemmParams& params, const GemmBatch& batch);
 
 // "CUBLAS_STATUS_..." with cuBLAS's description.
 Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line);

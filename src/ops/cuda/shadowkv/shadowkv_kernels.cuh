@@ -204,6 +204,17 @@ struct SkvLandmarkParams {
 };
 cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& params, cudaStream_t stream);
 
+// Compression, every layer and KV head at once: the `count` chunks with the lowest min-cosine
+// (ties: the lower index), in increasing index: kv::PickOutlierChunks's rule.
+struct SkvPickOutliersParams {
+  const float* min_cosine = nullptr;  // [pairs, num_chunks]
+  int pairs = 0;                      // layers x KV heads
+  int num_chunks = 0;
+  int count = 0;                      // at most num_chunks
+  int32_t* outliers = nullptr;        // [pairs, count]
+};
+cudaError_t LaunchSkvPickOutliers(const SkvPickOutliersParams& params, cudaStream_t stream);
+
 // Marks the chosen outlier chunks and copies their exact K/V into the attention buffer.
 struct SkvOutlierParams {
   SkvLayout layout;
