@@ -143,6 +143,12 @@ int RunServe(ServeOptions& o) {
     setrlimit(RLIMIT_NOFILE, &files);
   }
 
+  // --kv also takes one variant, as bench and eval name them (shadowkv:paper=1, shadowkv:rank=64).
+  if (o.kv.policy.find(':') != std::string::npos) {
+    auto variant = kv::ParseKvVariant(o.kv.policy, o.kv);
+    if (!variant.ok()) return Fail(variant.status().ToString());
+    o.kv = *variant;
+  }
   auto loaded = LoadServingModel(o);
   if (!loaded.ok()) return Fail(loaded.status().ToString());
   engine::ServingModel& model = *loaded->serving;

@@ -1,8 +1,10 @@
 """The OpenAI API surface through the official client: completions and chat, streamed and not,
-usage, stop sequences, max_tokens, seeds, KV policy override, models, health, metrics."""
+usage, stop sequences, max_tokens, seeds, KV policy override, models, health, metrics; a server
+started with a KV variant."""
+import subprocess
 import sys
 
-from harness import Server, check, client, finish, run_tests
+from harness import Server, check, client, finish, model_path, run_tests
 
 GREEDY = {"temperature": 0}
 
@@ -115,13 +117,27 @@ def test_metrics_count_requests(server):
     check('shadowkv_kv_memory_bytes{tier="fast",owner="held"}' in m, "KV memory by tier missing")
 
 
+def test_server_kv_variant(binary):
+    """`serve --kv` takes one variant, as bench and eval name them; a bad one is refused."""
+    with Server(binary, "--kv", "shadowkv:budget=300:rank=32") as server:
+        reply = client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24, **GREEDY)
+        check("Paris" in reply.choices[0].message.content, reply.choices[0].message.content)
+    refused = subprocess.run([binary, "serve", "-m", model_path(), "--kv", "shadowkv:colour=red"],
+                             capture_output=True, text=True, timeout=120)
+    check(refused.returncode != 0 and "unknown setting 'colour'" in refused.stderr,
+          f"exit {refused.returncode}: {refused.stderr[-300:]}")
+
+
 def main():
     with Server(sys.argv[1]) as server:
         result = run_tests([test_models_and_health, test_completion_whole_and_streamed,
                             test_chat_whole_and_streamed, test_stop_and_max_tokens,
                             test_seeded_sampling_repeats, test_kv_policy_override,
                             test_metrics_count_requests], server)
-    finish(*result)
+    variant = run_tests([test_server_kv_variant], sys.argv[1])
+    finish(result[0] + variant[0], result[1] + variant[1])
 
 
 if __name__ == "__main__":
