@@ -20,8 +20,8 @@
 #   servecheck: tests/gpu/serve_check.py (greedy repeatability, refusals, SIGTERM) on the GPU
 #     tests' tiny model, full and ShadowKV
 #   synth: synthetic Llama-3-8B at SYNTH_CONTEXT (124928): the bench (full, ShadowKV, ShadowKV
-#     FP8) and serve_bench with one shared prompt copied to SYNTH_BATCH_FULL / SYNTH_BATCH_SKV
-#     streams
+#     FP8; SYNTH_GEN decode steps, default 128) and serve_bench with one shared prompt copied to
+#     SYNTH_BATCH_FULL / SYNTH_BATCH_SKV / SYNTH_BATCH_FP8 streams
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/shadowkv_out}
@@ -137,24 +137,28 @@ for step in "$@"; do
       bundle_ready || exit 1
       timeout 330 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
         --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 --context "$synth_context" \
-        --batch auto --gen 128 --prefill-chunk 4096 --no-host-values \
+        --batch auto --gen "${SYNTH_GEN:-128}" --prefill-chunk 4096 --no-host-values \
         --json "$out/bench_synth.json" > "$out/bench_synth.log" 2>&1
       echo "synth bench: exit $?"
       grep -E "^(full|shadowkv) |engine loop|context [0-9]+:" "$out/bench_synth.log"
-      for kv in full shadowkv; do
+      fp8=shadowkv:fp8_values=1:fp8_landmarks=1
+      for kv in full shadowkv $fp8; do
         n=${SYNTH_BATCH_FULL:-7}
         pool=(--max-seqs "$n")
         # ShadowKV: one prompt slot (the shared prompt's) beside the compressed sequences.
         [ $kv = shadowkv ] && n=${SYNTH_BATCH_SKV:-9} && pool=(--max-seqs "$n" --prefill-slots 1)
+        [ $kv = $fp8 ] && n=${SYNTH_BATCH_FP8:-16} && pool=(--max-seqs "$n" --prefill-slots 1)
         timeout 240 python3 bench/serve_bench.py --binary "$stage/bin/shadowkv" \
           --synthetic llama3-8b --prompt-ids "$synth_context" --shared-prompt --output-tokens 256 \
           --num-requests "$n" --concurrency "$n" --client-processes 4 --startup-timeout 200 \
           --request-timeout 600 \
-          --json "$out/serve_synth_$kv.json" -- --kv "$kv" --ctx-size $((synth_context + 512)) \
+          --json "$out/serve_synth_${kv//[:=]/_}.json" -- --kv "$kv" \
+          --ctx-size $((synth_context + 512)) \
           --max-batch "$n" "${pool[@]}" --prefill-chunk 4096 \
-          --max-body 4096 --timeout 3600 > "$out/serve_synth_$kv.log" 2>&1
+          --max-body 4096 --timeout 3600 > "$out/serve_synth_${kv//[:=]/_}.log" 2>&1
         echo "synth serve $kv: exit $?"
-        grep -E "== kv|steady|ITL|engine loop|errors|GPU pool" "$out/serve_synth_$kv.log"
+        grep -E "== kv|steady|ITL|engine loop|errors|GPU pool" \
+          "$out/serve_synth_${kv//[:=]/_}.log"
       done
       ;;
     *)
