@@ -36,6 +36,21 @@ __device__ __forceinline__ float WarpSum(float value) {
   return value;
 }
 
+// The warp's first (value, index) pair under `before(a, a_index, b, b_index)`, a strict order
+// (e.g. larger value, then lower index), in every lane.
+template <typename Before>
+__device__ __forceinline__ void WarpArgBest(float& value, int& index, Before before) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+    const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+    if (before(other, other_index, value, index)) {
+      value = other;
+      index = other_index;
+    }
+  }
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 // `scratch` holds 32 floats of shared memory; the call contains barriers.
 __device__ __forceinline__ float BlockSum(float value, float* scratch) {

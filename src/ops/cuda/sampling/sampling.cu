@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/draw_noise.h"
+#include "ops/cuda/common/device_utils.cuh"
 #include "ops/cuda/sampling/sampling.cuh"
 
 namespace shadowkv::cuda {
@@ -141,15 +142,7 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
       }
     }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-    const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-    if (Better(other, other_id, best, best_id)) {
-      best = other;
-      best_id = other_id;
-    }
-  }
+  WarpArgBest(best, best_id, Better);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
     float_scratch[warp] = best;
@@ -159,15 +152,7 @@ __global__ void __launch_bounds__(kThreads) SamplingKernel(SamplingParams p) {
   if (warp == 0) {
     best = float_scratch[lane];
     best_id = best_ids[lane];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-      if (Better(other, other_id, best, best_id)) {
-        best = other;
-        best_id = other_id;
-      }
-    }
+    WarpArgBest(best, best_id, Better);
     if (lane == 0) p.tokens[row] = best_id == INT_MAX ? 0 : best_id;
   }
 }

@@ -838,14 +838,7 @@ __global__ void SkvPickOutliersKernel(SkvPickOutliersParams p) {
         best_index = i;
       }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_index = __shfl_xor_sync(0xffffffffu, best_index, offset);
-      if (SkvPairBefore(other, other_index, best, best_index)) {
-        best = other;
-        best_index = other_index;
-      }
-    }
+    WarpArgBest(best, best_index, SkvPairBefore);
     if (lane == 0) {
       warp_value[warp] = best;
       warp_index[warp] = best_index;
