@@ -144,10 +144,12 @@ def read_prompts_file(path):
 
 def request_arguments(args, model, text, max_tokens, kv_policy, index, stream):
     extra = {"ignore_eos": args.ignore_eos, "kv_reuse": args.kv_reuse}
-    if kv_policy:
+    # A server started per policy (--server-per-kv) runs that policy, variants included: the
+    # request names none (a request may name a policy, not a variant).
+    if kv_policy and not args.server_per_kv:
         extra["kv_policy"] = kv_policy
-        if args.kv_budget is not None:
-            extra["kv_budget"] = args.kv_budget
+    if kv_policy and args.kv_budget is not None:
+        extra["kv_budget"] = args.kv_budget
     arguments = {"model": model, "max_tokens": max_tokens, "temperature": args.temperature,
                  "seed": args.seed + index, "extra_body": extra}
     if stream:
