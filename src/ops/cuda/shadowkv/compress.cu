@@ -1,0 +1,119 @@
+// ShadowKV compression kernels that work on every layer of a sequence at once: B's rows from the
+// batched eigensolver's eigenvectors, and the outlier chunks picked from the minimum cosines
+// (the per-layer landmark and outlier-copy kernels are in shadowkv_kernels.cu).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "ops/cuda/common/device_utils.cuh"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
+
+namespace shadowkv::cuda {
+
+namespace {
+
+__global__ void SkvBasisFromEigenvectorsKernel(SkvBasisParams p) {
+  const SkvLayout& l = p.layout;
+  const int row = blockIdx.x, layer = blockIdx.y;
+  const int width = l.num_kv_heads * l.head_dim;
+  const int keep = p.ranks ? p.ranks[layer] : l.rank;
+  __nv_bfloat16* out =
+      l.basis + ((static_cast<int64_t>(p.seq) * l.num_layers + layer) * l.rank + row) * width;
+  const float* column = p.eigenvectors + (static_cast<int64_t>(layer) * width + width - 1 - row) *
+                                             width;
+  for (int k = threadIdx.x; k < width; k += blockDim.x) {
+    out[k] = __float2bfloat16(row < keep ? column[k] : 0.0f);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchSkvBasisFromEigenvectors(const SkvBasisParams& p, cudaStream_t stream) {
+  const int width = p.layout.num_kv_heads * p.layout.head_dim;
+  if (p.layout.rank < 1 || p.layout.rank > width || !p.eigenvectors) return cudaErrorInvalidValue;
+  SkvBasisFromEigenvectorsKernel<<<dim3(p.layout.rank, p.layout.num_layers), std::min(width, 256),
+                                   0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+namespace {
+
+// (value, index) pairs in kv::PickOutlierChunks's order: lower value first, then lower index.
+__device__ __forceinline__ bool SkvPairBefore(float a, int ai, float b, int bi) {
+  return a < b || (a == b && ai < bi);
+}
+
+// One block per (layer, KV head): `count` rounds, each taking the least pair after the last one
+// taken (a block-wide minimum), so no chunk needs marking; then the picks in index order.
+__global__ void SkvPickOutliersKernel(SkvPickOutliersParams p) {
+  extern __shared__ int32_t picked[];  // [count]
+  __shared__ float warp_value[32];
+  __shared__ int warp_index[32];
+  __shared__ float last_value;
+  __shared__ int last_index;
+  const float* values = p.min_cosine + static_cast<int64_t>(blockIdx.x) * p.num_chunks;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (threadIdx.x == 0) {
+    last_value = -INFINITY;
+    last_index = -1;
+  }
+  __syncthreads();
+  for (int round = 0; round < p.count; ++round) {
+    float best = INFINITY;
+    int best_index = INT_MAX;
+    const float after_value = last_value;
+    const int after_index = last_index;
+    for (int i = threadIdx.x; i < p.num_chunks; i += blockDim.x) {
+      const float v = values[i];
+      if (SkvPairBefore(after_value, after_index, v, i) && SkvPairBefore(v, i, best, best_index)) {
+        best = v;
+        best_index = i;
+      }
+    }
+    WarpArgBest(best, best_index, SkvPairBefore);
+    if (lane == 0) {
+      warp_value[warp] = best;
+      warp_index[warp] = best_index;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < warps; ++w) {
+        if (SkvPairBefore(warp_value[w], warp_index[w], best, best_index)) {
+          best = warp_value[w];
+          best_index = warp_index[w];
+        }
+      }
+      picked[round] = best_index;
+      last_value = best;
+      last_index = best_index;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {  // count is small (tens): insertion sort
+    for (int i = 1; i < p.count; ++i) {
+      const int v = picked[i];
+      int j = i - 1;
+      while (j >= 0 && picked[j] > v) {
+        picked[j + 1] = picked[j];
+        --j;
+      }
+      picked[j + 1] = v;
+    }
+  }
+  __syncthreads();
+  int32_t* out = p.outliers + static_cast<int64_t>(blockIdx.x) * p.count;
+  for (int i = threadIdx.x; i < p.count; i += blockDim.x) out[i] = picked[i];
+}
+
+}  // namespace
+
+cudaError_t LaunchSkvPickOutliers(const SkvPickOutliersParams& p, cudaStream_t stream) {
+  if (p.count == 0 || p.pairs == 0) return cudaSuccess;
+  if (p.count < 0 || p.count > p.num_chunks || p.count > 4096 || !p.min_cosine || !p.outliers) {
+    return cudaErrorInvalidValue;
+  }
+  SkvPickOutliersKernel<<<p.pairs, 256, p.count * sizeof(int32_t), stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace shadowkv::cuda
