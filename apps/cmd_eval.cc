@@ -143,11 +143,11 @@ bool NeedsCorpus(const eval::EvalSettings& settings) {
 // the prefilled slot itself (last, so nothing needs copying). The other policies (SnapKV, Quest,
 // StreamingLLM) have no GPU kernels: they take the GPU's keys and values of the prompt, the CPU
 // model runs the prompt's last tokens again to give SnapKV its observation-window queries, and
-// they decode on the CPU. Where the GPU's ShadowKV cannot run (a sliding-window model such as
-// gemma3, or a GQA group its kernels are not built for: CudaModel::ShadowKvRunsHere) ShadowKV takes
-// that CPU path too; on a sliding model the CPU's policies keep the windowed layers exact (their
-// window) beside the global layers' compression. Tasks, prompts and scoring stay with the CPU
-// model's tokenizer.
+// they decode on the CPU. Where the GPU's ShadowKV cannot run (a head width or GQA group its
+// kernels are not built for, such as gemma3's 256-wide heads: CudaModel::ShadowKvRunsHere)
+// ShadowKV takes that CPU path too. On a sliding model every policy, on either side, keeps the
+// windowed layers exact (their window) beside the global layers' compression. Tasks, prompts and
+// scoring stay with the CPU model's tokenizer.
 class CudaEvalBackend final : public eval::AnswerBackend {
  public:
   // `slots`: 2 where fidelity is measured (full attention answers in slot 1 while slot 0 keeps
@@ -292,7 +292,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const ModelConfig& c = model_->config();
     SKV_ASSIGN_OR_RETURN(
         const cuda::SkvGeometry geometry,
-        cuda::MakeSkvGeometry(config, c.num_layers, c.num_kv_heads, c.head_dim, capacity_));
+        cuda::MakeSkvGeometryFor(config, c, c.num_kv_heads, capacity_));
     SKV_ASSIGN_OR_RETURN(const cuda::SkvCompressionPlan plan,
                          cuda::PlanSkvCompression(config, geometry, prompt_tokens));
     Attendance a;
@@ -400,14 +400,20 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         break;
       }
       const int64_t held = length + 1;  // the step's own token included
-      const int64_t attended =
+      const int64_t global =
           shadowkv ? shadowkv->selected_tokens + held -
                          cuda::SkvExactFirst(held, shadowkv->exact_first, shadowkv->chunk_size,
                                              shadowkv->local_window)
                    : held;
-      answer->stats.prepare_calls += 1;
-      answer->stats.context_tokens += held;
-      answer->stats.attended_tokens += attended;
+      // Counted per layer, as the CPU policies count: a sliding-window layer attends its window
+      // under every policy.
+      const ModelConfig& c = model_->config();
+      const int64_t windowed =
+          std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
+      answer->stats.prepare_calls += c.num_layers;
+      answer->stats.context_tokens += held * c.num_layers;
+      answer->stats.attended_tokens += (c.num_layers - windowed) * global +
+                                       windowed * std::min<int64_t>(held, c.sliding_window);
       int32_t token = stream.feed.front();
       const std::span<const int> seqs(&index, 1);
       const std::span<int32_t> tokens(&token, 1);

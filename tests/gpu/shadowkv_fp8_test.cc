@@ -81,6 +81,7 @@ TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
   sp.layout = l;
   sp.seq = 0;
   sp.layer = kLayer;
+  sp.cache_layer = kLayer;
   sp.cache = CacheView(d_keys, d_values);
   sp.cache_slot = kSlot;
   sp.num_chunks = kStored;
@@ -179,6 +180,7 @@ TEST(CudaShadowKvFp8Test, LandmarksAreTheCpuQuantisationOfTheChunkMeans) {
   lp.layout = l;
   lp.seq = 0;
   lp.layer = 1;
+  lp.cache_layer = 1;
   lp.cache = CacheView(d_keys, d_values);
   lp.cache_slot = 1;
   lp.num_chunks = kChunks;

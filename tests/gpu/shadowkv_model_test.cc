@@ -1,5 +1,5 @@
-// GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts (llama, and the
-// phi3 and glm4 forms): logits of every decode step within bf16 tolerance, the same chunks in the
+// GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts (llama, the
+// phi3 and glm4 forms, and sliding-window llama against the CPU's split policy): logits of every decode step within bf16 tolerance, the same chunks in the
 // gather buffers (up to ties and rounding), two sequences of different lengths in one batch (one
 // with values in pinned host memory), graduation of generated chunks; per-layer ranks from the
 // key spectrum (the host rule, the layout at the cap, decode at a rank below it); the key basis
@@ -184,6 +184,45 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
 }
 
+// A sliding-window model's geometry: its global layers laid out as a model of those layers
+// alone, plus one ring of the window per windowed layer (capped at the capacity); each model
+// layer's index in its part; a model whose every layer slides is refused, as on the CPU.
+TEST(CudaShadowKvPlanTest, SlidingWindowModelsCompressTheGlobalLayersOnly) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 64;
+  ModelConfig model;
+  model.num_layers = 5;
+  model.num_query_heads = 4;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  model.sliding_window = 100;
+  model.layer_windowed = {true, false, false, true, false};
+  const SkvLayerParts parts = SkvLayerPartsOf(model);
+  EXPECT_EQ(parts.index, (std::vector<int>{0, 0, 1, 1, 2}));
+  EXPECT_EQ(parts.global, (std::vector<int>{1, 2, 4}));
+  auto sliding = MakeSkvGeometryFor(config, model, 2, 512);
+  ASSERT_TRUE(sliding.ok()) << sliding.status().ToString();
+  auto global_only = MakeSkvGeometry(config, 3, 2, 64, 512);
+  ASSERT_TRUE(global_only.ok());
+  EXPECT_EQ(sliding->num_layers, 3);
+  EXPECT_EQ(sliding->window_layers, 2);
+  EXPECT_EQ(sliding->window_rows, 100);
+  EXPECT_EQ(sliding->WindowBytesPerSequence(), int64_t{2} * 2 * 2 * 100 * 64 * 2);  // K, V bf16
+  EXPECT_EQ(sliding->DeviceBytesPerSequence(),
+            global_only->DeviceBytesPerSequence() + sliding->WindowBytesPerSequence());
+  EXPECT_EQ(sliding->ValueBytesPerSequence(), global_only->ValueBytesPerSequence());
+  auto short_capacity = MakeSkvGeometryFor(config, model, 2, 80);
+  ASSERT_TRUE(short_capacity.ok());
+  EXPECT_EQ(short_capacity->window_rows, 80);  // no token is ever older than the window there
+
+  model.layer_windowed.assign(5, true);
+  auto none = MakeSkvGeometryFor(config, model, 2, 512);
+  EXPECT_EQ(none.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(none.status().message().find("has none (use 'full')"), std::string::npos)
+      << none.status().message();
+}
+
 // Capacities round up to whole 16-chunk tiles of the tensor-core scoring, with bf16 landmarks as
 // with FP8 ones, so the scoring never falls back to the CUDA-core kernel.
 TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
@@ -224,6 +263,16 @@ TEST(CudaShadowKvPlanTest, HostValueRowsAreSpreadOverTheBatch) {
 // The tiny Llama both tests use: 2 layers, 4 query heads on 2 KV heads, fp32 weights.
 TinyModelSpec SmallLlamaSpec(uint32_t seed) {
   return shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, seed);
+}
+
+// Whether `layer` of the spec's model slides (Mistral-style llama), and how many do not.
+bool Windowed(const TinyModelSpec& spec, int layer) {
+  return spec.sliding_window > 0 && (spec.windowed.empty() || spec.windowed[layer]);
+}
+int GlobalLayers(const TinyModelSpec& spec) {
+  int global = 0;
+  for (int layer = 0; layer < spec.layers; ++layer) global += !Windowed(spec, layer);
+  return global;
 }
 
 // The settings of the parity tests: budget 64 tokens (K = 8 chunks, O = 2).
@@ -302,7 +351,11 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
     auto ranks = gpu.ShadowKvLayerRanks(s);
     ASSERT_TRUE(ranks.ok()) << ranks.status().ToString();
     if (want_ranks > 0) {
-      EXPECT_EQ(*ranks, std::vector<int32_t>(spec.layers, want_ranks)) << "sequence " << s;
+      std::vector<int32_t> want(spec.layers, want_ranks);
+      for (int layer = 0; layer < spec.layers; ++layer) {
+        if (Windowed(spec, layer)) want[layer] = 0;  // kept whole, not compressed
+      }
+      EXPECT_EQ(*ranks, want) << "sequence " << s;
     }
     if (s >= 2) {
       auto original = gpu.ShadowKvLayerRanks(s - 2);
@@ -345,6 +398,15 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
       bool same_chunks = true;
       for (int layer = 0; layer < spec.layers; ++layer) {
         const kv::ShadowKvLayerInfo info = shadow->Inspect(layer);
+        if (Windowed(spec, layer)) {  // its window only, on both sides
+          for (int h = 0; h < spec.kv_heads; ++h) {
+            auto chunks = gpu.ShadowKvGatheredChunks(s, layer, h);
+            ASSERT_TRUE(chunks.ok());
+            EXPECT_TRUE(chunks->empty());
+          }
+          EXPECT_TRUE(info.gathered_chunks.empty());
+          continue;
+        }
         for (int h = 0; h < spec.kv_heads; ++h) {
           auto chunks = gpu.ShadowKvGatheredChunks(s, layer, h);
           ASSERT_TRUE(chunks.ok());
@@ -396,7 +458,7 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
       stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, 24);
   EXPECT_EQ(stats.host_value_sequences, rows / 2);
-  EXPECT_EQ(stats.chunks_selected, 24ll * rows * spec.layers * spec.kv_heads * 8);
+  EXPECT_EQ(stats.chunks_selected, 24ll * rows * GlobalLayers(spec) * spec.kv_heads * 8);
   ASSERT_GT(gathered, 0);
   EXPECT_GE(static_cast<double>(matched) / gathered, min_overlap);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
@@ -447,6 +509,31 @@ TEST(CudaShadowKvParityTest, SixteenQueryHeadsPerKvHeadMatchTheCpuPolicy) {
     const kv::KvPolicyConfig landmarks = ParityConfig(false);
     CheckParity(landmarks, landmarks, /*copies=*/true, /*want_ranks=*/24, spec, 0.95);
     CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24, spec, 0.95);
+  }
+}
+
+// Sliding-window models (Mistral-style llama with a per-layer pattern, window 64): the global
+// layers compressed, the windowed layers' last 64 tokens in rings that wrap several times over
+// the prompts and the 24 steps, against the CPU's split policy (kv/sliding_split_policy.cc).
+// Global layers evenly spaced (the batched GEMMs in one strided run: layers 1 and 3 of 4) and
+// not (one run per layer: 1, 2 and 4 of 5); with copies, so the rings are copied too.
+TEST(CudaShadowKvParityTest, SlidingWindowModelsMatchTheCpuSplitPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const std::vector<bool>& windowed :
+       {std::vector<bool>{true, false, true, false},
+        std::vector<bool>{true, false, false, true, false}}) {
+    TinyModelSpec spec = SmallLlamaSpec(7);
+    spec.layers = static_cast<int>(windowed.size());
+    spec.sliding_window = 64;
+    spec.windowed = windowed;
+    SCOPED_TRACE(::testing::Message() << spec.layers << " layers, " << GlobalLayers(spec)
+                                      << " global");
+    const kv::KvPolicyConfig config = ParityConfig(false);
+    CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24, spec);
+    kv::KvPolicyConfig rerank = ParityConfig(false);
+    rerank.selection = "rerank";
+    rerank.label = "shadowkv:select=rerank";
+    CheckParity(rerank, rerank, /*copies=*/false, /*want_ranks=*/24, spec);
   }
 }
 

@@ -27,6 +27,10 @@ struct TinyModelSpec {
   bool tied = true;
   uint32_t seed = 1;
   bool skip_ffn_down = false;  // leave a tensor out (error tests)
+  // llama only (Mistral-style): a sliding window of this many tokens, in the layers `windowed`
+  // names (one flag per layer, written as the per-layer pattern; empty: every layer slides).
+  int sliding_window = 0;
+  std::vector<bool> windowed;
 };
 
 // GPT-2's printable stand-in for a byte, as UTF-8.
@@ -62,6 +66,23 @@ inline std::vector<uint8_t> MakeTinyModel(const TinyModelSpec& s) {
   w.AddUint32(a + ".context_length", s.context);
   w.AddFloat32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.AddFloat32(a + ".rope.freq_base", 10000.0f);
+  if (s.sliding_window > 0) {
+    w.AddUint32(a + ".attention.sliding_window", s.sliding_window);
+    if (!s.windowed.empty()) {
+      gguf::Value pattern;
+      pattern.type = gguf::ValueType::kArray;
+      pattern.element_type = gguf::ValueType::kBool;
+      std::vector<gguf::Value> flags;
+      for (bool slides : s.windowed) {
+        gguf::Value flag;
+        flag.type = gguf::ValueType::kBool;
+        flag.data.emplace<bool>(slides);
+        flags.push_back(flag);
+      }
+      pattern.data = std::move(flags);
+      (void)w.AddValue(a + ".attention.sliding_window_pattern", std::move(pattern));
+    }
+  }
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) tokens.push_back(ByteToken(b));
   tokens.push_back("<|endoftext|>");

@@ -384,8 +384,10 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     }
 
     // Floors (DESIGN.md): bytes each part must move at least, per step, per GPU (a rank's heads
-    // rebuild from its own rank-r/N factors).
-    const double layers = config.num_layers, d = config.head_dim;
+    // rebuild from its own rank-r/N factors), over the compressed (global) layers.
+    const double layers = static_cast<double>(config.num_layers) -
+                          std::count(config.layer_windowed.begin(), config.layer_windowed.end(), true);
+    const double d = config.head_dim;
     const double heads = static_cast<double>(config.num_kv_heads) / devices;
     const double chunk = kv_config.chunk_size, rank = static_cast<double>(r.rank) / model.size();
     const double budget = static_cast<double>(r.budget_tokens) / chunk;

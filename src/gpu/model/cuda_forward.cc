@@ -148,9 +148,18 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     rope.head_dim = c.head_dim;
     rope.rotary_dim = c.rope.rotary_dim;
     rope.halves = c.rope.style == RopeConfig::Style::kHalves;
-    if (plan.shadowkv) {
+    // ShadowKV rows: a global layer's token goes to its exact window (and its pre-RoPE key
+    // beside it), a windowed layer's to that layer's ring; `part_layer` indexes either part.
+    const bool skv_ring = plan.shadowkv && skv->parts.windowed[layer];
+    const int part_layer = plan.shadowkv ? skv->parts.index[layer] : layer;
+    if (skv_ring) {
+      rope.cache = skv->window;
+      rope.cache_rows = skv->window_rows;
+      rope.layer = part_layer;
+    } else if (plan.shadowkv) {
       rope.cache = skv->layout.attn;
       rope.cache_rows = skv->attn_rows;
+      rope.layer = part_layer;
       rope.keys_pre = skv->layout.keys_pre;
       rope.keys_pre_capacity = skv->geometry.recent_capacity;
       rope.keys_pre_rows = skv->pre_rows;
@@ -161,15 +170,17 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
     SKV_CUDA_RETURN_IF_ERROR(LaunchQkvRope(rope, stream));
     SKV_RETURN_IF_ERROR(mark(OpKind::kOther));
 
-    if (plan.shadowkv) {
-      SKV_RETURN_IF_ERROR(RunShadowKvAttention(plan, layer, profiler));
+    if (plan.shadowkv && !skv_ring) {
+      SKV_RETURN_IF_ERROR(RunShadowKvAttention(plan, part_layer, profiler));
     } else if (plan.decode_rows > 0) {
+      // The full cache's rows, a window masking the older ones; or a ShadowKV ring, which holds
+      // exactly the window (rows 0 .. min(position, ring rows - 1), in any order).
       DecodeAttentionParams d;
       d.queries = q.get();
-      d.cache = cache;
-      d.layer = layer;
+      d.cache = skv_ring ? skv->window : cache;
+      d.layer = part_layer;
       d.slots = meta.slots;
-      d.positions = meta.positions;
+      d.positions = skv_ring ? skv->window_last : meta.positions;
       d.partial_out = partial_out.get();
       d.partial_lse = partial_lse.get();
       d.out = attn.get();
@@ -180,7 +191,7 @@ Status CudaModel::Impl::RunStep(const StepPlan& plan, StepProfiler* profiler) {
       d.num_splits = DecodeNumSplits(
           plan.decode_rows, DecodeHeadBlocks(c.num_query_heads, c.num_kv_heads), target_blocks);
       d.scale = scale;
-      d.window = window;
+      d.window = skv_ring ? 0 : window;
       SKV_CUDA_RETURN_IF_ERROR(LaunchDecodeAttention(d, stream));
     }
     if (plan.num_prefill > 0 && !plan.shadowkv) {

@@ -213,13 +213,15 @@ class CudaModel {
   // ShadowKV sequences, separate from the full cache's slots: a prompt is prefilled
   // into a full-cache slot (with pre-RoPE keys), compressed into a ShadowKV sequence, then
   // decoded with sparse attention over outliers + selected chunks + the exact recent window.
+  // On a sliding-window model only the global layers are compressed; each windowed layer keeps
+  // its last sliding_window tokens exactly, in a ring per sequence, as on the CPU.
   // Allocates `num_sequences` sequences of up to `capacity` tokens (no values yet). Budget,
   // rank, chunk size, outliers and window come from `config` as on the CPU.
   Status AllocateShadowKv(const kv::KvPolicyConfig& config, int num_sequences, int64_t capacity);
   void FreeShadowKv();
   // Whether this model's ShadowKV runs on the GPU: a refusal naming why where it does not
-  // (sliding-window layers; more query heads per KV head than the scoring kernels take). The
-  // CPU backend serves those models' ShadowKV. Every other ShadowKV entry point checks it too.
+  // (head widths or more query heads per KV head than the kernels take). The CPU backend serves
+  // those models' ShadowKV. Every other ShadowKV entry point checks it too.
   Status ShadowKvRunsHere() const;
   // Device bytes of one sequence without its values, and of its values (after AllocateShadowKv,
   // or for a planned allocation).
@@ -249,9 +251,11 @@ class CudaModel {
   // Every sequence's chunk counts, [num_sequences].
   Result<std::vector<CudaChunkCounts>> ShadowKvSequenceCounts() const;
   // The rank each layer of sequence `seq` uses: the one rank, or under rank_energy each layer's
-  // own from its key spectrum (CudaShadowKvStats::rank is then the cap the memory is sized for).
+  // own from its key spectrum (CudaShadowKvStats::rank is then the cap the memory is sized for);
+  // [model layers], 0 at a sliding-window layer (not compressed).
   Result<std::vector<int32_t>> ShadowKvLayerRanks(int seq) const;
-  // The chunks held by the gather slots of (seq, layer, KV head) (-1: empty), for tests.
+  // The chunks held by the gather slots of (seq, model layer, KV head) (-1: empty; none at a
+  // sliding-window layer), for tests.
   Result<std::vector<int32_t>> ShadowKvGatheredChunks(int seq, int layer, int kv_head) const;
 
   struct Impl;

@@ -95,6 +95,12 @@ struct ShadowKvState {
   DeviceBuffer<SkvSequenceInfo> info;
   DeviceBuffer<Bf16*> value_table;
   DeviceBuffer<unsigned long long> counters;
+  // Sliding-window models: which part each model layer is in, and the windowed layers' rings
+  // ([seq, window layers, kv heads, window_rows, head_dim] K and V; `window` views them, a
+  // sequence's slot being its index). Empty where no layer slides.
+  SkvLayerParts parts;
+  DeviceBuffer<Bf16> window_keys, window_values;
+  KvCacheView window;
   std::vector<DeviceBuffer<Bf16>> device_values;  // [seq], empty where on the host
   std::vector<Bf16*> host_values;                 // [seq] pinned, or null
   std::vector<Bf16*> value_pointers;              // [seq] what value_table holds
@@ -127,6 +133,8 @@ struct ShadowKvState {
   int32_t* attn_rows = nullptr;    // device [max_batch]
   int32_t* pre_rows = nullptr;     // device [max_batch]
   int32_t* attn_last = nullptr;    // device [max_batch]
+  int32_t* window_rows = nullptr;  // device [max_batch] ring row of the new token: p % rows
+  int32_t* window_last = nullptr;  // device [max_batch] last ring row it sees: min(p, rows - 1)
   cudaStream_t side_stream = nullptr;  // value fetch, beside the key rebuild
   cudaEvent_t fork = nullptr, join = nullptr;
   // The second half of a graph-replayed step's rows (see RunShadowKvAttention): its selection

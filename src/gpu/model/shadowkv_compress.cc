@@ -1,8 +1,9 @@
 // CudaModel::CompressToShadowKv: a prefilled full-cache slot into a ShadowKV sequence. Every
-// layer's Gram matrix of pre-RoPE keys, its top-r eigenvectors (on the GPU in one batched solve,
-// or on the host for keys wider than CudaKernelOptions::basis_gpu_max_width), A = X·Bᵀ,
-// landmarks and minimum cosines, the outlier chunks, the values and the exact window; in stream
-// order, the host waiting once at the end. Allocation, copies and statistics are in
+// compressed layer's Gram matrix of pre-RoPE keys, its top-r eigenvectors (on the GPU in one
+// batched solve, or on the host for keys wider than CudaKernelOptions::basis_gpu_max_width),
+// A = X·Bᵀ, landmarks and minimum cosines, the outlier chunks, the values and the exact window;
+// on a sliding-window model the windowed layers' last tokens into their rings; in stream order,
+// the host waiting once at the end. Allocation, copies and statistics are in
 // shadowkv_model.cc, the decode step in shadowkv_decode.cc.
 #include <algorithm>
 #include <chrono>
@@ -81,6 +82,50 @@ Status CheckEigenInfo(const ShadowKvState& s, cudaStream_t stream) {
                failed);
 }
 
+// The compressed layers as runs of one stride through the full cache, for the batched GEMMs:
+// one run where they are evenly spaced (every layer; gemma3's every sixth), else one per layer.
+struct LayerRun {
+  int first = 0;     // compressed index of the run's first layer
+  int count = 0;
+  int64_t step = 1;  // model layers from one to the next
+};
+
+std::vector<LayerRun> LayerRunsOf(const std::vector<int>& global) {
+  const int n = static_cast<int>(global.size());
+  bool even = true;
+  for (int i = 2; i < n; ++i) even = even && global[i] - global[i - 1] == global[1] - global[0];
+  if (even) return {LayerRun{0, n, n > 1 ? global[1] - global[0] : 1}};
+  std::vector<LayerRun> runs;
+  for (int i = 0; i < n; ++i) runs.push_back(LayerRun{i, 1, 1});
+  return runs;
+}
+
+// The windowed layers' rings of sequence `seq` from full-cache slot `slot` holding `prompt`
+// tokens: the last window_rows of them, token p at ring row p % window_rows.
+Status FillWindowRings(const ShadowKvState& s, const KvCacheView& cache, int slot, int seq,
+                       int64_t prompt, cudaStream_t stream) {
+  const KvCacheView& ring = s.window;
+  const int64_t rows = ring.capacity, d = ring.head_dim;
+  const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
+  for (size_t layer = 0; layer < s.parts.windowed.size(); ++layer) {
+    if (!s.parts.windowed[layer]) continue;
+    const int index = s.parts.index[layer];
+    // Two runs at most: up to the ring's end, then from its start.
+    for (int64_t from = std::max<int64_t>(0, prompt - rows); from < prompt;) {
+      const int64_t row = from % rows, count = std::min(prompt - from, rows - row);
+      const int64_t target = ring.HeadOffset(seq, index, 0) + row * d;
+      const int64_t source = cache.HeadOffset(slot, static_cast<int>(layer), 0) + from * d;
+      for (auto [to, at] : {std::pair{ring.keys, cache.keys}, std::pair{ring.values, cache.values}}) {
+        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+            to + target, rows * row_bytes, at + source, cache.capacity * row_bytes,
+            count * row_bytes, ring.num_kv_heads, cudaMemcpyDeviceToDevice, stream));
+      }
+      from += count;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
@@ -110,15 +155,18 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   const SkvLayout& l = s.layout;
   const int64_t prompt = m.lengths[full_slot];
   SKV_ASSIGN_OR_RETURN(SkvCompressionPlan plan, PlanSkvCompression(s.config, g, prompt));
-  const int layers = c.num_layers, heads = c.num_kv_heads, d = c.head_dim, chunk = g.chunk_size;
+  // Compressed layer i is model layer global[i] of the full cache.
+  const std::vector<int>& global = s.parts.global;
+  const int layers = g.num_layers, heads = c.num_kv_heads, d = c.head_dim, chunk = g.chunk_size;
   const int width = g.kv_width(), rank = g.rank;
   const int64_t chunked = plan.exact_first, num_chunks = plan.num_chunks;
   const int64_t recent = prompt - chunked;
   const int outliers = plan.info.outlier_chunks;
-  auto pre_keys = [&](int layer) {
+  auto pre_keys = [&](int model_layer) {
     return m.kv_keys_pre.get() +
-           (static_cast<int64_t>(full_slot) * layers + layer) * m.cache.capacity * width;
+           (static_cast<int64_t>(full_slot) * c.num_layers + model_layer) * m.cache.capacity * width;
   };
+  const std::vector<LayerRun> runs = LayerRunsOf(global);
 
   // 1. Gram matrices of every layer's pre-RoPE keys (all prompt rows), fp32 on the tensor cores.
   DeviceBuffer<float> host_path_gram;
@@ -131,11 +179,15 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   // Row-major X [prompt, width] is column-major Xᵀ; G = Xᵀ·X = (Xᵀ)·(Xᵀ)ᵀ. Every layer in one
   // launch: one product's output is a tile or two, so a layer alone keeps a few SMs busy.
   const int64_t layer_keys = m.cache.capacity * width;
-  SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
-      m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one,
-      pre_keys(0), CUDA_R_16BF, width, layer_keys, pre_keys(0), CUDA_R_16BF, width, layer_keys,
-      &zero, gram, CUDA_R_32F, width, static_cast<int64_t>(width) * width, layers,
-      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  for (const LayerRun& run : runs) {
+    const Bf16* keys = pre_keys(global[run.first]);
+    const int64_t stride = layer_keys * run.step;
+    SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
+        m.cublas, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(prompt), &one, keys,
+        CUDA_R_16BF, width, stride, keys, CUDA_R_16BF, width, stride, &zero,
+        gram + static_cast<int64_t>(run.first) * width * width, CUDA_R_32F, width,
+        static_cast<int64_t>(width) * width, run.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
   SKV_CUDA_RETURN_IF_ERROR(mark(1));
 
   // 2. Top-r eigenvectors of each layer's Gram matrix as B's rows; under a per-layer rank r is
@@ -205,20 +257,21 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   //    values, every chunk's quantised value run).
   DeviceBuffer<float> min_cosine;
   SKV_RETURN_IF_ERROR(min_cosine.Allocate(static_cast<int64_t>(layers) * heads * num_chunks));
-  {
+  for (const LayerRun& run : runs) {
+    GemmBatch every_layer;
+    every_layer.batch = run.count;
+    every_layer.x_stride = layer_keys * run.step;
+    every_layer.weight_stride = static_cast<int64_t>(rank) * width;
+    every_layer.y_stride = static_cast<int64_t>(g.capacity_chunks) * chunk * rank;
     GemmParams gp;
-    gp.x = pre_keys(0);
-    gp.weight = basis;
-    gp.y = l.coefficients + static_cast<int64_t>(seq) * layers * g.capacity_chunks * chunk * rank;
+    gp.x = pre_keys(global[run.first]);
+    gp.weight = basis + run.first * every_layer.weight_stride;
+    gp.y = l.coefficients +
+           (static_cast<int64_t>(seq) * layers + run.first) * every_layer.y_stride;
     gp.output = GemmOutput::kBfloat16;
     gp.rows = chunked;
     gp.in = width;
     gp.out = rank;
-    GemmBatch every_layer;
-    every_layer.batch = layers;
-    every_layer.x_stride = layer_keys;
-    every_layer.weight_stride = static_cast<int64_t>(rank) * width;
-    every_layer.y_stride = static_cast<int64_t>(g.capacity_chunks) * chunk * rank;
     SKV_RETURN_IF_ERROR(RunGemmBatched(m.cublas, gp, every_layer));
   }
   for (int layer = 0; layer < layers; ++layer) {
@@ -228,6 +281,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     lp.layer = layer;
     lp.cache = m.cache;
     lp.cache_slot = full_slot;
+    lp.cache_layer = global[layer];
     lp.num_chunks = static_cast<int>(num_chunks);
     lp.min_cosine = min_cosine.get() + static_cast<int64_t>(layer) * heads * num_chunks;
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvLandmarks(lp, stream));
@@ -255,13 +309,14 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     op.layer = layer;
     op.cache = m.cache;
     op.cache_slot = full_slot;
+    op.cache_layer = global[layer];
     op.outliers = outlier_list.get() + static_cast<int64_t>(layer) * heads * outliers;
     op.num_outliers = outliers;
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvPlaceOutliers(op, stream));
     // 5. Values of every chunk to the store (one run per chunk per head), the exact window
     //    (post-RoPE K, V, pre-RoPE K) to the recent rows.
-    const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, layer, 0);
-    const Bf16* cache_keys = m.cache.keys + m.cache.HeadOffset(full_slot, layer, 0);
+    const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, global[layer], 0);
+    const Bf16* cache_keys = m.cache.keys + m.cache.HeadOffset(full_slot, global[layer], 0);
     const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
     if (!g.fp8_values) {  // (FP8 runs were quantised with the landmarks, step 3)
       Bf16* store = s.value_pointers[seq] +
@@ -283,8 +338,11 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
                                                cudaMemcpyDeviceToDevice, stream));
     SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         l.keys_pre + (static_cast<int64_t>(seq) * layers + layer) * g.recent_capacity * width,
-        pre_keys(layer) + chunked * width, recent * width * sizeof(Bf16),
+        pre_keys(global[layer]) + chunked * width, recent * width * sizeof(Bf16),
         cudaMemcpyDeviceToDevice, stream));
+  }
+  if (g.window_layers > 0) {
+    SKV_RETURN_IF_ERROR(FillWindowRings(s, m.cache, full_slot, seq, prompt, stream));
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,

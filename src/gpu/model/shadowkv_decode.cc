@@ -172,6 +172,8 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
   auto* attn_rows = reinterpret_cast<int32_t*>(block + batch * sizeof(SkvRowMeta));
   auto* pre_rows = attn_rows + batch;
   auto* attn_last = pre_rows + batch;
+  auto* window_rows = attn_last + batch;
+  auto* window_last = window_rows + batch;
   StepMeta& h = host_meta;
   for (int i = 0; i < n; ++i) {
     const int seq = seq_list[i];
@@ -194,6 +196,10 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
     attn_rows[i] = rows[i].attn_row;
     pre_rows[i] = rows[i].pre_row;
     attn_last[i] = rows[i].attn_last;
+    if (g.window_layers > 0) {  // the ring row the token goes to, and the last it sees
+      window_rows[i] = static_cast<int32_t>(s.lengths[seq] % g.window_rows);
+      window_last[i] = static_cast<int32_t>(std::min<int64_t>(s.lengths[seq], g.window_rows - 1));
+    }
     h.tokens[i] = tokens[i];
     h.slots[i] = seq;
     h.positions[i] = static_cast<int32_t>(s.lengths[seq]);

@@ -57,12 +57,12 @@ Status UploadValueTable(ShadowKvState& s, cudaStream_t stream) {
 
 }  // namespace
 
-// The GPU's ShadowKV cache compresses every layer and has no window to mask, so sliding-window
-// models (gemma3, Mistral-style llama) take only the full cache here; its scoring and select
-// kernels hold a GQA group's query heads in mma tiles of 8 columns, built for groups of 1 to 8
-// and 16 (GLM-4-9B), so other groups take only the full cache too. The CPU backend serves both
-// with ShadowKV (on a sliding model the global layers compressed and the windowed layers kept
-// exact, kv/sliding_split_policy.cc), and `eval --device cuda` decodes ShadowKV there.
+// The GPU's ShadowKV scoring and select kernels hold a GQA group's query heads in mma tiles of 8
+// columns, built for groups of 1 to 8 and 16 (GLM-4-9B), so other groups take only the full
+// cache here; the CPU backend serves them with ShadowKV, and `eval --device cuda` decodes
+// ShadowKV there. On sliding-window models (gemma3, Mistral-style llama) the global layers are
+// compressed and the windowed layers keep their window exactly (MakeSkvGeometryFor), as the CPU
+// policy does (kv/sliding_split_policy.cc).
 Status CudaModel::ShadowKvRunsHere() const {
   const ModelConfig& c = impl_->config;
   const int group = c.num_query_heads / c.num_kv_heads;
@@ -74,15 +74,15 @@ Status CudaModel::ShadowKvRunsHere() const {
                  "the GPU's prompt), full attention runs here",
                  group, kSkvMaxGroup);
   }
-  const auto windowed = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
-  if (windowed == 0) return Status::Ok();
-  return Error(ErrorCode::kUnsupported,
-               "KV policy 'shadowkv' has no CUDA path for this model: {} of its {} layers attend "
-               "to a sliding window of {} tokens, and the GPU's ShadowKV cache compresses every "
-               "layer; ShadowKV on sliding-window models (global layers compressed, windowed "
-               "layers exact) runs on the CPU backend (--device cpu; `eval --device cuda` "
-               "decodes it there from the GPU's prompt)",
-               windowed, c.num_layers, c.sliding_window);
+  if (!SkvHeadDimSupported(c.head_dim)) {
+    return Error(ErrorCode::kUnsupported,
+                 "KV policy 'shadowkv' has no CUDA path for this model: its head_dim {} is not "
+                 "one the GPU's ShadowKV kernels take (64 or 128); ShadowKV on it runs on the CPU "
+                 "backend (--device cpu; `eval --device cuda` decodes it there from the GPU's "
+                 "prompt), full attention runs here",
+                 c.head_dim);
+  }
+  return Status::Ok();
 }
 
 Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
@@ -90,8 +90,7 @@ Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
   const ModelConfig& c = impl_->config;
   const kv::KvPolicyConfig config = kv::WithPaperSettings(requested);  // as the CPU policy does
   SKV_RETURN_IF_ERROR(ShadowKvRunsHere());
-  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
-                                                      c.head_dim, capacity));
+  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometryFor(config, c, c.num_kv_heads, capacity));
   return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.ValueBytesPerSequence()};
 }
 
@@ -106,8 +105,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   if (num_sequences < 1) {
     return Error(ErrorCode::kInvalidArgument, "{} ShadowKV sequences", num_sequences);
   }
-  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, c.num_layers, c.num_kv_heads,
-                                                      c.head_dim, capacity));
+  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometryFor(config, c, c.num_kv_heads, capacity));
   auto s = std::make_unique<ShadowKvState>();
   const bool fast = ShadowKvDecodeSettings(m.options.kernels).kernel_variant == kSkvKernelsFast;
   if (config.select_successors != 0 && !fast) {
@@ -127,7 +125,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   s->config = config;
   s->geometry = g;
   s->num_sequences = num_sequences;
-  const int64_t n = num_sequences, layers = c.num_layers, heads = c.num_kv_heads;
+  const int64_t n = num_sequences, layers = g.num_layers, heads = c.num_kv_heads;
   const int64_t d = c.head_dim, width = g.kv_width();
   const int64_t chunked_rows = static_cast<int64_t>(g.capacity_chunks) * g.chunk_size;
   auto sized = [&](Status status) -> Status {
@@ -155,6 +153,19 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->value_table.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2 * n)));
+  s->parts = SkvLayerPartsOf(c);
+  if (g.window_layers > 0) {
+    const int64_t ring = n * g.window_layers * heads * g.window_rows * d;
+    SKV_RETURN_IF_ERROR(sized(s->window_keys.Allocate(ring)));
+    SKV_RETURN_IF_ERROR(sized(s->window_values.Allocate(ring)));
+    s->window.keys = s->window_keys.get();
+    s->window.values = s->window_values.get();
+    s->window.num_slots = num_sequences;
+    s->window.num_layers = g.window_layers;
+    s->window.num_kv_heads = c.num_kv_heads;
+    s->window.head_dim = c.head_dim;
+    s->window.capacity = g.window_rows;
+  }
   const int64_t batch = m.options.max_batch;
   SKV_RETURN_IF_ERROR(sized(s->logits.Allocate(batch * c.num_query_heads * g.capacity_chunks)));
   SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
@@ -174,10 +185,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
                                         s->layer_rank.bytes(), cudaMemcpyHostToDevice));
   }
 
-  // Per-row plans: [SkvRowMeta x batch] then three int arrays, one block uploaded per step.
+  // Per-row plans: [SkvRowMeta x batch] then five int arrays, one block uploaded per step.
   const int64_t at_rows = 0, at_attn = batch * sizeof(SkvRowMeta), at_pre = at_attn + batch * 4,
-                at_last = at_pre + batch * 4;
-  s->meta_bytes = at_last + batch * 4;
+                at_last = at_pre + batch * 4, at_window_rows = at_last + batch * 4,
+                at_window_last = at_window_rows + batch * 4;
+  s->meta_bytes = at_window_last + batch * 4;
   SKV_RETURN_IF_ERROR(s->meta_block.Allocate(s->meta_bytes));
   void* host_block = nullptr;
   SKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host_block, s->meta_bytes, cudaHostAllocDefault));
@@ -187,6 +199,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   s->attn_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_attn);
   s->pre_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_pre);
   s->attn_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_last);
+  s->window_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_window_rows);
+  s->window_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_window_last);
   for (cudaStream_t* created : {&s->side_stream, &s->half.stream, &s->half.fetch_stream}) {
     SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(created, cudaStreamNonBlocking));
   }
@@ -199,7 +213,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   }
   if (width <= m.options.kernels.basis_gpu_max_width) {  // compression step 2 on the GPU
     SKV_ASSIGN_OR_RETURN(s->eigen, BatchedSymmetricEigen::Create(static_cast<int>(width),
-                                                                 c.num_layers, m.stream));
+                                                                 g.num_layers, m.stream));
     SKV_RETURN_IF_ERROR(sized(s->gram.Allocate(layers * width * width)));
     SKV_RETURN_IF_ERROR(sized(s->eigen_values.Allocate(layers * width)));
     SKV_RETURN_IF_ERROR(sized(s->eigen_info.Allocate(layers)));
@@ -213,7 +227,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   s->exact_first0.assign(n, 0);
 
   SkvLayout& l = s->layout;
-  l.num_layers = c.num_layers;
+  l.num_layers = g.num_layers;
   l.num_kv_heads = c.num_kv_heads;
   l.head_dim = c.head_dim;
   l.group = c.num_query_heads / c.num_kv_heads;
@@ -226,7 +240,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.attn.keys = s->attn_keys.get();
   l.attn.values = s->attn_values.get();
   l.attn.num_slots = num_sequences;
-  l.attn.num_layers = c.num_layers;
+  l.attn.num_layers = g.num_layers;
   l.attn.num_kv_heads = c.num_kv_heads;
   l.attn.head_dim = c.head_dim;
   l.attn.capacity = g.attn_capacity;
@@ -332,6 +346,8 @@ Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
   SKV_RETURN_IF_ERROR(part(s.outlier));
   SKV_RETURN_IF_ERROR(part(s.slot_chunk));
   SKV_RETURN_IF_ERROR(part(s.layer_rank));
+  SKV_RETURN_IF_ERROR(part(s.window_keys));
+  SKV_RETURN_IF_ERROR(part(s.window_values));
   return part(s.info);
 }
 
@@ -478,10 +494,15 @@ Result<std::vector<int32_t>> CudaModel::ShadowKvLayerRanks(int seq) const {
   SKV_RETURN_IF_ERROR(NeedShadowKv(m));
   const ShadowKvState& s = *m.skv;
   SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
-  std::vector<int32_t> ranks(m.config.num_layers);
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(ranks.data(),
-                                      s.layer_rank.get() + static_cast<int64_t>(seq) * ranks.size(),
-                                      ranks.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  std::vector<int32_t> compressed(s.geometry.num_layers);
+  SKV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(compressed.data(), s.layer_rank.get() + static_cast<int64_t>(seq) * compressed.size(),
+                 compressed.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  // At the model's layers; a windowed layer keeps its keys whole (rank 0: not compressed).
+  std::vector<int32_t> ranks(m.config.num_layers, 0);
+  for (int layer = 0; layer < m.config.num_layers; ++layer) {
+    if (!s.parts.windowed[layer]) ranks[layer] = compressed[s.parts.index[layer]];
+  }
   return ranks;
 }
 
@@ -494,11 +515,10 @@ Result<std::vector<int32_t>> CudaModel::ShadowKvGatheredChunks(int seq, int laye
   if (layer < 0 || layer >= m.config.num_layers || kv_head < 0 || kv_head >= m.config.num_kv_heads) {
     return Error(ErrorCode::kInvalidArgument, "layer {} / KV head {}", layer, kv_head);
   }
+  if (s.parts.windowed[layer]) return std::vector<int32_t>{};  // it keeps its window, gathers none
   std::vector<int32_t> chunks(s.host_info[seq].budget_chunks);
-  const int64_t offset =
-      ((static_cast<int64_t>(seq) * m.config.num_layers + layer) * m.config.num_kv_heads + kv_head) *
-      s.geometry.max_budget;
-  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(chunks.data(), s.slot_chunk.get() + offset,
+  const int64_t offset = s.layout.HeadIndex(seq, s.parts.index[layer], kv_head) * s.geometry.max_budget;
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(chunks.data(), s.layout.slot_chunk + offset,
                                       chunks.size() * 4, cudaMemcpyDeviceToHost));
   return chunks;
 }

@@ -19,7 +19,11 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
                    + heads * capacity_chunks                         // outlier flags
                    + heads * max_budget * 4                          // gather slots
                    + 4)                                              // the layer's rank
-         + LandmarkBytesPerSequence();
+         + LandmarkBytesPerSequence() + WindowBytesPerSequence();
+}
+
+int64_t SkvGeometry::WindowBytesPerSequence() const {
+  return int64_t{2} * window_layers * num_kv_heads * window_rows * head_dim * 2;
 }
 
 int64_t SkvGeometry::LandmarkBytesPerSequence() const {
@@ -126,6 +130,39 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.recent_capacity = g.local_window + g.chunk_size;
   g.attn_capacity =
       static_cast<int64_t>(g.max_outliers + g.max_budget) * g.chunk_size + g.recent_capacity;
+  return g;
+}
+
+SkvLayerParts SkvLayerPartsOf(const ModelConfig& model) {
+  SkvLayerParts parts;
+  int windowed = 0;
+  for (int l = 0; l < model.num_layers; ++l) {
+    const bool slides = model.IsWindowed(l);
+    parts.windowed.push_back(slides);
+    parts.index.push_back(slides ? windowed++ : static_cast<int>(parts.global.size()));
+    if (!slides) parts.global.push_back(l);
+  }
+  return parts;
+}
+
+Result<SkvGeometry> MakeSkvGeometryFor(const kv::KvPolicyConfig& config, const ModelConfig& model,
+                                       int num_kv_heads, int64_t capacity_tokens) {
+  const SkvLayerParts parts = SkvLayerPartsOf(model);
+  const int global = static_cast<int>(parts.global.size());
+  const int windowed = model.num_layers - global;
+  if (global == 0) {
+    return Error(ErrorCode::kUnsupported,
+                 "KV policy 'shadowkv' has nothing to serve on this model: all {} of its layers "
+                 "attend to a sliding window of {} tokens, which they keep exactly; it applies to "
+                 "global layers only, and this model has none (use 'full')",
+                 model.num_layers, model.sliding_window);
+  }
+  SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, global, num_kv_heads,
+                                                      model.head_dim, capacity_tokens));
+  if (windowed > 0) {
+    g.window_layers = windowed;
+    g.window_rows = static_cast<int>(std::min<int64_t>(model.sliding_window, capacity_tokens));
+  }
   return g;
 }
 

@@ -4,16 +4,23 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "core/status.h"
 #include "kv/kv_config.h"
+#include "model/config.h"
 #include "ops/cuda/shadowkv/shadowkv_meta.h"
 
 namespace shadowkv::cuda {
 
-// The shape every sequence of one allocation shares.
+// The shape every sequence of one allocation shares. On a sliding-window model (gemma3,
+// Mistral-style llama) ShadowKV applies to the global layers alone: num_layers counts them, and
+// the windowed layers keep exactly the last `window_rows` tokens of each sequence in a ring
+// (window_layers of them, token p at row p % window_rows).
 struct SkvGeometry {
-  int num_layers = 0;
+  int num_layers = 0;  // compressed layers: the model's global layers
+  int window_layers = 0;
+  int window_rows = 0;  // min(sliding window, capacity_tokens); 0 without windowed layers
   int num_kv_heads = 0;
   int head_dim = 0;
   int chunk_size = 0;
@@ -44,8 +51,10 @@ struct SkvGeometry {
   int kv_width() const { return num_kv_heads * head_dim; }
   bool per_layer_rank() const { return rank_energy > 0.0; }
   // Device bytes of one sequence without its values (A and B at `rank`, the cap under a per-layer
-  // rank), and the bytes of its values.
+  // rank; the windowed layers' rings included), and the bytes of its values.
   int64_t DeviceBytesPerSequence() const;
+  // Bytes of one sequence's windowed-layer rings (K and V, bf16).
+  int64_t WindowBytesPerSequence() const;
   int64_t ValueBytesPerSequence() const;
   // Bytes of one sequence's landmarks (with their scales under FP8).
   int64_t LandmarkBytesPerSequence() const;
@@ -57,6 +66,21 @@ struct SkvGeometry {
 // outliers) for a model shape. kUnsupported for settings the GPU does not run.
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
                                     int num_kv_heads, int head_dim, int64_t capacity_tokens);
+
+// MakeSkvGeometry for a model: its global layers compressed, its windowed layers in rings of its
+// sliding window (`num_kv_heads`: the heads one device holds). kUnsupported where every layer
+// slides (nothing to compress), with the CPU policy's reason.
+Result<SkvGeometry> MakeSkvGeometryFor(const kv::KvPolicyConfig& config, const ModelConfig& model,
+                                       int num_kv_heads, int64_t capacity_tokens);
+
+// Each model layer's index in its part: among the global layers (ShadowKV's layout) or among
+// the windowed layers (the rings); windowed[l] says which.
+struct SkvLayerParts {
+  std::vector<bool> windowed;  // [model layers]
+  std::vector<int> index;      // [model layers]
+  std::vector<int> global;     // [global layers] the model layer of each
+};
+SkvLayerParts SkvLayerPartsOf(const ModelConfig& model);
 
 // The rank of one layer under rank_energy (the CPU policy's rule, kv::RankForEnergy, kept the
 // same on both sides): the smallest multiple of 8 whose top eigenvalues (`eigenvalues`, largest

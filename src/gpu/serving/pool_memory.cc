@@ -32,8 +32,8 @@ Result<int64_t> LeastSequenceBytes(const ModelConfig& config, int64_t context,
            2;
   }
   SKV_ASSIGN_OR_RETURN(const SkvGeometry geometry,
-                       MakeSkvGeometry(ShardKvPolicy(*shadowkv, size), config.num_layers, kv_heads,
-                                       config.head_dim, context));
+                       MakeSkvGeometryFor(ShardKvPolicy(*shadowkv, size), config, kv_heads,
+                                          context));
   return ranks_per_gpu *
          (geometry.DeviceBytesPerSequence() + (host_values ? 0 : geometry.ValueBytesPerSequence()));
 }

@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kLandmarkWarps * 32) SkvLandmarkKernel(SkvLand
   if (c >= p.num_chunks) return;
   const SkvLayout& l = p.layout;
   const int d = l.head_dim, chunk = l.chunk_size;
-  const Bf16* keys = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.layer, h) +
+  const Bf16* keys = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
                      static_cast<int64_t>(c) * chunk * d;
   constexpr int kMaxPerLane = 4;  // head_dim <= 128
   float mean[kMaxPerLane] = {0, 0, 0, 0};
@@ -569,7 +569,7 @@ __global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
   const int run = l.chunk_size * l.head_dim;
   const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
   if (threadIdx.x == 0) l.outlier[head_index * l.capacity_chunks + chunk] = 1;
-  const int64_t source = p.cache.HeadOffset(p.cache_slot, p.layer, h) + static_cast<int64_t>(chunk) * run;
+  const int64_t source = p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) + static_cast<int64_t>(chunk) * run;
   const int64_t target = l.attn.HeadOffset(p.seq, p.layer, h) + static_cast<int64_t>(i) * run;
   for (int e = threadIdx.x; e < run; e += blockDim.x) {
     l.attn.keys[target + e] = p.cache.keys[source + e];
@@ -593,7 +593,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvL
   if (c >= p.num_chunks) return;
   const SkvLayout& l = p.layout;
   const int run = l.chunk_size * l.head_dim;
-  const Bf16* source = p.cache.values + p.cache.HeadOffset(p.cache_slot, p.layer, h) +
+  const Bf16* source = p.cache.values + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
                        static_cast<int64_t>(c) * run;
   WarpQuantizeFp8Run([&](int i) { return __bfloat162float(source[i]); }, run,
                      l.ValueCodes(p.seq, p.layer, h, c), l.ValueScale(p.seq, p.layer, h, c));
@@ -627,7 +627,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   if (select_bytes > limit || rebuild_bytes > limit || graduate_bytes > limit ||
       coefficient_bytes > limit || l.chunk_size > kSkvMaxGraduateChunk ||
       l.max_budget > kSkvMaxBudgetChunks || l.rank % 8 != 0 ||
-      (l.head_dim != 64 && l.head_dim != 128) || !SkvGroupSupported(l.group)) {
+      !SkvHeadDimSupported(l.head_dim) || !SkvGroupSupported(l.group)) {
     return cudaErrorInvalidValue;
   }
   // Never lowers a limit another layout of this process raised (an FP8 model's graduation asks

@@ -22,6 +22,8 @@ constexpr int kSkvMaxGroupFirst = 8;      // the same for the first kernels (kSk
 constexpr bool SkvGroupSupported(int group) {
   return (group >= 1 && group <= 8) || group == kSkvMaxGroup;
 }
+// Head widths the decode kernels are built for.
+constexpr bool SkvHeadDimSupported(int head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr int kSkvMaxGraduateChunk = 16;   // C at most (a graduating chunk's tokens in registers)
 constexpr int kSkvScoreChunksPerBlock = 256;  // chunks scored by one block of the fast kernel
 SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
@@ -196,9 +198,10 @@ cudaError_t LaunchSkvBasisFromEigenvectors(const SkvBasisParams& params, cudaStr
 struct SkvLandmarkParams {
   SkvLayout layout;
   int seq = 0;
-  int layer = 0;
+  int layer = 0;      // in the layout: among the compressed (global) layers
   KvCacheView cache;  // the full cache holding the prompt's post-RoPE keys and values
   int cache_slot = 0;
+  int cache_layer = 0;  // the same layer in the full cache: the model's layer index
   int num_chunks = 0;
   float* min_cosine = nullptr;  // [kv_heads, num_chunks]
 };
@@ -219,9 +222,10 @@ cudaError_t LaunchSkvPickOutliers(const SkvPickOutliersParams& params, cudaStrea
 struct SkvOutlierParams {
   SkvLayout layout;
   int seq = 0;
-  int layer = 0;
+  int layer = 0;  // in the layout (as SkvLandmarkParams)
   KvCacheView cache;
   int cache_slot = 0;
+  int cache_layer = 0;  // in the full cache
   const int32_t* outliers = nullptr;  // [kv_heads, num_outliers] chunk indices, increasing
   int num_outliers = 0;
 };
