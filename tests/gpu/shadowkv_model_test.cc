@@ -537,6 +537,25 @@ TEST(CudaShadowKvParityTest, SlidingWindowModelsMatchTheCpuSplitPolicy) {
   }
 }
 
+// Heads 256 wide (Gemma 3 below 27B: four query heads on one KV head), the fast kernels'
+// 256-wide instances, on a sliding-window model as those are: global layers 0 and 2 of 3, rank
+// ceil8(256 / 6.4) = 40, the landmark selection with copies (the selection in halves) and the
+// re-rank.
+TEST(CudaShadowKvParityTest, WideHeadsMatchTheCpuSplitPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  TinyModelSpec spec =
+      shadowkv::testing::SmallSpec("llama", 1024, 4, 1, gguf::GgmlType::kF32, true, 21);
+  spec.layers = 3;
+  spec.sliding_window = 64;
+  spec.windowed = {false, true, false};
+  const kv::KvPolicyConfig config = ParityConfig(false);
+  CheckParity(config, config, /*copies=*/true, /*want_ranks=*/40, spec);
+  kv::KvPolicyConfig rerank = ParityConfig(false);
+  rerank.selection = "rerank";
+  rerank.label = "shadowkv:select=rerank";
+  CheckParity(rerank, rerank, /*copies=*/false, /*want_ranks=*/40, spec);
+}
+
 TEST(CudaShadowKvParityTest, MatchesTheCpuPolicyOverDecodeAndGraduation) {
   SKV_SKIP_WITHOUT_GPU();
   CheckParity(/*fp8=*/false);

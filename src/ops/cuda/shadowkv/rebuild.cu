@@ -325,6 +325,10 @@ int64_t RebuildFastSharedBytes(int rank, int head_dim) {
 
 template <int kSlots>
 const void* RebuildFastKernelOf(int head_dim, bool halves) {
+  if (head_dim == 256) {
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<256, true, kSlots>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<256, false, kSlots>);
+  }
   if (head_dim == 128) {
     return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<128, true, kSlots>)
                   : reinterpret_cast<const void*>(SkvRebuildFastKernel<128, false, kSlots>);

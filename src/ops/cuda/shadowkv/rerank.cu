@@ -276,11 +276,15 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
 }
 
 // The tensor-core scorer for (head_dim, RoPE style), or null where it does not apply (the
-// first kernels, partial rotary, head dims other than 64 and 128, groups above 16 heads).
+// first kernels, partial rotary, head dims other than 64, 128 and 256, groups above 16 heads).
 const void* ExactFastKernel(const SkvDecodeParams& p) {
   const SkvLayout& l = p.layout;
   if (p.kernel_variant != kSkvKernelsFast || p.rotary_dim != l.head_dim || !ExactFastGroupFits(l))
     return nullptr;
+  if (l.head_dim == 256) {
+    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>)
+                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, false>);
+  }
   if (l.head_dim == 128) {
     return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>)
                     : reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>);
@@ -433,14 +437,16 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
   e = AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvExactScoreKernel),
                                static_cast<int>(exact));
   if (e != cudaSuccess) return e;
-  if ((l.head_dim == 64 || l.head_dim == 128) && ExactFastGroupFits(l)) {
+  if (SkvHeadDimSupported(l.head_dim) && ExactFastGroupFits(l)) {
     if (ExactFastSharedBytes(l) > limit) return cudaErrorInvalidValue;
     const int fast = static_cast<int>(ExactFastSharedBytes(l));
     for (const auto* kernel :
          {reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>)}) {
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, false>)}) {
       if ((e = AllowDynamicSharedMemory(kernel, fast)) != cudaSuccess) return e;
     }
   }

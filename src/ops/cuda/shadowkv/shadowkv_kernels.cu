@@ -500,8 +500,8 @@ __global__ void __launch_bounds__(kLandmarkWarps * 32) SkvLandmarkKernel(SkvLand
   const int d = l.head_dim, chunk = l.chunk_size;
   const Bf16* keys = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
                      static_cast<int64_t>(c) * chunk * d;
-  constexpr int kMaxPerLane = 4;  // head_dim <= 128
-  float mean[kMaxPerLane] = {0, 0, 0, 0};
+  constexpr int kMaxPerLane = 8;  // head_dim <= 256
+  float mean[kMaxPerLane] = {};
   for (int t = 0; t < chunk; ++t) {
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
@@ -643,9 +643,11 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
                  coefficient_bytes)) != cudaSuccess) {
     return e;
   }
-  const void* rebuild = l.head_dim == 128 ? reinterpret_cast<const void*>(SkvRebuildKernel<128>)
-                                          : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
-  if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
+  if (l.head_dim <= kSkvMaxHeadDimFirst) {  // the first kernels' rebuild (no wider heads)
+    const void* rebuild = l.head_dim == 128 ? reinterpret_cast<const void*>(SkvRebuildKernel<128>)
+                                            : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
+    if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;
+  }
   if (SkvRebuildFastSharedBytes(l.rank, l.head_dim) > limit) return cudaErrorInvalidValue;
   if (l.max_candidates > 0 && (e = SkvConfigureRerank(l)) != cudaSuccess) return e;
   return SkvConfigureFastKernels(l, dynamic_select);
@@ -765,7 +767,7 @@ cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t str
 
 cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& p, cudaStream_t stream) {
   if (p.num_chunks == 0) return cudaSuccess;
-  if (p.layout.head_dim > 128) return cudaErrorInvalidValue;
+  if (p.layout.head_dim > 256) return cudaErrorInvalidValue;
   const dim3 grid((p.num_chunks + kLandmarkWarps - 1) / kLandmarkWarps, p.layout.num_kv_heads);
   SkvLandmarkKernel<<<grid, kLandmarkWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
