@@ -258,7 +258,13 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       answer.rank = stats.rank;
       SKV_ASSIGN_OR_RETURN(const std::vector<int32_t> ranks, model_->ShadowKvLayerRanks(0));
       answer.layer_ranks.assign(ranks.begin(), ranks.end());
-      if (!ranks.empty()) answer.rank = ranks.front();  // layer 0's, as the CPU reports
+      // The first global layer's, as the CPU reports (windowed layers report 0).
+      for (int32_t rank : ranks) {
+        if (rank > 0) {
+          answer.rank = rank;
+          break;
+        }
+      }
       answer.outlier_chunks = attendance.outlier_chunks;
       SKV_ASSIGN_OR_RETURN(const auto bytes,
                            model_->ShadowKvBytesPerSequence(policies[p], capacity_));

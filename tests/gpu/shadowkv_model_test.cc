@@ -502,6 +502,20 @@ TEST(CudaShadowKvParityTest, Phi3AndGlm4MatchTheCpuPolicy) {
   }
 }
 
+// Phi-3-mini's heads, 96 wide (the fast kernels' 96-wide instances, LongRoPE in the rebuild's
+// rotation), rank ceil8(192 / 6.4) = 32, the landmark selection with copies and the re-rank.
+TEST(CudaShadowKvParityTest, Phi3HeadDim96MatchesTheCpuPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  const TinyModelSpec spec =
+      shadowkv::testing::SmallSpec("phi3", 384, 4, 2, gguf::GgmlType::kF32, true, 9);
+  const kv::KvPolicyConfig config = ParityConfig(false);
+  CheckParity(config, config, /*copies=*/true, /*want_ranks=*/32, spec);
+  kv::KvPolicyConfig rerank = ParityConfig(false);
+  rerank.selection = "rerank";
+  rerank.label = "shadowkv:select=rerank";
+  CheckParity(rerank, rerank, /*copies=*/false, /*want_ranks=*/32, spec);
+}
+
 // GLM-4-9B's 16 query heads per KV head: the tensor-core scoring in two column tiles of 8 heads
 // and the select over all 16, against the CPU policy, for the landmark selection and the
 // re-rank, at head dim 64 (two KV heads) and 128 (one).

@@ -77,7 +77,7 @@ Status CudaModel::ShadowKvRunsHere() const {
   if (!SkvHeadDimSupported(c.head_dim)) {
     return Error(ErrorCode::kUnsupported,
                  "KV policy 'shadowkv' has no CUDA path for this model: its head_dim {} is not "
-                 "one the GPU's ShadowKV kernels take (64, 128 or 256); ShadowKV on it runs on the CPU "
+                 "one the GPU's ShadowKV kernels take (64, 96, 128 or 256); ShadowKV on it runs on the CPU "
                  "backend (--device cpu; `eval --device cuda` decodes it there from the GPU's "
                  "prompt), full attention runs here",
                  c.head_dim);
@@ -118,11 +118,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
                  "(kernel option shadowkv_kernels = 1, the default)",
                  kSkvMaxGroupFirst);
   }
-  if (c.head_dim > kSkvMaxHeadDimFirst && !fast) {
+  if (!SkvHeadDimFirstKernels(c.head_dim) && !fast) {
     return Error(ErrorCode::kUnsupported,
-                 "ShadowKV with heads wider than {} needs the fast decode kernels (kernel option "
-                 "shadowkv_kernels = 1, the default)",
-                 kSkvMaxHeadDimFirst);
+                 "ShadowKV at head_dim {} needs the fast decode kernels (kernel option "
+                 "shadowkv_kernels = 1, the default); the first kernels take 64 and 128",
+                 c.head_dim);
   }
   if (config.fp8_landmarks != 0 && !fast) {
     return Error(ErrorCode::kUnsupported, "ShadowKV FP8 landmarks (fp8_landmarks=1) need the "

@@ -329,6 +329,10 @@ const void* RebuildFastKernelOf(int head_dim, bool halves) {
     return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<256, true, kSlots>)
                   : reinterpret_cast<const void*>(SkvRebuildFastKernel<256, false, kSlots>);
   }
+  if (head_dim == 96) {
+    return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<96, true, kSlots>)
+                  : reinterpret_cast<const void*>(SkvRebuildFastKernel<96, false, kSlots>);
+  }
   if (head_dim == 128) {
     return halves ? reinterpret_cast<const void*>(SkvRebuildFastKernel<128, true, kSlots>)
                   : reinterpret_cast<const void*>(SkvRebuildFastKernel<128, false, kSlots>);

@@ -276,7 +276,8 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
 }
 
 // The tensor-core scorer for (head_dim, RoPE style), or null where it does not apply (the
-// first kernels, partial rotary, head dims other than 64, 128 and 256, groups above 16 heads).
+// first kernels, partial rotary, head dims other than 64, 96, 128 and 256, groups above 16
+// heads).
 const void* ExactFastKernel(const SkvDecodeParams& p) {
   const SkvLayout& l = p.layout;
   if (p.kernel_variant != kSkvKernelsFast || p.rotary_dim != l.head_dim || !ExactFastGroupFits(l))
@@ -284,6 +285,10 @@ const void* ExactFastKernel(const SkvDecodeParams& p) {
   if (l.head_dim == 256) {
     return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>)
                     : reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, false>);
+  }
+  if (l.head_dim == 96) {
+    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, true>)
+                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, false>);
   }
   if (l.head_dim == 128) {
     return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>)
@@ -443,6 +448,8 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
     for (const auto* kernel :
          {reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, true>),
+          reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, false>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>),

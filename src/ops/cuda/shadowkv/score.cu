@@ -156,6 +156,7 @@ struct ScoreTcShared {
 
 int64_t ScoreTcSharedBytes(int head_dim, bool fp8) {
   if (head_dim == 256) return fp8 ? ScoreTcShared<256, true>::kBytes : ScoreTcShared<256, false>::kBytes;
+  if (head_dim == 96) return fp8 ? ScoreTcShared<96, true>::kBytes : ScoreTcShared<96, false>::kBytes;
   if (head_dim == 128) return fp8 ? ScoreTcShared<128, true>::kBytes : ScoreTcShared<128, false>::kBytes;
   return fp8 ? ScoreTcShared<64, true>::kBytes : ScoreTcShared<64, false>::kBytes;
 }
@@ -367,6 +368,7 @@ const void* ScoreTcKernelOf(int group) {
 
 const void* ScoreTcKernel(int head_dim, int group, bool fp8) {
   if (head_dim == 256) return fp8 ? ScoreTcKernelOf<256, true>(group) : ScoreTcKernelOf<256, false>(group);
+  if (head_dim == 96) return fp8 ? ScoreTcKernelOf<96, true>(group) : ScoreTcKernelOf<96, false>(group);
   if (head_dim == 128) return fp8 ? ScoreTcKernelOf<128, true>(group) : ScoreTcKernelOf<128, false>(group);
   if (head_dim == 64) return fp8 ? ScoreTcKernelOf<64, true>(group) : ScoreTcKernelOf<64, false>(group);
   return nullptr;

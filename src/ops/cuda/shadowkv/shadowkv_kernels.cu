@@ -643,7 +643,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
                  coefficient_bytes)) != cudaSuccess) {
     return e;
   }
-  if (l.head_dim <= kSkvMaxHeadDimFirst) {  // the first kernels' rebuild (no wider heads)
+  if (SkvHeadDimFirstKernels(l.head_dim)) {  // the first kernels' rebuild (64 and 128 only)
     const void* rebuild = l.head_dim == 128 ? reinterpret_cast<const void*>(SkvRebuildKernel<128>)
                                             : reinterpret_cast<const void*>(SkvRebuildKernel<64>);
     if ((e = raise(rebuild, rebuild_bytes)) != cudaSuccess) return e;

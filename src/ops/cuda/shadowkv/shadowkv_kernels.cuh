@@ -22,11 +22,12 @@ constexpr int kSkvMaxGroupFirst = 8;      // the same for the first kernels (kSk
 constexpr bool SkvGroupSupported(int group) {
   return (group >= 1 && group <= 8) || group == kSkvMaxGroup;
 }
-// Head widths the kernels are built for (256: Gemma 3 below 27B; the fast kernels only).
+// Head widths the kernels are built for: 64 and 128 by both kernel variants, 96 (Phi-3-mini)
+// and 256 (Gemma 3 below 27B) by the fast kernels only.
+constexpr bool SkvHeadDimFirstKernels(int head_dim) { return head_dim == 64 || head_dim == 128; }
 constexpr bool SkvHeadDimSupported(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return SkvHeadDimFirstKernels(head_dim) || head_dim == 96 || head_dim == 256;
 }
-constexpr int kSkvMaxHeadDimFirst = 128;  // the first kernels' widest head
 constexpr int kSkvMaxGraduateChunk = 16;   // C at most (a graduating chunk's tokens in registers)
 constexpr int kSkvScoreChunksPerBlock = 256;  // chunks scored by one block of the fast kernel
 SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
