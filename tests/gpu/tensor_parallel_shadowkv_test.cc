@@ -19,10 +19,9 @@ using namespace tp_testing;
 // ShadowKV split: every rank compresses its own KV heads (its own low-rank basis). At full rank
 // (rank ratio 1) the factorisation is exact up to bf16 rounding on both sides, so the split and
 // the unsplit model attend to the same chunks except near ties; where every head's gathered
-// chunks agree, the logits must agree.
-TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
-  SKV_SKIP_WITHOUT_GPU();
-  const TinyModelSpec spec = TpSpec("llama", 256, 4, 2, true, 34);
+// chunks agree, the logits must agree. `spec`: the model (sliding-window ones split their rings
+// by head too).
+void CheckSplitMatchesOneGpu(const TinyModelSpec& spec) {
   const std::string path = WriteTinyModel(spec, "gpu_tp_shadowkv");
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
@@ -105,10 +104,26 @@ TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
     worst = std::max(worst, error);
     EXPECT_LT(error, 3e-2) << "step " << i / 2 << ", sequence " << i % 2;
   }
-  std::printf("[ parity   ] ShadowKV split over 2 ranks: %d of %zu steps with the same chunks, "
+  std::printf("[ parity   ] ShadowKV split over 2 ranks%s: %d of %zu steps with the same chunks, "
               "worst relative error %.2e\n",
-              compared, want.logits.size(), worst);
+              spec.sliding_window > 0 ? " (sliding-window layers)" : "", compared,
+              want.logits.size(), worst);
   EXPECT_GE(compared, static_cast<int>(want.logits.size()) / 2);
+}
+
+TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpu) {
+  SKV_SKIP_WITHOUT_GPU();
+  CheckSplitMatchesOneGpu(TpSpec("llama", 256, 4, 2, true, 34));
+}
+
+// Layers 0 and 2 of 4 slide (window 64): each rank keeps its heads' rings.
+TEST(CudaTensorParallelTest, ShadowKvSplitMatchesOneGpuOnSlidingWindowModels) {
+  SKV_SKIP_WITHOUT_GPU();
+  TinyModelSpec spec = TpSpec("llama", 256, 4, 2, true, 34);
+  spec.layers = 4;
+  spec.sliding_window = 64;
+  spec.windowed = {true, false, true, false};
+  CheckSplitMatchesOneGpu(spec);
 }
 
 // The split GPU ShadowKV against an independent implementation: the CPU policy with one basis
