@@ -40,6 +40,8 @@ __device__ void WriteChunkLse(const float* token_logits, int count, int chunk_si
 }
 
 constexpr int kExactThreads = 128;
+// The CUDA-core scorer's threads take a head's rotary pairs in whole groups.
+bool ExactGenericFits(const SkvLayout& l) { return kExactThreads % (l.head_dim / 2) == 0; }
 constexpr int kExactTokens = 32;  // candidate tokens per block (whole chunks)
 
 __host__ __device__ constexpr int ExactChunksPerBlock(int chunk_size) {
@@ -431,17 +433,22 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
   cudaError_t e = SkvSharedMemoryLimit(&limit);
   if (e != cudaSuccess) return e;
   const int64_t exact = ExactSharedBytes(l), select = RerankSharedBytes(l);
-  if (exact > limit ||
+  // The CUDA-core scorer (ExactGenericFits) serves what the tensor-core one does not (the first
+  // kernels, partial rotary); a layout neither takes is refused here.
+  const bool generic = ExactGenericFits(l) && exact <= limit;
+  const bool fast = SkvHeadDimSupported(l.head_dim) && ExactFastGroupFits(l);
+  if ((!generic && !fast) ||
       select + static_cast<int64_t>(sizeof(cub::BlockScan<int, kRerankThreads>::TempStorage)) +
               1024 >
           limit ||
-      l.max_candidates > kSkvMaxRerankCandidates || l.max_budget > kRerankThreads ||
-      kExactThreads % (l.head_dim / 2) != 0) {
+      l.max_candidates > kSkvMaxRerankCandidates || l.max_budget > kRerankThreads) {
     return cudaErrorInvalidValue;
   }
-  e = AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvExactScoreKernel),
-                               static_cast<int>(exact));
-  if (e != cudaSuccess) return e;
+  if (generic) {
+    e = AllowDynamicSharedMemory(reinterpret_cast<const void*>(SkvExactScoreKernel),
+                                 static_cast<int>(exact));
+    if (e != cudaSuccess) return e;
+  }
   if (SkvHeadDimSupported(l.head_dim) && ExactFastGroupFits(l)) {
     if (ExactFastSharedBytes(l) > limit) return cudaErrorInvalidValue;
     const int fast = static_cast<int>(ExactFastSharedBytes(l));
@@ -473,6 +480,7 @@ cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
     error = cudaLaunchKernel(fast, grid, dim3(kExactFastWarps * 32), args,
                              static_cast<size_t>(ExactFastSharedBytes(l)), stream);
   } else {
+    if (!ExactGenericFits(l)) return cudaErrorInvalidValue;  // e.g. head_dim 96, first kernels
     const int per_block = ExactChunksPerBlock(l.chunk_size);
     const dim3 exact_grid((l.max_candidates + per_block - 1) / per_block, l.num_kv_heads, p.rows);
     SkvExactScoreKernel<<<exact_grid, kExactThreads, ExactSharedBytes(l), stream>>>(p);
