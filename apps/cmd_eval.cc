@@ -399,6 +399,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const cuda::CudaSampling greedy;
     const int index = shadowkv ? 0 : slot;
     const int64_t vocab = model_->config().vocab_size;
+    const ModelConfig& c = model_->config();
+    const int64_t windowed = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
     while (!stream.done()) {
       const int64_t length = shadowkv ? model_->shadowkv_length(0) : model_->slot_length(slot);
       if (length + 1 > capacity_) {
@@ -413,9 +415,6 @@ class CudaEvalBackend final : public eval::AnswerBackend {
                    : held;
       // Counted per layer, as the CPU policies count: a sliding-window layer attends its window
       // under every policy.
-      const ModelConfig& c = model_->config();
-      const int64_t windowed =
-          std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
       answer->stats.prepare_calls += c.num_layers;
       answer->stats.context_tokens += held * c.num_layers;
       answer->stats.attended_tokens += (c.num_layers - windowed) * global +

@@ -1,20 +1,19 @@
 // GPU ShadowKV against the CPU ShadowKV policy on the same tiny model and prompts (llama, the
-// phi3 and glm4 forms, and sliding-window llama against the CPU's split policy): logits of every decode step within bf16 tolerance, the same chunks in the
-// gather buffers (up to ties and rounding), two sequences of different lengths in one batch (one
-// with values in pinned host memory), graduation of generated chunks; per-layer ranks from the
-// key spectrum (the host rule, the layout at the cap, decode at a rank below it); the key basis
-// solved on the GPU against the host's solve; the row planner against the CPU's rule; and a
-// sequence saved to host memory and restored into another allocation decoding the same.
+// phi3 and glm4 forms, and sliding-window llama against the CPU's split policy): logits of every
+// decode step within bf16 tolerance, the same chunks in the gather buffers (up to ties and
+// rounding), two sequences of different lengths in one batch (one with values in pinned host
+// memory), graduation of generated chunks; per-layer ranks from the key spectrum (the layout at
+// the cap, decode at a rank below it); the key basis solved on the GPU against the host's solve;
+// and a sequence saved to host memory and restored into another allocation decoding the same.
+// The host-side planning is tested in shadowkv_plan_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
 
 #include "engine/sampler.h"
-#include "gpu/bench/cuda_bench.h"
 #include "gpu/model/cuda_model.h"
 #include "gpu/model/shadowkv_plan.h"
-#include "gpu/serving/pool_memory.h"
 #include "gpu_test_util.h"
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
@@ -28,237 +27,6 @@ using namespace testing;
 using shadowkv::testing::SomeTokens;
 using shadowkv::testing::TinyModelSpec;
 using shadowkv::testing::WriteTinyModel;
-
-// Hand-computed: W = 32, C = 8, a 100-token prompt chunks [0, 64) and keeps 36 tokens exact; the
-// window would reach 40 exact tokens with token 103, so at that step chunk 8 (tokens 64..71)
-// leaves before the token is written.
-TEST(CudaShadowKvPlanTest, RowPlansFollowTheCpuGraduationRule) {
-  SkvSequenceInfo info{2, 8, 16, 80};
-  EXPECT_EQ(SkvExactFirst(100, 64, 8, 32), 64);
-  EXPECT_EQ(SkvExactFirst(103, 64, 8, 32), 64);
-  EXPECT_EQ(SkvExactFirst(104, 64, 8, 32), 72);
-  SkvRowMeta first = PlanSkvRow(3, 100, 64, info, 8, 32);  // token 100 goes in
-  EXPECT_EQ(first.seq, 3);
-  EXPECT_EQ(first.pre_row, 36);
-  EXPECT_EQ(first.attn_row, 80 + 36);
-  EXPECT_EQ(first.held_rows, 36);
-  EXPECT_EQ(first.graduate_chunk, -1);
-  EXPECT_EQ(first.num_chunks, 8);
-  EXPECT_EQ(first.attn_last, 80 + 37 - 1);
-  SkvRowMeta graduating = PlanSkvRow(3, 103, 64, info, 8, 32);  // token 103: 40 exact
-  // The chunk leaves first (39 held, 31 kept), then the token goes in after the 31.
-  EXPECT_EQ(graduating.held_rows, 39);
-  EXPECT_EQ(graduating.pre_row, 31);
-  EXPECT_EQ(graduating.attn_row, 80 + 31);
-  EXPECT_EQ(graduating.graduate_chunk, 8);
-  EXPECT_EQ(graduating.num_chunks, 9);
-  EXPECT_EQ(graduating.attn_last, 80 + 32 - 1);  // 32 exact after the chunk left
-  SkvRowMeta next = PlanSkvRow(3, 104, 64, info, 8, 32);
-  EXPECT_EQ(next.pre_row, 32);
-  EXPECT_EQ(next.graduate_chunk, -1);
-  EXPECT_EQ(next.num_chunks, 9);
-}
-
-TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
-  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
-  ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
-  EXPECT_EQ(geometry->rank, 24);  // ceil8(128 / 6.4)
-  EXPECT_EQ(geometry->max_budget, 8);
-  EXPECT_EQ(geometry->max_outliers, 2);  // round(64 / 1024 * 24)
-  auto too_short = PlanSkvCompression(config, *geometry, 100);  // 8 chunks < 8 + 2
-  EXPECT_EQ(too_short.status().code(), ErrorCode::kUnsupported);
-  auto ok = PlanSkvCompression(config, *geometry, 300);
-  ASSERT_TRUE(ok.ok());
-  EXPECT_EQ(ok->num_chunks, 33);  // (300 - 32) / 8
-  EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
-}
-
-// A step graduates before it appends, so the GPU needs an exact token behind the new one.
-TEST(CudaShadowKvPlanTest, NoExactWindowIsRefusedNamingTheWindow) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.local_window = 0;
-  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
-  ASSERT_FALSE(geometry.ok());
-  EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(geometry.status().message().find("window=0"), std::string::npos)
-      << geometry.status().ToString();
-  config.local_window = 1;
-  EXPECT_TRUE(MakeSkvGeometry(config, 2, 2, 64, 512).ok());
-}
-
-// Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the
-// spectrum given stops at 16 (a fit at a cap of 16), so shares past 95% take the cap.
-TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheShare) {
-  std::vector<double> eigenvalues(16);
-  for (int i = 0; i < 8; ++i) eigenvalues[i] = 10.0;
-  for (int i = 8; i < 16; ++i) eigenvalues[i] = 15.0 / 8;
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.05, 8, 16), 8);  // the first direction
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 8, 16), 8);
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 16), 16);
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.99, 8, 16), 16);   // not held: the cap
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.80, 16, 32), 16);  // the floor
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.81, 8, 8), 8);     // the cap
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 8, 16), 8);      // no energy: the floor
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 16), 16);     // all of it: the cap
-  // A spectrum narrower than the cap is a whole one: its width bounds the rank.
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 0.0, 0.9, 24, 32), 16);
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 95.0, 1.0, 8, 32), 16);
-  eigenvalues[1] = -10.0;  // rounding noise holds nothing: 70 in the first 8 (not 60)
-  EXPECT_EQ(SkvRankForEnergy(eigenvalues, 100.0, 0.69, 8, 16), 8);
-}
-
-// A per-layer rank lays the storage out at its cap (rank_max, or the width when 0), so the
-// memory of a sequence is that of the fixed rank at the cap plus one rank per layer; the pool's
-// planning counts the same. A cap the kernels cannot take and modes not built are refused;
-// re-ranking sizes its candidates from the budget at capacity, within the kernels' bound.
-TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
-  kv::KvPolicyConfig fixed;
-  fixed.policy = "shadowkv";
-  fixed.budget_tokens = 64;
-  kv::KvPolicyConfig spectrum = fixed;
-  spectrum.rank_energy = 0.9;
-  spectrum.rank_min = 12;
-  auto half_head = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  ASSERT_TRUE(half_head.ok()) << half_head.status().ToString();
-  EXPECT_EQ(half_head->rank_floor, 32);  // the default head floor: half of 64
-  spectrum.rank_head_ratio = 0.0;
-  auto wide = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  ASSERT_TRUE(wide.ok()) << wide.status().ToString();
-  EXPECT_TRUE(wide->per_layer_rank());
-  EXPECT_EQ(wide->rank, 128);  // the width
-  EXPECT_EQ(wide->rank_floor, 16);
-  fixed.rank = 128;
-  auto at_width = MakeSkvGeometry(fixed, 2, 2, 64, 512);
-  ASSERT_TRUE(at_width.ok());
-  EXPECT_EQ(wide->DeviceBytesPerSequence(), at_width->DeviceBytesPerSequence());
-  spectrum.rank_max = 64;
-  auto capped = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  ASSERT_TRUE(capped.ok());
-  EXPECT_EQ(capped->rank, 64);
-  fixed.rank = 64;
-  auto at_cap = MakeSkvGeometry(fixed, 2, 2, 64, 512);
-  ASSERT_TRUE(at_cap.ok());
-  EXPECT_EQ(capped->DeviceBytesPerSequence(), at_cap->DeviceBytesPerSequence());
-  // A, B: the cap's 64 columns / rows, not 128.
-  EXPECT_EQ(wide->DeviceBytesPerSequence() - capped->DeviceBytesPerSequence(),
-            2ll * (64 * 8 * 64 + 64 * 128) * 2);
-  ModelConfig model;
-  model.num_layers = 2;
-  model.num_kv_heads = 2;
-  model.head_dim = 64;
-  auto pool = LeastSequenceBytes(model, 512, &spectrum, /*host_values=*/true, {});
-  ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-  EXPECT_EQ(*pool, capped->DeviceBytesPerSequence());
-  spectrum.rank_max = 100;
-  auto odd = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  EXPECT_EQ(odd.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(odd.status().message().find("rank_max"), std::string::npos) << odd.status().ToString();
-  spectrum.rank_max = 0;
-  spectrum.selection = "rerank";  // 4 x 8 candidates of the 64 chunks
-  auto rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  ASSERT_TRUE(rerank.ok()) << rerank.status().ToString();
-  EXPECT_EQ(rerank->max_candidates, 32);
-  spectrum.rerank_factor = 100;  // no more candidates than chunks
-  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  ASSERT_TRUE(rerank.ok());
-  EXPECT_EQ(rerank->max_candidates, 64);
-  spectrum.rerank_factor = 1000;
-  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 1 << 17);  // 1000 x 8 of 16384 chunks > 4096
-  EXPECT_EQ(rerank.status().code(), ErrorCode::kUnsupported) << rerank.status().ToString();
-  spectrum.rerank_factor = 4;
-  spectrum.selection = "heads";
-  EXPECT_TRUE(MakeSkvGeometry(spectrum, 2, 2, 64, 512).ok());
-  spectrum.select_successors = 1;  // one selection rule at a time
-  EXPECT_EQ(MakeSkvGeometry(spectrum, 2, 2, 64, 512).status().code(), ErrorCode::kUnsupported);
-  spectrum.select_successors = 0;
-  spectrum.selection = "mass";
-  auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
-}
-
-// A sliding-window model's geometry: its global layers laid out as a model of those layers
-// alone, plus one ring of the window per windowed layer (capped at the capacity); each model
-// layer's index in its part; a model whose every layer slides is refused, as on the CPU.
-TEST(CudaShadowKvPlanTest, SlidingWindowModelsCompressTheGlobalLayersOnly) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  ModelConfig model;
-  model.num_layers = 5;
-  model.num_query_heads = 4;
-  model.num_kv_heads = 2;
-  model.head_dim = 64;
-  model.sliding_window = 100;
-  model.layer_windowed = {true, false, false, true, false};
-  const SkvLayerParts parts = SkvLayerPartsOf(model);
-  EXPECT_EQ(parts.index, (std::vector<int>{0, 0, 1, 1, 2}));
-  EXPECT_EQ(parts.global, (std::vector<int>{1, 2, 4}));
-  auto sliding = MakeSkvGeometryFor(config, model, 2, 512);
-  ASSERT_TRUE(sliding.ok()) << sliding.status().ToString();
-  auto global_only = MakeSkvGeometry(config, 3, 2, 64, 512);
-  ASSERT_TRUE(global_only.ok());
-  EXPECT_EQ(sliding->num_layers, 3);
-  EXPECT_EQ(sliding->window_layers, 2);
-  EXPECT_EQ(sliding->window_rows, 100);
-  EXPECT_EQ(sliding->WindowBytesPerSequence(), int64_t{2} * 2 * 2 * 100 * 64 * 2);  // K, V bf16
-  EXPECT_EQ(sliding->DeviceBytesPerSequence(),
-            global_only->DeviceBytesPerSequence() + sliding->WindowBytesPerSequence());
-  EXPECT_EQ(sliding->ValueBytesPerSequence(), global_only->ValueBytesPerSequence());
-  auto short_capacity = MakeSkvGeometryFor(config, model, 2, 80);
-  ASSERT_TRUE(short_capacity.ok());
-  EXPECT_EQ(short_capacity->window_rows, 80);  // no token is ever older than the window there
-
-  model.layer_windowed.assign(5, true);
-  auto none = MakeSkvGeometryFor(config, model, 2, 512);
-  EXPECT_EQ(none.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(none.status().message().find("has none (use 'full')"), std::string::npos)
-      << none.status().message();
-}
-
-// Capacities round up to whole 16-chunk tiles of the tensor-core scoring, with bf16 landmarks as
-// with FP8 ones, so the scoring never falls back to the CUDA-core kernel.
-TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
-  for (const int fp8 : {0, 1}) {
-    config.fp8_landmarks = fp8;
-    auto odd = MakeSkvGeometry(config, 2, 2, 64, 400);  // 50 chunks
-    ASSERT_TRUE(odd.ok()) << odd.status().ToString();
-    EXPECT_EQ(odd->capacity_chunks, 64) << "fp8 landmarks " << fp8;
-    EXPECT_EQ(odd->capacity_tokens, 400);
-    auto whole = MakeSkvGeometry(config, 2, 2, 64, 512);  // 64 chunks
-    ASSERT_TRUE(whole.ok());
-    EXPECT_EQ(whole->capacity_chunks, 64);
-  }
-}
-
-// The bench's batch order puts host-value sequences in both halves of a split step's rows and
-// keeps every sequence exactly once.
-TEST(CudaShadowKvPlanTest, HostValueRowsAreSpreadOverTheBatch) {
-  EXPECT_EQ(SpreadHostRows({0, 1, 2, 3}, {}), (std::vector<int>{0, 1, 2, 3}));
-  const std::vector<int> rows = SpreadHostRows(
-      {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, {20, 21});
-  ASSERT_EQ(rows.size(), 22u);
-  EXPECT_EQ(rows[5], 20);   // (2·0 + 1)·22 / 4
-  EXPECT_EQ(rows[16], 21);  // (2·1 + 1)·22 / 4: the other half (rows 11-21)
-  std::vector<int> sorted = rows;
-  std::sort(sorted.begin(), sorted.end());
-  for (int i = 0; i < 22; ++i) EXPECT_EQ(sorted[i], i);
-  // Host values for all but one sequence.
-  EXPECT_EQ(SpreadHostRows({0}, {1, 2}), (std::vector<int>{1, 0, 2}));
-}
 
 // The tiny Llama both tests use: 2 layers, 4 query heads on 2 KV heads, fp32 weights.
 TinyModelSpec SmallLlamaSpec(uint32_t seed) {
