@@ -144,10 +144,12 @@ bool NeedsCorpus(const eval::EvalSettings& settings) {
 // StreamingLLM) have no GPU kernels: they take the GPU's keys and values of the prompt, the CPU
 // model runs the prompt's last tokens again to give SnapKV its observation-window queries, and
 // they decode on the CPU. Where the GPU's ShadowKV cannot run (a head width or GQA group its
-// kernels are not built for, such as gemma3's 256-wide heads: CudaModel::ShadowKvRunsHere)
-// ShadowKV takes that CPU path too. On a sliding model every policy, on either side, keeps the
-// windowed layers exact (their window) beside the global layers' compression. Tasks, prompts and
-// scoring stay with the CPU model's tokenizer.
+// kernels are not built for, such as the tiny test models' 16-wide heads:
+// CudaModel::ShadowKvRunsHere) ShadowKV takes that CPU path too. On a sliding model every policy,
+// on either side, keeps the windowed layers exact (their window) beside the global layers'
+// compression. Multi-turn NIAH holds one conversation at a time on the GPU (full attention or
+// ShadowKV), each prefilled on its own. Tasks, prompts and scoring stay with the CPU model's
+// tokenizer.
 class CudaEvalBackend final : public eval::AnswerBackend {
  public:
   // `slots`: 2 where fidelity is measured (full attention answers in slot 1 while slot 0 keeps
@@ -170,7 +172,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
                          : "cuda-bf16";
   }
 
-  Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity) const override {
+  Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
+               bool conversations) const override {
     int full = 0;
     cpu_policies_ = 0;
     for (const kv::KvPolicyConfig& config : policies) {
@@ -184,6 +187,13 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       }
     }
     if (full > 1) return Error(ErrorCode::kInvalidArgument, "full attention is listed twice");
+    if (conversations && cpu_policies_ > 0) {
+      return Error(ErrorCode::kUnsupported,
+                   "multi-turn NIAH on the GPU holds each conversation on the GPU: full attention "
+                   "and shadowkv{}; {} decode on the CPU, use --device cpu for them",
+                   shadowkv_on_gpu_ ? "" : " (not on this model: its heads take the CPU's)",
+                   shadowkv_on_gpu_ ? "snapkv, quest and streaming" : "the others");
+    }
     if (fidelity) {
       if (!kv::IsPolicy(policies.front(), kv::PolicyKind::kFull)) {
         return Error(ErrorCode::kInvalidArgument,
@@ -211,16 +221,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
                    prompt.size(), max_new_tokens, capacity_);
     }
     const auto start = Clock::now();
-    model_->ResetSlot(0);
-    std::vector<float> logits(model_->config().vocab_size);
-    for (size_t begin = 0; begin < prompt.size(); begin += prefill_chunk_) {
-      const size_t count = std::min(prompt.size() - begin, static_cast<size_t>(prefill_chunk_));
-      const bool last = begin + count == prompt.size();
-      const cuda::CudaStepInput input{0, std::span<const int32_t>(prompt).subspan(begin, count),
-                                      last ? logits.data() : nullptr};
-      SKV_RETURN_IF_ERROR(model_->Forward(std::span<const cuda::CudaStepInput>(&input, 1)));
-    }
-    const int32_t first = Argmax(logits);
+    SKV_ASSIGN_OR_RETURN(const int32_t first, Prefill(prompt));
     *prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
     answers->assign(policies.size(), {});
@@ -252,34 +253,61 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(StartShadowKv(policies[p]));
       model_->ResetShadowKvCounters();
       SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, &attendance, &answer));
-      const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
-      answer.stats.chunk_selections = stats.chunks_selected;
-      answer.stats.chunk_hits = stats.chunk_hits;
-      answer.rank = stats.rank;
-      SKV_ASSIGN_OR_RETURN(const std::vector<int32_t> ranks, model_->ShadowKvLayerRanks(0));
-      answer.layer_ranks.assign(ranks.begin(), ranks.end());
-      // The first global layer's, as the CPU reports (windowed layers report 0).
-      for (int32_t rank : ranks) {
-        if (rank > 0) {
-          answer.rank = rank;
-          break;
-        }
-      }
-      answer.outlier_chunks = attendance.outlier_chunks;
-      SKV_ASSIGN_OR_RETURN(const auto bytes,
-                           model_->ShadowKvBytesPerSequence(policies[p], capacity_));
-      answer.memory = {bytes.first, bytes.second};
+      SKV_RETURN_IF_ERROR(ShadowKvCounts(policies[p], attendance, &answer));
       model_->FreeShadowKv();
     }
     if (full_index >= 0) {
       eval::BackendAnswer& answer = (*answers)[full_index];
       if (!fidelity) SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &answer));
-      const ModelConfig& c = model_->config();
-      // bf16 keys and values of every layer for the tokens the slot holds.
-      answer.memory.fast_bytes = int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim *
-                                 model_->slot_length(fidelity ? 1 : 0);
+      answer.memory.fast_bytes = FullCacheBytes(fidelity ? 1 : 0);
     }
     return Status::Ok();
+  }
+
+  // Conversations: full attention in slot 0, ShadowKV in sequence 0 compressed from it; later
+  // turns' follow-ups go in one decode step per token, as the server continues a held sequence.
+  Status OpenConversation(const std::vector<int32_t>& tokens, const kv::KvPolicyConfig& policy,
+                          int32_t* first, double* prefill_seconds) override {
+    CloseConversation();
+    if (static_cast<int64_t>(tokens.size()) + 1 > capacity_) {
+      return Error(ErrorCode::kOutOfRange, "a conversation of {} tokens fills the GPU cache of {}",
+                   tokens.size(), capacity_);
+    }
+    const auto start = Clock::now();
+    SKV_ASSIGN_OR_RETURN(*first, Prefill(tokens));
+    conversation_policy_ = policy;
+    if (kv::IsPolicy(policy, kv::PolicyKind::kShadowKv)) {
+      SKV_ASSIGN_OR_RETURN(conversation_attendance_,
+                           ShadowKvAttendance(policy, static_cast<int64_t>(tokens.size())));
+      SKV_RETURN_IF_ERROR(StartShadowKv(policy));
+      model_->ResetShadowKvCounters();
+      conversation_ = Conversation::kShadowKv;
+    } else {
+      conversation_ = Conversation::kFull;
+    }
+    *prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return Status::Ok();
+  }
+
+  Status RunConversation(eval::GreedyStream& stream, eval::BackendAnswer* answer) override {
+    if (conversation_ == Conversation::kNone) {
+      return Error(ErrorCode::kInternal, "no conversation is open");
+    }
+    const bool shadowkv = conversation_ == Conversation::kShadowKv;
+    SKV_RETURN_IF_ERROR(Run(stream, shadowkv ? &conversation_attendance_ : nullptr, answer, 0));
+    if (shadowkv) {
+      SKV_RETURN_IF_ERROR(ShadowKvCounts(conversation_policy_, conversation_attendance_, answer));
+      answer->kv_tokens = model_->shadowkv_length(0);
+    } else {
+      answer->memory.fast_bytes = FullCacheBytes(0);
+      answer->kv_tokens = model_->slot_length(0);
+    }
+    return Status::Ok();
+  }
+
+  void CloseConversation() override {
+    if (conversation_ == Conversation::kShadowKv) model_->FreeShadowKv();
+    conversation_ = Conversation::kNone;
   }
 
  private:
@@ -353,6 +381,48 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     return Status::Ok();
   }
 
+  // Prefills `prompt` into slot 0 (emptied first); the token it predicts.
+  Result<int32_t> Prefill(const std::vector<int32_t>& prompt) {
+    model_->ResetSlot(0);
+    std::vector<float> logits(model_->config().vocab_size);
+    for (size_t begin = 0; begin < prompt.size(); begin += prefill_chunk_) {
+      const size_t count = std::min(prompt.size() - begin, static_cast<size_t>(prefill_chunk_));
+      const bool last = begin + count == prompt.size();
+      const cuda::CudaStepInput input{0, std::span<const int32_t>(prompt).subspan(begin, count),
+                                      last ? logits.data() : nullptr};
+      SKV_RETURN_IF_ERROR(model_->Forward(std::span<const cuda::CudaStepInput>(&input, 1)));
+    }
+    return Argmax(logits);
+  }
+
+  // bf16 keys and values of every layer for the tokens full-cache slot `slot` holds.
+  int64_t FullCacheBytes(int slot) const {
+    const ModelConfig& c = model_->config();
+    return int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim * model_->slot_length(slot);
+  }
+
+  // ShadowKV sequence 0's chunk counts since ResetShadowKvCounters, ranks, outliers and bytes.
+  Status ShadowKvCounts(const kv::KvPolicyConfig& config, const Attendance& attendance,
+                        eval::BackendAnswer* answer) const {
+    const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
+    answer->stats.chunk_selections = stats.chunks_selected;
+    answer->stats.chunk_hits = stats.chunk_hits;
+    answer->rank = stats.rank;
+    SKV_ASSIGN_OR_RETURN(const std::vector<int32_t> ranks, model_->ShadowKvLayerRanks(0));
+    answer->layer_ranks.assign(ranks.begin(), ranks.end());
+    // The first global layer's, as the CPU reports (windowed layers report 0).
+    for (int32_t rank : ranks) {
+      if (rank > 0) {
+        answer->rank = rank;
+        break;
+      }
+    }
+    answer->outlier_chunks = attendance.outlier_chunks;
+    SKV_ASSIGN_OR_RETURN(const auto bytes, model_->ShadowKvBytesPerSequence(config, capacity_));
+    answer->memory = {bytes.first, bytes.second};
+    return Status::Ok();
+  }
+
   // Full attention's answer and its logits at every step ([steps, vocab]), for --fidelity.
   struct Reference {
     std::vector<int32_t> tokens;
@@ -396,6 +466,16 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     eval::GreedyStream stream;
     stream.remaining = max_new_tokens;
     eval::PushToken(stream, first, tokenizer_);
+    SKV_RETURN_IF_ERROR(Run(stream, shadowkv, answer, slot, record));
+    answer->tokens = std::move(stream.generated);
+    answer->truncated = stream.truncated;
+    return Status::Ok();
+  }
+
+  // Runs `stream` until it is done: its feed one token per decode step (only the last one's
+  // prediction is kept), then its own greedy tokens. Counts attended tokens into answer->stats.
+  Status Run(eval::GreedyStream& stream, const Attendance* shadowkv, eval::BackendAnswer* answer,
+             int slot, Reference* record = nullptr) {
     const cuda::CudaSampling greedy;
     const int index = shadowkv ? 0 : slot;
     const int64_t vocab = model_->config().vocab_size;
@@ -403,8 +483,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const int64_t windowed = std::count(c.layer_windowed.begin(), c.layer_windowed.end(), true);
     while (!stream.done()) {
       const int64_t length = shadowkv ? model_->shadowkv_length(0) : model_->slot_length(slot);
-      if (length + 1 > capacity_) {
+      if (length + std::ssize(stream.feed) > capacity_) {
         stream.truncated = true;
+        stream.feed.clear();
         break;
       }
       const int64_t held = length + 1;  // the step's own token included
@@ -429,10 +510,12 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       }
       SKV_RETURN_IF_ERROR(shadowkv ? model_->ShadowKvDecodeStep(seqs, tokens, greedy, logits)
                                    : model_->DecodeStep(seqs, tokens, greedy, logits));
-      eval::PushToken(stream, token, tokenizer_);
+      if (stream.feed.size() > 1) {
+        stream.feed.erase(stream.feed.begin());  // a follow-up token: its prediction is not used
+      } else {
+        eval::PushToken(stream, token, tokenizer_);
+      }
     }
-    answer->tokens = std::move(stream.generated);
-    answer->truncated = stream.truncated;
     return Status::Ok();
   }
 
@@ -450,6 +533,11 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   int prefill_chunk_;
   int slots_;
   bool shadowkv_on_gpu_;  // CudaModel::ShadowKvRunsHere
+  // The open conversation (OpenConversation .. CloseConversation).
+  enum class Conversation { kNone, kFull, kShadowKv };
+  Conversation conversation_ = Conversation::kNone;
+  kv::KvPolicyConfig conversation_policy_;
+  Attendance conversation_attendance_;
 };
 
 // Loads `model_path` onto the GPU for prompts of up to `max_tokens` (prompt + answer);
@@ -555,7 +643,9 @@ int RunEvalCommand(const EvalOptions& o) {
     backend = std::move(made).value();
     // Before the header line: a policy the backend cannot run fails here, and the numerics it
     // reports depend on the policies.
-    if (Status checked = backend->Check(settings.policies, settings.fidelity); !checked.ok()) {
+    if (Status checked = backend->Check(settings.policies, settings.fidelity,
+                                       settings.mode == eval::EvalMode::kMultiTurn);
+        !checked.ok()) {
       return Fail(checked.ToString());
     }
   }
@@ -696,8 +786,9 @@ Command AddEvalCommand(CLI::App& app) {
   AddDeviceOption(
       *cmd, options->device,
       "cpu | cuda: with cuda, full attention and ShadowKV answer on the GPU (bf16), the "
-      "other policies (and ShadowKV on sliding-window models) decode on the CPU from the GPU's "
-      "prefill (tasks and NIAH grid; multi-turn runs on the CPU)");
+      "other policies (and ShadowKV where its kernels do not take the model's heads) decode on "
+      "the CPU from the GPU's prefill; --multi-turn holds full attention's and ShadowKV's "
+      "conversations on the GPU, one policy after another");
   cmd->add_flag("--plain", options->plain, "no chat template: the task text as is");
   cmd->add_flag("-q,--quiet", options->quiet, "no progress lines");
   cmd->add_option("--json", options->json_path,

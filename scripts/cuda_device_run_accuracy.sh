@@ -13,7 +13,8 @@
 #                      those of the gtest filter $TESTS ('*': the whole binary); tests/data is
 #                      linked where the bundle's build had it
 #   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV; with
-#                      FIDELITY=1 also each policy's fidelity along full attention's answers
+#                      FIDELITY=1 also each policy's fidelity along full attention's answers;
+#                      $EVAL_ARGS are added (e.g. "--multi-turn 4 --fresh-turns")
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
 #   synth:CTX          the same on synthetic weights of $SYNTH (default llama3-8b) at batch
 #                      $BATCH (default auto)
@@ -62,7 +63,7 @@ for step in "$@"; do
     eval)
       timeout "${LIMIT:-400}" "$stage/bin/shadowkv" eval -m "$HOME/m/$model.gguf" \
         --haystack "$haystack" --device cuda --kv "$kv" --lengths "$length" \
-        --samples "${SAMPLES:-20}" ${SEED:+--seed "$SEED"} ${FIDELITY:+--fidelity} \
+        --samples "${SAMPLES:-20}" ${SEED:+--seed "$SEED"} ${FIDELITY:+--fidelity} ${EVAL_ARGS:-} \
         --json "$out/${model}_${length}_${tag}.json" > "$out/${model}_${length}_${tag}.log" 2>&1
       echo "eval $model $length: exit $?"
       grep -vE "^\[eval\]" "$out/${model}_${length}_${tag}.log" | tail -22

@@ -37,6 +37,24 @@ void ShadowKvShape(const kv::SequenceKv& sequence, const ModelConfig& config, in
   }
 }
 
+// Puts the next question of a conversation into `stream`'s feed: the last generated token,
+// never fed, opens the follow-up (where it ended the turn, it stands for the end-of-turn markup
+// the follow-up starts with). False, feed left empty, where the conversation has no room left.
+bool OpenFollowup(const std::string& followup, int max_new_tokens, const Tokenizer& tokenizer,
+                  GreedyStream& stream) {
+  if (stream.truncated) return false;
+  const int32_t last = stream.generated.back();
+  std::string text = followup;
+  const std::string last_text = tokenizer.Decode(std::span<const int32_t>(&last, 1));
+  if (stream.ended && text.starts_with(last_text)) text.erase(0, last_text.size());
+  stream.feed = {last};
+  const std::vector<int32_t> more = tokenizer.Encode(text, false, true);
+  stream.feed.insert(stream.feed.end(), more.begin(), more.end());
+  stream.remaining = max_new_tokens;
+  stream.ended = false;
+  return true;
+}
+
 // One sample's sequences, one per policy, kept across the turns of a conversation.
 struct Conversation {
   std::vector<std::unique_ptr<kv::SequenceKv>> sequences;  // [policy]
@@ -66,6 +84,10 @@ class Runner {
   Status AskQuestion(const TaskInfo& task, const SampleRequest& request, const std::string& what,
                      double grid_depth);
   Status RunMultiTurn();
+  // One multi-turn sample on the backend: each policy's conversation in turn. `turns` holds one
+  // outcome per turn (what was asked); the outputs are appended in policy order.
+  Status ConverseOnBackend(const std::vector<int32_t>& prompt, const MultiTurnSample& sample,
+                           int max_new_tokens, std::vector<QuestionOutcome>* turns);
   // Prefills `prompt` once and decodes its answer under every policy.
   Status Start(const std::vector<int32_t>& prompt, int max_new_tokens, Conversation* conversation,
                QuestionOutcome* outcome);
@@ -122,10 +144,8 @@ Result<EvalReport> Runner::Run() {
                  "fidelity (teacher forcing) is measured for tasks and the NIAH grid");
   }
   if (backend_) {
-    if (settings_.mode == EvalMode::kMultiTurn) {
-      return Error(ErrorCode::kUnsupported, "multi-turn NIAH runs on the CPU only");
-    }
-    SKV_RETURN_IF_ERROR(backend_->Check(settings_.policies, settings_.fidelity));
+    SKV_RETURN_IF_ERROR(backend_->Check(settings_.policies, settings_.fidelity,
+                                        settings_.mode == EvalMode::kMultiTurn));
   }
   report_.settings = settings_;
   report_.model_summary = model_.config().Summary();
@@ -246,19 +266,7 @@ Status Runner::Continue(const std::string& followup, int max_new_tokens, Convers
   for (size_t p = 0; p < policies_.size(); ++p) {
     GreedyStream& stream = conversation->streams[p];
     conversation->turn_start[p] = stream.generated.size();
-    if (stream.truncated) continue;  // no room left in this conversation
-    // The last generated token was never fed; it opens the follow-up (where it ended the
-    // turn, it stands for the end-of-turn markup the follow-up starts with).
-    const int32_t last = stream.generated.back();
-    std::string text = followup;
-    const std::string last_text = tokenizer.Decode(std::span<const int32_t>(&last, 1));
-    if (stream.ended && text.starts_with(last_text)) text.erase(0, last_text.size());
-    stream.feed = {last};
-    const std::vector<int32_t> more = tokenizer.Encode(text, false, true);
-    stream.feed.insert(stream.feed.end(), more.begin(), more.end());
-    stream.remaining = max_new_tokens;
-    stream.ended = false;
-    streams.push_back(&stream);
+    if (OpenFollowup(followup, max_new_tokens, tokenizer, stream)) streams.push_back(&stream);
   }
   const GreedyStream& reference = conversation->streams[0];
   outcome->prompt_tokens =
@@ -455,15 +463,23 @@ Status Runner::RunMultiTurn() {
       // The whole conversation must fit: its sizing reserved room for every turn.
       auto prompt = Encode(sample.first.prompt, max_new_tokens);
       SKV_RETURN_IF_ERROR(Annotate(prompt.status(), what));
-      Conversation conversation;
+      std::vector<QuestionOutcome> turns(settings_.turns);
       for (int turn = 0; turn < settings_.turns; ++turn) {
-        QuestionOutcome outcome;
+        QuestionOutcome& outcome = turns[turn];
         outcome.task = "niah_multi_turn";
         outcome.length = length;
         outcome.index = index;
         outcome.turn = turn + 1;
         outcome.depth = sample.key_depths[turn];
         outcome.answers = {sample.values[turn]};
+      }
+      if (backend_) {
+        SKV_RETURN_IF_ERROR(
+            Annotate(ConverseOnBackend(*prompt, sample, max_new_tokens, &turns), what));
+      }
+      Conversation conversation;
+      for (int turn = 0; turn < settings_.turns && !backend_; ++turn) {
+        QuestionOutcome& outcome = turns[turn];
         if (turn == 0) {
           SKV_RETURN_IF_ERROR(
               Annotate(Start(*prompt, max_new_tokens, &conversation, &outcome), what));
@@ -473,8 +489,8 @@ Status Runner::RunMultiTurn() {
               Annotate(Continue(followup, max_new_tokens, &conversation, &outcome), what));
         }
         Collect(conversation, Metric::kStringMatchAll, &outcome);
-        report_.questions.push_back(std::move(outcome));
       }
+      for (QuestionOutcome& outcome : turns) report_.questions.push_back(std::move(outcome));
       state_.done++;
       state_.done_weight += static_cast<double>(length);
     }
@@ -483,7 +499,75 @@ Status Runner::RunMultiTurn() {
   return Status::Ok();
 }
 
+Status Runner::ConverseOnBackend(const std::vector<int32_t>& prompt, const MultiTurnSample& sample,
+                                 int max_new_tokens, std::vector<QuestionOutcome>* turns) {
+  const Tokenizer& tokenizer = model_.tokenizer();
+  for (size_t p = 0; p < settings_.policies.size(); ++p) {
+    const kv::KvPolicyConfig& policy = settings_.policies[p];
+    GreedyStream stream;
+    std::vector<int32_t> held = prompt;  // what the sequence holds, as in Conversation::held
+    BackendAnswer counts;
+    for (size_t turn = 0; turn < turns->size(); ++turn) {
+      QuestionOutcome& outcome = (*turns)[turn];
+      const size_t turn_start = stream.generated.size();
+      double prefill_seconds = 0.0;
+      if (turn == 0 || (settings_.fresh_turns && !stream.truncated)) {
+        if (turn > 0) {
+          OpenFollowup(format_.Followup(sample.followups[turn - 1]), max_new_tokens, tokenizer,
+                       stream);
+          held.insert(held.end(), stream.feed.begin(), stream.feed.end());
+          stream.feed.clear();
+        }
+        int32_t first = 0;
+        SKV_RETURN_IF_ERROR(backend_->OpenConversation(held, policy, &first, &prefill_seconds));
+        counts = BackendAnswer{};
+        stream.remaining = max_new_tokens;
+        PushToken(stream, first, tokenizer);
+      } else if (OpenFollowup(format_.Followup(sample.followups[turn - 1]), max_new_tokens,
+                              tokenizer, stream)) {
+        held.insert(held.end(), stream.feed.begin(), stream.feed.end());
+      }
+      if (p == 0) outcome.prompt_tokens = static_cast<int64_t>(held.size());
+      const auto start = Clock::now();
+      if (!stream.truncated) SKV_RETURN_IF_ERROR(backend_->RunConversation(stream, &counts));
+      outcome.prefill_seconds += prefill_seconds;
+      outcome.decode_seconds += Since(start);
+      if (!stream.truncated && stream.generated.size() > turn_start) {
+        // This turn's generated tokens, all but the last, went into the sequence (the first
+        // one too where this turn opened the conversation: the open pushed it to be fed).
+        held.insert(held.end(), stream.generated.begin() + turn_start, stream.generated.end() - 1);
+      }
+      if (!stream.truncated && counts.kv_tokens != static_cast<int64_t>(held.size())) {
+        return Error(ErrorCode::kInternal, "policy {}: {} tokens recorded, its sequence holds {}",
+                     policy.display_name(), held.size(), counts.kv_tokens);
+      }
+      PolicyOutput out =
+          Output(p, std::span<const int32_t>(stream.generated).subspan(turn_start),
+                 Metric::kStringMatchAll, outcome, static_cast<int64_t>(prompt.size()));
+      out.truncated = stream.truncated;
+      out.stats = counts.stats;
+      out.memory = counts.memory;
+      out.rank = counts.rank;
+      out.layer_ranks = counts.layer_ranks;
+      out.outlier_chunks = counts.outlier_chunks;
+      out.kv_tokens = counts.kv_tokens;
+      outcome.outputs.push_back(std::move(out));
+    }
+    backend_->CloseConversation();
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status AnswerBackend::OpenConversation(const std::vector<int32_t>&, const kv::KvPolicyConfig&,
+                                       int32_t*, double*) {
+  return Error(ErrorCode::kUnsupported, "this backend holds no conversations (multi-turn NIAH)");
+}
+
+Status AnswerBackend::RunConversation(GreedyStream&, BackendAnswer*) {
+  return Error(ErrorCode::kUnsupported, "this backend holds no conversations (multi-turn NIAH)");
+}
 
 const char* EvalModeName(EvalMode mode) {
   switch (mode) {

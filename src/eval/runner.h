@@ -2,7 +2,9 @@
 // NIAH depth grid, and multi-turn NIAH.
 //
 // Each sample is prefilled once (full attention, recorded) and replayed into a fresh sequence of
-// every policy; the policies then decode greedily side by side in one batched forward step.
+// every policy; the policies then decode greedily side by side in one batched forward step. With
+// an AnswerBackend (the GPU) the backend answers instead; its conversations run one policy after
+// another, each prefilling the sample itself.
 #pragma once
 
 #include <cstdint>
@@ -111,23 +113,39 @@ struct BackendAnswer {
   std::vector<int> layer_ranks;  // shadowkv, [num_layers] where the backend reports them
   int64_t outlier_chunks = 0;    // shadowkv, per KV head
   Fidelity fidelity;             // asked for: along the first policy's answer (0 steps: none)
+  int64_t kv_tokens = 0;         // conversations: tokens the sequence holds after the turn
 };
 
-// Answers single questions somewhere other than the CPU model (the CUDA backend): every
-// policy's greedy answer to one prompt. The CPU model still synthesises, tokenises and scores.
-// Multi-turn NIAH needs the CPU runner.
+// Answers questions somewhere other than the CPU model (the CUDA backend): every policy's
+// greedy answer to one prompt and, where its Check accepts them, multi-turn conversations one
+// policy at a time. The CPU model still synthesises, tokenises and scores.
 class AnswerBackend {
  public:
   virtual ~AnswerBackend() = default;
   virtual std::string numerics() const = 0;  // shown in the report, e.g. "cuda-bf16"
-  // Rejects policies the backend cannot run, or fidelity (EvalSettings::fidelity) where it cannot
-  // measure it, before any sample is made.
-  virtual Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity) const = 0;
+  // Rejects policies the backend cannot run, or fidelity (EvalSettings::fidelity) or
+  // conversations (multi-turn NIAH) where it cannot measure them, before any sample is made.
+  virtual Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
+                       bool conversations) const = 0;
   // `answers` receives one entry per policy, in order; `prefill_seconds` the shared prefill.
   // With `fidelity`, each answer's fidelity along the first policy's answer as well.
   virtual Status Answer(const std::vector<int32_t>& prompt, int max_new_tokens,
                         const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
                         std::vector<BackendAnswer>* answers, double* prefill_seconds) = 0;
+
+  // Conversations (multi-turn NIAH), one open at a time, each under one policy:
+  //   1. OpenConversation prefills `tokens` under `policy` (replacing any open conversation) and
+  //      gives the token the prompt predicts;
+  //   2. RunConversation feeds `stream` (its pending tokens, then its own greedy tokens) until
+  //      it is done, in the open conversation's sequence; `answer` receives the sequence's
+  //      counts since the open (stats, memory, rank, kv_tokens), not tokens;
+  //   3. CloseConversation frees the sequence.
+  // A later turn is RunConversation again on the same stream with the follow-up in its feed.
+  virtual Status OpenConversation(const std::vector<int32_t>& tokens,
+                                  const kv::KvPolicyConfig& policy, int32_t* first,
+                                  double* prefill_seconds);
+  virtual Status RunConversation(GreedyStream& stream, BackendAnswer* answer);
+  virtual void CloseConversation() {}
 };
 
 struct PrefillRecord;

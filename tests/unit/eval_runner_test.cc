@@ -5,6 +5,7 @@
 
 #include "engine/sampler.h"
 #include "eval/greedy.h"
+#include "eval/prefill_record.h"
 #include "eval/report.h"
 #include "eval/runner.h"
 #include "model/cpu_model.h"
@@ -280,13 +281,15 @@ TEST_F(EvalRunnerTest, MultiTurnContinuesTheConversationOnTheSameKvState) {
 
 // A backend that answers the passkey by reading it from the prompt (policy 0) or says nothing
 // useful (policy 1): the runner scores its answers, copies its statistics, and refuses what the
-// backend refuses and multi-turn.
+// backend refuses (quest, fidelity unless it measures it, conversations).
 class PromptReadingBackend : public eval::AnswerBackend {
  public:
   explicit PromptReadingBackend(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
   std::string numerics() const override { return "test-backend"; }
-  Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity) const override {
+  Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
+               bool conversations) const override {
     if (fidelity && !measures_fidelity) return Error(ErrorCode::kUnsupported, "no fidelity here");
+    if (conversations) return Error(ErrorCode::kUnsupported, "no conversations here");
     for (const auto& config : policies) {
       if (config.policy == "quest") return Error(ErrorCode::kUnsupported, "no quest here");
     }
@@ -366,7 +369,90 @@ TEST_F(EvalRunnerTest, BackendAnswersAreScoredAndItsLimitsReported) {
   settings.turns = 2;
   auto multi_turn = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
   EXPECT_EQ(multi_turn.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(multi_turn.status().message().find("CPU only"), std::string::npos);
+  EXPECT_NE(multi_turn.status().message().find("no conversations"), std::string::npos);
+}
+
+// A backend whose conversations run on the CPU model, one policy's sequence at a time, each
+// opened by a prefill of its own (recorded and replayed, as the runner's): the runner's backend path for multi-turn NIAH must give what
+// its own side-by-side path gives (the same tokens, held counts and statistics).
+class CpuConversationBackend : public eval::AnswerBackend {
+ public:
+  explicit CpuConversationBackend(CpuModel& model) : model_(model) {}
+  std::string numerics() const override { return "cpu-conversations"; }
+  Status Check(const std::vector<kv::KvPolicyConfig>&, bool, bool) const override {
+    return Status::Ok();
+  }
+  Status Answer(const std::vector<int32_t>&, int, const std::vector<kv::KvPolicyConfig>&, bool,
+                std::vector<eval::BackendAnswer>*, double*) override {
+    return Error(ErrorCode::kInternal, "conversations only");
+  }
+  Status OpenConversation(const std::vector<int32_t>& tokens, const kv::KvPolicyConfig& policy,
+                          int32_t* first, double* prefill_seconds) override {
+    SKV_ASSIGN_OR_RETURN(policy_, kv::MakeKvPolicy(policy, model_.kv_geometry()));
+    SKV_ASSIGN_OR_RETURN(sequence_, policy_->NewSequence());
+    SKV_ASSIGN_OR_RETURN(eval::PrefillRecord record, eval::RecordPrefill(model_, tokens, 512));
+    SKV_RETURN_IF_ERROR(eval::ReplayPrefill(record, *sequence_));
+    *first = Argmax(record.last_logits);
+    *prefill_seconds = 0.0;
+    opened++;
+    return Status::Ok();
+  }
+  Status RunConversation(eval::GreedyStream& stream, eval::BackendAnswer* answer) override {
+    if (!sequence_) return Error(ErrorCode::kInternal, "no conversation open");
+    stream.kv = sequence_.get();
+    eval::GreedyStream* streams[] = {&stream};
+    SKV_RETURN_IF_ERROR(eval::RunGreedy(model_, streams));
+    answer->stats = sequence_->stats();
+    answer->memory = sequence_->memory();
+    answer->kv_tokens = sequence_->num_tokens();
+    return Status::Ok();
+  }
+  void CloseConversation() override {
+    sequence_.reset();
+    policy_.reset();
+  }
+  int opened = 0;
+
+ private:
+  CpuModel& model_;
+  std::unique_ptr<kv::KvPolicy> policy_;
+  std::unique_ptr<kv::SequenceKv> sequence_;
+};
+
+TEST_F(EvalRunnerTest, BackendConversationsAnswerAsTheCpuRunner) {
+  const eval::TaskContext tasks = eval::MakeTaskContext(*model_, format_, &corpus_, &vocabulary_);
+  for (bool fresh : {false, true}) {
+    eval::EvalSettings settings = ThreeTurns();
+    settings.fresh_turns = fresh;
+    auto cpu = eval::RunEval(*model_, format_, tasks, settings);
+    ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+    CpuConversationBackend backend(*model_);
+    auto backed = eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend);
+    ASSERT_TRUE(backed.ok()) << backed.status().ToString();
+    const size_t policies = settings.policies.size();
+    // One open per policy, and with fresh turns one more per later turn.
+    EXPECT_EQ(backend.opened, static_cast<int>(policies * (fresh ? 3 : 1)));
+    ASSERT_EQ(backed->questions.size(), 3u);
+    for (int turn = 0; turn < 3; ++turn) {
+      const eval::QuestionOutcome& want = cpu->questions[turn];
+      const eval::QuestionOutcome& got = backed->questions[turn];
+      EXPECT_EQ(got.turn, turn + 1);
+      EXPECT_EQ(got.answers, want.answers);
+      EXPECT_EQ(got.prompt_tokens, want.prompt_tokens) << "turn " << turn + 1;
+      ASSERT_EQ(got.outputs.size(), policies);
+      for (size_t p = 0; p < policies; ++p) {
+        const std::string what = fmt::format("{}, turn {}, fresh {}", want.outputs[p].policy,
+                                             turn + 1, fresh);
+        EXPECT_EQ(got.outputs[p].policy, want.outputs[p].policy);
+        EXPECT_GE(want.outputs[p].tokens.size(), 4u) << what << ": too short to compare";
+        EXPECT_EQ(got.outputs[p].tokens, want.outputs[p].tokens) << what;
+        EXPECT_EQ(got.outputs[p].kv_tokens, want.outputs[p].kv_tokens) << what;
+        EXPECT_EQ(got.outputs[p].stats.attended_tokens, want.outputs[p].stats.attended_tokens)
+            << what;
+        EXPECT_EQ(got.outputs[p].budget_tokens, want.outputs[p].budget_tokens) << what;
+      }
+    }
+  }
 }
 
 }  // namespace
