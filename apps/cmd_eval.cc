@@ -48,6 +48,7 @@ struct EvalOptions {
   int grid_depths = 10;
   int multi_turn = 0;
   bool fresh_turns = false;
+  std::string held_turns = "decode";  // --held-turns (GPU ShadowKV conversations)
   bool fidelity = false;
   int prefill_chunk = 512;
   Device device = Device::kCpu;  // with cuda, full and shadowkv are answered on the GPU
@@ -155,21 +156,23 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   // `slots`: 2 where fidelity is measured (full attention answers in slot 1 while slot 0 keeps
   // the prompt for the ShadowKV variants to compress again), else 1.
   CudaEvalBackend(std::unique_ptr<cuda::CudaModel> model, CpuModel& cpu_model, int64_t capacity,
-                  int prefill_chunk, int slots)
+                  int prefill_chunk, int slots, bool recompress_followups)
       : model_(std::move(model)),
         cpu_model_(cpu_model),
         tokenizer_(cpu_model.tokenizer()),
         capacity_(capacity),
         prefill_chunk_(prefill_chunk),
         slots_(slots),
-        shadowkv_on_gpu_(model_->ShadowKvRunsHere().ok()) {}
+        shadowkv_on_gpu_(model_->ShadowKvRunsHere().ok()),
+        recompress_followups_(recompress_followups) {}
 
   std::string numerics() const override {
     return cpu_policies_ ? fmt::format("cuda-bf16; {} decode on the CPU ({})",
                                        shadowkv_on_gpu_ ? "snapkv/quest/streaming"
                                                         : "shadowkv/snapkv/quest/streaming",
                                        NumericsName(cpu_model_.numerics()))
-                         : "cuda-bf16";
+                         : recompress_followups_ ? "cuda-bf16; shadowkv follow-ups recompressed"
+                                                 : "cuda-bf16";
   }
 
   Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
@@ -265,7 +268,9 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   }
 
   // Conversations: full attention in slot 0, ShadowKV in sequence 0 compressed from it; later
-  // turns' follow-ups go in one decode step per token, as the server continues a held sequence.
+  // turns' follow-ups go in one decode step per token, as the server continues a held sequence,
+  // or with `recompress_followups` ShadowKV's are prefilled with full attention into slot 0,
+  // which the held sequence is decompressed into first, and the whole is compressed again.
   Status OpenConversation(const std::vector<int32_t>& tokens, const kv::KvPolicyConfig& policy,
                           int32_t* first, double* prefill_seconds) override {
     CloseConversation();
@@ -276,6 +281,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const auto start = Clock::now();
     SKV_ASSIGN_OR_RETURN(*first, Prefill(tokens));
     conversation_policy_ = policy;
+    conversation_carried_ = {};
     if (kv::IsPolicy(policy, kv::PolicyKind::kShadowKv)) {
       SKV_ASSIGN_OR_RETURN(conversation_attendance_,
                            ShadowKvAttendance(policy, static_cast<int64_t>(tokens.size())));
@@ -294,9 +300,14 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       return Error(ErrorCode::kInternal, "no conversation is open");
     }
     const bool shadowkv = conversation_ == Conversation::kShadowKv;
+    if (shadowkv && recompress_followups_ && stream.feed.size() > 1) {
+      SKV_RETURN_IF_ERROR(RecompressWith(stream, answer));
+    }
     SKV_RETURN_IF_ERROR(Run(stream, shadowkv ? &conversation_attendance_ : nullptr, answer, 0));
     if (shadowkv) {
       SKV_RETURN_IF_ERROR(ShadowKvCounts(conversation_policy_, conversation_attendance_, answer));
+      answer->stats.chunk_selections += conversation_carried_.chunk_selections;
+      answer->stats.chunk_hits += conversation_carried_.chunk_hits;
       answer->kv_tokens = model_->shadowkv_length(0);
     } else {
       answer->memory.fast_bytes = FullCacheBytes(0);
@@ -378,6 +389,40 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         (*answers)[p] = std::move(cpu_answers[next++]);
       }
     }
+    return Status::Ok();
+  }
+
+  // recompress_followups: the open ShadowKV conversation's sequence into slot 0, the stream's
+  // feed prefilled there with full attention (counted as attending every held token), the
+  // prediction pushed to the stream, and the slot compressed again into sequence 0.
+  Status RecompressWith(eval::GreedyStream& stream, eval::BackendAnswer* answer) {
+    const int64_t held = model_->shadowkv_length(0);
+    if (held + std::ssize(stream.feed) + 1 > capacity_) return Status::Ok();  // Run truncates
+    SKV_RETURN_IF_ERROR(model_->DecompressShadowKv(0, 0));
+    std::vector<float> logits(model_->config().vocab_size);
+    const std::span<const int32_t> feed(stream.feed);
+    for (size_t begin = 0; begin < feed.size(); begin += prefill_chunk_) {
+      const size_t count = std::min(feed.size() - begin, static_cast<size_t>(prefill_chunk_));
+      const cuda::CudaStepInput input{0, feed.subspan(begin, count),
+                                      begin + count == feed.size() ? logits.data() : nullptr};
+      SKV_RETURN_IF_ERROR(model_->Forward(std::span<const cuda::CudaStepInput>(&input, 1)));
+    }
+    const ModelConfig& c = model_->config();
+    for (int64_t i = 1; i <= std::ssize(stream.feed); ++i) {
+      answer->stats.prepare_calls += c.num_layers;
+      answer->stats.context_tokens += (held + i) * c.num_layers;
+      answer->stats.attended_tokens += (held + i) * c.num_layers;
+    }
+    const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
+    conversation_carried_.chunk_selections += stats.chunks_selected;
+    conversation_carried_.chunk_hits += stats.chunk_hits;
+    model_->FreeShadowKv();
+    SKV_ASSIGN_OR_RETURN(conversation_attendance_,
+                         ShadowKvAttendance(conversation_policy_, model_->slot_length(0)));
+    SKV_RETURN_IF_ERROR(StartShadowKv(conversation_policy_));
+    model_->ResetShadowKvCounters();
+    stream.feed.clear();
+    eval::PushToken(stream, Argmax(logits), tokenizer_);
     return Status::Ok();
   }
 
@@ -533,11 +578,13 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   int prefill_chunk_;
   int slots_;
   bool shadowkv_on_gpu_;  // CudaModel::ShadowKvRunsHere
+  bool recompress_followups_;
   // The open conversation (OpenConversation .. CloseConversation).
   enum class Conversation { kNone, kFull, kShadowKv };
   Conversation conversation_ = Conversation::kNone;
   kv::KvPolicyConfig conversation_policy_;
   Attendance conversation_attendance_;
+  kv::PolicyStats conversation_carried_;  // chunk counts of the sequences recompressed away
 };
 
 // Loads `model_path` onto the GPU for prompts of up to `max_tokens` (prompt + answer);
@@ -546,7 +593,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string& model_path,
                                                                  CpuModel& cpu_model,
                                                                  int64_t max_tokens,
-                                                                 int prefill_chunk, bool fidelity) {
+                                                                 int prefill_chunk, bool fidelity,
+                                                                 bool recompress_followups) {
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = prefill_chunk;
@@ -555,13 +603,14 @@ Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::stri
   const int slots = fidelity ? 2 : 1;
   SKV_RETURN_IF_ERROR(model->AllocateKvCache(slots, max_tokens, /*keep_pre_rope_keys=*/true));
   return std::unique_ptr<eval::AnswerBackend>(
-      new CudaEvalBackend(std::move(model), cpu_model, max_tokens, prefill_chunk, slots));
+      new CudaEvalBackend(std::move(model), cpu_model, max_tokens, prefill_chunk, slots,
+                          recompress_followups));
 }
 
 #else
 
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string&, CpuModel&,
-                                                                 int64_t, int, bool) {
+                                                                 int64_t, int, bool, bool) {
   return Error(ErrorCode::kUnsupported, "{}", kBuiltWithoutCuda);
 }
 
@@ -573,6 +622,9 @@ int RunEvalCommand(const EvalOptions& o) {
                   : o.multi_turn ? eval::EvalMode::kMultiTurn
                                  : eval::EvalMode::kTasks;
   if (o.niah_grid && o.multi_turn) return Fail("--niah-grid and --multi-turn are separate modes");
+  if (o.held_turns != "decode" && o.device != Device::kCuda) {
+    return Fail("--held-turns recompress is the GPU's (--device cuda); the CPU decodes follow-ups");
+  }
   if (o.tasks == "all") {
     if (settings.mode == eval::EvalMode::kNiahGrid) {
       settings.tasks = {"niah_single_2"};
@@ -638,7 +690,7 @@ int RunEvalCommand(const EvalOptions& o) {
     for (int64_t length : settings.lengths) longest = std::max(longest, length);
     auto made =
         MakeCudaEvalBackend(model_path, model, std::min(longest, model.config().context_length),
-                            o.prefill_chunk, settings.fidelity);
+                            o.prefill_chunk, settings.fidelity, o.held_turns == "recompress");
     if (!made.ok()) return Fail(made.status().ToString());
     backend = std::move(made).value();
     // Before the header line: a policy the backend cannot run fails here, and the numerics it
@@ -773,6 +825,14 @@ Command AddEvalCommand(CLI::App& app) {
   cmd->add_flag("--fresh-turns", options->fresh_turns,
                 "multi-turn: prefill each policy's whole conversation again for every turn "
                 "instead of reusing its KV (the reference for reuse)")
+      ->needs(turns);
+  cmd->add_option("--held-turns", options->held_turns,
+                  "multi-turn with --device cuda: how a held ShadowKV conversation takes a later "
+                  "turn's follow-up: decode (one decode step per token, as the server does) or "
+                  "recompress (the sequence decompressed into a full-cache slot, the follow-up "
+                  "prefilled there with full attention, the whole compressed again)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"decode", "recompress"}))
       ->needs(turns);
   cmd->add_flag("--fidelity", options->fidelity,
                 "tasks and grid: after the answers every policy also follows the first "

@@ -375,6 +375,118 @@ TEST(CudaShadowKvParityTest, SlidingWindowRingsDecodeAsTheFullCache) {
   }
 }
 
+// DecompressShadowKv: a ShadowKV sequence at full rank, after decode steps that graduated a
+// chunk, written back into a full-cache slot holds what full attention's slot holds along the
+// same tokens (keys, pre-RoPE keys and values of every layer; a windowed layer's last window
+// tokens), decodes as that slot does, and compressed again from there decodes on. A plain
+// 2-layer model and a sliding-window one (the rings back at their positions). The prompt's
+// 33 chunks fill the budget exactly; the chunk graduated at step 4 leaves one unselected from
+// step 5 on, so from there the tokens' keys and values differ a little (bound 1e-1, not 2e-2).
+TEST(CudaShadowKvParityTest, DecompressedSequencesDecodeAsTheFullCache) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const std::vector<bool>& windowed :
+       {std::vector<bool>{false, false}, std::vector<bool>{true, false, true, false}}) {
+    TinyModelSpec spec = shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32,
+                                                      true, 7);
+    spec.layers = static_cast<int>(windowed.size());
+    const bool sliding = windowed.front();
+    if (sliding) {
+      spec.sliding_window = 64;
+      spec.windowed = windowed;
+    }
+    SCOPED_TRACE(::testing::Message() << spec.layers << " layers, sliding " << sliding);
+    CudaModelOptions options;
+    options.max_batch = 4;
+    options.max_step_tokens = 512;
+    auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_decompress"), options);
+    ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+    CudaModel& gpu = **gpu_or;
+    const int vocab = static_cast<int>(gpu.config().vocab_size);
+    const int width = 2 * 64;
+    const int64_t prompt_tokens = 300;
+    const std::vector<int32_t> prompt = SomeTokens(prompt_tokens, 31);
+    kv::KvPolicyConfig config;
+    config.policy = "shadowkv";
+    config.selection = "landmarks";
+    config.rank = width;          // every component
+    config.budget_tokens = 264;   // the prompt's 33 chunks before its exact window
+    config.outlier_chunks = 0;
+    ASSERT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
+    ASSERT_TRUE(gpu.AllocateShadowKv(config, 1, 512).ok());
+    ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
+    std::vector<float> full(vocab), other(vocab);
+    for (int slot = 0; slot < 2; ++slot) {
+      CudaStepInput in;
+      in.slot = slot;
+      in.tokens = prompt;
+      in.logits_out = full.data();
+      ASSERT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
+    }
+    ASSERT_TRUE(gpu.CompressToShadowKv(0, 0).ok());
+    int32_t next = Argmax(full);
+    // One step of full attention in slot 1 and of slot 0 (ShadowKV sequence 0, or the slot).
+    auto step_both = [&](bool on_shadowkv, double bound) {
+      std::vector<int32_t> full_token = {next}, other_token = {next};
+      ASSERT_TRUE(gpu.DecodeStep(std::vector<int>{1}, full_token, CudaSampling{}, full.data()).ok());
+      const Status decoded =
+          on_shadowkv ? gpu.ShadowKvDecodeStep(std::vector<int>{0}, other_token, CudaSampling{},
+                                               other.data())
+                      : gpu.DecodeStep(std::vector<int>{0}, other_token, CudaSampling{},
+                                       other.data());
+      ASSERT_TRUE(decoded.ok()) << decoded.ToString();
+      EXPECT_LT(RelativeError(other, full), bound);
+      next = Argmax(full);
+    };
+    for (int step = 0; step < 6; ++step) step_both(true, step < 4 ? 2e-2 : 1e-1);
+    const Status back = gpu.DecompressShadowKv(0, 0);
+    ASSERT_TRUE(back.ok()) << back.ToString();
+    ASSERT_EQ(gpu.slot_length(0), gpu.shadowkv_length(0));
+    ASSERT_EQ(gpu.slot_length(0), gpu.slot_length(1));
+    const int64_t n = gpu.slot_length(0);
+    auto got = gpu.ExportSlot(0, n), want = gpu.ExportSlot(1, n);
+    ASSERT_TRUE(got.ok() && want.ok());
+    // [prompt part, decoded part] worst relative errors of keys, pre-RoPE keys, values.
+    double worst[2][3] = {};
+    for (int layer = 0; layer < spec.layers; ++layer) {
+      // A windowed layer's older rows are not held (its decode reads its window only).
+      const int64_t from = windowed[layer] ? n - 63 : 0;
+      for (int part = 0; part < 2; ++part) {
+        const int64_t begin = part == 0 ? from : std::max(from, prompt_tokens);
+        const int64_t end = part == 0 ? prompt_tokens : n;
+        if (begin >= end) continue;
+        auto rows = [&](const std::vector<float>& all) {
+          return std::vector<float>(all.begin() + begin * width, all.begin() + end * width);
+        };
+        double* w = worst[part];
+        w[0] = std::max(w[0], RelativeError(rows(got->keys[layer]), rows(want->keys[layer])));
+        if (!windowed[layer]) {
+          w[1] = std::max(w[1], RelativeError(rows(got->keys_pre_rope[layer]),
+                                              rows(want->keys_pre_rope[layer])));
+        }
+        w[2] = std::max(w[2], RelativeError(rows(got->values[layer]), rows(want->values[layer])));
+      }
+    }
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_LT(worst[0][k], 2e-2) << "prompt part, " << k;
+      EXPECT_LT(worst[1][k], 1e-1) << "decoded part, " << k;
+    }
+    std::printf("[ decomp   ] %d layers, sliding %d: %lld tokens back in a slot; worst relative "
+                "error of keys / pre-RoPE keys / values: prompt %.2e / %.2e / %.2e, decoded "
+                "%.2e / %.2e / %.2e\n",
+                spec.layers, sliding ? 1 : 0, static_cast<long long>(n), worst[0][0],
+                worst[0][1], worst[0][2], worst[1][0], worst[1][1], worst[1][2]);
+    for (int step = 0; step < 3; ++step) step_both(false, 5e-2);  // the slot decodes as slot 1
+    // Compressed again with a budget that selects every chunk the slot now forms.
+    const int64_t chunks = (gpu.slot_length(0) - config.local_window) / config.chunk_size;
+    config.budget_tokens = chunks * config.chunk_size;
+    gpu.FreeShadowKv();
+    ASSERT_TRUE(gpu.AllocateShadowKv(config, 1, 512).ok());
+    ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
+    ASSERT_TRUE(gpu.CompressToShadowKv(0, 0).ok());
+    for (int step = 0; step < 3; ++step) step_both(true, 5e-2);
+  }
+}
+
 // The same models, and one with heads 256 wide (Gemma 3 below 27B: four query heads on one KV
 // head, the fast kernels' 256-wide instances, rank ceil8(256 / 6.4) = 40), against the CPU's
 // split policy (kv/sliding_split_policy.cc) at the parity settings, the landmark selection with

@@ -234,6 +234,13 @@ class CudaModel {
   Status FreeShadowKvValues(int seq);
   // Compresses the prompt held by full-cache slot `full_slot` into ShadowKV sequence `seq`.
   Status CompressToShadowKv(int full_slot, int seq);
+  // The inverse, as far as it goes: full-cache slot `full_slot` (one that keeps pre-RoPE keys)
+  // comes to hold sequence `seq`'s tokens: the chunked ones' keys rebuilt at the sequence's rank
+  // (pre-RoPE A·B, then rotated), their values from the store, the exact window's keys and
+  // values as held, each windowed layer's last window tokens from its ring. The sequence is left
+  // as it was. A held conversation's next turn can then prefill its new tokens into the slot with
+  // full attention and compress the whole again. kUnsupported for FP8 value stores.
+  Status DecompressShadowKv(int seq, int full_slot);
   Status CopyShadowKvSequence(int from, int to);
   // Sequence `seq` (with values) to host memory and back, e.g. across a re-allocation.
   Result<CudaShadowKvSnapshot> SaveShadowKvSequence(int seq);

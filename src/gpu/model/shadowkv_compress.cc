@@ -3,8 +3,9 @@
 // batched solve, or on the host for keys wider than CudaKernelOptions::basis_gpu_max_width),
 // A = X·Bᵀ, landmarks and minimum cosines, the outlier chunks, the values and the exact window;
 // on a sliding-window model the windowed layers' last tokens into their rings; in stream order,
-// the host waiting once at the end. Allocation, copies and statistics are in
-// shadowkv_model.cc, the decode step in shadowkv_decode.cc.
+// the host waiting once at the end; and CudaModel::DecompressShadowKv, a sequence back into a
+// full-cache slot. Allocation, copies and statistics are in shadowkv_model.cc, the decode step
+// in shadowkv_decode.cc.
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -364,6 +365,115 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
         cudaEventElapsedTime(&ms, s.compress_marks[i], s.compress_marks[i + 1]));
     s.compress_phase_seconds[i] = ms / 1e3;
   }
+  return Status::Ok();
+}
+
+Status CudaModel::DecompressShadowKv(int seq, int full_slot) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  if (full_slot < 0 || full_slot >= m.cache.num_slots) {
+    return Error(ErrorCode::kInvalidArgument, "full-cache slot {} is outside [0, {})", full_slot,
+                 m.cache.num_slots);
+  }
+  if (m.kv_keys_pre.size() == 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "the full cache keeps no pre-RoPE keys: AllocateKvCache(..., true)");
+  }
+  const SkvGeometry& g = s.geometry;
+  if (g.fp8_values) {
+    return Error(ErrorCode::kUnsupported,
+                 "decompressing a ShadowKV sequence reads bf16 values; its store is FP8");
+  }
+  const int64_t length = s.lengths[seq];
+  if (length == 0) return Error(ErrorCode::kInvalidArgument, "sequence {} holds nothing", seq);
+  if (length > m.cache.capacity) {
+    return Error(ErrorCode::kOutOfRange, "sequence {} holds {} tokens, a slot {}", seq, length,
+                 m.cache.capacity);
+  }
+  const ModelConfig& c = m.config;
+  const SkvLayout& l = s.layout;
+  cudaStream_t stream = m.stream;
+  const int layers = g.num_layers, heads = c.num_kv_heads, d = c.head_dim;
+  const int width = g.kv_width(), rank = g.rank, chunk = g.chunk_size;
+  const int64_t first = SkvExactFirst(length, s.exact_first0[seq], chunk, g.local_window);
+  const int64_t recent = length - first;
+  const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
+  const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
+  const size_t attn_pitch = static_cast<size_t>(l.attn.capacity) * row_bytes;
+  const SkvSequenceInfo& info = s.host_info[seq];
+  const float one = 1.0f, zero = 0.0f;
+  for (int layer = 0; layer < layers; ++layer) {
+    const int model_layer = s.parts.global[layer];
+    const int64_t index = static_cast<int64_t>(seq) * layers + layer;
+    Bf16* pre = m.kv_keys_pre.get() +
+                (static_cast<int64_t>(full_slot) * c.num_layers + model_layer) * m.cache.capacity *
+                    width;
+    if (first > 0) {
+      // Pre-RoPE keys [first, width] = A [first, rank] · B [rank, width], row-major; in cuBLAS's
+      // column-major terms Kᵀ = Bᵀ·Aᵀ.
+      SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+          m.cublas, CUBLAS_OP_N, CUBLAS_OP_N, width, static_cast<int>(first), rank, &one,
+          l.basis + index * rank * width, CUDA_R_16BF, width,
+          l.coefficients + index * g.capacity_chunks * chunk * rank, CUDA_R_16BF, rank, &zero, pre,
+          CUDA_R_16BF, width, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      SkvRopeRowsParams rp;
+      rp.keys_pre = pre;
+      rp.cache = m.cache;
+      rp.cache_slot = full_slot;
+      rp.cache_layer = model_layer;
+      rp.rows = first;
+      rp.inv_freq = m.inv_freq.get();
+      rp.rotary_dim = c.rope.rotary_dim;
+      rp.halves = c.rope.style == RopeConfig::Style::kHalves;
+      SKV_CUDA_RETURN_IF_ERROR(LaunchSkvRopeRows(rp, stream));
+      const Bf16* store =
+          s.value_pointers[seq] + static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          m.cache.values + m.cache.HeadOffset(full_slot, model_layer, 0), cache_pitch, store,
+          static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes, first * row_bytes, heads,
+          cudaMemcpyDefault, stream));
+    }
+    if (recent > 0) {  // the exact window: post-RoPE K and V, and pre-RoPE K
+      const int64_t attn_head0 = l.attn.HeadOffset(seq, layer, 0) +
+                                 static_cast<int64_t>(info.recent_base) * d;
+      const int64_t cache_head0 = m.cache.HeadOffset(full_slot, model_layer, 0) + first * d;
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(m.cache.keys + cache_head0, cache_pitch,
+                                                 l.attn.keys + attn_head0, attn_pitch,
+                                                 recent * row_bytes, heads,
+                                                 cudaMemcpyDeviceToDevice, stream));
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(m.cache.values + cache_head0, cache_pitch,
+                                                 l.attn.values + attn_head0, attn_pitch,
+                                                 recent * row_bytes, heads,
+                                                 cudaMemcpyDeviceToDevice, stream));
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre + first * width,
+                                               l.keys_pre + index * g.recent_capacity * width,
+                                               recent * width * sizeof(Bf16),
+                                               cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  // The windowed layers: positions [length - window rows, length) from their ring rows p % rows.
+  const KvCacheView& ring = s.window;
+  for (size_t layer = 0; g.window_layers > 0 && layer < s.parts.windowed.size(); ++layer) {
+    if (!s.parts.windowed[layer]) continue;
+    const int index = s.parts.index[layer];
+    const int64_t rows = ring.capacity;
+    for (int64_t from = std::max<int64_t>(0, length - rows); from < length;) {
+      const int64_t row = from % rows, count = std::min(length - from, rows - row);
+      const int64_t source = ring.HeadOffset(seq, index, 0) + row * d;
+      const int64_t target = m.cache.HeadOffset(full_slot, static_cast<int>(layer), 0) + from * d;
+      for (auto [to, at] :
+           {std::pair{m.cache.keys, ring.keys}, std::pair{m.cache.values, ring.values}}) {
+        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(to + target, cache_pitch, at + source,
+                                                   rows * row_bytes, count * row_bytes, heads,
+                                                   cudaMemcpyDeviceToDevice, stream));
+      }
+      from += count;
+    }
+  }
+  SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  m.lengths[full_slot] = length;
   return Status::Ok();
 }
 

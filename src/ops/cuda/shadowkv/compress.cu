@@ -1,11 +1,13 @@
 // ShadowKV compression kernels that work on every layer of a sequence at once: B's rows from the
 // batched eigensolver's eigenvectors, and the outlier chunks picked from the minimum cosines
-// (the per-layer landmark and outlier-copy kernels are in shadowkv_kernels.cu).
+// (the per-layer landmark and outlier-copy kernels are in shadowkv_kernels.cu); and the one
+// decompression kernel, RoPE of rebuilt pre-RoPE keys into a full cache.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 
 #include "ops/cuda/common/device_utils.cuh"
+#include "ops/cuda/shadowkv/score_select_rebuild.cuh"
 #include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
@@ -113,6 +115,49 @@ cudaError_t LaunchSkvPickOutliers(const SkvPickOutliersParams& p, cudaStream_t s
     return cudaErrorInvalidValue;
   }
   SkvPickOutliersKernel<<<p.pairs, 256, p.count * sizeof(int32_t), stream>>>(p);
+  return cudaGetLastError();
+}
+
+namespace {
+
+// One thread per (token, KV head, rotary pair): the pair's two dims rotated at the token's
+// position as the QKV kernel and the rebuild rotate them (fp32 angle, sincosf), dims past the
+// rotary ones copied.
+__global__ void SkvRopeRowsKernel(SkvRopeRowsParams p) {
+  const int heads = p.cache.num_kv_heads, d = p.cache.head_dim, pairs = d / 2;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.rows * heads * pairs) return;
+  const int pair = static_cast<int>(i % pairs);
+  const int h = static_cast<int>(i / pairs % heads);
+  const int64_t token = i / pairs / heads;
+  int a, b;
+  SkvRopePairDims(pair, p.rotary_dim, p.halves, &a, &b);
+  const __nv_bfloat16* in = p.keys_pre + (token * heads + h) * d;
+  float x0 = __bfloat162float(in[a]), x1 = __bfloat162float(in[b]);
+  if (pair < p.rotary_dim / 2) {
+    const float angle = static_cast<float>(token) * p.inv_freq[pair];
+    float sine, cosine;
+    sincosf(angle, &sine, &cosine);
+    const float r0 = x0 * cosine - x1 * sine;
+    const float r1 = x0 * sine + x1 * cosine;
+    x0 = r0;
+    x1 = r1;
+  }
+  __nv_bfloat16* out = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) + token * d;
+  out[a] = __float2bfloat16(x0);
+  out[b] = __float2bfloat16(x1);
+}
+
+}  // namespace
+
+cudaError_t LaunchSkvRopeRows(const SkvRopeRowsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.rows < 0 || p.rows > p.cache.capacity || !p.keys_pre || !p.inv_freq ||
+      p.cache.head_dim % 2 != 0 || p.rotary_dim > p.cache.head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t threads = p.rows * p.cache.num_kv_heads * (p.cache.head_dim / 2);
+  SkvRopeRowsKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -240,6 +240,20 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 // Reads the same fields as the landmarks (all but min_cosine).
 cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
 
+// Decompression (CudaModel::DecompressShadowKv), one compressed layer: post-RoPE keys of tokens
+// [0, rows) (token t at position t) into a full cache slot from their pre-RoPE keys.
+struct SkvRopeRowsParams {
+  const __nv_bfloat16* keys_pre = nullptr;  // [rows, kv_heads * head_dim], token-major
+  KvCacheView cache;
+  int cache_slot = 0;
+  int cache_layer = 0;
+  int64_t rows = 0;
+  const float* inv_freq = nullptr;  // [rotary_dim / 2]
+  int rotary_dim = 0;
+  bool halves = false;  // as SkvDecodeParams::halves
+};
+cudaError_t LaunchSkvRopeRows(const SkvRopeRowsParams& params, cudaStream_t stream);
+
 // Dynamic shared memory of the select kernel (max_candidates: the layout's, 0 without
 // re-ranking).
 int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates = 0);
