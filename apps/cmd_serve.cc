@@ -38,6 +38,7 @@ struct ServeOptions {
   int64_t context = 0;           // cuda: tokens per sequence (0: the model's context)
   int sequences = 0;             // cuda: sequences held at once (0: as many as fit)
   int prefill_slots = 0;         // cuda, shadowkv: full-cache slots for prompts (0: see --help)
+  std::string held_turns = "recompress";  // cuda, shadowkv: --held-turns
   bool max_batch_given = false;  // cuda: else the scheduler's batch follows the pool
   std::string synthetic;         // cuda: random weights with a named model's shapes
   TensorParallelOptions tensor_parallel;  // cuda only
@@ -85,6 +86,7 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     c.prefill_chunk = o.server.scheduler.prefill_chunk;
     c.sequences = o.sequences;
     c.prefill_slots = o.prefill_slots;
+    c.recompress_turns = o.held_turns == "recompress";
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
     SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
@@ -300,6 +302,13 @@ Command AddServeCommand(CLI::App& app) {
                   "short to compress (0 = --max-seqs, or 2 when --max-seqs is 0)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--held-turns", o->held_turns,
+                  "cuda, shadowkv: how a held sequence takes a later turn's new tokens: "
+                  "recompress (back into a free prompt slot, the new tokens prefilled with full "
+                  "attention, the whole compressed again) or decode (one ShadowKV decode step "
+                  "per token; also where no prompt slot is free)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"decode", "recompress"}));
   cmd->add_option("--synthetic", o->synthetic,
                   "cuda: random weights with a named model's shapes (" +
                       fmt::format("{}", fmt::join(SyntheticModelNames(), ", ")) +

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -293,6 +294,75 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
   s.seqs.clear();
   const auto out = Serve(**sparse, *s.policy, prompts, 10);
   for (const auto& tokens : out) EXPECT_EQ(tokens.size(), 10u);
+}
+
+// A held compressed sequence's later turn (several new tokens, the last one sampled, as the
+// scheduler sends a reused state's turn). With recompress_turns the sequence goes back into a
+// prompt slot, the new tokens are prefilled there with full attention over the rebuilt keys, and
+// the whole is compressed again: at full rank the turn's logits are full attention's. Without,
+// each new token is one ShadowKV step over the budget. Either way the sequence ends compressed,
+// holding every token and no slot, and decodes on.
+TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
+  SKV_SKIP_WITHOUT_GPU();
+  auto dense = CudaServingModel::Load(ServingModelPath(), Options("full"));
+  ASSERT_TRUE(dense.ok()) << dense.status().ToString();
+  double turn_errors[2] = {INFINITY, INFINITY};  // recompress, decode
+  for (bool recompress : {true, false}) {
+    SCOPED_TRACE(recompress ? "recompress" : "decode");
+    CudaServingOptions o = Options("shadowkv");
+    o.kv.rank = 128;  // every component: rebuilt keys are the keys up to rounding
+    o.recompress_turns = recompress;
+    auto sparse = CudaServingModel::Load(ServingModelPath(), o);
+    ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
+    Stepper s{**sparse, (*sparse)->MakePolicy(o.kv).value(), {}};
+    Stepper f{**dense, (*dense)->MakePolicy(kv::KvPolicyConfig{}).value(), {}};
+    for (Stepper* x : {&s, &f}) x->seqs.push_back(x->policy->NewSequence().value());
+    s.Step({{0, Tokens(600, 23)}}, {true});
+    f.Step({{0, Tokens(600, 23)}}, {true});
+    const kv::MemoryUsage compressed = s.seqs[0]->memory();
+    for (int t = 0; t < 4; ++t) {
+      s.Step({{0, {static_cast<int32_t>(50 + t)}}}, {false});
+      f.Step({{0, {static_cast<int32_t>(50 + t)}}}, {false});
+    }
+    // The turn: 20 new tokens in one row that samples its next token.
+    const std::vector<int32_t> turn = Tokens(20, 24);
+    const SamplingParams greedy;
+    const int64_t vocab = (*sparse)->config().vocab_size;
+    std::vector<float> got(vocab), want(vocab);
+    for (auto [model, seq, logits] :
+         {std::tuple{sparse->get(), s.seqs[0].get(), got.data()},
+          std::tuple{dense->get(), f.seqs[0].get(), want.data()}}) {
+      engine::StepRow row;
+      row.kv = seq;
+      row.tokens = turn;
+      row.sampling = &greedy;
+      row.logits_out = logits;
+      ASSERT_TRUE(StepOne(*model, row).ok());
+    }
+    const double turn_error = RelativeError(got, want);
+    std::printf("[ turns    ] %s: the later turn's logits against full attention, relative "
+                "error %.2e\n", recompress ? "recompress" : "decode", turn_error);
+    turn_errors[recompress ? 0 : 1] = turn_error;
+    if (recompress) {
+      EXPECT_LT(turn_error, 3e-2);
+    }
+    EXPECT_EQ(s.seqs[0]->num_tokens(), 624);
+    EXPECT_EQ(s.seqs[0]->memory().fast_bytes, compressed.fast_bytes) << "compressed, no slot";
+    int64_t held = 0;
+    for (int seq = 0; seq < 3; ++seq) held += (*sparse)->group().shadowkv_length(seq);
+    EXPECT_EQ(held, 624);
+    for (int t = 0; t < 3; ++t) {
+      const auto after = s.Step({{0, {static_cast<int32_t>(70 + t)}}}, {false});
+      for (float x : after[0]) ASSERT_TRUE(std::isfinite(x));
+    }
+    // Every prompt slot is free again: the pool's other two sequences can be had.
+    auto a = s.policy->NewSequence(), b = s.policy->NewSequence();
+    EXPECT_TRUE(a.ok() && b.ok());
+  }
+  // One ShadowKV step per new token reads 128 tokens of 600 on a random model: far from full
+  // attention, and farther than the recompressed turn.
+  EXPECT_TRUE(std::isfinite(turn_errors[1]));
+  EXPECT_LT(turn_errors[0], turn_errors[1]);
 }
 
 // The start-up warm-up (a throwaway prompt prefilled, compressed and decoded) gives its

@@ -52,8 +52,8 @@ class CudaServingModel::Sequence final : public kv::SequenceKv {
     if (compressed_) {
       if (auto counts = owner_->group_->ShadowKvSequenceCounts(); counts.ok()) {
         const CudaChunkCounts& c = counts->at(static_cast<size_t>(sequence_));
-        stats_.chunk_selections = c.selected;
-        stats_.chunk_hits = c.hits;
+        stats_.chunk_selections = carried_.selected + c.selected;
+        stats_.chunk_hits = carried_.hits + c.hits;
       }
     }
     return stats_;
@@ -66,6 +66,8 @@ class CudaServingModel::Sequence final : public kv::SequenceKv {
   int sequence_ = -1;  // ShadowKV sequence (reserved from the start), or -1
   bool compressed_ = false;
   bool values_on_host_ = false;
+  bool recompress_ = false;  // decompressed for a later turn: compressed again after its last row
+  CudaChunkCounts carried_;  // chunk counts of the compressions before the current one
   bool has_values_ = false;
   int64_t tokens_ = 0;
   mutable kv::PolicyStats stats_;
@@ -414,6 +416,8 @@ Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::Fork(const Sequence& s
   }
   copy.tokens_ = s.tokens_;
   copy.stats_ = s.stats_;
+  copy.recompress_ = s.recompress_;
+  copy.carried_ = s.carried_;
   return fresh;
 }
 
@@ -444,6 +448,32 @@ Status CudaServingModel::Compress(Sequence& s) {
   return Status::Ok();
 }
 
+Result<bool> CudaServingModel::Decompress(Sequence& s) {
+  int slot = -1;
+  {
+    std::lock_guard lock(mutex_);
+    if (free_slots_.empty()) return false;
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  }
+  if (auto counts = group_->ShadowKvSequenceCounts(); counts.ok()) {
+    const CudaChunkCounts& c = counts->at(static_cast<size_t>(s.sequence_));
+    s.carried_.selected += c.selected;
+    s.carried_.hits += c.hits;
+  }
+  s.slot_ = slot;
+  const Status back = group_->DecompressShadowKv(s.sequence_, slot);
+  if (!back.ok()) {
+    GiveBackSlot(s);
+    return back.code() == ErrorCode::kUnsupported ? Result<bool>(false) : Result<bool>(back);
+  }
+  SKV_RETURN_IF_ERROR(group_->FreeShadowKvValues(s.sequence_));
+  s.has_values_ = false;
+  s.compressed_ = false;
+  s.recompress_ = true;
+  return true;
+}
+
 namespace {
 
 CudaSampling DeviceSampling(const engine::StepRow& row) {
@@ -472,6 +502,14 @@ Status CudaServingModel::Step(std::span<const engine::StepRow> rows,
                    row.tokens.size(), s->tokens_, config_.context_length);
     }
     sequences[i] = s;
+  }
+  // A later turn of a held compressed sequence: back into a prompt slot for its new tokens.
+  if (options_.recompress_turns) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (sequences[i]->compressed_ && rows[i].tokens.size() > 1) {
+        SKV_RETURN_IF_ERROR(Decompress(*sequences[i]).status());
+      }
+    }
   }
   // Rows of sequences in a full-cache slot: one (graph-replayed) decode step when every one is a
   // single token after a prefilled sequence, else one mixed forward. Rows of compressed
@@ -566,10 +604,15 @@ Status CudaServingModel::Step(std::span<const engine::StepRow> rows,
     stats.prepare_calls += config_.num_layers;
     stats.context_tokens += config_.num_layers * sequences[i]->tokens_;
   }
-  // Prompts complete in this step are compressed (ShadowKV) after their last chunk.
+  // Prompts complete in this step are compressed (ShadowKV) after their last chunk, and so are
+  // decompressed sequences after their turn's last new tokens (the row that samples).
   if (shadowkv()) {
     for (size_t i : full) {
-      if (rows[i].finish_prefill) SKV_RETURN_IF_ERROR(Compress(*sequences[i]));
+      Sequence& s = *sequences[i];
+      if (rows[i].finish_prefill || (s.recompress_ && rows[i].sampling)) {
+        s.recompress_ = false;
+        SKV_RETURN_IF_ERROR(Compress(s));
+      }
     }
   }
   return Status::Ok();

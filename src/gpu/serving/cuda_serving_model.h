@@ -8,7 +8,8 @@
 //     sequences run as ShadowKV decode steps. A prompt too short to form the budget's chunks
 //     plus the outliers stays in its slot and decodes with full attention (which is what the
 //     sparse attention would read anyway).
-// A held sequence forks (a device copy) so that one held prompt serves several requests.
+// A held sequence forks (a device copy) so that one held prompt serves several requests; its
+// later turn goes back into a prompt slot for its new tokens and is compressed again.
 // Each step runs the full-cache rows as one batched forward (a graph-replayed decode step when
 // they are all single-token decode rows) and the compressed sequences' rows as one ShadowKV
 // decode step; every row's next token is drawn on the device and only the ids come back.
@@ -45,6 +46,11 @@ struct CudaServingOptions {
   // kDefaultPrefillSlots.
   int prefill_slots = 0;
   int64_t context = 0;  // tokens per sequence, prompt plus new ones (0: the model's)
+  // ShadowKV: a held sequence's later turn (a continuation of several tokens) is decompressed
+  // into a free prompt slot, its new tokens prefilled there with full attention, and the whole
+  // compressed again (CudaModel::DecompressShadowKv); false, or no slot free: the new tokens go
+  // in one ShadowKV decode step each.
+  bool recompress_turns = true;
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;
 };
@@ -115,6 +121,9 @@ class CudaServingModel final : public engine::ServingModel {
   Result<std::unique_ptr<kv::SequenceKv>> Fork(const Sequence& sequence);
   void GiveBackSlot(Sequence& sequence);  // its full-cache slot back to the pool
   Status Compress(Sequence& sequence);
+  // CudaServingOptions::recompress_turns: a compressed sequence back into a free full-cache
+  // slot (false where none is free: it stays compressed).
+  Result<bool> Decompress(Sequence& sequence);
   bool shadowkv() const { return kv::IsPolicy(options_.kv, kv::PolicyKind::kShadowKv); }
 
   CudaServingOptions options_;

@@ -385,6 +385,10 @@ Status CudaModelGroup::CompressToShadowKv(int full_slot, int seq) {
   return Status::Ok();
 }
 
+Status CudaModelGroup::DecompressShadowKv(int seq, int full_slot) {
+  return state_->Each([&](CudaModel& m, int) { return m.DecompressShadowKv(seq, full_slot); });
+}
+
 Status CudaModelGroup::CopyShadowKvSequence(int from, int to) {
   return state_->Each([&](CudaModel& m, int) { return m.CopyShadowKvSequence(from, to); });
 }

@@ -91,6 +91,7 @@ class CudaModelGroup {
   Status AllocateShadowKvValues(int seq, bool on_host);
   Status FreeShadowKvValues(int seq);
   Status CompressToShadowKv(int full_slot, int seq);
+  Status DecompressShadowKv(int seq, int full_slot);  // every rank its own heads
   Status CopyShadowKvSequence(int from, int to);
   Result<CudaShadowKvGroupSnapshot> SaveShadowKvSequence(int seq);
   Status RestoreShadowKvSequence(const CudaShadowKvGroupSnapshot& snapshot, int seq);
