@@ -48,7 +48,7 @@ struct EvalOptions {
   int grid_depths = 10;
   int multi_turn = 0;
   bool fresh_turns = false;
-  std::string held_turns = "decode";  // --held-turns (GPU ShadowKV conversations)
+  std::string held_turns;  // --held-turns (GPU ShadowKV conversations; empty: recompress)
   bool fidelity = false;
   int prefill_chunk = 512;
   Device device = Device::kCpu;  // with cuda, full and shadowkv are answered on the GPU
@@ -171,8 +171,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
                                        shadowkv_on_gpu_ ? "snapkv/quest/streaming"
                                                         : "shadowkv/snapkv/quest/streaming",
                                        NumericsName(cpu_model_.numerics()))
-                         : recompress_followups_ ? "cuda-bf16; shadowkv follow-ups recompressed"
-                                                 : "cuda-bf16";
+                         : recompress_followups_ ? "cuda-bf16"
+                                                 : "cuda-bf16; shadowkv follow-ups decoded";
   }
 
   Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
@@ -622,8 +622,9 @@ int RunEvalCommand(const EvalOptions& o) {
                   : o.multi_turn ? eval::EvalMode::kMultiTurn
                                  : eval::EvalMode::kTasks;
   if (o.niah_grid && o.multi_turn) return Fail("--niah-grid and --multi-turn are separate modes");
-  if (o.held_turns != "decode" && o.device != Device::kCuda) {
-    return Fail("--held-turns recompress is the GPU's (--device cuda); the CPU decodes follow-ups");
+  if (!o.held_turns.empty() && o.device != Device::kCuda) {
+    return Fail("--held-turns chooses the GPU's way (--device cuda); the CPU's policies take "
+                "follow-ups in their own sequences");
   }
   if (o.tasks == "all") {
     if (settings.mode == eval::EvalMode::kNiahGrid) {
@@ -690,7 +691,7 @@ int RunEvalCommand(const EvalOptions& o) {
     for (int64_t length : settings.lengths) longest = std::max(longest, length);
     auto made =
         MakeCudaEvalBackend(model_path, model, std::min(longest, model.config().context_length),
-                            o.prefill_chunk, settings.fidelity, o.held_turns == "recompress");
+                            o.prefill_chunk, settings.fidelity, o.held_turns != "decode");
     if (!made.ok()) return Fail(made.status().ToString());
     backend = std::move(made).value();
     // Before the header line: a policy the backend cannot run fails here, and the numerics it
@@ -828,10 +829,10 @@ Command AddEvalCommand(CLI::App& app) {
       ->needs(turns);
   cmd->add_option("--held-turns", options->held_turns,
                   "multi-turn with --device cuda: how a held ShadowKV conversation takes a later "
-                  "turn's follow-up: decode (one decode step per token, as the server does) or "
-                  "recompress (the sequence decompressed into a full-cache slot, the follow-up "
-                  "prefilled there with full attention, the whole compressed again)")
-      ->capture_default_str()
+                  "turn's follow-up, as `serve --held-turns` does: recompress (the sequence "
+                  "decompressed into a full-cache slot, the follow-up prefilled there with full "
+                  "attention, the whole compressed again; the default) or decode (one decode step "
+                  "per token)")
       ->check(CLI::IsMember({"decode", "recompress"}))
       ->needs(turns);
   cmd->add_flag("--fidelity", options->fidelity,
