@@ -285,7 +285,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     if (kv::IsPolicy(policy, kv::PolicyKind::kShadowKv)) {
       SKV_ASSIGN_OR_RETURN(conversation_attendance_,
                            ShadowKvAttendance(policy, static_cast<int64_t>(tokens.size())));
-      SKV_RETURN_IF_ERROR(StartShadowKv(policy));
+      SKV_RETURN_IF_ERROR(StartShadowKv(policy, recompress_followups_));
       model_->ResetShadowKvCounters();
       conversation_ = Conversation::kShadowKv;
     } else {
@@ -419,7 +419,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     model_->FreeShadowKv();
     SKV_ASSIGN_OR_RETURN(conversation_attendance_,
                          ShadowKvAttendance(conversation_policy_, model_->slot_length(0)));
-    SKV_RETURN_IF_ERROR(StartShadowKv(conversation_policy_));
+    SKV_RETURN_IF_ERROR(StartShadowKv(conversation_policy_, /*keep_keys=*/true));
     model_->ResetShadowKvCounters();
     stream.feed.clear();
     eval::PushToken(stream, Argmax(logits), tokenizer_);
@@ -474,10 +474,12 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     std::vector<float> logits;
   };
 
-  // A fresh ShadowKV sequence 0 of `config` compressed from the prompt in slot 0.
-  Status StartShadowKv(const kv::KvPolicyConfig& config) {
+  // A fresh ShadowKV sequence 0 of `config` compressed from the prompt in slot 0; with
+  // `keep_keys` it keeps the prompt's exact keys for a later turn's recompression.
+  Status StartShadowKv(const kv::KvPolicyConfig& config, bool keep_keys = false) {
     SKV_RETURN_IF_ERROR(model_->AllocateShadowKv(config, 1, capacity_));
     SKV_RETURN_IF_ERROR(model_->AllocateShadowKvValues(0, /*on_host=*/false));
+    if (keep_keys) SKV_RETURN_IF_ERROR(model_->AllocateShadowKvKeys(0));
     return model_->CompressToShadowKv(0, 0);
   }
 

@@ -487,6 +487,71 @@ TEST(CudaShadowKvParityTest, DecompressedSequencesDecodeAsTheFullCache) {
   }
 }
 
+// AllocateShadowKvKeys: at a rank below the keys' width, a sequence that kept its prompt's exact
+// keys decompresses them exactly (pre-RoPE bit for bit, post-RoPE up to the rotation's rounding),
+// where one that did not rebuilds them at rank r (far off on a random model); chunks graduated
+// after the compression are rebuilt either way, and a fork carries the copy.
+TEST(CudaShadowKvParityTest, DecompressionUsesThePromptsKeptKeys) {
+  SKV_SKIP_WITHOUT_GPU();
+  TinyModelSpec spec = shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32,
+                                                    true, 7);
+  CudaModelOptions options;
+  options.max_batch = 4;
+  options.max_step_tokens = 512;
+  auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_kept_keys"), options);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+  CudaModel& gpu = **gpu_or;
+  const int width = 2 * 64;
+  const int64_t prompt_tokens = 300;
+  const std::vector<int32_t> prompt = SomeTokens(prompt_tokens, 33);
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.rank = 32;
+  config.budget_tokens = 128;
+  ASSERT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
+  ASSERT_TRUE(gpu.AllocateShadowKv(config, 3, 512).ok());
+  std::vector<float> logits(gpu.config().vocab_size);
+  CudaStepInput in;
+  in.slot = 1;  // slot 1 keeps the prompt as prefilled
+  in.tokens = prompt;
+  in.logits_out = logits.data();
+  ASSERT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
+  for (int seq = 0; seq < 3; ++seq) ASSERT_TRUE(gpu.AllocateShadowKvValues(seq, false).ok());
+  ASSERT_TRUE(gpu.AllocateShadowKvKeys(0).ok());
+  ASSERT_TRUE(gpu.AllocateShadowKvKeys(2).ok());
+  ASSERT_TRUE(gpu.CompressToShadowKv(1, 0).ok());
+  ASSERT_TRUE(gpu.CompressToShadowKv(1, 1).ok());  // no kept keys
+  ASSERT_TRUE(gpu.CopyShadowKvSequence(0, 2).ok());
+  auto want = gpu.ExportSlot(1, prompt_tokens);
+  ASSERT_TRUE(want.ok());
+  const int64_t chunked = (prompt_tokens - config.local_window) / 8 * 8;
+  auto errors = [&](int seq, double* pre, double* post) {
+    ASSERT_TRUE(gpu.DecompressShadowKv(seq, 0).ok());
+    auto got = gpu.ExportSlot(0, prompt_tokens);
+    ASSERT_TRUE(got.ok());
+    *pre = *post = 0.0;
+    for (int layer = 0; layer < spec.layers; ++layer) {
+      auto rows = [&](const std::vector<float>& all) {
+        return std::vector<float>(all.begin(), all.begin() + chunked * width);
+      };
+      *pre = std::max(*pre, RelativeError(rows(got->keys_pre_rope[layer]),
+                                          rows(want->keys_pre_rope[layer])));
+      *post = std::max(*post, RelativeError(rows(got->keys[layer]), rows(want->keys[layer])));
+    }
+  };
+  double kept_pre, kept_post, rebuilt_pre, rebuilt_post, fork_pre, fork_post;
+  errors(0, &kept_pre, &kept_post);
+  errors(1, &rebuilt_pre, &rebuilt_post);
+  errors(2, &fork_pre, &fork_post);
+  std::printf("[ kept     ] rank 32 of 128: the prompt's chunked keys decompressed, relative error "
+              "pre-RoPE / post-RoPE: kept %.2e / %.2e, rebuilt %.2e / %.2e, forked %.2e / %.2e\n",
+              kept_pre, kept_post, rebuilt_pre, rebuilt_post, fork_pre, fork_post);
+  EXPECT_EQ(kept_pre, 0.0);
+  EXPECT_LT(kept_post, 1e-2);  // the rotation of bf16 pre-RoPE keys against the QKV kernel's
+  EXPECT_EQ(fork_pre, 0.0);
+  EXPECT_GT(rebuilt_pre, 1e-1);  // rank 32 of a random model's 128-wide keys
+}
+
 // The same models, and one with heads 256 wide (Gemma 3 below 27B: four query heads on one KV
 // head, the fast kernels' 256-wide instances, rank ceil8(256 / 6.4) = 40), against the CPU's
 // split policy (kv/sliding_split_policy.cc) at the parity settings, the landmark selection with

@@ -230,13 +230,20 @@ class CudaModel {
   // Gives sequence `seq` its value store: device memory, or mapped pinned host memory that the
   // fetch kernel reads directly. kResourceExhausted when it does not fit.
   Status AllocateShadowKvValues(int seq, bool on_host);
+  // Gives sequence `seq` a pinned host copy of its compressed prompt's exact pre-RoPE keys,
+  // written by the next CompressToShadowKv and read by DecompressShadowKv, so that a later
+  // turn's recompression starts from the prompt's exact keys rather than rank-r ones. The
+  // memory ([layers, capacity, kv_width] bf16) stays with the index until FreeShadowKv.
+  // kResourceExhausted when it cannot be pinned.
+  Status AllocateShadowKvKeys(int seq);
   // Gives sequence `seq`'s value store back (the sequence is forgotten).
   Status FreeShadowKvValues(int seq);
   // Compresses the prompt held by full-cache slot `full_slot` into ShadowKV sequence `seq`.
   Status CompressToShadowKv(int full_slot, int seq);
   // The inverse, as far as it goes: full-cache slot `full_slot` (one that keeps pre-RoPE keys)
   // comes to hold sequence `seq`'s tokens: the chunked ones' keys rebuilt at the sequence's rank
-  // (pre-RoPE A·B, then rotated), their values from the store, the exact window's keys and
+  // (pre-RoPE A·B, then rotated; the compressed prompt's exact keys where AllocateShadowKvKeys
+  // kept them), their values from the store, the exact window's keys and
   // values as held, each windowed layer's last window tokens from its ring. The sequence is left
   // as it was. A held conversation's next turn can then prefill its new tokens into the slot with
   // full attention and compress the whole again. kUnsupported for FP8 value stores.

@@ -104,6 +104,10 @@ struct ShadowKvState {
   std::vector<DeviceBuffer<Bf16>> device_values;  // [seq], empty where on the host
   std::vector<Bf16*> host_values;                 // [seq] pinned, or null
   std::vector<Bf16*> value_pointers;              // [seq] what value_table holds
+  // [seq] AllocateShadowKvKeys: pinned host copies of the compressed prompt's exact pre-RoPE
+  // keys, [layers, capacity_chunks * C, kv_width] (null: none), and the rows they hold.
+  std::vector<Bf16*> host_keys;
+  std::vector<int64_t> host_key_rows;
   std::vector<SkvSequenceInfo> host_info;         // [seq]
   std::vector<int64_t> lengths;                   // [seq] tokens held, 0 = not compressed
   std::vector<int64_t> exact_first0;              // [seq] first exact position after compression

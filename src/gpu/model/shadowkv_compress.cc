@@ -345,6 +345,15 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   if (g.window_layers > 0) {
     SKV_RETURN_IF_ERROR(FillWindowRings(s, m.cache, full_slot, seq, prompt, stream));
   }
+  if (Bf16* kept = s.host_keys[seq]) {  // AllocateShadowKvKeys: the exact chunked keys
+    const int64_t layer_rows = static_cast<int64_t>(g.capacity_chunks) * chunk;
+    for (int layer = 0; layer < layers; ++layer) {
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kept + layer * layer_rows * width,
+                                               pre_keys(global[layer]),
+                                               chunked * width * sizeof(Bf16),
+                                               cudaMemcpyDeviceToHost, stream));
+    }
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
       static_cast<size_t>(layers) * heads * g.max_budget * 4, stream));
@@ -358,6 +367,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   s.host_info[seq] = plan.info;
   s.lengths[seq] = prompt;
   s.exact_first0[seq] = chunked;
+  s.host_key_rows[seq] = s.host_keys[seq] ? chunked : 0;
   s.compress_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   for (size_t i = 0; i < s.compress_phase_seconds.size(); ++i) {
     float ms = 0.0f;
@@ -411,13 +421,23 @@ Status CudaModel::DecompressShadowKv(int seq, int full_slot) {
                 (static_cast<int64_t>(full_slot) * c.num_layers + model_layer) * m.cache.capacity *
                     width;
     if (first > 0) {
-      // Pre-RoPE keys [first, width] = A [first, rank] · B [rank, width], row-major; in cuBLAS's
+      // The compressed prompt's exact pre-RoPE keys where kept, the rest (chunks graduated
+      // since) rebuilt: [rows, width] = A [rows, rank] · B [rank, width], row-major; in cuBLAS's
       // column-major terms Kᵀ = Bᵀ·Aᵀ.
-      SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
-          m.cublas, CUBLAS_OP_N, CUBLAS_OP_N, width, static_cast<int>(first), rank, &one,
-          l.basis + index * rank * width, CUDA_R_16BF, width,
-          l.coefficients + index * g.capacity_chunks * chunk * rank, CUDA_R_16BF, rank, &zero, pre,
-          CUDA_R_16BF, width, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      const int64_t kept = std::min(first, s.host_key_rows[seq]);
+      if (kept > 0) {
+        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            pre, s.host_keys[seq] + layer * static_cast<int64_t>(g.capacity_chunks) * chunk * width,
+            kept * width * sizeof(Bf16), cudaMemcpyHostToDevice, stream));
+      }
+      if (first > kept) {
+        SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+            m.cublas, CUBLAS_OP_N, CUBLAS_OP_N, width, static_cast<int>(first - kept), rank, &one,
+            l.basis + index * rank * width, CUDA_R_16BF, width,
+            l.coefficients + (index * g.capacity_chunks * chunk + kept) * rank, CUDA_R_16BF, rank,
+            &zero, pre + kept * width, CUDA_R_16BF, width, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT));
+      }
       SkvRopeRowsParams rp;
       rp.keys_pre = pre;
       rp.cache = m.cache;

@@ -13,6 +13,9 @@ ShadowKvState::~ShadowKvState() {
   for (Bf16* pointer : host_values) {
     if (pointer) (void)cudaFreeHost(pointer);
   }
+  for (Bf16* pointer : host_keys) {
+    if (pointer) (void)cudaFreeHost(pointer);
+  }
   if (host_meta_block) (void)cudaFreeHost(host_meta_block);
   for (cudaEvent_t event : {fork, join, half.start, half.fork, half.join, half.done}) {
     if (event) (void)cudaEventDestroy(event);
@@ -228,6 +231,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   s->device_values.resize(n);
   s->host_values.assign(n, nullptr);
   s->value_pointers.assign(n, nullptr);
+  s->host_keys.assign(n, nullptr);
+  s->host_key_rows.assign(n, 0);
   s->host_info.assign(n, SkvSequenceInfo{});
   s->lengths.assign(n, 0);
   s->exact_first0.assign(n, 0);
@@ -315,6 +320,29 @@ Status CudaModel::AllocateShadowKvValues(int seq, bool on_host) {
   return UploadValueTable(s, m.stream);
 }
 
+Status CudaModel::AllocateShadowKvKeys(int seq) {
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  ShadowKvState& s = *m.skv;
+  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  s.host_key_rows[seq] = 0;
+  if (s.host_keys[seq]) return Status::Ok();  // kept from an earlier use of the index
+  const SkvGeometry& g = s.geometry;
+  const int64_t bytes = static_cast<int64_t>(g.num_layers) * g.capacity_chunks * g.chunk_size *
+                        g.kv_width() * static_cast<int64_t>(sizeof(Bf16));
+  void* pointer = nullptr;
+  const cudaError_t error = cudaHostAlloc(&pointer, static_cast<size_t>(bytes),
+                                          cudaHostAllocPortable);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Error(ErrorCode::kResourceExhausted,
+                 "pinned host memory for the exact keys of a ShadowKV sequence ({:.2f} GiB): {}",
+                 static_cast<double>(bytes) / (1 << 30), cudaGetErrorString(error));
+  }
+  s.host_keys[seq] = static_cast<Bf16*>(pointer);
+  return Status::Ok();
+}
+
 Status CudaModel::FreeShadowKvValues(int seq) {
   Impl& m = *impl_;
   SKV_RETURN_IF_ERROR(NeedShadowKv(m));
@@ -328,6 +356,7 @@ Status CudaModel::FreeShadowKvValues(int seq) {
   s.device_values[seq].Reset();
   s.value_pointers[seq] = nullptr;
   s.lengths[seq] = 0;
+  s.host_key_rows[seq] = 0;  // the key copy's memory stays with the index for its next use
   return UploadValueTable(s, m.stream);
 }
 
@@ -385,6 +414,18 @@ Status CudaModel::CopyShadowKvSequence(int from, int to) {
   s.host_info[to] = s.host_info[from];
   s.lengths[to] = s.lengths[from];
   s.exact_first0[to] = s.exact_first0[from];
+  // The exact-key copy goes along where the target index has room for one.
+  s.host_key_rows[to] = 0;
+  if (s.host_keys[from] && s.host_keys[to] && s.host_key_rows[from] > 0) {
+    const SkvGeometry& g = s.geometry;
+    const int64_t layer_rows = static_cast<int64_t>(g.capacity_chunks) * g.chunk_size;
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      std::memcpy(s.host_keys[to] + layer * layer_rows * g.kv_width(),
+                  s.host_keys[from] + layer * layer_rows * g.kv_width(),
+                  static_cast<size_t>(s.host_key_rows[from]) * g.kv_width() * sizeof(Bf16));
+    }
+    s.host_key_rows[to] = s.host_key_rows[from];
+  }
   return Status::Ok();
 }
 
@@ -437,6 +478,7 @@ Status CudaModel::RestoreShadowKvSequence(const CudaShadowKvSnapshot& snapshot, 
   s.host_info[seq] = book.info;
   s.lengths[seq] = book.length;
   s.exact_first0[seq] = book.exact_first0;
+  s.host_key_rows[seq] = 0;  // a snapshot carries no exact-key copy
   return Status::Ok();
 }
 

@@ -433,6 +433,12 @@ Status CudaServingModel::Compress(Sequence& s) {
   if (placed.code() == ErrorCode::kResourceExhausted) return Status::Ok();
   SKV_RETURN_IF_ERROR(placed);
   s.has_values_ = true;
+  // A later turn recompresses from the prompt's exact keys where they could be kept (pinned
+  // host memory, kept with the pool's sequence index); else from the rank-r ones.
+  if (options_.recompress_turns) {
+    const Status kept = group_->AllocateShadowKvKeys(s.sequence_);
+    if (!kept.ok() && kept.code() != ErrorCode::kResourceExhausted) return kept;
+  }
   const auto start = std::chrono::steady_clock::now();
   const Status compressed = group_->CompressToShadowKv(s.slot_, s.sequence_);
   s.stats_.compress_seconds +=

@@ -47,9 +47,10 @@ struct CudaServingOptions {
   int prefill_slots = 0;
   int64_t context = 0;  // tokens per sequence, prompt plus new ones (0: the model's)
   // ShadowKV: a held sequence's later turn (a continuation of several tokens) is decompressed
-  // into a free prompt slot, its new tokens prefilled there with full attention, and the whole
-  // compressed again (CudaModel::DecompressShadowKv); false, or no slot free: the new tokens go
-  // in one ShadowKV decode step each.
+  // into a free prompt slot (the prompt's exact keys from a pinned host copy made at its
+  // compression, CudaModel::AllocateShadowKvKeys), its new tokens prefilled there with full
+  // attention, and the whole compressed again (CudaModel::DecompressShadowKv); false, or no slot
+  // free: the new tokens go in one ShadowKV decode step each.
   bool recompress_turns = true;
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;

@@ -385,6 +385,10 @@ Status CudaModelGroup::CompressToShadowKv(int full_slot, int seq) {
   return Status::Ok();
 }
 
+Status CudaModelGroup::AllocateShadowKvKeys(int seq) {
+  return state_->Each([&](CudaModel& m, int) { return m.AllocateShadowKvKeys(seq); });
+}
+
 Status CudaModelGroup::DecompressShadowKv(int seq, int full_slot) {
   return state_->Each([&](CudaModel& m, int) { return m.DecompressShadowKv(seq, full_slot); });
 }

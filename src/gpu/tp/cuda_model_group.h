@@ -92,6 +92,7 @@ class CudaModelGroup {
   Status FreeShadowKvValues(int seq);
   Status CompressToShadowKv(int full_slot, int seq);
   Status DecompressShadowKv(int seq, int full_slot);  // every rank its own heads
+  Status AllocateShadowKvKeys(int seq);
   Status CopyShadowKvSequence(int from, int to);
   Result<CudaShadowKvGroupSnapshot> SaveShadowKvSequence(int seq);
   Status RestoreShadowKvSequence(const CudaShadowKvGroupSnapshot& snapshot, int seq);
