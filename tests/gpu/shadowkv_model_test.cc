@@ -304,6 +304,36 @@ TEST(CudaShadowKvParityTest, SixteenQueryHeadsPerKvHeadMatchTheCpuPolicy) {
   }
 }
 
+// ShadowKV at every component (`width`) and, for a 300-token prompt, every chunk before its
+// exact window in the budget (33 chunks), landmark selection, no outliers.
+kv::KvPolicyConfig EveryChunkAtFullRank(int width) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.selection = "landmarks";
+  config.rank = width;
+  config.budget_tokens = 264;
+  config.outlier_chunks = 0;
+  return config;
+}
+
+// Two full-cache slots of 512 tokens (pre-RoPE keys kept) and one ShadowKV sequence of
+// `config`; `prompt` prefilled into both slots (its last logits into `logits`), slot 0
+// compressed into sequence 0.
+Status PrefillTwoSlotsCompressFirst(CudaModel& gpu, const std::vector<int32_t>& prompt,
+                                    const kv::KvPolicyConfig& config, std::vector<float>* logits) {
+  SKV_RETURN_IF_ERROR(gpu.AllocateKvCache(2, 512, true));
+  SKV_RETURN_IF_ERROR(gpu.AllocateShadowKv(config, 1, 512));
+  SKV_RETURN_IF_ERROR(gpu.AllocateShadowKvValues(0, false));
+  for (int slot = 0; slot < 2; ++slot) {
+    CudaStepInput in;
+    in.slot = slot;
+    in.tokens = prompt;
+    in.logits_out = logits->data();
+    SKV_RETURN_IF_ERROR(gpu.Forward(std::span<const CudaStepInput>(&in, 1)));
+  }
+  return gpu.CompressToShadowKv(0, 0);
+}
+
 // Sliding-window models (Mistral-style llama with a per-layer pattern, window 64), exactly: with
 // every key component kept (rank = the width), every chunk selected and no outliers, ShadowKV's
 // attention is full attention up to bf16 rounding, so its decode must give the full cache's
@@ -337,25 +367,10 @@ TEST(CudaShadowKvParityTest, SlidingWindowRingsDecodeAsTheFullCache) {
     CudaModel& gpu = **gpu_or;
     const int vocab = static_cast<int>(gpu.config().vocab_size);
     const std::vector<int32_t> prompt = SomeTokens(300, 31);
-    kv::KvPolicyConfig config;
-    config.policy = "shadowkv";
-    config.selection = "landmarks";
-    config.rank = c.kv_heads * head_dim;  // every component
-    config.budget_tokens = 264;           // the prompt's 33 chunks before its exact window
-    config.outlier_chunks = 0;
-    ASSERT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
-    ASSERT_TRUE(gpu.AllocateShadowKv(config, 1, 512).ok());
-    ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
+    const kv::KvPolicyConfig config = EveryChunkAtFullRank(c.kv_heads * head_dim);
     std::vector<float> full(vocab), shadow(vocab);
-    for (int slot = 0; slot < 2; ++slot) {
-      CudaStepInput in;
-      in.slot = slot;
-      in.tokens = prompt;
-      in.logits_out = full.data();
-      ASSERT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
-    }
-    const Status compressed = gpu.CompressToShadowKv(0, 0);
-    ASSERT_TRUE(compressed.ok()) << compressed.ToString();
+    const Status prepared = PrefillTwoSlotsCompressFirst(gpu, prompt, config, &full);
+    ASSERT_TRUE(prepared.ok()) << prepared.ToString();
     double worst = 0.0;
     int32_t next = Argmax(full);
     for (int step = 0; step < 3; ++step) {
@@ -405,24 +420,10 @@ TEST(CudaShadowKvParityTest, DecompressedSequencesDecodeAsTheFullCache) {
     const int width = 2 * 64;
     const int64_t prompt_tokens = 300;
     const std::vector<int32_t> prompt = SomeTokens(prompt_tokens, 31);
-    kv::KvPolicyConfig config;
-    config.policy = "shadowkv";
-    config.selection = "landmarks";
-    config.rank = width;          // every component
-    config.budget_tokens = 264;   // the prompt's 33 chunks before its exact window
-    config.outlier_chunks = 0;
-    ASSERT_TRUE(gpu.AllocateKvCache(2, 512, true).ok());
-    ASSERT_TRUE(gpu.AllocateShadowKv(config, 1, 512).ok());
-    ASSERT_TRUE(gpu.AllocateShadowKvValues(0, false).ok());
+    kv::KvPolicyConfig config = EveryChunkAtFullRank(width);
     std::vector<float> full(vocab), other(vocab);
-    for (int slot = 0; slot < 2; ++slot) {
-      CudaStepInput in;
-      in.slot = slot;
-      in.tokens = prompt;
-      in.logits_out = full.data();
-      ASSERT_TRUE(gpu.Forward(std::span<const CudaStepInput>(&in, 1)).ok());
-    }
-    ASSERT_TRUE(gpu.CompressToShadowKv(0, 0).ok());
+    const Status prepared = PrefillTwoSlotsCompressFirst(gpu, prompt, config, &full);
+    ASSERT_TRUE(prepared.ok()) << prepared.ToString();
     int32_t next = Argmax(full);
     // One step of full attention in slot 1 and of slot 0 (ShadowKV sequence 0, or the slot).
     auto step_both = [&](bool on_shadowkv, double bound) {

@@ -129,12 +129,12 @@ Status FillWindowRings(const ShadowKvState& s, const KvCacheView& cache, int slo
 
 }  // namespace
 
-Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
-  using Clock = std::chrono::steady_clock;
-  Impl& m = *impl_;
+namespace {
+
+// ShadowKV sequence `seq` and full-cache slot `full_slot`, one that keeps pre-RoPE keys, exist.
+Status CheckSeqAndKeySlot(const CudaModel::Impl& m, int seq, int full_slot) {
   SKV_RETURN_IF_ERROR(NeedShadowKv(m));
-  ShadowKvState& s = *m.skv;
-  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
+  SKV_RETURN_IF_ERROR(CheckSeq(*m.skv, seq));
   if (full_slot < 0 || full_slot >= m.cache.num_slots) {
     return Error(ErrorCode::kInvalidArgument, "full-cache slot {} is outside [0, {})", full_slot,
                  m.cache.num_slots);
@@ -143,6 +143,16 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     return Error(ErrorCode::kInvalidArgument,
                  "the full cache keeps no pre-RoPE keys: AllocateKvCache(..., true)");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
+  using Clock = std::chrono::steady_clock;
+  Impl& m = *impl_;
+  SKV_RETURN_IF_ERROR(CheckSeqAndKeySlot(m, seq, full_slot));
+  ShadowKvState& s = *m.skv;
   if (!s.value_pointers[seq]) {
     return Error(ErrorCode::kInvalidArgument, "sequence {} has no value store", seq);
   }
@@ -380,17 +390,8 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
 
 Status CudaModel::DecompressShadowKv(int seq, int full_slot) {
   Impl& m = *impl_;
-  SKV_RETURN_IF_ERROR(NeedShadowKv(m));
+  SKV_RETURN_IF_ERROR(CheckSeqAndKeySlot(m, seq, full_slot));
   ShadowKvState& s = *m.skv;
-  SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
-  if (full_slot < 0 || full_slot >= m.cache.num_slots) {
-    return Error(ErrorCode::kInvalidArgument, "full-cache slot {} is outside [0, {})", full_slot,
-                 m.cache.num_slots);
-  }
-  if (m.kv_keys_pre.size() == 0) {
-    return Error(ErrorCode::kInvalidArgument,
-                 "the full cache keeps no pre-RoPE keys: AllocateKvCache(..., true)");
-  }
   const SkvGeometry& g = s.geometry;
   if (g.fp8_values) {
     return Error(ErrorCode::kUnsupported,

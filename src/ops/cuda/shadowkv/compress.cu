@@ -134,15 +134,7 @@ __global__ void SkvRopeRowsKernel(SkvRopeRowsParams p) {
   SkvRopePairDims(pair, p.rotary_dim, p.halves, &a, &b);
   const __nv_bfloat16* in = p.keys_pre + (token * heads + h) * d;
   float x0 = __bfloat162float(in[a]), x1 = __bfloat162float(in[b]);
-  if (pair < p.rotary_dim / 2) {
-    const float angle = static_cast<float>(token) * p.inv_freq[pair];
-    float sine, cosine;
-    sincosf(angle, &sine, &cosine);
-    const float r0 = x0 * cosine - x1 * sine;
-    const float r1 = x0 * sine + x1 * cosine;
-    x0 = r0;
-    x1 = r1;
-  }
+  if (pair < p.rotary_dim / 2) SkvRotatePair(token, p.inv_freq[pair], &x0, &x1);
   __nv_bfloat16* out = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) + token * d;
   out[a] = __float2bfloat16(x0);
   out[b] = __float2bfloat16(x1);

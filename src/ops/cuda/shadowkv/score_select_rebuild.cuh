@@ -50,6 +50,19 @@ __device__ __forceinline__ void SkvWriteCandidates(const SkvDecodeParams& p, int
 // The two dims rotary pair `pair` (of head_dim / 2) rotates, or leaves as they are past the
 // rotary dims: halves (x[i], x[i + rotary/2]), else adjacent pairs; dims past rotary_dim pair up
 // adjacently either way, as the QKV kernel leaves them.
+// Rotates the pair (x0, x1) to `position` at `inv_freq` as the QKV kernel rotates new keys: the
+// angle formed in fp32, sincosf (the slow path's accuracy for large angles).
+__device__ __forceinline__ void SkvRotatePair(int64_t position, float inv_freq, float* x0,
+                                              float* x1) {
+  const float angle = static_cast<float>(position) * inv_freq;
+  float sine, cosine;
+  sincosf(angle, &sine, &cosine);
+  const float r0 = *x0 * cosine - *x1 * sine;
+  const float r1 = *x0 * sine + *x1 * cosine;
+  *x0 = r0;
+  *x1 = r1;
+}
+
 __device__ __forceinline__ void SkvRopePairDims(int pair, int rotary_dim, bool halves, int* a,
                                                 int* b) {
   const int rotary_half = rotary_dim / 2;

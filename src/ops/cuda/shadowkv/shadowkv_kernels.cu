@@ -460,14 +460,7 @@ __global__ void __launch_bounds__(kRebuildWarps * 32) SkvRebuildKernel(SkvDecode
       SkvRopePairDims(pair, p.rotary_dim, p.halves, &a, &b);
       float x0 = out_tile[r * out_pitch + a], x1 = out_tile[r * out_pitch + b];
       if (rotates) {
-        const int position = miss_chunks[which] * chunk_size + t;
-        const float angle = static_cast<float>(position) * p.inv_freq[pair];
-        float sine, cosine;
-        sincosf(angle, &sine, &cosine);
-        const float r0 = x0 * cosine - x1 * sine;
-        const float r1 = x0 * sine + x1 * cosine;
-        x0 = r0;
-        x1 = r1;
+        SkvRotatePair(miss_chunks[which] * chunk_size + t, p.inv_freq[pair], &x0, &x1);
       }
       Bf16* key = keys + (static_cast<int64_t>(info.gather_base) +
                           static_cast<int64_t>(miss_slots[which]) * chunk_size + t) *
