@@ -156,7 +156,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   // `slots`: 2 where fidelity is measured (full attention answers in slot 1 while slot 0 keeps
   // the prompt for the ShadowKV variants to compress again), else 1.
   CudaEvalBackend(std::unique_ptr<cuda::CudaModel> model, CpuModel& cpu_model, int64_t capacity,
-                  int prefill_chunk, int slots, bool recompress_followups)
+                  int prefill_chunk, int slots, bool recompress_followups, bool keep_keys)
       : model_(std::move(model)),
         cpu_model_(cpu_model),
         tokenizer_(cpu_model.tokenizer()),
@@ -164,15 +164,17 @@ class CudaEvalBackend final : public eval::AnswerBackend {
         prefill_chunk_(prefill_chunk),
         slots_(slots),
         shadowkv_on_gpu_(model_->ShadowKvRunsHere().ok()),
-        recompress_followups_(recompress_followups) {}
+        recompress_followups_(recompress_followups),
+        keep_keys_(keep_keys) {}
 
   std::string numerics() const override {
     return cpu_policies_ ? fmt::format("cuda-bf16; {} decode on the CPU ({})",
                                        shadowkv_on_gpu_ ? "snapkv/quest/streaming"
                                                         : "shadowkv/snapkv/quest/streaming",
                                        NumericsName(cpu_model_.numerics()))
-                         : recompress_followups_ ? "cuda-bf16"
-                                                 : "cuda-bf16; shadowkv follow-ups decoded";
+                         : !recompress_followups_ ? "cuda-bf16; shadowkv follow-ups decoded"
+                         : keep_keys_             ? "cuda-bf16; shadowkv follow-ups from exact keys"
+                                                  : "cuda-bf16";
   }
 
   Status Check(const std::vector<kv::KvPolicyConfig>& policies, bool fidelity,
@@ -285,7 +287,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     if (kv::IsPolicy(policy, kv::PolicyKind::kShadowKv)) {
       SKV_ASSIGN_OR_RETURN(conversation_attendance_,
                            ShadowKvAttendance(policy, static_cast<int64_t>(tokens.size())));
-      SKV_RETURN_IF_ERROR(StartShadowKv(policy, recompress_followups_));
+      SKV_RETURN_IF_ERROR(StartShadowKv(policy, keep_keys_));
       model_->ResetShadowKvCounters();
       conversation_ = Conversation::kShadowKv;
     } else {
@@ -419,7 +421,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     model_->FreeShadowKv();
     SKV_ASSIGN_OR_RETURN(conversation_attendance_,
                          ShadowKvAttendance(conversation_policy_, model_->slot_length(0)));
-    SKV_RETURN_IF_ERROR(StartShadowKv(conversation_policy_, /*keep_keys=*/true));
+    SKV_RETURN_IF_ERROR(StartShadowKv(conversation_policy_, keep_keys_));
     model_->ResetShadowKvCounters();
     stream.feed.clear();
     eval::PushToken(stream, Argmax(logits), tokenizer_);
@@ -581,6 +583,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   int slots_;
   bool shadowkv_on_gpu_;  // CudaModel::ShadowKvRunsHere
   bool recompress_followups_;
+  bool keep_keys_;  // --held-turns exact: recompress from the prompt's kept exact keys
   // The open conversation (OpenConversation .. CloseConversation).
   enum class Conversation { kNone, kFull, kShadowKv };
   Conversation conversation_ = Conversation::kNone;
@@ -596,7 +599,8 @@ Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::stri
                                                                  CpuModel& cpu_model,
                                                                  int64_t max_tokens,
                                                                  int prefill_chunk, bool fidelity,
-                                                                 bool recompress_followups) {
+                                                                 bool recompress_followups,
+                                                                 bool keep_keys) {
   cuda::CudaModelOptions options;
   options.max_batch = 1;
   options.max_step_tokens = prefill_chunk;
@@ -606,13 +610,13 @@ Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::stri
   SKV_RETURN_IF_ERROR(model->AllocateKvCache(slots, max_tokens, /*keep_pre_rope_keys=*/true));
   return std::unique_ptr<eval::AnswerBackend>(
       new CudaEvalBackend(std::move(model), cpu_model, max_tokens, prefill_chunk, slots,
-                          recompress_followups));
+                          recompress_followups, keep_keys));
 }
 
 #else
 
 Result<std::unique_ptr<eval::AnswerBackend>> MakeCudaEvalBackend(const std::string&, CpuModel&,
-                                                                 int64_t, int, bool, bool) {
+                                                                 int64_t, int, bool, bool, bool) {
   return Error(ErrorCode::kUnsupported, "{}", kBuiltWithoutCuda);
 }
 
@@ -693,7 +697,8 @@ int RunEvalCommand(const EvalOptions& o) {
     for (int64_t length : settings.lengths) longest = std::max(longest, length);
     auto made =
         MakeCudaEvalBackend(model_path, model, std::min(longest, model.config().context_length),
-                            o.prefill_chunk, settings.fidelity, o.held_turns != "decode");
+                            o.prefill_chunk, settings.fidelity, o.held_turns != "decode",
+                            o.held_turns == "exact");
     if (!made.ok()) return Fail(made.status().ToString());
     backend = std::move(made).value();
     // Before the header line: a policy the backend cannot run fails here, and the numerics it
@@ -833,9 +838,10 @@ Command AddEvalCommand(CLI::App& app) {
                   "multi-turn with --device cuda: how a held ShadowKV conversation takes a later "
                   "turn's follow-up, as `serve --held-turns` does: recompress (the sequence "
                   "decompressed into a full-cache slot, the follow-up prefilled there with full "
-                  "attention, the whole compressed again; the default) or decode (one decode step "
-                  "per token)")
-      ->check(CLI::IsMember({"decode", "recompress"}))
+                  "attention, the whole compressed again; the default), exact (the same from a "
+                  "copy of the prompt's exact keys kept at compression) or decode (one decode "
+                  "step per token)")
+      ->check(CLI::IsMember({"decode", "recompress", "exact"}))
       ->needs(turns);
   cmd->add_flag("--fidelity", options->fidelity,
                 "tasks and grid: after the answers every policy also follows the first "

@@ -86,7 +86,8 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     c.prefill_chunk = o.server.scheduler.prefill_chunk;
     c.sequences = o.sequences;
     c.prefill_slots = o.prefill_slots;
-    c.recompress_turns = o.held_turns == "recompress";
+    c.recompress_turns = o.held_turns != "decode";
+    c.keep_prompt_keys = o.held_turns == "exact";
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
     SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
@@ -305,10 +306,11 @@ Command AddServeCommand(CLI::App& app) {
   cmd->add_option("--held-turns", o->held_turns,
                   "cuda, shadowkv: how a held sequence takes a later turn's new tokens: "
                   "recompress (back into a free prompt slot, the new tokens prefilled with full "
-                  "attention, the whole compressed again) or decode (one ShadowKV decode step "
-                  "per token; also where no prompt slot is free)")
+                  "attention, the whole compressed again), exact (the same from a pinned host "
+                  "copy of each prompt's exact keys, as much host memory as its values), or "
+                  "decode (one ShadowKV decode step per token; also where no prompt slot is free)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"decode", "recompress"}));
+      ->check(CLI::IsMember({"decode", "recompress", "exact"}));
   cmd->add_option("--synthetic", o->synthetic,
                   "cuda: random weights with a named model's shapes (" +
                       fmt::format("{}", fmt::join(SyntheticModelNames(), ", ")) +

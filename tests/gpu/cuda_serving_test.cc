@@ -298,20 +298,24 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
 
 // A held compressed sequence's later turn (several new tokens, the last one sampled, as the
 // scheduler sends a reused state's turn). With recompress_turns the sequence goes back into a
-// prompt slot, the new tokens are prefilled there with full attention over the rebuilt keys, and
-// the whole is compressed again: at full rank the turn's logits are full attention's. Without,
-// each new token is one ShadowKV step over the budget. Either way the sequence ends compressed,
-// holding every token and no slot, and decodes on.
+// prompt slot, the new tokens are prefilled there with full attention over the rebuilt keys (or,
+// with keep_prompt_keys, the prompt's kept exact keys), and the whole is compressed again: at
+// full rank the turn's logits are full attention's. Without, each new token is one ShadowKV
+// step over the budget. Either way the sequence ends compressed, holding every token and no
+// slot, and decodes on.
 TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
   SKV_SKIP_WITHOUT_GPU();
   auto dense = CudaServingModel::Load(ServingModelPath(), Options("full"));
   ASSERT_TRUE(dense.ok()) << dense.status().ToString();
-  double turn_errors[2] = {INFINITY, INFINITY};  // recompress, decode
-  for (bool recompress : {true, false}) {
-    SCOPED_TRACE(recompress ? "recompress" : "decode");
+  double turn_errors[3] = {INFINITY, INFINITY, INFINITY};  // recompress, exact, decode
+  for (int mode = 0; mode < 3; ++mode) {
+    const char* name[] = {"recompress", "exact", "decode"};
+    SCOPED_TRACE(name[mode]);
+    const bool recompress = mode < 2;
     CudaServingOptions o = Options("shadowkv");
     o.kv.rank = 128;  // every component: rebuilt keys are the keys up to rounding
     o.recompress_turns = recompress;
+    o.keep_prompt_keys = mode == 1;
     auto sparse = CudaServingModel::Load(ServingModelPath(), o);
     ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
     Stepper s{**sparse, (*sparse)->MakePolicy(o.kv).value(), {}};
@@ -341,8 +345,8 @@ TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
     }
     const double turn_error = RelativeError(got, want);
     std::printf("[ turns    ] %s: the later turn's logits against full attention, relative "
-                "error %.2e\n", recompress ? "recompress" : "decode", turn_error);
-    turn_errors[recompress ? 0 : 1] = turn_error;
+                "error %.2e\n", name[mode], turn_error);
+    turn_errors[mode] = turn_error;
     if (recompress) {
       EXPECT_LT(turn_error, 3e-2);
     }
@@ -361,8 +365,9 @@ TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
   }
   // One ShadowKV step per new token reads 128 tokens of 600 on a random model: far from full
   // attention, and farther than the recompressed turn.
-  EXPECT_TRUE(std::isfinite(turn_errors[1]));
-  EXPECT_LT(turn_errors[0], turn_errors[1]);
+  EXPECT_TRUE(std::isfinite(turn_errors[2]));
+  EXPECT_LT(turn_errors[0], turn_errors[2]);
+  EXPECT_LT(turn_errors[1], turn_errors[2]);
 }
 
 // The start-up warm-up (a throwaway prompt prefilled, compressed and decoded) gives its

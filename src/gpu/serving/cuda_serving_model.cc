@@ -435,7 +435,7 @@ Status CudaServingModel::Compress(Sequence& s) {
   s.has_values_ = true;
   // A later turn recompresses from the prompt's exact keys where they could be kept (pinned
   // host memory, kept with the pool's sequence index); else from the rank-r ones.
-  if (options_.recompress_turns) {
+  if (options_.recompress_turns && options_.keep_prompt_keys) {
     const Status kept = group_->AllocateShadowKvKeys(s.sequence_);
     if (!kept.ok() && kept.code() != ErrorCode::kResourceExhausted) return kept;
   }

@@ -47,11 +47,14 @@ struct CudaServingOptions {
   int prefill_slots = 0;
   int64_t context = 0;  // tokens per sequence, prompt plus new ones (0: the model's)
   // ShadowKV: a held sequence's later turn (a continuation of several tokens) is decompressed
-  // into a free prompt slot (the prompt's exact keys from a pinned host copy made at its
-  // compression, CudaModel::AllocateShadowKvKeys), its new tokens prefilled there with full
-  // attention, and the whole compressed again (CudaModel::DecompressShadowKv); false, or no slot
-  // free: the new tokens go in one ShadowKV decode step each.
+  // into a free prompt slot (CudaModel::DecompressShadowKv), its new tokens prefilled there with
+  // full attention, and the whole compressed again; false, or no slot free: the new tokens go in
+  // one ShadowKV decode step each.
   bool recompress_turns = true;
+  // With recompress_turns: every compressed sequence keeps a pinned host copy of its prompt's
+  // exact pre-RoPE keys (CudaModel::AllocateShadowKvKeys: the size of its value store, kept with
+  // the pool's sequence index), which the decompression then reads instead of rank-r keys.
+  bool keep_prompt_keys = false;
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;
 };
