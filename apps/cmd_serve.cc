@@ -38,7 +38,7 @@ struct ServeOptions {
   int64_t context = 0;           // cuda: tokens per sequence (0: the model's context)
   int sequences = 0;             // cuda: sequences held at once (0: as many as fit)
   int prefill_slots = 0;         // cuda, shadowkv: full-cache slots for prompts (0: see --help)
-  std::string held_turns = "recompress";  // cuda, shadowkv: --held-turns
+  std::string held_turns;  // cuda, shadowkv: --held-turns (empty: recompress)
   bool max_batch_given = false;  // cuda: else the scheduler's batch follows the pool
   std::string synthetic;         // cuda: random weights with a named model's shapes
   TensorParallelOptions tensor_parallel;  // cuda only
@@ -72,6 +72,12 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   LoadedModel loaded;
   SKV_RETURN_IF_ERROR(CheckSynthetic(o));
   if (o.device == Device::kCuda) {
+    if (!o.held_turns.empty() && !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "--held-turns chooses how held ShadowKV sequences take later turns; --kv {} "
+                   "holds full-cache slots",
+                   o.kv.policy);
+    }
     if (o.prefill_slots > 0 && !kv::IsPolicy(o.kv, kv::PolicyKind::kShadowKv)) {
       return Error(ErrorCode::kInvalidArgument,
                    "--prefill-slots sizes ShadowKV's prompt slots; with --kv {} every sequence "
@@ -114,6 +120,11 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
   if (o.context > 0 || o.sequences > 0 || o.prefill_slots > 0) {
     return Error(ErrorCode::kInvalidArgument,
                  "--ctx-size, --max-seqs and --prefill-slots size the GPU's pool (--device cuda)");
+  }
+  if (!o.held_turns.empty()) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "--held-turns is the GPU's (--device cuda); the CPU's ShadowKV takes a later "
+                 "turn's tokens in its held sequence");
   }
   SKV_ASSIGN_OR_RETURN(loaded.cpu, LoadModel(o.model));
   loaded.serving = std::make_unique<engine::CpuServingModel>(*loaded.cpu);
@@ -305,11 +316,10 @@ Command AddServeCommand(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--held-turns", o->held_turns,
                   "cuda, shadowkv: how a held sequence takes a later turn's new tokens: "
-                  "recompress (back into a free prompt slot, the new tokens prefilled with full "
-                  "attention, the whole compressed again), exact (the same from a pinned host "
+                  "recompress (the default: back into a free prompt slot, the new tokens "
+                  "prefilled with full attention, the whole compressed again), exact (the same from a pinned host "
                   "copy of each prompt's exact keys, as much host memory as its values), or "
                   "decode (one ShadowKV decode step per token; also where no prompt slot is free)")
-      ->capture_default_str()
       ->check(CLI::IsMember({"decode", "recompress", "exact"}));
   cmd->add_option("--synthetic", o->synthetic,
                   "cuda: random weights with a named model's shapes (" +
