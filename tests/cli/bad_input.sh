@@ -78,6 +78,11 @@ expect_error synthetic_serve_model "takes no model file" "$bin" serve --syntheti
 expect_error synthetic_serve_name "no synthetic model 'gpt-5'.*llama3-8b" "$bin" serve --synthetic gpt-5 --device cuda
 expect_error synthetic_serve_build "without CUDA|full or shadowkv" "$bin" serve --synthetic llama3-8b --device cuda --kv snapkv
 expect_error serve_prefill_slots_full "prefill-slots sizes ShadowKV" "$bin" serve -m "$model" --device cuda --kv full --prefill-slots 2
+# How held ShadowKV sequences take later turns is the GPU's choice, and only ShadowKV's.
+expect_error serve_held_turns_cpu "held-turns is the GPU's" "$bin" serve -m "$model" --held-turns exact
+expect_error serve_held_turns_full "held-turns chooses" "$bin" serve -m "$model" --device cuda --kv full --held-turns decode
+expect_error eval_held_turns_cpu "held-turns chooses the GPU's" "$bin" eval -m "$model" --multi-turn 2 --held-turns decode
+expect_error eval_held_turns_alone "requires --multi-turn" "$bin" eval -m "$model" --held-turns decode
 for command in generate bench eval serve; do
   expect_error "device_$command" "device: gpu not in \{cpu,cuda\}" "$bin" "$command" -m "$model" \
     --device gpu
