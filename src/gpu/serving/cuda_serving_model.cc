@@ -462,16 +462,17 @@ Result<bool> CudaServingModel::Decompress(Sequence& s) {
     slot = free_slots_.back();
     free_slots_.pop_back();
   }
-  if (auto counts = group_->ShadowKvSequenceCounts(); counts.ok()) {
-    const CudaChunkCounts& c = counts->at(static_cast<size_t>(s.sequence_));
-    s.carried_.selected += c.selected;
-    s.carried_.hits += c.hits;
-  }
   s.slot_ = slot;
   const Status back = group_->DecompressShadowKv(s.sequence_, slot);
   if (!back.ok()) {
     GiveBackSlot(s);
     return back.code() == ErrorCode::kUnsupported ? Result<bool>(false) : Result<bool>(back);
+  }
+  // The device counters restart with the next compression: what they hold so far is carried.
+  if (auto counts = group_->ShadowKvSequenceCounts(); counts.ok()) {
+    const CudaChunkCounts& c = counts->at(static_cast<size_t>(s.sequence_));
+    s.carried_.selected += c.selected;
+    s.carried_.hits += c.hits;
   }
   SKV_RETURN_IF_ERROR(group_->FreeShadowKvValues(s.sequence_));
   s.has_values_ = false;
