@@ -345,6 +345,10 @@ std::string CudaServingModel::Describe() const {
         "; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
         "memory while it lasts, then pinned host memory)",
         skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
+    if (options_.recompress_turns && options_.keep_prompt_keys) {
+      text += "; each compressed prompt's exact keys in pinned host memory (the size of bf16 "
+              "values, not counted above)";
+    }
   }
   text += fmt::format("; batch {}", max_batch_);
   if (!bound_.empty()) text += fmt::format(" ({})", bound_);
