@@ -11,6 +11,7 @@
 #include "gpu_test_util.h"
 #include "kv/kv_config.h"
 #include "sampling_test_util.h"
+#include "shadowkv_test_util.h"
 #include "support/sampling_stats.h"
 #include "tiny_model.h"
 
@@ -382,12 +383,7 @@ TEST(CudaModelSamplingTest, PerRowSettingsThroughShadowKvDecodeStep) {
   auto loaded = CudaModel::Load(path, Options(4, 512));
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   CudaModel& model = **loaded;
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
+  const kv::KvPolicyConfig config = ParityConfig();
   ASSERT_TRUE(model.AllocateKvCache(2, 512, /*keep_pre_rope_keys=*/true).ok());
   ASSERT_TRUE(model.AllocateShadowKv(config, 2, 512).ok());
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 43), SomeTokens(237, 44)};

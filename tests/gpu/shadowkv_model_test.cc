@@ -15,6 +15,8 @@
 #include "gpu/model/cuda_model.h"
 #include "gpu/model/shadowkv_plan.h"
 #include "gpu_test_util.h"
+#include "shadowkv_test_util.h"
+#include "tp_test_util.h"
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
 #include "model/cpu_model.h"
@@ -52,19 +54,6 @@ struct ParityBounds {
   double after_divergence = 0.15;
 };
 
-// The settings of the parity tests: budget 64 tokens (K = 8 chunks, O = 2).
-kv::KvPolicyConfig ParityConfig(bool fp8) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
-  config.fp8_values = fp8 ? 1 : 0;
-  config.fp8_landmarks = fp8 ? 1 : 0;
-  return config;
-}
-
 // fp8: values and landmarks stored as FP8 on both sides (core/fp8.h, the same rule).
 // copies: sequences 2 and 3 are copies of 0 and 1 (3's values in pinned host memory) decoded in
 // the same steps, so a step has 4 rows and its selection runs in two overlapping halves
@@ -81,10 +70,7 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_parity_" + spec.architecture);
   auto cpu = CpuModel::Load(path, 2, Numerics::kExact);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
-  CudaModelOptions options;
-  options.max_batch = 4;
-  options.max_step_tokens = 512;
-  auto gpu_or = CudaModel::Load(path, options);
+  auto gpu_or = CudaModel::Load(path, tp_testing::SmallOptions());
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
   CudaModel& gpu = **gpu_or;
 
@@ -359,10 +345,7 @@ TEST(CudaShadowKvParityTest, SlidingWindowRingsDecodeAsTheFullCache) {
     const int head_dim = c.hidden / c.heads;
     SCOPED_TRACE(::testing::Message() << spec.layers << " layers, " << GlobalLayers(spec)
                                       << " global, head_dim " << head_dim);
-    CudaModelOptions options;
-    options.max_batch = 4;
-    options.max_step_tokens = 512;
-    auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_ring"), options);
+    auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_ring"), tp_testing::SmallOptions());
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
     CudaModel& gpu = **gpu_or;
     const int vocab = static_cast<int>(gpu.config().vocab_size);
@@ -410,10 +393,7 @@ TEST(CudaShadowKvParityTest, DecompressedSequencesDecodeAsTheFullCache) {
       spec.windowed = windowed;
     }
     SCOPED_TRACE(::testing::Message() << spec.layers << " layers, sliding " << sliding);
-    CudaModelOptions options;
-    options.max_batch = 4;
-    options.max_step_tokens = 512;
-    auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_decompress"), options);
+    auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_decompress"), tp_testing::SmallOptions());
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
     CudaModel& gpu = **gpu_or;
     const int vocab = static_cast<int>(gpu.config().vocab_size);
@@ -496,10 +476,7 @@ TEST(CudaShadowKvParityTest, DecompressionUsesThePromptsKeptKeys) {
   SKV_SKIP_WITHOUT_GPU();
   TinyModelSpec spec = shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32,
                                                     true, 7);
-  CudaModelOptions options;
-  options.max_batch = 4;
-  options.max_step_tokens = 512;
-  auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_kept_keys"), options);
+  auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_kept_keys"), tp_testing::SmallOptions());
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
   CudaModel& gpu = **gpu_or;
   const int width = 2 * 64;
@@ -655,10 +632,7 @@ std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
                                std::vector<std::vector<int32_t>>* gathered) {
   TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_rerank");
-  CudaModelOptions options;
-  options.max_batch = 4;
-  options.max_step_tokens = 512;
-  auto gpu_or = CudaModel::Load(path, options);
+  auto gpu_or = CudaModel::Load(path, tp_testing::SmallOptions());
   EXPECT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
   if (!gpu_or.ok()) return {};
   CudaModel& gpu = **gpu_or;
@@ -952,18 +926,10 @@ TEST(CudaShadowKvSnapshotTest, RestoredSequenceDecodesAsTheOriginal) {
   SKV_SKIP_WITHOUT_GPU();
   TinyModelSpec spec = SmallLlamaSpec(9);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_snapshot");
-  CudaModelOptions options;
-  options.max_batch = 4;
-  options.max_step_tokens = 512;
-  auto gpu_or = CudaModel::Load(path, options);
+  auto gpu_or = CudaModel::Load(path, tp_testing::SmallOptions());
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
   CudaModel& gpu = **gpu_or;
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
+  const kv::KvPolicyConfig config = ParityConfig();
   const std::vector<int32_t> prompt = SomeTokens(300, 21);
   ASSERT_TRUE(gpu.AllocateKvCache(1, 512, true).ok());
   ASSERT_TRUE(gpu.AllocateShadowKv(config, 2, 512).ok());

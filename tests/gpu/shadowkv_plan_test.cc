@@ -9,6 +9,7 @@
 #include "gpu/model/shadowkv_plan.h"
 #include "gpu/serving/pool_memory.h"
 #include "gpu_test_util.h"
+#include "shadowkv_test_util.h"
 #include "kv/kv_config.h"
 
 namespace shadowkv::cuda {
@@ -45,12 +46,7 @@ TEST(CudaShadowKvPlanTest, RowPlansFollowTheCpuGraduationRule) {
 }
 
 TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
+  const kv::KvPolicyConfig config = testing::ParityConfig();
   auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
   ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
   EXPECT_EQ(geometry->rank, 24);  // ceil8(128 / 6.4)
@@ -211,12 +207,7 @@ TEST(CudaShadowKvPlanTest, SlidingWindowModelsCompressTheGlobalLayersOnly) {
 // Capacities round up to whole 16-chunk tiles of the tensor-core scoring, with bf16 landmarks as
 // with FP8 ones, so the scoring never falls back to the CUDA-core kernel.
 TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
+  kv::KvPolicyConfig config = testing::ParityConfig();
   for (const int fp8 : {0, 1}) {
     config.fp8_landmarks = fp8;
     auto odd = MakeSkvGeometry(config, 2, 2, 64, 400);  // 50 chunks

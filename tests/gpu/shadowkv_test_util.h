@@ -1,5 +1,5 @@
-// Helpers of the ShadowKV kernel tests: a head's selectable landmarks as the CPU policy lists
-// them, and the nearby query of a second decode step.
+// Helpers of the ShadowKV GPU tests: the parity tests' settings, a head's selectable landmarks
+// as the CPU policy lists them, and the nearby query of a second decode step.
 #pragma once
 
 #include <cstdint>
@@ -7,8 +7,23 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kv/kv_config.h"
 
 namespace shadowkv::cuda::testing {
+
+// The parity tests' ShadowKV settings: the method's landmark selection and its rank rule without
+// a floor, 64 budget tokens (K = 8 chunks, O = 2), bf16 or FP8 values and landmarks.
+inline kv::KvPolicyConfig ParityConfig(bool fp8 = false) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 64;
+  config.selection = "landmarks";
+  config.rank_min = 0;
+  config.rank_head_ratio = 0.0;
+  config.fp8_values = fp8 ? 1 : 0;
+  config.fp8_landmarks = fp8 ? 1 : 0;
+  return config;
+}
 
 // The landmarks of (seq, head) that are not outliers, in chunk order, with each one's chunk:
 // the CPU policy's landmark list. landmarks: [seqs, heads, capacity, dim]; outlier: [seqs,

@@ -8,6 +8,7 @@
 #include "kv/kv_policy.h"
 #include "kv/shadowkv_policy.h"
 #include "model/cpu_model.h"
+#include "shadowkv_test_util.h"
 #include "tp_test_util.h"
 
 namespace shadowkv::cuda {
@@ -23,12 +24,7 @@ using namespace tp_testing;
 // by head too).
 void CheckSplitMatchesOneGpu(const TinyModelSpec& spec) {
   const std::string path = WriteTinyModel(spec, "gpu_tp_shadowkv");
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
+  kv::KvPolicyConfig config = ParityConfig();
   config.rank_ratio = 1.0;
   const std::vector<std::vector<int32_t>> prompts = {SomeTokens(300, 41), SomeTokens(237, 42)};
   const int steps = 24;
@@ -143,14 +139,7 @@ void CheckSplitAgainstCpuBasisGroups(bool fp8) {
   auto group = CudaModelGroup::Load(path, SmallOptions(), {2, true});
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   CudaModelGroup& gpu = **group;
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
-  config.fp8_values = fp8 ? 1 : 0;
-  config.fp8_landmarks = fp8 ? 1 : 0;
+  const kv::KvPolicyConfig config = ParityConfig(fp8);
   kv::KvPolicyConfig cpu_config = config;
   cpu_config.basis_groups = 2;
   auto policy = kv::MakeKvPolicy(cpu_config, (*cpu)->kv_geometry());
@@ -237,12 +226,7 @@ TEST(CudaTensorParallelTest, ShadowKvSplitCopiesAndRestoresSequences) {
   ASSERT_TRUE(group.ok()) << group.status().ToString();
   CudaModelGroup& model = **group;
   const int vocab = static_cast<int>(model.config().vocab_size);
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.budget_tokens = 64;
-  config.selection = "landmarks";  // the method's selection and rank rule (no floor)
-  config.rank_min = 0;
-  config.rank_head_ratio = 0.0;
+  const kv::KvPolicyConfig config = ParityConfig();
   const std::vector<int32_t> prompt = SomeTokens(300, 43);
   ASSERT_TRUE(model.AllocateKvCache(1, 300, true).ok());
   CudaStepInput in{0, prompt, nullptr};
