@@ -418,10 +418,11 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
     conversation_carried_.chunk_selections += stats.chunks_selected;
     conversation_carried_.chunk_hits += stats.chunk_hits;
-    model_->FreeShadowKv();
+    // The same sequence compressed again in place (its buffers and solver kept, as the server's).
+    SKV_RETURN_IF_ERROR(model_->FreeShadowKvValues(0));
     SKV_ASSIGN_OR_RETURN(conversation_attendance_,
                          ShadowKvAttendance(conversation_policy_, model_->slot_length(0)));
-    SKV_RETURN_IF_ERROR(StartShadowKv(conversation_policy_, keep_keys_));
+    SKV_RETURN_IF_ERROR(CompressSlot(keep_keys_));
     model_->ResetShadowKvCounters();
     stream.feed.clear();
     eval::PushToken(stream, Argmax(logits), tokenizer_);
@@ -480,6 +481,11 @@ class CudaEvalBackend final : public eval::AnswerBackend {
   // `keep_keys` it keeps the prompt's exact keys for a later turn's recompression.
   Status StartShadowKv(const kv::KvPolicyConfig& config, bool keep_keys = false) {
     SKV_RETURN_IF_ERROR(model_->AllocateShadowKv(config, 1, capacity_));
+    return CompressSlot(keep_keys);
+  }
+
+  // Sequence 0 (allocated, without values) compressed from slot 0.
+  Status CompressSlot(bool keep_keys) {
     SKV_RETURN_IF_ERROR(model_->AllocateShadowKvValues(0, /*on_host=*/false));
     if (keep_keys) SKV_RETURN_IF_ERROR(model_->AllocateShadowKvKeys(0));
     return model_->CompressToShadowKv(0, 0);

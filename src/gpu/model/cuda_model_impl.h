@@ -289,5 +289,9 @@ Result<SamplingControl> ToSamplingControl(const CudaSampling& sampling, const st
 // Errors unless ShadowKV sequences are allocated / unless `seq` is one of them.
 Status NeedShadowKv(const CudaModel::Impl& m);
 Status CheckSeq(const ShadowKvState& s, int seq);
+// Sequence `seq`'s exact-key copy of compressed layer `layer` (AllocateShadowKvKeys): rows of
+// [capacity_chunks * C, kv_width] in pinned host memory, one such block per layer.
+int64_t SkvKeptKeyElementsPerLayer(const SkvGeometry& g);
+Bf16* SkvKeptKeys(const ShadowKvState& s, int seq, int layer);
 
 }  // namespace shadowkv::cuda

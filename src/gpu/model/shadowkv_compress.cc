@@ -101,29 +101,69 @@ std::vector<LayerRun> LayerRunsOf(const std::vector<int>& global) {
   return runs;
 }
 
-// The windowed layers' rings of sequence `seq` from full-cache slot `slot` holding `prompt`
+// Which way a copy between a full-cache slot and a ShadowKV sequence goes: into the sequence
+// (compression) or back into the slot (decompression).
+enum class Toward { kSequence, kSlot };
+
+// The windowed layers' rings of sequence `seq` and full-cache slot `slot` holding `length`
 // tokens: the last window_rows of them, token p at ring row p % window_rows.
-Status FillWindowRings(const ShadowKvState& s, const KvCacheView& cache, int slot, int seq,
-                       int64_t prompt, cudaStream_t stream) {
+Status CopyWindowRings(const ShadowKvState& s, const KvCacheView& cache, int slot, int seq,
+                       int64_t length, Toward toward, cudaStream_t stream) {
   const KvCacheView& ring = s.window;
   const int64_t rows = ring.capacity, d = ring.head_dim;
   const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
+  const size_t ring_pitch = rows * row_bytes, cache_pitch = cache.capacity * row_bytes;
   for (size_t layer = 0; layer < s.parts.windowed.size(); ++layer) {
     if (!s.parts.windowed[layer]) continue;
     const int index = s.parts.index[layer];
     // Two runs at most: up to the ring's end, then from its start.
-    for (int64_t from = std::max<int64_t>(0, prompt - rows); from < prompt;) {
-      const int64_t row = from % rows, count = std::min(prompt - from, rows - row);
-      const int64_t target = ring.HeadOffset(seq, index, 0) + row * d;
-      const int64_t source = cache.HeadOffset(slot, static_cast<int>(layer), 0) + from * d;
-      for (auto [to, at] : {std::pair{ring.keys, cache.keys}, std::pair{ring.values, cache.values}}) {
+    for (int64_t from = std::max<int64_t>(0, length - rows); from < length;) {
+      const int64_t row = from % rows, count = std::min(length - from, rows - row);
+      const int64_t at_ring = ring.HeadOffset(seq, index, 0) + row * d;
+      const int64_t at_cache = cache.HeadOffset(slot, static_cast<int>(layer), 0) + from * d;
+      for (auto [ring_part, cache_part] :
+           {std::pair{ring.keys, cache.keys}, std::pair{ring.values, cache.values}}) {
+        const bool in = toward == Toward::kSequence;
         SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
-            to + target, rows * row_bytes, at + source, cache.capacity * row_bytes,
+            in ? ring_part + at_ring : cache_part + at_cache, in ? ring_pitch : cache_pitch,
+            in ? cache_part + at_cache : ring_part + at_ring, in ? cache_pitch : ring_pitch,
             count * row_bytes, ring.num_kv_heads, cudaMemcpyDeviceToDevice, stream));
       }
       from += count;
     }
   }
+  return Status::Ok();
+}
+
+// One compressed layer's exact window of `recent` tokens from position `first`: post-RoPE K and V
+// between the slot's rows and the sequence's attention-buffer rows from `recent_base`, pre-RoPE K
+// between the slot's pre-key rows (`slot_pre`, the layer's row 0) and the sequence's exact ones.
+Status CopyExactWindow(const CudaModel::Impl& m, const ShadowKvState& s, int slot, int seq,
+                       int layer, int64_t first, int64_t recent, int recent_base, Bf16* slot_pre,
+                       Toward toward, cudaStream_t stream) {
+  if (recent <= 0) return Status::Ok();
+  const SkvLayout& l = s.layout;
+  const int d = m.config.head_dim, width = s.geometry.kv_width();
+  const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
+  const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
+  const size_t attn_pitch = static_cast<size_t>(l.attn.capacity) * row_bytes;
+  const int64_t at_attn = l.attn.HeadOffset(seq, layer, 0) + static_cast<int64_t>(recent_base) * d;
+  const int64_t at_cache = m.cache.HeadOffset(slot, s.parts.global[layer], 0) + first * d;
+  const bool in = toward == Toward::kSequence;
+  for (auto [attn_part, cache_part] :
+       {std::pair{l.attn.keys, m.cache.keys}, std::pair{l.attn.values, m.cache.values}}) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        in ? attn_part + at_attn : cache_part + at_cache, in ? attn_pitch : cache_pitch,
+        in ? cache_part + at_cache : attn_part + at_attn, in ? cache_pitch : attn_pitch,
+        recent * row_bytes, m.config.num_kv_heads, cudaMemcpyDeviceToDevice, stream));
+  }
+  Bf16* exact_pre = l.keys_pre +
+                    (static_cast<int64_t>(seq) * s.geometry.num_layers + layer) *
+                        s.geometry.recent_capacity * width;
+  Bf16* window_pre = slot_pre + first * width;
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(in ? exact_pre : window_pre, in ? window_pre : exact_pre,
+                                           recent * width * sizeof(Bf16),
+                                           cudaMemcpyDeviceToDevice, stream));
   return Status::Ok();
 }
 
@@ -327,7 +367,6 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     // 5. Values of every chunk to the store (one run per chunk per head), the exact window
     //    (post-RoPE K, V, pre-RoPE K) to the recent rows.
     const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, global[layer], 0);
-    const Bf16* cache_keys = m.cache.keys + m.cache.HeadOffset(full_slot, global[layer], 0);
     const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
     if (!g.fp8_values) {  // (FP8 runs were quantised with the landmarks, step 3)
       Bf16* store = s.value_pointers[seq] +
@@ -336,33 +375,18 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
           store, static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes, cache_values,
           cache_pitch, chunked * row_bytes, heads, cudaMemcpyDefault, stream));
     }
-    const int64_t attn_head0 = l.attn.HeadOffset(seq, layer, 0) +
-                               static_cast<int64_t>(plan.info.recent_base) * d;
-    const size_t attn_pitch = static_cast<size_t>(l.attn.capacity) * row_bytes;
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(l.attn.keys + attn_head0, attn_pitch,
-                                               cache_keys + chunked * d, cache_pitch,
-                                               recent * row_bytes, heads,
-                                               cudaMemcpyDeviceToDevice, stream));
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(l.attn.values + attn_head0, attn_pitch,
-                                               cache_values + chunked * d, cache_pitch,
-                                               recent * row_bytes, heads,
-                                               cudaMemcpyDeviceToDevice, stream));
-    SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        l.keys_pre + (static_cast<int64_t>(seq) * layers + layer) * g.recent_capacity * width,
-        pre_keys(global[layer]) + chunked * width, recent * width * sizeof(Bf16),
-        cudaMemcpyDeviceToDevice, stream));
-  }
-  if (g.window_layers > 0) {
-    SKV_RETURN_IF_ERROR(FillWindowRings(s, m.cache, full_slot, seq, prompt, stream));
-  }
-  if (Bf16* kept = s.host_keys[seq]) {  // AllocateShadowKvKeys: the exact chunked keys
-    const int64_t layer_rows = static_cast<int64_t>(g.capacity_chunks) * chunk;
-    for (int layer = 0; layer < layers; ++layer) {
-      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(kept + layer * layer_rows * width,
-                                               pre_keys(global[layer]),
+    SKV_RETURN_IF_ERROR(CopyExactWindow(m, s, full_slot, seq, layer, chunked, recent,
+                                        plan.info.recent_base, pre_keys(global[layer]),
+                                        Toward::kSequence, stream));
+    if (s.host_keys[seq]) {  // AllocateShadowKvKeys: the exact chunked keys
+      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(SkvKeptKeys(s, seq, layer), pre_keys(global[layer]),
                                                chunked * width * sizeof(Bf16),
                                                cudaMemcpyDeviceToHost, stream));
     }
+  }
+  if (g.window_layers > 0) {
+    SKV_RETURN_IF_ERROR(
+        CopyWindowRings(s, m.cache, full_slot, seq, prompt, Toward::kSequence, stream));
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
@@ -412,7 +436,6 @@ Status CudaModel::DecompressShadowKv(int seq, int full_slot) {
   const int64_t recent = length - first;
   const size_t row_bytes = static_cast<size_t>(d) * sizeof(Bf16);
   const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
-  const size_t attn_pitch = static_cast<size_t>(l.attn.capacity) * row_bytes;
   const SkvSequenceInfo& info = s.host_info[seq];
   const float one = 1.0f, zero = 0.0f;
   for (int layer = 0; layer < layers; ++layer) {
@@ -427,9 +450,9 @@ Status CudaModel::DecompressShadowKv(int seq, int full_slot) {
       // column-major terms Kᵀ = Bᵀ·Aᵀ.
       const int64_t kept = std::min(first, s.host_key_rows[seq]);
       if (kept > 0) {
-        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-            pre, s.host_keys[seq] + layer * static_cast<int64_t>(g.capacity_chunks) * chunk * width,
-            kept * width * sizeof(Bf16), cudaMemcpyHostToDevice, stream));
+        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre, SkvKeptKeys(s, seq, layer),
+                                                 kept * width * sizeof(Bf16),
+                                                 cudaMemcpyHostToDevice, stream));
       }
       if (first > kept) {
         SKV_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
@@ -456,42 +479,11 @@ Status CudaModel::DecompressShadowKv(int seq, int full_slot) {
           static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes, first * row_bytes, heads,
           cudaMemcpyDefault, stream));
     }
-    if (recent > 0) {  // the exact window: post-RoPE K and V, and pre-RoPE K
-      const int64_t attn_head0 = l.attn.HeadOffset(seq, layer, 0) +
-                                 static_cast<int64_t>(info.recent_base) * d;
-      const int64_t cache_head0 = m.cache.HeadOffset(full_slot, model_layer, 0) + first * d;
-      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(m.cache.keys + cache_head0, cache_pitch,
-                                                 l.attn.keys + attn_head0, attn_pitch,
-                                                 recent * row_bytes, heads,
-                                                 cudaMemcpyDeviceToDevice, stream));
-      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(m.cache.values + cache_head0, cache_pitch,
-                                                 l.attn.values + attn_head0, attn_pitch,
-                                                 recent * row_bytes, heads,
-                                                 cudaMemcpyDeviceToDevice, stream));
-      SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pre + first * width,
-                                               l.keys_pre + index * g.recent_capacity * width,
-                                               recent * width * sizeof(Bf16),
-                                               cudaMemcpyDeviceToDevice, stream));
-    }
+    SKV_RETURN_IF_ERROR(CopyExactWindow(m, s, full_slot, seq, layer, first, recent,
+                                        info.recent_base, pre, Toward::kSlot, stream));
   }
-  // The windowed layers: positions [length - window rows, length) from their ring rows p % rows.
-  const KvCacheView& ring = s.window;
-  for (size_t layer = 0; g.window_layers > 0 && layer < s.parts.windowed.size(); ++layer) {
-    if (!s.parts.windowed[layer]) continue;
-    const int index = s.parts.index[layer];
-    const int64_t rows = ring.capacity;
-    for (int64_t from = std::max<int64_t>(0, length - rows); from < length;) {
-      const int64_t row = from % rows, count = std::min(length - from, rows - row);
-      const int64_t source = ring.HeadOffset(seq, index, 0) + row * d;
-      const int64_t target = m.cache.HeadOffset(full_slot, static_cast<int>(layer), 0) + from * d;
-      for (auto [to, at] :
-           {std::pair{m.cache.keys, ring.keys}, std::pair{m.cache.values, ring.values}}) {
-        SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(to + target, cache_pitch, at + source,
-                                                   rows * row_bytes, count * row_bytes, heads,
-                                                   cudaMemcpyDeviceToDevice, stream));
-      }
-      from += count;
-    }
+  if (g.window_layers > 0) {
+    SKV_RETURN_IF_ERROR(CopyWindowRings(s, m.cache, full_slot, seq, length, Toward::kSlot, stream));
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   m.lengths[full_slot] = length;

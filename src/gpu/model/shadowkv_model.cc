@@ -320,6 +320,14 @@ Status CudaModel::AllocateShadowKvValues(int seq, bool on_host) {
   return UploadValueTable(s, m.stream);
 }
 
+int64_t SkvKeptKeyElementsPerLayer(const SkvGeometry& g) {
+  return static_cast<int64_t>(g.capacity_chunks) * g.chunk_size * g.kv_width();
+}
+
+Bf16* SkvKeptKeys(const ShadowKvState& s, int seq, int layer) {
+  return s.host_keys[seq] + layer * SkvKeptKeyElementsPerLayer(s.geometry);
+}
+
 Status CudaModel::AllocateShadowKvKeys(int seq) {
   Impl& m = *impl_;
   SKV_RETURN_IF_ERROR(NeedShadowKv(m));
@@ -328,8 +336,8 @@ Status CudaModel::AllocateShadowKvKeys(int seq) {
   s.host_key_rows[seq] = 0;
   if (s.host_keys[seq]) return Status::Ok();  // kept from an earlier use of the index
   const SkvGeometry& g = s.geometry;
-  const int64_t bytes = static_cast<int64_t>(g.num_layers) * g.capacity_chunks * g.chunk_size *
-                        g.kv_width() * static_cast<int64_t>(sizeof(Bf16));
+  const int64_t bytes =
+      g.num_layers * SkvKeptKeyElementsPerLayer(g) * static_cast<int64_t>(sizeof(Bf16));
   void* pointer = nullptr;
   const cudaError_t error = cudaHostAlloc(&pointer, static_cast<size_t>(bytes),
                                           cudaHostAllocPortable);
@@ -418,10 +426,8 @@ Status CudaModel::CopyShadowKvSequence(int from, int to) {
   s.host_key_rows[to] = 0;
   if (s.host_keys[from] && s.host_keys[to] && s.host_key_rows[from] > 0) {
     const SkvGeometry& g = s.geometry;
-    const int64_t layer_rows = static_cast<int64_t>(g.capacity_chunks) * g.chunk_size;
     for (int layer = 0; layer < g.num_layers; ++layer) {
-      std::memcpy(s.host_keys[to] + layer * layer_rows * g.kv_width(),
-                  s.host_keys[from] + layer * layer_rows * g.kv_width(),
+      std::memcpy(SkvKeptKeys(s, to, layer), SkvKeptKeys(s, from, layer),
                   static_cast<size_t>(s.host_key_rows[from]) * g.kv_width() * sizeof(Bf16));
     }
     s.host_key_rows[to] = s.host_key_rows[from];

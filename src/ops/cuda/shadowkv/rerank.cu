@@ -449,9 +449,9 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
                                  static_cast<int>(exact));
     if (e != cudaSuccess) return e;
   }
-  if (SkvHeadDimSupported(l.head_dim) && ExactFastGroupFits(l)) {
+  if (fast) {
     if (ExactFastSharedBytes(l) > limit) return cudaErrorInvalidValue;
-    const int fast = static_cast<int>(ExactFastSharedBytes(l));
+    const int fast_bytes = static_cast<int>(ExactFastSharedBytes(l));
     for (const auto* kernel :
          {reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>),
@@ -461,7 +461,7 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>),
           reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, false>)}) {
-      if ((e = AllowDynamicSharedMemory(kernel, fast)) != cudaSuccess) return e;
+      if ((e = AllowDynamicSharedMemory(kernel, fast_bytes)) != cudaSuccess) return e;
     }
   }
   return AllowDynamicSharedMemory(RerankSelectKernel(l), static_cast<int>(select));
