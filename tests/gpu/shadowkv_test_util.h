@@ -1,12 +1,16 @@
-// Helpers of the ShadowKV GPU tests: the parity tests' settings, a head's selectable landmarks
-// as the CPU policy lists them, and the nearby query of a second decode step.
+// Helpers of the ShadowKV GPU tests: the parity tests' settings, a model's two slots with the
+// first compressed, a head's selectable landmarks as the CPU policy lists them, and the nearby
+// query of a second decode step.
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/half.h"
+#include "core/status.h"
+#include "gpu/model/cuda_model.h"
 #include "kv/kv_config.h"
 
 namespace shadowkv::cuda::testing {
@@ -23,6 +27,37 @@ inline kv::KvPolicyConfig ParityConfig(bool fp8 = false) {
   config.fp8_values = fp8 ? 1 : 0;
   config.fp8_landmarks = fp8 ? 1 : 0;
   return config;
+}
+
+// ShadowKV at every component (`width`) and, for a 300-token prompt, every chunk before its
+// exact window in the budget (33 chunks), landmark selection, no outliers.
+inline kv::KvPolicyConfig EveryChunkAtFullRank(int width) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.selection = "landmarks";
+  config.rank = width;
+  config.budget_tokens = 264;
+  config.outlier_chunks = 0;
+  return config;
+}
+
+// Two full-cache slots of 512 tokens (pre-RoPE keys kept) and one ShadowKV sequence of
+// `config`; `prompt` prefilled into both slots (its last logits into `logits`), slot 0
+// compressed into sequence 0.
+inline Status PrefillTwoSlotsCompressFirst(CudaModel& gpu, const std::vector<int32_t>& prompt,
+                                           const kv::KvPolicyConfig& config,
+                                           std::vector<float>* logits) {
+  SKV_RETURN_IF_ERROR(gpu.AllocateKvCache(2, 512, true));
+  SKV_RETURN_IF_ERROR(gpu.AllocateShadowKv(config, 1, 512));
+  SKV_RETURN_IF_ERROR(gpu.AllocateShadowKvValues(0, false));
+  for (int slot = 0; slot < 2; ++slot) {
+    CudaStepInput in;
+    in.slot = slot;
+    in.tokens = prompt;
+    in.logits_out = logits->data();
+    SKV_RETURN_IF_ERROR(gpu.Forward(std::span<const CudaStepInput>(&in, 1)));
+  }
+  return gpu.CompressToShadowKv(0, 0);
 }
 
 // The landmarks of (seq, head) that are not outliers, in chunk order, with each one's chunk:
