@@ -42,7 +42,7 @@ struct EvalOptions {
   int grid_depths = 10;
   int multi_turn = 0;
   bool fresh_turns = false;
-  std::string held_turns;  // --held-turns (GPU ShadowKV conversations; empty: recompress)
+  std::string held_turns;  // --held-turns (GPU ShadowKV conversations; empty: exact)
   bool fidelity = false;
   int prefill_chunk = 512;
   Device device = Device::kCpu;  // with cuda, full and shadowkv are answered on the GPU
@@ -208,7 +208,7 @@ int RunEvalCommand(const EvalOptions& o) {
     auto made =
         MakeCudaEvalBackend(model_path, model, std::min(longest, model.config().context_length),
                             o.prefill_chunk, settings.fidelity, o.held_turns != "decode",
-                            o.held_turns == "exact");
+                            o.held_turns.empty() || o.held_turns == "exact");
     if (!made.ok()) return Fail(made.status().ToString());
     backend = std::move(made).value();
     // Before the header line: a policy the backend cannot run fails here, and the numerics it
@@ -346,11 +346,11 @@ Command AddEvalCommand(CLI::App& app) {
       ->needs(turns);
   cmd->add_option("--held-turns", options->held_turns,
                   "multi-turn with --device cuda: how a held ShadowKV conversation takes a later "
-                  "turn's follow-up, as `serve --held-turns` does: recompress (the sequence "
-                  "decompressed into a full-cache slot, the follow-up prefilled there with full "
-                  "attention, the whole compressed again; the default), exact (the same from a "
-                  "copy of the prompt's exact keys kept at compression) or decode (one decode "
-                  "step per token)")
+                  "turn's follow-up, as `serve --held-turns` does: exact (the default: the "
+                  "sequence decompressed into a full-cache slot from a copy of the prompt's "
+                  "exact keys kept at compression, the follow-up prefilled there with full "
+                  "attention, the whole compressed again), recompress (the same from the rank-r "
+                  "keys) or decode (one decode step per token)")
       ->check(CLI::IsMember({"decode", "recompress", "exact"}))
       ->needs(turns);
   cmd->add_flag("--fidelity", options->fidelity,

@@ -38,7 +38,7 @@ struct ServeOptions {
   int64_t context = 0;           // cuda: tokens per sequence (0: the model's context)
   int sequences = 0;             // cuda: sequences held at once (0: as many as fit)
   int prefill_slots = 0;         // cuda, shadowkv: full-cache slots for prompts (0: see --help)
-  std::string held_turns;  // cuda, shadowkv: --held-turns (empty: recompress)
+  std::string held_turns;  // cuda, shadowkv: --held-turns (empty: exact)
   bool max_batch_given = false;  // cuda: else the scheduler's batch follows the pool
   std::string synthetic;         // cuda: random weights with a named model's shapes
   TensorParallelOptions tensor_parallel;  // cuda only
@@ -93,7 +93,7 @@ Result<LoadedModel> LoadServingModel(const ServeOptions& o) {
     c.sequences = o.sequences;
     c.prefill_slots = o.prefill_slots;
     c.recompress_turns = o.held_turns != "decode";
-    c.keep_prompt_keys = o.held_turns == "exact";
+    c.keep_prompt_keys = o.held_turns.empty() || o.held_turns == "exact";
     c.context = o.context;
     c.tensor_parallel = o.tensor_parallel;
     SKV_RETURN_IF_ERROR(ApplyTensorParallelEnvironment(&c.tensor_parallel));
@@ -315,11 +315,13 @@ Command AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--held-turns", o->held_turns,
-                  "cuda, shadowkv: how a held sequence takes a later turn's new tokens: "
-                  "recompress (the default: back into a free prompt slot, the new tokens "
-                  "prefilled with full attention, the whole compressed again), exact (the same from a pinned host "
-                  "copy of each prompt's exact keys, as much host memory as its values), or "
-                  "decode (one ShadowKV decode step per token; also where no prompt slot is free)")
+                  "cuda, shadowkv: how a held sequence takes a later turn's new tokens: exact "
+                  "(the default: back into a free prompt slot from a pinned host copy of the "
+                  "prompt's exact keys, the new tokens prefilled with full attention, the whole "
+                  "compressed again; the copies take as much host memory as bf16 values, up to "
+                  "a quarter of the host's available memory, past which recompress), recompress "
+                  "(the same from the rank-r keys), or decode (one ShadowKV decode step per "
+                  "token; also where no prompt slot is free)")
       ->check(CLI::IsMember({"decode", "recompress", "exact"}));
   cmd->add_option("--synthetic", o->synthetic,
                   "cuda: random weights with a named model's shapes (" +

@@ -302,22 +302,33 @@ TEST(CudaServingTest, ShadowKvCompressesLongPromptsAndKeepsShortOnesExact) {
 // with keep_prompt_keys, the prompt's kept exact keys), and the whole is compressed again: at
 // full rank the turn's logits are full attention's. Without, each new token is one ShadowKV
 // step over the budget. Either way the sequence ends compressed, holding every token and no
-// slot, and decodes on.
+// slot, and decodes on. With keep_prompt_keys and no host memory allowed for the copies
+// (kept_keys_limit_bytes 0), the turn is recompressed from the rank-r keys, as without.
 TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
   SKV_SKIP_WITHOUT_GPU();
   auto dense = CudaServingModel::Load(ServingModelPath(), Options("full"));
   ASSERT_TRUE(dense.ok()) << dense.status().ToString();
-  double turn_errors[3] = {INFINITY, INFINITY, INFINITY};  // recompress, exact, decode
-  for (int mode = 0; mode < 3; ++mode) {
-    const char* name[] = {"recompress", "exact", "decode"};
+  constexpr int kModes = 4;
+  const char* name[kModes] = {"recompress", "exact", "decode", "exact, no room for copies"};
+  double turn_errors[kModes] = {INFINITY, INFINITY, INFINITY, INFINITY};
+  std::vector<float> turn_logits[kModes];
+  for (int mode = 0; mode < kModes; ++mode) {
     SCOPED_TRACE(name[mode]);
-    const bool recompress = mode < 2;
+    const bool recompress = mode != 2;
     CudaServingOptions o = Options("shadowkv");
     o.kv.rank = 128;  // every component: rebuilt keys are the keys up to rounding
     o.recompress_turns = recompress;
-    o.keep_prompt_keys = mode == 1;
+    o.keep_prompt_keys = mode == 1 || mode == 3;
+    if (mode == 3) o.kept_keys_limit_bytes = 0;
     auto sparse = CudaServingModel::Load(ServingModelPath(), o);
     ASSERT_TRUE(sparse.ok()) << sparse.status().ToString();
+    const std::string pool = (*sparse)->Describe();
+    if (mode == 1) {
+      EXPECT_NE(pool.find("from the prompt's exact keys"), std::string::npos) << pool;
+    }
+    if (mode == 3) {
+      EXPECT_NE(pool.find(", 0 sequence(s) within"), std::string::npos) << pool;
+    }
     Stepper s{**sparse, (*sparse)->MakePolicy(o.kv).value(), {}};
     Stepper f{**dense, (*dense)->MakePolicy(kv::KvPolicyConfig{}).value(), {}};
     for (Stepper* x : {&s, &f}) x->seqs.push_back(x->policy->NewSequence().value());
@@ -347,6 +358,7 @@ TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
     std::printf("[ turns    ] %s: the later turn's logits against full attention, relative "
                 "error %.2e\n", name[mode], turn_error);
     turn_errors[mode] = turn_error;
+    turn_logits[mode] = got;
     if (recompress) {
       EXPECT_LT(turn_error, 3e-2);
     }
@@ -368,6 +380,10 @@ TEST(CudaServingTest, LaterTurnsOfHeldSequencesAreRecompressed) {
   EXPECT_TRUE(std::isfinite(turn_errors[2]));
   EXPECT_LT(turn_errors[0], turn_errors[2]);
   EXPECT_LT(turn_errors[1], turn_errors[2]);
+  // The exact keys differ from the full-rank rebuild by its rounding; with no room for copies
+  // the turn takes the rebuild's path, step for step.
+  EXPECT_GT(RelativeError(turn_logits[1], turn_logits[0]), 0.0);
+  EXPECT_LT(RelativeError(turn_logits[3], turn_logits[0]), 1e-6);
 }
 
 // The start-up warm-up (a throwaway prompt prefilled, compressed and decoded) gives its

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -13,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "core/host_memory.h"
 #include "kv/chunk_selection.h"
 #include "ops/cuda/common/cuda_backend.h"
 
@@ -28,18 +28,6 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 int32_t ArgmaxOf(const std::vector<float>& logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-// MemAvailable of /proc/meminfo in bytes (0 where unreadable).
-int64_t HostAvailableBytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
 }
 
 int64_t NextPowerOfTwo(int64_t value) {

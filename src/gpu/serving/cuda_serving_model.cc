@@ -6,6 +6,7 @@
 #include <chrono>
 #include <limits>
 
+#include "core/host_memory.h"
 #include "gpu/tp/cuda_model_group.h"
 #include "model/synthetic.h"
 #include "ops/cuda/common/cuda_backend.h"
@@ -245,9 +246,28 @@ Status CudaServingModel::MakePool() {
       return advice(s);
     }
     for (int i = sequences - 1; i >= 0; --i) free_sequences_.push_back(i);
+    key_copy_bytes_ = per_token / 2 * context;
+    kept_keys_limit_ = options_.kept_keys_limit_bytes >= 0 ? options_.kept_keys_limit_bytes
+                                                           : HostAvailableBytes() / 4;
+    kept_keys_bytes_ = 0;
+    keys_kept_.assign(static_cast<size_t>(sequences), false);
   }
   for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
   return Status::Ok();
+}
+
+Result<bool> CudaServingModel::KeepPromptKeys(int index) {
+  if (!options_.recompress_turns || !options_.keep_prompt_keys) return false;
+  const bool kept_before = keys_kept_[static_cast<size_t>(index)];
+  if (!kept_before && kept_keys_bytes_ + key_copy_bytes_ > kept_keys_limit_) return false;
+  const Status kept = group_->AllocateShadowKvKeys(index);
+  if (kept.code() == ErrorCode::kResourceExhausted) return false;
+  SKV_RETURN_IF_ERROR(kept);
+  if (!kept_before) {
+    keys_kept_[static_cast<size_t>(index)] = true;
+    kept_keys_bytes_ += key_copy_bytes_;
+  }
+  return true;
 }
 
 Status CudaServingModel::RemakePool(const kv::KvPolicyConfig& kv, int sequences, int prefill_slots,
@@ -346,8 +366,15 @@ std::string CudaServingModel::Describe() const {
         "memory while it lasts, then pinned host memory)",
         skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
     if (options_.recompress_turns && options_.keep_prompt_keys) {
-      text += "; each compressed prompt's exact keys in pinned host memory (the size of bf16 "
-              "values, not counted above)";
+      text += fmt::format(
+          "; later turns from the prompt's exact keys, kept in pinned host memory ({:.2f} GiB a "
+          "sequence, {} sequence(s) within {:.1f} GiB; rank-r keys past that)",
+          key_copy_bytes_ / kGiB,
+          key_copy_bytes_ > 0 ? std::min<int64_t>(sequences_, kept_keys_limit_ / key_copy_bytes_)
+                              : 0,
+          kept_keys_limit_ / kGiB);
+    } else if (options_.recompress_turns) {
+      text += "; later turns from rank-r keys";
     }
   }
   text += fmt::format("; batch {}", max_batch_);
@@ -439,10 +466,7 @@ Status CudaServingModel::Compress(Sequence& s) {
   s.has_values_ = true;
   // A later turn recompresses from the prompt's exact keys where they could be kept (pinned
   // host memory, kept with the pool's sequence index); else from the rank-r ones.
-  if (options_.recompress_turns && options_.keep_prompt_keys) {
-    const Status kept = group_->AllocateShadowKvKeys(s.sequence_);
-    if (!kept.ok() && kept.code() != ErrorCode::kResourceExhausted) return kept;
-  }
+  SKV_RETURN_IF_ERROR(KeepPromptKeys(s.sequence_).status());
   const auto start = std::chrono::steady_clock::now();
   const Status compressed = group_->CompressToShadowKv(s.slot_, s.sequence_);
   s.stats_.compress_seconds +=

@@ -51,10 +51,15 @@ struct CudaServingOptions {
   // full attention, and the whole compressed again; false, or no slot free: the new tokens go in
   // one ShadowKV decode step each.
   bool recompress_turns = true;
-  // With recompress_turns: every compressed sequence keeps a pinned host copy of its prompt's
-  // exact pre-RoPE keys (CudaModel::AllocateShadowKvKeys: the size of its value store, kept with
-  // the pool's sequence index), which the decompression then reads instead of rank-r keys.
-  bool keep_prompt_keys = false;
+  // With recompress_turns: a compressed sequence keeps a pinned host copy of its prompt's exact
+  // pre-RoPE keys (CudaModel::AllocateShadowKvKeys: the size of its bf16 value store, kept with
+  // the pool's sequence index), which the decompression then reads instead of rank-r keys: a
+  // later turn is then as accurate as a fresh prefill of the conversation (docs/RESULTS.md,
+  // "Multi-turn on the GPU"). Sequences past kept_keys_limit_bytes recompress from rank-r keys.
+  bool keep_prompt_keys = true;
+  // Pinned host memory the kept keys may take in all; -1: a quarter of the host's available
+  // memory when the pool is made (HostAvailableBytes); 0: none kept.
+  int64_t kept_keys_limit_bytes = -1;
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;
 };
@@ -125,6 +130,9 @@ class CudaServingModel final : public engine::ServingModel {
   Result<std::unique_ptr<kv::SequenceKv>> Fork(const Sequence& sequence);
   void GiveBackSlot(Sequence& sequence);  // its full-cache slot back to the pool
   Status Compress(Sequence& sequence);
+  // CudaServingOptions::keep_prompt_keys: gives sequence index `index` its exact-key copy where
+  // the limit allows (false: its later turns recompress from rank-r keys).
+  Result<bool> KeepPromptKeys(int index);
   // CudaServingOptions::recompress_turns: a compressed sequence back into a free full-cache
   // slot (false where none is free: it stays compressed).
   Result<bool> Decompress(Sequence& sequence);
@@ -142,6 +150,13 @@ class CudaServingModel final : public engine::ServingModel {
   int64_t slot_bytes_ = 0;       // device bytes of one full-cache slot
   int64_t skv_bytes_ = 0;        // device bytes of one ShadowKV sequence without values
   int64_t skv_value_bytes_ = 0;  // and of its values
+  // CudaServingOptions::keep_prompt_keys: the pinned host bytes of one sequence's key copy (at
+  // most: sliding-window layers keep none), the limit for all, what is kept, and which indices
+  // hold a copy (it stays with the index, as the model keeps it).
+  int64_t key_copy_bytes_ = 0;
+  int64_t kept_keys_limit_ = 0;
+  int64_t kept_keys_bytes_ = 0;
+  std::vector<bool> keys_kept_;
 
   std::mutex mutex_;  // the free lists (sequences end on the scheduler's thread, policies anywhere)
   std::vector<int> free_slots_;
