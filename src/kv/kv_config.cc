@@ -30,6 +30,9 @@ Status KvPolicyConfig::Validate() const {
   if (paper != 0 && paper != 1) {
     return Error(ErrorCode::kInvalidArgument, "paper must be 0 or 1, not {}", paper);
   }
+  if (exact_keys != 0 && exact_keys != 1) {
+    return Error(ErrorCode::kInvalidArgument, "exact_keys must be 0 or 1, not {}", exact_keys);
+  }
   if (fp8_values != 0 && fp8_values != 1) {
     return Error(ErrorCode::kInvalidArgument, "fp8_values must be 0 or 1, not {}", fp8_values);
   }
@@ -178,6 +181,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"window", Assign(&KvPolicyConfig::local_window)},
       {"successors", Assign(&KvPolicyConfig::select_successors)},
       {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
+      {"exact_keys", Assign(&KvPolicyConfig::exact_keys)},
       {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
       {"fp8_landmarks", Assign(&KvPolicyConfig::fp8_landmarks)},
       {"snap_window", Assign(&KvPolicyConfig::snap_window)},
@@ -196,7 +200,8 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
     "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_rank", "mass",
-    "outliers", "window", "successors", "exact_layers", "fp8_values", "fp8_landmarks"};
+    "outliers", "window", "successors", "exact_layers", "exact_keys", "fp8_values",
+    "fp8_landmarks"};
 // clang-format on
 
 }  // namespace
@@ -228,6 +233,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.local_window = 32;
   config.select_successors = 0;
   config.exact_layers = 0;
+  config.exact_keys = 0;
   config.fp8_values = 0;
   config.fp8_landmarks = 0;
   return config;

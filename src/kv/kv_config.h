@@ -72,6 +72,12 @@ struct KvPolicyConfig {
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
+  // 1: the slow tier also keeps every chunk's exact post-RoPE keys beside its values (a second
+  // store of the same runs, fp32 on the CPU), fetched with the values for the chunks attended;
+  // the rank-r factors are then read by selection alone (the re-rank's scores). Twice the slow
+  // tier, and the attended keys exact (docs/RESULTS.md, "Exact keys for the chunks attended").
+  // 0 or 1; off by default. CPU only for now.
+  int exact_keys = 0;
   // Store the slow tier's values as FP8 e4m3 with one fp32 scale per chunk of one KV head, and
   // the chunk landmarks with one scale per landmark (core/fp8.h): half the bytes of bf16, a
   // quarter of fp32. 0 or 1; off by default.
@@ -110,7 +116,7 @@ int RankFloor(const KvPolicyConfig& config, int head_dim);
 // rank_energy 0),
 // selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
 // absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
-// fp32 values and landmarks. Deployment settings (basis_groups, value_store_path) are kept.
+// no exact keys, fp32 values and landmarks. Deployment settings (basis_groups, value_store_path) are kept.
 // Otherwise `config` unchanged.
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
@@ -119,7 +125,8 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
 // rerank_factor,
 // rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no
-// setting it forces may be named too: kInvalidArgument), exact_layers, fp8_values (0 or 1),
+// setting it forces may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1),
+// fp8_values (0 or 1),
 // fp8_landmarks (0 or 1), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.

@@ -174,13 +174,17 @@ struct Scratch {
   std::vector<float> miss_coefficients;  // [rebuilt chunks * chunk_size, rank]
   std::vector<float> rebuilt;            // [rebuilt chunks * chunk_size, head_dim]
   std::vector<float> runs;               // value runs being packed for the store
+  std::vector<float> key_runs;           // exact_keys: key runs being packed for the key store
 };
 
 class ShadowKvSequenceImpl final : public ShadowKvSequence {
  public:
-  ShadowKvSequenceImpl(const Settings& settings, std::unique_ptr<ValueStore> store)
+  // key_store: the exact keys' runs (exact_keys), or null.
+  ShadowKvSequenceImpl(const Settings& settings, std::unique_ptr<ValueStore> store,
+                       std::unique_ptr<ValueStore> key_store)
       : settings_(settings),
         store_(std::move(store)),
+        key_store_(std::move(key_store)),
         rope_table_(settings.geometry.rope, settings.geometry.head_dim),
         layers_(settings.geometry.num_layers),
         layer_stats_(settings.geometry.num_layers) {
@@ -231,6 +235,8 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
 
   Settings settings_;
   std::unique_ptr<ValueStore> store_;
+  // exact_keys: run i holds the exact post-RoPE keys of the chunk whose values are run i of store_.
+  std::unique_ptr<ValueStore> key_store_;
   RopeTable rope_table_;
   std::vector<LayerState> layers_;
   int64_t budget_chunks_ = 0;             // K, fixed at the first FinishPrefill
@@ -352,6 +358,7 @@ Status ShadowKvSequenceImpl::AddChunks(LayerState& layer, int h, int64_t num_chu
   const int64_t first_landmark = head.num_landmarks();
   head.landmarks.resize((first_landmark + kept) * g.head_dim);
   scratch_.runs.resize(kept * chunk_floats);
+  if (key_store_) scratch_.key_runs.resize(kept * chunk_floats);
   int64_t next = 0;
   size_t outlier = 0;
   for (int64_t c = 0; c < num_chunks; ++c) {
@@ -367,11 +374,23 @@ Status ShadowKvSequenceImpl::AddChunks(LayerState& layer, int h, int64_t num_chu
     for (int t = 0; t < chunk; ++t) {
       std::memcpy(scratch_.runs.data() + next * chunk_floats + t * g.head_dim, values + t * width,
                   g.head_dim * kFloat);
+      if (key_store_) {
+        std::memcpy(scratch_.key_runs.data() + next * chunk_floats + t * g.head_dim,
+                    keys + t * width, g.head_dim * kFloat);
+      }
     }
     head.landmark_chunks.push_back(static_cast<int32_t>(layer.num_chunks + c));
     ++next;
   }
   SKV_ASSIGN_OR_RETURN(const int64_t first_run, store_->Append(scratch_.runs.data(), kept));
+  if (key_store_) {
+    SKV_ASSIGN_OR_RETURN(const int64_t first_key_run,
+                         key_store_->Append(scratch_.key_runs.data(), kept));
+    if (first_key_run != first_run) {
+      return Error(ErrorCode::kInternal, "key store at run {}, value store at {}", first_key_run,
+                   first_run);
+    }
+  }
   for (int64_t i = 0; i < kept; ++i) head.value_runs.push_back(first_run + i);
 
   const int64_t slots = GatherSlotCount(settings_.selection, budget_chunks_, head.num_landmarks());
@@ -527,7 +546,9 @@ void ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadStat
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   const int rank = ScoreRank(layer);
-  const bool reuse_slots = rank == layer.basis.rank;  // a slot holds keys of every component
+  // A slot holds keys of every component, unless it holds the exact keys (exact_keys): the
+  // scores read rebuilt keys either way.
+  const bool reuse_slots = rank == layer.basis.rank && !key_store_;
   for (size_t i = 0; i < s.candidates.size(); ++i) {
     float* target = s.candidate_keys.data() + i * chunk_floats;
     const int32_t slot = reuse_slots ? head.slots.slot_of_item(s.candidates[i]) : -1;
@@ -583,13 +604,15 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
   if (s.misses.empty()) return Status::Ok();
   const int64_t chunk_floats =
       static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
-  const bool from_candidates =
-      settings_.selection == Selection::kRerank && ScoreRank(layer) == layer.basis.rank;
+  const bool from_candidates = !key_store_ && settings_.selection == Selection::kRerank &&
+                               ScoreRank(layer) == layer.basis.rank;
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   for (const auto [slot, item] : s.misses) {
     float* keys = head.gather_keys.data() + slot * chunk_floats;
-    if (from_candidates) {
+    if (key_store_) {
+      SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
+    } else if (from_candidates) {
       // Every kept chunk was a candidate, and its keys are already made.
       const auto at = std::lower_bound(s.candidates.begin(), s.candidates.end(), item);
       std::memcpy(keys, s.candidate_keys.data() + (at - s.candidates.begin()) * chunk_floats,
@@ -602,7 +625,8 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
         store_->Read(head.value_runs[item], head.gather_values.data() + slot * chunk_floats));
   }
   RebuildKeys(layer, head, h, layer.basis.rank);
-  stats->bytes_fetched += static_cast<int64_t>(s.misses.size()) * store_->run_bytes();
+  const int64_t run_bytes = store_->run_bytes() + (key_store_ ? key_store_->run_bytes() : 0);
+  stats->bytes_fetched += static_cast<int64_t>(s.misses.size()) * run_bytes;
   return Status::Ok();
 }
 
@@ -620,7 +644,8 @@ MemoryUsage ShadowKvSequenceImpl::memory() const {
           LandmarkBytes(settings_.config, head.num_landmarks(), settings_.geometry.head_dim);
     }
   }
-  return {floats * kFloat + landmark_bytes + rope_table_.bytes(), store_->bytes()};
+  return {floats * kFloat + landmark_bytes + rope_table_.bytes(),
+          store_->bytes() + (key_store_ ? key_store_->bytes() : 0)};
 }
 
 ShadowKvLayerInfo ShadowKvSequenceImpl::Inspect(int layer_index) const {
@@ -658,8 +683,14 @@ class ShadowKvPolicy final : public KvPolicy {
         auto store,
         ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) * geometry_.head_dim,
                            config_.value_store_path, ValueFormatOf(config_)));
-    return std::unique_ptr<SequenceKv>(
-        std::make_unique<ShadowKvSequenceImpl>(settings_, std::move(store)));
+    std::unique_ptr<ValueStore> key_store;
+    if (config_.exact_keys != 0) {
+      SKV_ASSIGN_OR_RETURN(
+          key_store, ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) * geometry_.head_dim,
+                                        config_.value_store_path, ValueFormat::kFp32));
+    }
+    return std::unique_ptr<SequenceKv>(std::make_unique<ShadowKvSequenceImpl>(
+        settings_, std::move(store), std::move(key_store)));
   }
 
   // The sizes memory() reports right after FinishPrefill of a `num_tokens` prompt. With
@@ -685,8 +716,11 @@ class ShadowKvPolicy final : public KvPolicy {
       layer_floats += num_chunks * chunk * settings_.rank + settings_.rank * width +
                       g.num_kv_heads * 2 * (outliers + gathered) * chunk * g.head_dim;
       layer_landmark_bytes = LandmarkBytes(config_, g.num_kv_heads * landmarks, g.head_dim);
+      const int64_t key_run_bytes =
+          config_.exact_keys != 0 ? ValueStore::RunBytes(chunk * g.head_dim, ValueFormat::kFp32)
+                                  : 0;
       slow_bytes = g.num_kv_heads * landmarks *
-                   ValueStore::RunBytes(chunk * g.head_dim, ValueFormatOf(config_));
+                   (ValueStore::RunBytes(chunk * g.head_dim, ValueFormatOf(config_)) + key_run_bytes);
       rope_floats = num_chunks * chunk * (g.rope.rotary_dim / 2 * 2);
     }
     return {

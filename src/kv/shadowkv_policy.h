@@ -4,7 +4,8 @@
 //   fast tier: A [chunked tokens, rank] and B [rank, kv_width] (K_pre ≈ A·B), one landmark per
 //              chunk and KV head, the outlier chunks' exact K/V, a gather buffer of K chunks per
 //              KV head, and the exact recent window (post-RoPE K, pre-RoPE K, V);
-//   slow tier: the values of every non-outlier chunk (ValueStore, RAM or file).
+//   slow tier: the values of every non-outlier chunk (ValueStore, RAM or file), and with
+//              exact_keys their exact post-RoPE keys (a second ValueStore of the same run ids).
 // Each Prepare scores the landmarks with the new queries, selects K chunks per KV head, reuses
 // those still in the gather buffer and rebuilds the others (keys from A·B, RoPE'd at their own
 // positions; values from the slow tier). Tokens leaving the recent window in whole chunks are
@@ -18,6 +19,10 @@
 // scratch, so values are read for the kept K only and nothing is rebuilt twice; "heads" takes
 // chunks round-robin over the group's query heads; "mass" takes between max(1, K/4) and 2K chunks
 // (the gather buffer has 2K slots) and attends one segment per run of occupied slots.
+//
+// With exact_keys the gather slots take the missed chunks' keys from the key store instead of
+// rebuilding them: the chunks attended have exact keys, and A·B is read by the re-rank's scores
+// (and landmark-free selections) alone, so the rank sizes selection only.
 //
 // FP8 (core/fp8.h), off by default: with fp8_values the slow tier holds each value run (one chunk
 // of one KV head) as e4m3 codes with one fp32 scale and gathers it dequantised; the outlier

@@ -112,13 +112,18 @@ TEST(ShadowKvModesTest, WideKvHeadsKeepHalfTheirWidth) {
 // hold (their keys and values exactly the stream's, rebuilt or reused) and the window; the
 // attended count is what the policy reports.
 // With `rerank_rank` > 0 the re-rank scores candidates with that many components, and the
-// kept chunks must still hold their exact (full-rank) keys.
-void CheckSparseMode(const std::string& mode, int rerank_rank = 0) {
+// kept chunks must still hold their exact (full-rank) keys. With `exact_keys` the rank is 16 of
+// the keys' 192 dimensions, and the gathered keys come from the key store: the stream's keys
+// bit for bit.
+void CheckSparseMode(const std::string& mode, int rerank_rank = 0, bool exact_keys = false) {
   SCOPED_TRACE(mode);
   SCOPED_TRACE(rerank_rank);
+  SCOPED_TRACE(exact_keys);
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 29);
-  KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
+  KvPolicyConfig config = ShadowConfig(8, 32, 2, exact_keys ? 16 : g.kv_width());
+  config.exact_keys = exact_keys ? 1 : 0;
+  const float key_tolerance = exact_keys ? 0.0f : 1e-4f;
   config.budget_tokens = 64;  // K = 8 chunks
   config.selection = mode;
   config.rerank_factor = 2;
@@ -174,7 +179,8 @@ void CheckSparseMode(const std::string& mode, int rerank_rank = 0) {
               const auto keys = ChunkRows(stream, layer, h, 8, held[next], false);
               const auto values = ChunkRows(stream, layer, h, 8, held[next], true);
               for (int d = 0; d < g.head_dim; ++d) {
-                ASSERT_NEAR(segments[s].keys[t * g.head_dim + d], keys[row * g.head_dim + d], 1e-4);
+                ASSERT_NEAR(segments[s].keys[t * g.head_dim + d], keys[row * g.head_dim + d],
+                            key_tolerance);
                 ASSERT_EQ(segments[s].values[t * g.head_dim + d], values[row * g.head_dim + d]);
               }
             }
@@ -213,6 +219,46 @@ TEST(ShadowKvModesTest, RerankSparseStepsHoldExactChunks) { CheckSparseMode("rer
 TEST(ShadowKvModesTest, RerankAtALowerRankStillHoldsExactChunks) { CheckSparseMode("rerank", 8); }
 TEST(ShadowKvModesTest, HeadsSparseStepsHoldExactChunks) { CheckSparseMode("heads"); }
 TEST(ShadowKvModesTest, MassSparseStepsHoldExactChunks) { CheckSparseMode("mass"); }
+TEST(ShadowKvModesTest, ExactKeysAtALowRankHoldTheStreamsKeys) {
+  for (const std::string& mode : kModes) CheckSparseMode(mode, 0, true);
+}
+
+// exact_keys: the slow tier holds the keys beside the values (twice its bytes, as the estimate
+// says), the fast tier is the same as without, and the bytes read per miss count both runs. The
+// re-rank still scores with the rank-r keys: at rank 16 on keys of full rank the exact-key
+// sequence keeps the same chunks as the one without.
+TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndKeepTheSelection) {
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 31);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2, 16);
+  config.budget_tokens = 64;
+  config.selection = "rerank";
+  auto plain = MakePolicy(config, g);
+  config.exact_keys = 1;
+  auto exact = MakePolicy(config, g);
+  Runner a(*plain, stream), b(*exact, stream);
+  a.Step(300, true);
+  b.Step(300, true);
+  for (int step = 0; step < 6; ++step) {
+    a.Step(1, false);
+    b.Step(1, false);
+  }
+  const MemoryUsage ma = a.sequence().memory(), mb = b.sequence().memory();
+  EXPECT_EQ(mb.fast_bytes, ma.fast_bytes);
+  EXPECT_EQ(mb.slow_bytes, 2 * ma.slow_bytes);
+  EXPECT_EQ(exact->EstimateMemory(300).slow_bytes, 2 * plain->EstimateMemory(300).slow_bytes);
+  EXPECT_EQ(exact->EstimateMemory(300).fast_bytes, plain->EstimateMemory(300).fast_bytes);
+  EXPECT_EQ(b.sequence().stats().chunk_selections, a.sequence().stats().chunk_selections);
+  EXPECT_EQ(b.sequence().stats().bytes_fetched, 2 * a.sequence().stats().bytes_fetched);
+  for (int layer = 0; layer < g.num_layers; ++layer) {
+    const auto ia = a.shadow().Inspect(layer), ib = b.shadow().Inspect(layer);
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      EXPECT_EQ(AsSet(ib.gathered_chunks[h]), AsSet(ia.gathered_chunks[h]));
+    }
+  }
+  config.exact_keys = 2;
+  EXPECT_FALSE(MakeKvPolicy(config, g).ok());
+}
 
 // rerank_factor * K >= L: every landmark chunk is a candidate. The stream's keys have rank
 // `key_rank` (0: full), the basis keeps every component, and the candidates are scored with

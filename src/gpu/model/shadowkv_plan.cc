@@ -47,6 +47,11 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   if (config.exact_layers != 0) {
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
   }
+  if (config.exact_keys != 0) {
+    return Error(ErrorCode::kUnsupported,
+                 "ShadowKV exact_keys runs on the CPU only (on the GPU, rank=W:rerank_rank=r "
+                 "attends the same keys up to rounding, without the smaller fast tier)");
+  }
   if (config.basis_groups != 1) {
     return Error(ErrorCode::kUnsupported,
                  "ShadowKV basis_groups runs on the CPU only (on the "
