@@ -116,8 +116,8 @@ int RankFloor(const KvPolicyConfig& config, int head_dim);
 // rank_energy 0),
 // selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
 // absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
-// no exact keys, fp32 values and landmarks. Deployment settings (basis_groups, value_store_path) are kept.
-// Otherwise `config` unchanged.
+// no exact keys, fp32 values and landmarks. Deployment settings (basis_groups, value_store_path)
+// are kept. Otherwise `config` unchanged.
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
 // A policy with settings of its own, for comparing variants in one run:

@@ -9,6 +9,7 @@
 #include "kv/chunk_selection.h"
 #include "kv/low_rank.h"
 #include "kv/policies.h"
+#include "kv/rope_table.h"
 #include "kv/value_store.h"
 
 namespace shadowkv::kv {
@@ -71,58 +72,6 @@ int64_t ChunksToForm(const Settings& settings, int64_t num_tokens) {
   const int64_t spare = num_tokens - settings.local_window;
   return spare >= settings.chunk_size ? spare / settings.chunk_size : 0;
 }
-
-// cos/sin of every rotary frequency at each position [0, num_positions), taken from Rope itself
-// so rebuilt keys get bit-for-bit the rotation the model gave the originals, without recomputing
-// sin/cos for every rebuilt token.
-class RopeTable {
- public:
-  RopeTable(const RopeConfig& config, int head_dim)
-      : rope_(config),
-        head_dim_(head_dim),
-        half_(config.rotary_dim / 2),
-        pairs_(config.style == RopeConfig::Style::kPairs) {}
-
-  void Extend(int64_t num_positions) {
-    if (half_ == 0 || num_positions <= num_positions_) return;
-    table_.resize(static_cast<size_t>(num_positions) * 2 * half_);
-    std::vector<float> unit(head_dim_);
-    for (int64_t p = num_positions_; p < num_positions; ++p) {
-      std::fill(unit.begin(), unit.end(), 0.0f);
-      for (int i = 0; i < half_; ++i) unit[pairs_ ? 2 * i : i] = 1.0f;
-      rope_.Apply(unit.data(), 1, head_dim_, p);  // (1, 0) turns into (cos, sin)
-      float* row = table_.data() + p * 2 * half_;
-      for (int i = 0; i < half_; ++i) {
-        row[i] = unit[pairs_ ? 2 * i : i];
-        row[half_ + i] = unit[pairs_ ? 2 * i + 1 : i + half_];
-      }
-    }
-    num_positions_ = num_positions;
-  }
-
-  // out = `x` (one head vector, head_dim floats) rotated to `position` (< the extended range).
-  void Rotate(const float* x, int64_t position, float* out) const {
-    std::memcpy(out, x, head_dim_ * kFloat);  // dims past rotary_dim pass through
-    const float* cosines = table_.data() + position * 2 * half_;
-    const float* sines = cosines + half_;
-    for (int i = 0; i < half_; ++i) {
-      const int a = pairs_ ? 2 * i : i;
-      const int b = pairs_ ? 2 * i + 1 : i + half_;
-      out[a] = x[a] * cosines[i] - x[b] * sines[i];
-      out[b] = x[a] * sines[i] + x[b] * cosines[i];
-    }
-  }
-
-  int64_t bytes() const { return static_cast<int64_t>(table_.size()) * kFloat; }
-
- private:
-  Rope rope_;
-  int head_dim_;
-  int half_;
-  bool pairs_;
-  int64_t num_positions_ = 0;
-  std::vector<float> table_;  // [positions, rotary_dim]: cos of each frequency, then sin
-};
 
 struct HeadState {
   std::vector<int32_t> landmark_chunks;  // [L] chunk of each landmark
@@ -679,15 +628,14 @@ class ShadowKvPolicy final : public KvPolicy {
   std::string_view name() const override { return "shadowkv"; }
 
   Result<std::unique_ptr<SequenceKv>> NewSequence() const override {
+    const int64_t run_floats = static_cast<int64_t>(settings_.chunk_size) * geometry_.head_dim;
     SKV_ASSIGN_OR_RETURN(
         auto store,
-        ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) * geometry_.head_dim,
-                           config_.value_store_path, ValueFormatOf(config_)));
+        ValueStore::Create(run_floats, config_.value_store_path, ValueFormatOf(config_)));
     std::unique_ptr<ValueStore> key_store;
     if (config_.exact_keys != 0) {
-      SKV_ASSIGN_OR_RETURN(
-          key_store, ValueStore::Create(static_cast<int64_t>(settings_.chunk_size) * geometry_.head_dim,
-                                        config_.value_store_path, ValueFormat::kFp32));
+      SKV_ASSIGN_OR_RETURN(key_store, ValueStore::Create(run_floats, config_.value_store_path,
+                                                         ValueFormat::kFp32));
     }
     return std::unique_ptr<SequenceKv>(std::make_unique<ShadowKvSequenceImpl>(
         settings_, std::move(store), std::move(key_store)));
@@ -716,11 +664,11 @@ class ShadowKvPolicy final : public KvPolicy {
       layer_floats += num_chunks * chunk * settings_.rank + settings_.rank * width +
                       g.num_kv_heads * 2 * (outliers + gathered) * chunk * g.head_dim;
       layer_landmark_bytes = LandmarkBytes(config_, g.num_kv_heads * landmarks, g.head_dim);
-      const int64_t key_run_bytes =
-          config_.exact_keys != 0 ? ValueStore::RunBytes(chunk * g.head_dim, ValueFormat::kFp32)
-                                  : 0;
-      slow_bytes = g.num_kv_heads * landmarks *
-                   (ValueStore::RunBytes(chunk * g.head_dim, ValueFormatOf(config_)) + key_run_bytes);
+      int64_t run_bytes = ValueStore::RunBytes(chunk * g.head_dim, ValueFormatOf(config_));
+      if (config_.exact_keys != 0) {
+        run_bytes += ValueStore::RunBytes(chunk * g.head_dim, ValueFormat::kFp32);
+      }
+      slow_bytes = g.num_kv_heads * landmarks * run_bytes;
       rope_floats = num_chunks * chunk * (g.rope.rotary_dim / 2 * 2);
     }
     return {

@@ -249,7 +249,6 @@ Status CudaServingModel::MakePool() {
     key_copy_bytes_ = per_token / 2 * context;
     kept_keys_limit_ = options_.kept_keys_limit_bytes >= 0 ? options_.kept_keys_limit_bytes
                                                            : HostAvailableBytes() / 4;
-    kept_keys_bytes_ = 0;
     keys_kept_.assign(static_cast<size_t>(sequences), false);
   }
   for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -258,15 +257,15 @@ Status CudaServingModel::MakePool() {
 
 Result<bool> CudaServingModel::KeepPromptKeys(int index) {
   if (!options_.recompress_turns || !options_.keep_prompt_keys) return false;
-  const bool kept_before = keys_kept_[static_cast<size_t>(index)];
-  if (!kept_before && kept_keys_bytes_ + key_copy_bytes_ > kept_keys_limit_) return false;
+  const auto at = static_cast<size_t>(index);
+  if (!keys_kept_[at]) {
+    const int64_t copies = std::count(keys_kept_.begin(), keys_kept_.end(), true);
+    if ((copies + 1) * key_copy_bytes_ > kept_keys_limit_) return false;
+  }
   const Status kept = group_->AllocateShadowKvKeys(index);
   if (kept.code() == ErrorCode::kResourceExhausted) return false;
   SKV_RETURN_IF_ERROR(kept);
-  if (!kept_before) {
-    keys_kept_[static_cast<size_t>(index)] = true;
-    kept_keys_bytes_ += key_copy_bytes_;
-  }
+  keys_kept_[at] = true;  // the copy stays with the index
   return true;
 }
 

@@ -151,11 +151,10 @@ class CudaServingModel final : public engine::ServingModel {
   int64_t skv_bytes_ = 0;        // device bytes of one ShadowKV sequence without values
   int64_t skv_value_bytes_ = 0;  // and of its values
   // CudaServingOptions::keep_prompt_keys: the pinned host bytes of one sequence's key copy (at
-  // most: sliding-window layers keep none), the limit for all, what is kept, and which indices
-  // hold a copy (it stays with the index, as the model keeps it).
+  // most: sliding-window layers keep none), the limit for all copies, and which indices hold one
+  // (it stays with the index, as the model keeps it).
   int64_t key_copy_bytes_ = 0;
   int64_t kept_keys_limit_ = 0;
-  int64_t kept_keys_bytes_ = 0;
   std::vector<bool> keys_kept_;
 
   std::mutex mutex_;  // the free lists (sequences end on the scheduler's thread, policies anywhere)
