@@ -332,10 +332,13 @@ def test_connection_caps(server_args):
         for s in heads:
             s.close()
         time.sleep(1.0)
-        bodies += partial_requests(server, "127.0.0.2", 4, partial_body)
+        # From an address of their own: were the closed heads not yet seen by the server, a new
+        # connection from 127.0.0.2 would be refused by the per-client cap (and the total never
+        # reached), while from here it evicts a closed head for its slot.
+        bodies += partial_requests(server, "127.0.0.5", 4, partial_body)
         # Their bodies are under way (read past the head) before the ninth; a head not yet read
         # would be evicted for it (a loaded machine needs the margin: 1 s fell short once).
-        time.sleep(2.0)
+        time.sleep(3.0)
         status, headers, body = get_health_from(server, "127.0.0.4")
         check(status == 503 and int(headers["retry-after"]) >= 1, f"total cap: {status}")
         check_error(status, headers, body, "total cap", "too_many_connections")
