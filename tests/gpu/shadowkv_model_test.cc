@@ -3,7 +3,8 @@
 // decode step within bf16 tolerance, the same chunks in the gather buffers (up to ties and
 // rounding), two sequences of different lengths in one batch (one with values in pinned host
 // memory), graduation of generated chunks; per-layer ranks from the key spectrum (the layout at
-// the cap, decode at a rank below it); the key basis solved on the GPU against the host's solve;
+// the cap, decode at a rank below it); exact keys in the store (against the full cache and the
+// CPU); the key basis solved on the GPU against the host's solve;
 // and a sequence saved to host memory and restored into another allocation decoding the same.
 // The host-side planning is tested in shadowkv_plan_test.cc.
 #include <algorithm>
@@ -231,7 +232,7 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
     // The values take 1 byte and a 4-byte scale per chunk and head instead of 2 bytes each.
     auto geometry = MakeSkvGeometry(config, spec.layers, spec.kv_heads, 64, 512);
     ASSERT_TRUE(geometry.ok());
-    EXPECT_EQ(stats.host_bytes, geometry->ValueBytesPerSequence());
+    EXPECT_EQ(stats.host_bytes, geometry->StoreBytesPerSequence());
     EXPECT_EQ(geometry->ValueBytesPerSequence(),
               int64_t{spec.layers} * spec.kv_heads * 64 * (8 * 64 + 4));
   }
@@ -421,6 +422,64 @@ TEST(CudaShadowKvParityTest, PerLayerRankWithFp8StoresMatchesTheCpuAtThatRank) {
   kv::KvPolicyConfig cpu = ParityConfig(true);
   cpu.rank = 32;
   CheckParity(FloorRankConfig(true), cpu, /*copies=*/false, /*want_ranks=*/32);
+}
+
+// Exact keys in the store (exact_keys=1): a miss copies the chunk's post-RoPE keys instead of
+// rebuilding them, so at rank 8 with every chunk in the budget the step equals the full cache's
+// up to the attention's summation order, where the rank-8 rebuild is far from it; and through
+// decode, graduations (the graduated chunk's keys written to the store), host-memory stores, FP8
+// values and copied sequences the GPU decodes as the CPU policy with the same option, for the
+// landmark selection and for the re-rank scored at rank 8 of 24.
+TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPolicy) {
+  SKV_SKIP_WITHOUT_GPU();
+  const TinyModelSpec spec = SmallLlamaSpec(7);
+  const std::vector<int32_t> prompt = SomeTokens(300, 31);
+  double rebuilt_error = 0.0, exact_error = 0.0;
+  for (const int exact : {0, 1}) {
+    auto gpu_or = CudaModel::Load(WriteTinyModel(spec, "gpu_shadowkv_exact_keys"),
+                                  tp_testing::SmallOptions());
+    ASSERT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
+    CudaModel& gpu = **gpu_or;
+    const int vocab = static_cast<int>(gpu.config().vocab_size);
+    kv::KvPolicyConfig config = EveryChunkAtFullRank(spec.kv_heads * spec.hidden / spec.heads);
+    config.rank = 8;
+    config.rank_min = 0;
+    config.rank_head_ratio = 0.0;
+    config.exact_keys = exact;
+    std::vector<float> full(vocab), shadow(vocab);
+    const Status prepared = PrefillTwoSlotsCompressFirst(gpu, prompt, config, &full);
+    ASSERT_TRUE(prepared.ok()) << prepared.ToString();
+    int32_t next = Argmax(full);
+    double& worst = exact ? exact_error : rebuilt_error;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int32_t> full_token = {next}, shadow_token = {next};
+      ASSERT_TRUE(gpu.DecodeStep(std::vector<int>{1}, full_token, CudaSampling{}, full.data()).ok());
+      const Status decoded =
+          gpu.ShadowKvDecodeStep(std::vector<int>{0}, shadow_token, CudaSampling{}, shadow.data());
+      ASSERT_TRUE(decoded.ok()) << decoded.ToString();
+      worst = std::max(worst, RelativeError(shadow, full));
+      next = Argmax(full);
+    }
+  }
+  std::printf("[ exact    ] rank 8, every chunk attended, against the full cache over 3 steps: "
+              "worst logit relative error %.2e with exact keys, %.2e rebuilt\n",
+              exact_error, rebuilt_error);
+  EXPECT_LT(exact_error, 1e-2);
+  EXPECT_GT(rebuilt_error, 5 * exact_error) << "rank 8 rebuilt the keys about as well";
+
+  for (const bool fp8 : {false, true}) {
+    kv::KvPolicyConfig config = ParityConfig(fp8);
+    config.exact_keys = 1;
+    config.label = fp8 ? "shadowkv:exact_keys=1:fp8_values=1:fp8_landmarks=1"
+                       : "shadowkv:exact_keys=1";
+    CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24);
+  }
+  kv::KvPolicyConfig rerank = ParityConfig(false);
+  rerank.exact_keys = 1;
+  rerank.selection = "rerank";
+  rerank.rerank_rank = 8;
+  rerank.label = "shadowkv:exact_keys=1:select=rerank:rerank_rank=8";
+  CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
 }
 
 // CheckParity with the same settings on both sides where the CPU policy takes them (a mode the

@@ -1,7 +1,7 @@
 // The host side of ShadowKV on the GPU (gpu/model/shadowkv_plan.h, pure C++, no GPU needed):
 // the row planner against the CPU's graduation rule, the refusals of prompts and settings the
 // kernels do not take, the rank from the key spectrum, the memory of a sequence (per-layer rank,
-// sliding-window rings), the capacity's tiles, and the bench's spread of host-value rows.
+// sliding-window rings, exact keys in the store), the capacity's tiles, and the bench's spread of host-value rows.
 #include <algorithm>
 #include <vector>
 
@@ -163,6 +163,48 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
   EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
+}
+
+// Exact keys: the store grows by one bf16 run of keys per chunk and head, placed after the
+// values (after the FP8 scales too) on a 16-byte boundary; the fast tier does not change, and the
+// pool counts the store where it sits.
+TEST(CudaShadowKvPlanTest, ExactKeysFollowTheValuesInTheStore) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 64;
+  kv::KvPolicyConfig exact = config;
+  exact.exact_keys = 1;
+  for (const int fp8 : {0, 1}) {
+    config.fp8_values = exact.fp8_values = fp8;
+    auto plain = MakeSkvGeometry(config, 2, 2, 64, 512);
+    auto with_keys = MakeSkvGeometry(exact, 2, 2, 64, 512);
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    ASSERT_TRUE(with_keys.ok()) << with_keys.status().ToString();
+    EXPECT_FALSE(plain->exact_keys);
+    EXPECT_TRUE(with_keys->exact_keys);
+    EXPECT_EQ(plain->KeyBytesPerSequence(), 0);
+    EXPECT_EQ(plain->StoreBytesPerSequence(), plain->ValueBytesPerSequence());
+    // 2 layers x 2 heads x 64 chunks of 8 tokens x 64 dims, bf16.
+    const int64_t runs = 2 * 2 * 64, run_elements = 8 * 64;
+    EXPECT_EQ(with_keys->KeyBytesPerSequence(), runs * run_elements * 2);
+    EXPECT_EQ(with_keys->KeyStoreOffset(), runs * (fp8 ? run_elements + 4 : run_elements * 2));
+    EXPECT_EQ(with_keys->KeyStoreOffset() % 16, 0);
+    EXPECT_EQ(with_keys->StoreBytesPerSequence(),
+              with_keys->KeyStoreOffset() + with_keys->KeyBytesPerSequence());
+    EXPECT_EQ(with_keys->DeviceBytesPerSequence(), plain->DeviceBytesPerSequence());
+    ModelConfig model;
+    model.num_layers = 2;
+    model.num_kv_heads = 2;
+    model.head_dim = 64;
+    auto on_device = LeastSequenceBytes(model, 512, &exact, /*host_values=*/false, {});
+    auto on_host = LeastSequenceBytes(model, 512, &exact, /*host_values=*/true, {});
+    ASSERT_TRUE(on_device.ok() && on_host.ok());
+    EXPECT_EQ(*on_device - *on_host, with_keys->StoreBytesPerSequence());
+  }
+  exact.paper = 1;  // the paper's configuration rebuilds every key
+  auto paper = MakeSkvGeometry(kv::WithPaperSettings(exact), 2, 2, 64, 512);
+  ASSERT_TRUE(paper.ok()) << paper.status().ToString();
+  EXPECT_FALSE(paper->exact_keys);
 }
 
 // A sliding-window model's geometry: its global layers laid out as a model of those layers

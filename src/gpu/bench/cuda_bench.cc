@@ -390,13 +390,18 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     run.floors.dense_ms = static_cast<double>(model.decode_weight_bytes()) / devices / device_rate;
     // FP8: a landmark or a stored run is one byte per element plus its 4-byte scale.
     const double landmark_bytes = kv_config.fp8_landmarks ? d + 4 : d * 2;
-    const double run_bytes = kv_config.fp8_values ? chunk * d + 4 : chunk * d * 2;
+    // Exact keys: a miss reads its keys' bf16 run beside its values and rebuilds nothing.
+    const bool exact_keys = kv_config.exact_keys != 0;
+    const double run_bytes = (kv_config.fp8_values ? chunk * d + 4 : chunk * d * 2) +
+                             (exact_keys ? chunk * d * 2 : 0);
+    const double written_bytes = chunk * d * 2 * (exact_keys ? 2 : 1);
     run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate;
-    run.floors.rebuild_ms = per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
+    run.floors.rebuild_ms =
+        exact_keys ? 0.0 : per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
     // A fetched run is read from the store and written to the gather rows as bf16.
     run.floors.fetch_ms =
         layers * heads * misses *
-        (run.device_value_sequences * (run_bytes + chunk * d * 2) / device_rate +
+        (run.device_value_sequences * (run_bytes + written_bytes) / device_rate +
          run.host_value_sequences * run_bytes / (kHostReadBytesPerSecond / 1000.0));
     run.floors.attention_ms =
         per_layer_rows * ((outliers + budget) * chunk + kv_config.local_window + chunk / 2) * d *

@@ -94,7 +94,7 @@ Result<std::pair<int64_t, int64_t>> CudaModel::ShadowKvBytesPerSequence(
   const kv::KvPolicyConfig config = kv::WithPaperSettings(requested);  // as the CPU policy does
   SKV_RETURN_IF_ERROR(ShadowKvRunsHere());
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometryFor(config, c, c.num_kv_heads, capacity));
-  return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.ValueBytesPerSequence()};
+  return std::pair<int64_t, int64_t>{g.DeviceBytesPerSequence(), g.StoreBytesPerSequence()};
 }
 
 Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_sequences,
@@ -264,6 +264,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.landmark_codes = s->landmark_codes.get();
   l.landmark_scales = s->landmark_scales.get();
   l.fp8_values = g.fp8_values ? 1 : 0;
+  l.exact_keys = g.exact_keys ? 1 : 0;
+  l.key_store_offset = g.KeyStoreOffset();
   l.outlier = s->outlier.get();
   l.slot_chunk = s->slot_chunk.get();
   l.values = s->value_table.get();
@@ -297,14 +299,14 @@ Status CudaModel::AllocateShadowKvValues(int seq, bool on_host) {
   ShadowKvState& s = *m.skv;
   SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
   if (s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has values", seq);
-  const int64_t bytes = s.geometry.ValueBytesPerSequence();
+  const int64_t bytes = s.geometry.StoreBytesPerSequence();
   if (on_host) {
     void* pointer = nullptr;
     const cudaError_t error = cudaHostAlloc(&pointer, static_cast<size_t>(bytes),
                                             cudaHostAllocMapped | cudaHostAllocPortable);
     if (error != cudaSuccess) {
       (void)cudaGetLastError();
-      return Error(ErrorCode::kResourceExhausted, "pinned host memory for the values of a "
+      return Error(ErrorCode::kResourceExhausted, "pinned host memory for the store of a "
                    "ShadowKV sequence ({:.2f} GiB): {}", static_cast<double>(bytes) / (1 << 30),
                    cudaGetErrorString(error));
     }
@@ -416,7 +418,7 @@ Status CudaModel::CopyShadowKvSequence(int from, int to) {
     return Status::Ok();
   }));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.value_pointers[to], s.value_pointers[from],
-                                           s.geometry.ValueBytesPerSequence(), cudaMemcpyDefault,
+                                           s.geometry.StoreBytesPerSequence(), cudaMemcpyDefault,
                                            m.stream));
   SKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));
   s.host_info[to] = s.host_info[from];
@@ -448,7 +450,7 @@ Result<CudaShadowKvSnapshot> CudaModel::SaveShadowKvSequence(int seq) {
     SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(part.data(), base + seq * per, per, cudaMemcpyDeviceToHost));
     return Status::Ok();
   }));
-  snapshot.values.resize(s.geometry.ValueBytesPerSequence());
+  snapshot.values.resize(s.geometry.StoreBytesPerSequence());
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy(snapshot.values.data(), s.value_pointers[seq],
                                       snapshot.values.size(), cudaMemcpyDefault));
   const SnapshotBookkeeping book{s.host_info[seq], s.lengths[seq], s.exact_first0[seq]};
@@ -464,7 +466,7 @@ Status CudaModel::RestoreShadowKvSequence(const CudaShadowKvSnapshot& snapshot, 
   SKV_RETURN_IF_ERROR(CheckSeq(s, seq));
   if (!s.value_pointers[seq]) return Error(ErrorCode::kInvalidArgument, "sequence {} has no values", seq);
   if (snapshot.bookkeeping.size() != sizeof(SnapshotBookkeeping) ||
-      static_cast<int64_t>(snapshot.values.size()) != s.geometry.ValueBytesPerSequence()) {
+      static_cast<int64_t>(snapshot.values.size()) != s.geometry.StoreBytesPerSequence()) {
     return Error(ErrorCode::kInvalidArgument, "the snapshot is of other ShadowKV settings");
   }
   size_t index = 0;
@@ -507,10 +509,10 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
   for (int i = 0; i < s.num_sequences; ++i) {
     if (s.host_values[i]) {
       ++stats.host_value_sequences;
-      stats.host_bytes += s.geometry.ValueBytesPerSequence();
+      stats.host_bytes += s.geometry.StoreBytesPerSequence();
     } else if (s.value_pointers[i]) {
       ++stats.device_value_sequences;
-      stats.device_bytes += s.geometry.ValueBytesPerSequence();
+      stats.device_bytes += s.geometry.StoreBytesPerSequence();
     }
   }
   if (auto counts = ShadowKvSequenceCounts(); counts.ok()) {

@@ -41,16 +41,21 @@ int64_t SkvGeometry::ValueBytesPerSequence() const {
   return ValueCodeBytesPerSequence() + (fp8_values ? runs * 4 : 0);
 }
 
+int64_t SkvGeometry::KeyBytesPerSequence() const {
+  if (!exact_keys) return 0;
+  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size * head_dim *
+         2;
+}
+
+int64_t SkvGeometry::StoreBytesPerSequence() const {
+  return ValueBytesPerSequence() + KeyBytesPerSequence();
+}
+
 Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_layers,
                                     int num_kv_heads, int head_dim, int64_t capacity_tokens) {
   SKV_RETURN_IF_ERROR(config.Validate());
   if (config.exact_layers != 0) {
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
-  }
-  if (config.exact_keys != 0) {
-    return Error(ErrorCode::kUnsupported,
-                 "ShadowKV exact_keys runs on the CPU only (on the GPU, rank=W:rerank_rank=r "
-                 "attends the same keys up to rounding, without the smaller fast tier)");
   }
   if (config.basis_groups != 1) {
     return Error(ErrorCode::kUnsupported,
@@ -111,6 +116,7 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.capacity_chunks = static_cast<int>(capacity_tokens / g.chunk_size);
   g.fp8_values = config.fp8_values != 0;
   g.fp8_landmarks = config.fp8_landmarks != 0;
+  g.exact_keys = config.exact_keys != 0;
   // A multiple of 16 chunks: the tensor-core scoring's tile (bf16 landmarks at other capacities
   // fall back to the CUDA-core scoring; FP8 landmarks have no other).
   g.capacity_chunks = (g.capacity_chunks + 15) / 16 * 16;

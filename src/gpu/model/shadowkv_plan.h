@@ -47,15 +47,25 @@ struct SkvGeometry {
   // FP8 e4m3 (one fp32 scale per chunk of one KV head) for the stored values / the landmarks.
   bool fp8_values = false;
   bool fp8_landmarks = false;
+  // The store keeps each chunk's exact post-RoPE keys (bf16) after its values, and a miss copies
+  // them into the gather rows instead of rebuilding them from A and B; the rank-r factors then
+  // serve the re-rank's scores only (kv::KvPolicyConfig::exact_keys).
+  bool exact_keys = false;
 
   int kv_width() const { return num_kv_heads * head_dim; }
   bool per_layer_rank() const { return rank_energy > 0.0; }
-  // Device bytes of one sequence without its values (A and B at `rank`, the cap under a per-layer
-  // rank; the windowed layers' rings included), and the bytes of its values.
+  // Device bytes of one sequence without its store (A and B at `rank`, the cap under a per-layer
+  // rank; the windowed layers' rings included): the fast tier.
   int64_t DeviceBytesPerSequence() const;
   // Bytes of one sequence's windowed-layer rings (K and V, bf16).
   int64_t WindowBytesPerSequence() const;
-  int64_t ValueBytesPerSequence() const;
+  // One sequence's store (the slow tier, device or pinned host memory): its values (codes, then
+  // scales under FP8), then with exact_keys its keys, from KeyStoreOffset(): bf16, one run per
+  // chunk of one KV head in the values' order.
+  int64_t StoreBytesPerSequence() const;
+  int64_t ValueBytesPerSequence() const;  // the values' part
+  int64_t KeyStoreOffset() const { return ValueBytesPerSequence(); }
+  int64_t KeyBytesPerSequence() const;  // 0 without exact_keys
   // Bytes of one sequence's landmarks (with their scales under FP8).
   int64_t LandmarkBytesPerSequence() const;
   // Where the value scales start in a sequence's value store (FP8 only): after the codes.

@@ -361,9 +361,10 @@ std::string CudaServingModel::Describe() const {
       sequences_, context, num_slots_, slot_bytes_ / kGiB);
   if (shadowkv()) {
     text += fmt::format(
-        "; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values (device "
+        "; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values{} (device "
         "memory while it lasts, then pinned host memory)",
-        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB);
+        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB,
+        options_.kv.exact_keys != 0 ? " and exact keys" : "");
     if (options_.recompress_turns && options_.keep_prompt_keys) {
       text += fmt::format(
           "; later turns from the prompt's exact keys, kept in pinned host memory ({:.2f} GiB a "

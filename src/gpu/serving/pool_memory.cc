@@ -35,7 +35,7 @@ Result<int64_t> LeastSequenceBytes(const ModelConfig& config, int64_t context,
                        MakeSkvGeometryFor(ShardKvPolicy(*shadowkv, size), config, kv_heads,
                                           context));
   return ranks_per_gpu *
-         (geometry.DeviceBytesPerSequence() + (host_values ? 0 : geometry.ValueBytesPerSequence()));
+         (geometry.DeviceBytesPerSequence() + (host_values ? 0 : geometry.StoreBytesPerSequence()));
 }
 
 Result<int> BatchBoundBeforeLoad(int64_t least_sequence_bytes) {

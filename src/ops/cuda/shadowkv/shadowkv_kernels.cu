@@ -1,6 +1,6 @@
 // ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select (→ re-rank) → fetch
-// values and rebuild keys (misses only) → the ordinary split decode kernel over the attention
-// buffer.
+// values and rebuild keys (misses only; with exact keys the fetch copies both) → the ordinary
+// split decode kernel over the attention buffer.
 // Every grid is sized from the capacities, never from this step's counts, so a decode step can
 // be captured once as a CUDA graph; blocks with nothing to do return at once.
 #include <algorithm>
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKerne
   }
 }
 
-// One block per (row, layer): landmark, values to the store, outlier flag (and under FP8 the
+// One block per (row, layer): landmark, values (and exact keys) to the store, outlier flag (and under FP8 the
 // quantised run and landmark). Shared (FP8 landmarks only): the means [kv_heads, d] as fp32.
 __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeParams p) {
   extern __shared__ float means[];
@@ -109,6 +109,10 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
     if (!l.fp8_values) {
       Bf16* store = l.values[m.seq] + l.RunIndex(layer, h, m.graduate_chunk) * chunk * d;
       for (int t = 0; t < chunk; ++t) store[t * d + e] = values[t * d + e];
+    }
+    if (l.exact_keys) {
+      Bf16* store = l.KeyRun(m.seq, layer, h, m.graduate_chunk);
+      for (int t = 0; t < chunk; ++t) store[t * d + e] = keys[t * d + e];
     }
     const float mean = sum / static_cast<float>(chunk);
     const int64_t head_index = l.HeadIndex(m.seq, layer, h);
@@ -323,7 +327,8 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
 
 constexpr int kFetchThreads = 128;
 
-// One block per (slot, KV head, row): one contiguous run of C·D values, store → gather rows.
+// One block per (slot, KV head, row): one contiguous run of C·D values, store → gather rows,
+// and with exact_keys the chunk's run of keys.
 __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeParams p) {
   const int slot = blockIdx.x, h = blockIdx.y, row = blockIdx.z;
   const SkvLayout& l = p.layout;
@@ -333,21 +338,27 @@ __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeP
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int run = l.chunk_size * l.head_dim;
-  uint4* target = reinterpret_cast<uint4*>(
-      l.attn.values + l.attn.HeadOffset(m.seq, p.layer, h) +
+  const int64_t gather_row =
+      l.attn.HeadOffset(m.seq, p.layer, h) +
       (static_cast<int64_t>(info.gather_base) + static_cast<int64_t>(slot) * l.chunk_size) *
-          l.head_dim);
+          l.head_dim;
+  uint4* target = reinterpret_cast<uint4*>(l.attn.values + gather_row);
   if (l.fp8_values) {
     const uint2* codes = reinterpret_cast<const uint2*>(l.ValueCodes(m.seq, p.layer, h, chunk));
     const float scale = *l.ValueScale(m.seq, p.layer, h, chunk);
     for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
       target[i] = DecodeFp8x8ToBf16(codes[i], scale);
     }
-    return;
+  } else {
+    const uint4* source =
+        reinterpret_cast<const uint4*>(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run);
+    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
   }
-  const uint4* source =
-      reinterpret_cast<const uint4*>(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run);
-  for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
+  if (l.exact_keys) {
+    const uint4* source = reinterpret_cast<const uint4*>(l.KeyRun(m.seq, p.layer, h, chunk));
+    uint4* keys = reinterpret_cast<uint4*>(l.attn.keys + gather_row);
+    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) keys[i] = source[i];
+  }
 }
 
 // ---- key rebuild ------------------------------------------------------------------------------
@@ -732,7 +743,7 @@ cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& p, cudaStream_t stream) 
 }
 
 cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) {
-  if (p.rows == 0) return cudaSuccess;
+  if (p.rows == 0 || p.layout.exact_keys) return cudaSuccess;  // exact keys: the fetch's copy
   const SkvLayout& l = p.layout;
   if (l.rank % 8 != 0) return cudaErrorInvalidValue;
   if (p.kernel_variant == kSkvKernelsFast && SkvRebuildFastApplies(p)) {

@@ -72,6 +72,12 @@ struct SkvLayout {
   // run [layers, kv_heads, capacity_chunks] (core/fp8.h).
   __nv_bfloat16* const* values = nullptr;
   int fp8_values = 0;
+  // Exact keys (kv::KvPolicyConfig::exact_keys): the store continues, at byte key_store_offset
+  // (16-byte aligned), with the chunks' post-RoPE keys, bf16, one run per chunk of one head in
+  // the values' order. The value fetch then copies a missed chunk's keys too, and there is no
+  // key rebuild (LaunchSkvRebuildKeys does nothing); A and B serve the re-rank's scores.
+  int exact_keys = 0;
+  int64_t key_store_offset = 0;
   const SkvSequenceInfo* info = nullptr;      // [seqs]
   // [seqs, 2]: each sequence's chunks selected, of which hits (or null)
   unsigned long long* counters = nullptr;
@@ -102,6 +108,12 @@ struct SkvLayout {
     return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(values[seq]) +
                                     RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
            RunIndex(layer, head, chunk);
+  }
+  // Exact key run of sequence `seq` (exact_keys only).
+  SKV_HOST_DEVICE __nv_bfloat16* KeyRun(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint8_t*>(values[seq]) +
+                                            key_store_offset) +
+           RunIndex(layer, head, chunk) * chunk_size * head_dim;
   }
 };
 
@@ -179,9 +191,11 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
 // of its tokens' probabilities, max over the group; the best K (ties: the lower chunk) go to
 // the gather slots as LaunchSkvSelect's would (hits, misses, counters).
 cudaError_t LaunchSkvRerank(const SkvDecodeParams& params, cudaStream_t stream);
-// Values of the missed chunks: store → attention buffer gather rows.
+// Values of the missed chunks (and with exact_keys their keys): store → attention buffer gather
+// rows.
 cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& params, cudaStream_t stream);
 // Keys of the missed chunks: A rows · B_h on tensor cores, RoPE at the chunk's positions.
+// Nothing with exact_keys (the fetch copied them).
 cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& params, cudaStream_t stream);
 
 // Compression of one sequence, every layer: B from the eigenvectors of each layer's Gram matrix
