@@ -228,13 +228,18 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
   EXPECT_GE(static_cast<double>(matched) / gathered, bounds.min_overlap);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
   EXPECT_EQ(gpu.shadowkv_length(1), 261);
+  const int head_dim = spec.hidden / spec.heads;
+  auto geometry = MakeSkvGeometry(config, GlobalLayers(spec), spec.kv_heads, head_dim, 512);
+  ASSERT_TRUE(geometry.ok());
+  EXPECT_EQ(stats.host_bytes, stats.host_value_sequences * geometry->StoreBytesPerSequence());
   if (fp8) {
     // The values take 1 byte and a 4-byte scale per chunk and head instead of 2 bytes each.
-    auto geometry = MakeSkvGeometry(config, spec.layers, spec.kv_heads, 64, 512);
-    ASSERT_TRUE(geometry.ok());
-    EXPECT_EQ(stats.host_bytes, geometry->StoreBytesPerSequence());
     EXPECT_EQ(geometry->ValueBytesPerSequence(),
               int64_t{spec.layers} * spec.kv_heads * 64 * (8 * 64 + 4));
+  }
+  if (config.exact_keys != 0) {  // and the keys follow as bf16 runs
+    EXPECT_EQ(geometry->KeyBytesPerSequence(),
+              int64_t{GlobalLayers(spec)} * spec.kv_heads * 64 * 8 * head_dim * 2);
   }
 }
 
