@@ -40,6 +40,13 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "fp8_landmarks must be 0 or 1, not {}",
                  fp8_landmarks);
   }
+  if (fp8_keys != 0 && fp8_keys != 1) {
+    return Error(ErrorCode::kInvalidArgument, "fp8_keys must be 0 or 1, not {}", fp8_keys);
+  }
+  if (fp8_keys != 0 && exact_keys == 0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "fp8_keys stores the exact keys as FP8; it needs exact_keys=1");
+  }
   if (budget_tokens < 0) {
     return Error(ErrorCode::kInvalidArgument, "budget of {} tokens is negative", budget_tokens);
   }
@@ -184,6 +191,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"exact_keys", Assign(&KvPolicyConfig::exact_keys)},
       {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
       {"fp8_landmarks", Assign(&KvPolicyConfig::fp8_landmarks)},
+      {"fp8_keys", Assign(&KvPolicyConfig::fp8_keys)},
       {"snap_window", Assign(&KvPolicyConfig::snap_window)},
       {"snap_kernel", Assign(&KvPolicyConfig::snap_kernel)},
       {"snap_pooling", Assign(&KvPolicyConfig::snap_pooling)},
@@ -201,7 +209,7 @@ constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
     "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_rank", "mass",
     "outliers", "window", "successors", "exact_layers", "exact_keys", "fp8_values",
-    "fp8_landmarks"};
+    "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
 }  // namespace
@@ -234,6 +242,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.select_successors = 0;
   config.exact_layers = 0;
   config.exact_keys = 0;
+  config.fp8_keys = 0;
   config.fp8_values = 0;
   config.fp8_landmarks = 0;
   return config;

@@ -73,16 +73,19 @@ struct KvPolicyConfig {
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
   // 1: the slow tier also keeps every chunk's exact post-RoPE keys beside its values (a second
-  // store of the same runs, fp32 on the CPU), fetched with the values for the chunks attended;
-  // the rank-r factors are then read by selection alone (the re-rank's scores). Twice the slow
-  // tier, and the attended keys exact (docs/RESULTS.md, "Exact keys for the chunks attended").
-  // 0 or 1; off by default. CPU only for now.
+  // store of the same runs: fp32 on the CPU, bf16 after the values on the GPU), fetched with the
+  // values for the chunks attended; the rank-r factors are then read by selection alone (the
+  // re-rank's scores). Twice the slow tier, and the attended keys exact (docs/RESULTS.md, "Exact
+  // keys for the chunks attended"). 0 or 1; off by default.
   int exact_keys = 0;
   // Store the slow tier's values as FP8 e4m3 with one fp32 scale per chunk of one KV head, and
   // the chunk landmarks with one scale per landmark (core/fp8.h): half the bytes of bf16, a
   // quarter of fp32. 0 or 1; off by default.
   int fp8_values = 0;
   int fp8_landmarks = 0;
+  // With exact_keys: the stored keys as FP8 e4m3 in the same form (one fp32 scale per chunk of
+  // one KV head), so the key store takes a byte an element. 0 or 1; off by default.
+  int fp8_keys = 0;
   std::string value_store_path;  // back the slow tier by a memory-mapped file here (optional)
   // 1: ShadowKV as published, whatever the defaults become (see WithPaperSettings); 0 or 1.
   int paper = 0;
@@ -116,7 +119,7 @@ int RankFloor(const KvPolicyConfig& config, int head_dim);
 // rank_energy 0),
 // selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
 // absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
-// no exact keys, fp32 values and landmarks. Deployment settings (basis_groups, value_store_path)
+// no exact keys, fp32 values, landmarks and keys. Deployment settings (basis_groups, value_store_path)
 // are kept. Otherwise `config` unchanged.
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
@@ -126,8 +129,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // rerank_factor,
 // rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no
 // setting it forces may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1),
-// fp8_values (0 or 1),
-// fp8_landmarks (0 or 1), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks.
+// fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);

@@ -29,6 +29,11 @@ ValueFormat ValueFormatOf(const KvPolicyConfig& config) {
   return config.fp8_values != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
 }
 
+// The key store's format (exact_keys).
+ValueFormat KeyFormatOf(const KvPolicyConfig& config) {
+  return config.fp8_keys != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
+}
+
 enum class Selection { kLandmarks, kRerank, kHeads, kMass };
 
 Selection SelectionOf(const std::string& name) {
@@ -635,7 +640,7 @@ class ShadowKvPolicy final : public KvPolicy {
     std::unique_ptr<ValueStore> key_store;
     if (config_.exact_keys != 0) {
       SKV_ASSIGN_OR_RETURN(key_store, ValueStore::Create(run_floats, config_.value_store_path,
-                                                         ValueFormat::kFp32));
+                                                         KeyFormatOf(config_)));
     }
     return std::unique_ptr<SequenceKv>(std::make_unique<ShadowKvSequenceImpl>(
         settings_, std::move(store), std::move(key_store)));
@@ -666,7 +671,7 @@ class ShadowKvPolicy final : public KvPolicy {
       layer_landmark_bytes = LandmarkBytes(config_, g.num_kv_heads * landmarks, g.head_dim);
       int64_t run_bytes = ValueStore::RunBytes(chunk * g.head_dim, ValueFormatOf(config_));
       if (config_.exact_keys != 0) {
-        run_bytes += ValueStore::RunBytes(chunk * g.head_dim, ValueFormat::kFp32);
+        run_bytes += ValueStore::RunBytes(chunk * g.head_dim, KeyFormatOf(config_));
       }
       slow_bytes = g.num_kv_heads * landmarks * run_bytes;
       rope_floats = num_chunks * chunk * (g.rope.rotary_dim / 2 * 2);

@@ -1,4 +1,4 @@
-// Tests of the ShadowKV policy's FP8 e4m3 values and landmarks (core/fp8.h).
+// Tests of the ShadowKV policy's FP8 e4m3 values, landmarks and exact keys (core/fp8.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -68,6 +68,52 @@ TEST(ShadowKvTest, GatheredValuesAreExactOrTheDequantisedFp8Runs) {
       EXPECT_EQ(quantised, 0);
     }
   }
+}
+
+TEST(ShadowKvTest, Fp8KeysGatherTheDequantisedExactKeys) {
+  // exact_keys with fp8_keys: the gathered chunks' keys are exactly the codec's dequantised run
+  // of the stream's post-RoPE keys (one scale per chunk and KV head) at rank 16 of 128, the
+  // values stay exact; the key store takes a byte an element plus a scale per run.
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 5);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2, 16);
+  config.budget_tokens = 64;
+  config.exact_keys = 1;
+  config.fp8_keys = 1;
+  int64_t quantised = 0;
+  ForEachHeadAtFirstDecode(stream, config, [&](int layer, int h,
+                                               const std::vector<KvSegment>& segments,
+                                               const ShadowKvLayerInfo& info) {
+    const KvSegment& gathered = segments[1];
+    for (size_t slot = 0; slot < 8; ++slot) {
+      const int32_t chunk = info.gathered_chunks[h][slot];
+      auto keys = ChunkRows(stream, layer, h, 8, chunk, false);
+      auto expected = keys;
+      RoundTripFp8Run(expected.data(), 8 * 64);
+      const auto values = ChunkRows(stream, layer, h, 8, chunk, true);
+      for (int i = 0; i < 8 * 64; ++i) {
+        ASSERT_EQ(gathered.keys[slot * 8 * 64 + i], expected[i]) << "slot " << slot;
+        ASSERT_EQ(gathered.values[slot * 8 * 64 + i], values[i]) << "slot " << slot;
+        quantised += expected[i] != keys[i];
+      }
+    }
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_GT(quantised, 2 * 3 * 8 * 8 * 64 / 2);  // most keys changed by the rounding
+
+  // Memory: fp32 values plus FP8 keys, against fp32 values plus fp32 keys.
+  KvPolicyConfig fp32_keys = config;
+  fp32_keys.fp8_keys = 0;
+  auto with_fp8 = MakePolicy(config, g), with_fp32 = MakePolicy(fp32_keys, g);
+  const int64_t runs_fp8 = with_fp8->EstimateMemory(300).slow_bytes;
+  const int64_t runs_fp32 = with_fp32->EstimateMemory(300).slow_bytes;
+  // Per run: 8 x 64 fp32 values + 8 x 64 keys, as bytes + a scale or as fp32.
+  EXPECT_EQ(runs_fp8 * (2 * 8 * 64 * 4), runs_fp32 * (8 * 64 * 4 + 8 * 64 + 4));
+  config.exact_keys = 0;  // FP8 keys of no key store
+  const auto refused = MakeKvPolicy(config, g);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("exact_keys"), std::string::npos)
+      << refused.status().ToString();
 }
 
 TEST(ShadowKvTest, Fp8ValuesAttendWithinTheFormatsBound) {

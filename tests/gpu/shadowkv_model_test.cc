@@ -237,9 +237,10 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
     EXPECT_EQ(geometry->ValueBytesPerSequence(),
               int64_t{spec.layers} * spec.kv_heads * 64 * (8 * 64 + 4));
   }
-  if (config.exact_keys != 0) {  // and the keys follow as bf16 runs
+  if (config.exact_keys != 0) {  // and the keys follow as bf16 runs, or FP8 runs and scales
+    const int64_t runs = int64_t{GlobalLayers(spec)} * spec.kv_heads * 64;
     EXPECT_EQ(geometry->KeyBytesPerSequence(),
-              int64_t{GlobalLayers(spec)} * spec.kv_heads * 64 * 8 * head_dim * 2);
+              config.fp8_keys != 0 ? runs * (8 * head_dim + 4) : runs * 8 * head_dim * 2);
   }
 }
 
@@ -433,8 +434,9 @@ TEST(CudaShadowKvParityTest, PerLayerRankWithFp8StoresMatchesTheCpuAtThatRank) {
 // rebuilding them, so at rank 8 with every chunk in the budget the step equals the full cache's
 // up to the attention's summation order, where the rank-8 rebuild is far from it; and through
 // decode, graduations (the graduated chunk's keys written to the store), host-memory stores, FP8
-// values and copied sequences the GPU decodes as the CPU policy with the same option, for the
-// landmark selection and for the re-rank scored at rank 8 of 24.
+// values with FP8 keys (the codec's runs on both sides) and copied sequences the GPU decodes as
+// the CPU policy with the same option, for the landmark selection and for the re-rank scored at
+// rank 8 of 24.
 TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPolicy) {
   SKV_SKIP_WITHOUT_GPU();
   const TinyModelSpec spec = SmallLlamaSpec(7);
@@ -475,7 +477,8 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
   for (const bool fp8 : {false, true}) {
     kv::KvPolicyConfig config = ParityConfig(fp8);
     config.exact_keys = 1;
-    config.label = fp8 ? "shadowkv:exact_keys=1:fp8_values=1:fp8_landmarks=1"
+    config.fp8_keys = fp8 ? 1 : 0;
+    config.label = fp8 ? "shadowkv:exact_keys=1:fp8_keys=1:fp8_values=1:fp8_landmarks=1"
                        : "shadowkv:exact_keys=1";
     CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24);
   }

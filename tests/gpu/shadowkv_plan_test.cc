@@ -165,9 +165,9 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
 }
 
-// Exact keys: the store grows by one bf16 run of keys per chunk and head, placed after the
-// values (after the FP8 scales too) on a 16-byte boundary; the fast tier does not change, and the
-// pool counts the store where it sits.
+// Exact keys: the store grows by one bf16 run of keys per chunk and head (FP8 codes and a scale
+// with fp8_keys), placed after the values (after the FP8 scales too) on a 16-byte boundary; the
+// fast tier does not change, and the pool counts the store where it sits.
 TEST(CudaShadowKvPlanTest, ExactKeysFollowTheValuesInTheStore) {
   kv::KvPolicyConfig config;
   config.policy = "shadowkv";
@@ -201,6 +201,15 @@ TEST(CudaShadowKvPlanTest, ExactKeysFollowTheValuesInTheStore) {
     ASSERT_TRUE(on_device.ok() && on_host.ok());
     EXPECT_EQ(*on_device - *on_host, with_keys->StoreBytesPerSequence());
   }
+  // FP8 keys: a byte an element and a scale per run, after the values.
+  exact.fp8_keys = 1;
+  auto fp8_keys = MakeSkvGeometry(exact, 2, 2, 64, 512);
+  ASSERT_TRUE(fp8_keys.ok()) << fp8_keys.status().ToString();
+  EXPECT_TRUE(fp8_keys->fp8_keys);
+  EXPECT_EQ(fp8_keys->KeyBytesPerSequence(), 2 * 2 * 64 * (8 * 64 + 4));
+  EXPECT_EQ(fp8_keys->StoreBytesPerSequence(),
+            fp8_keys->ValueBytesPerSequence() + fp8_keys->KeyBytesPerSequence());
+  exact.fp8_keys = 0;
   exact.paper = 1;  // the paper's configuration rebuilds every key
   auto paper = MakeSkvGeometry(kv::WithPaperSettings(exact), 2, 2, 64, 512);
   ASSERT_TRUE(paper.ok()) << paper.status().ToString();

@@ -392,8 +392,9 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double landmark_bytes = kv_config.fp8_landmarks ? d + 4 : d * 2;
     // Exact keys: a miss reads its keys' bf16 run beside its values and rebuilds nothing.
     const bool exact_keys = kv_config.exact_keys != 0;
+    const double key_run_bytes = kv_config.fp8_keys ? chunk * d + 4 : chunk * d * 2;
     const double run_bytes = (kv_config.fp8_values ? chunk * d + 4 : chunk * d * 2) +
-                             (exact_keys ? chunk * d * 2 : 0);
+                             (exact_keys ? key_run_bytes : 0);
     const double written_bytes = chunk * d * 2 * (exact_keys ? 2 : 1);
     run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate;
     run.floors.rebuild_ms =

@@ -305,7 +305,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(mark(2));
 
   // 3. A = X·Bᵀ for the chunked rows; landmarks and min-cosines of every chunk (and under FP8
-  //    values, every chunk's quantised value run).
+  //    values or keys, every chunk's quantised value or key run).
   DeviceBuffer<float> min_cosine;
   SKV_RETURN_IF_ERROR(min_cosine.Allocate(static_cast<int64_t>(layers) * heads * num_chunks));
   for (const LayerRun& run : runs) {
@@ -337,6 +337,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     lp.min_cosine = min_cosine.get() + static_cast<int64_t>(layer) * heads * num_chunks;
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvLandmarks(lp, stream));
     if (g.fp8_values) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreValuesFp8(lp, stream));
+    if (g.fp8_keys) SKV_CUDA_RETURN_IF_ERROR(LaunchSkvStoreKeysFp8(lp, stream));
   }
   SKV_CUDA_RETURN_IF_ERROR(mark(3));
 
@@ -376,7 +377,7 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
                                                  chunked * row_bytes, heads, cudaMemcpyDefault,
                                                  stream));
     }
-    if (g.exact_keys) {  // and their post-RoPE keys, as the full cache holds them
+    if (g.exact_keys && !g.fp8_keys) {  // and their post-RoPE keys, as the full cache holds them
       Bf16* keys = reinterpret_cast<Bf16*>(reinterpret_cast<uint8_t*>(s.value_pointers[seq]) +
                                            g.KeyStoreOffset()) +
                    layer_runs;

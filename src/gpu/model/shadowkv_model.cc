@@ -265,6 +265,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.landmark_scales = s->landmark_scales.get();
   l.fp8_values = g.fp8_values ? 1 : 0;
   l.exact_keys = g.exact_keys ? 1 : 0;
+  l.fp8_keys = g.fp8_keys ? 1 : 0;
   l.key_store_offset = g.KeyStoreOffset();
   l.outlier = s->outlier.get();
   l.slot_chunk = s->slot_chunk.get();

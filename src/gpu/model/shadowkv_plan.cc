@@ -43,8 +43,9 @@ int64_t SkvGeometry::ValueBytesPerSequence() const {
 
 int64_t SkvGeometry::KeyBytesPerSequence() const {
   if (!exact_keys) return 0;
-  return static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks * chunk_size * head_dim *
-         2;
+  const int64_t runs = static_cast<int64_t>(num_layers) * num_kv_heads * capacity_chunks;
+  const int64_t elements = runs * chunk_size * head_dim;
+  return fp8_keys ? elements + runs * 4 : elements * 2;
 }
 
 int64_t SkvGeometry::StoreBytesPerSequence() const {
@@ -117,6 +118,7 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   g.fp8_values = config.fp8_values != 0;
   g.fp8_landmarks = config.fp8_landmarks != 0;
   g.exact_keys = config.exact_keys != 0;
+  g.fp8_keys = g.exact_keys && config.fp8_keys != 0;
   // A multiple of 16 chunks: the tensor-core scoring's tile (bf16 landmarks at other capacities
   // fall back to the CUDA-core scoring; FP8 landmarks have no other).
   g.capacity_chunks = (g.capacity_chunks + 15) / 16 * 16;

@@ -51,6 +51,7 @@ struct SkvGeometry {
   // them into the gather rows instead of rebuilding them from A and B; the rank-r factors then
   // serve the re-rank's scores only (kv::KvPolicyConfig::exact_keys).
   bool exact_keys = false;
+  bool fp8_keys = false;  // the exact keys as FP8 e4m3 runs with their scales (fp8_keys)
 
   int kv_width() const { return num_kv_heads * head_dim; }
   bool per_layer_rank() const { return rank_energy > 0.0; }
@@ -61,7 +62,7 @@ struct SkvGeometry {
   int64_t WindowBytesPerSequence() const;
   // One sequence's store (the slow tier, device or pinned host memory): its values (codes, then
   // scales under FP8), then with exact_keys its keys, from KeyStoreOffset(): bf16, one run per
-  // chunk of one KV head in the values' order.
+  // chunk of one KV head in the values' order (under fp8_keys codes, then scales).
   int64_t StoreBytesPerSequence() const;
   int64_t ValueBytesPerSequence() const;  // the values' part
   int64_t KeyStoreOffset() const { return ValueBytesPerSequence(); }

@@ -88,8 +88,9 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateCoefficientsKerne
   }
 }
 
-// One block per (row, layer): landmark, values (and exact keys) to the store, outlier flag (and under FP8 the
-// quantised run and landmark). Shared (FP8 landmarks only): the means [kv_heads, d] as fp32.
+// One block per (row, layer): landmark, values (and exact keys) to the store, outlier flag (and
+// under FP8 the quantised runs and landmark). Shared (FP8 landmarks only): the means [kv_heads,
+// d] as fp32.
 __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeParams p) {
   extern __shared__ float means[];
   const SkvRowMeta m = p.meta[blockIdx.x];
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
       Bf16* store = l.values[m.seq] + l.RunIndex(layer, h, m.graduate_chunk) * chunk * d;
       for (int t = 0; t < chunk; ++t) store[t * d + e] = values[t * d + e];
     }
-    if (l.exact_keys) {
+    if (l.exact_keys && !l.fp8_keys) {
       Bf16* store = l.KeyRun(m.seq, layer, h, m.graduate_chunk);
       for (int t = 0; t < chunk; ++t) store[t * d + e] = keys[t * d + e];
     }
@@ -124,16 +125,23 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
     }
     if (e == 0) l.outlier[head_index * l.capacity_chunks + m.graduate_chunk] = 0;
   }
-  if (!l.fp8_values && !l.fp8_landmarks) return;
+  if (!l.fp8_values && !l.fp8_landmarks && !l.fp8_keys) return;
   __syncthreads();
-  // FP8: one warp per KV head quantises the chunk's values and its landmark.
+  // FP8: one warp per KV head quantises the chunk's values, its keys and its landmark.
   for (int h = threadIdx.x / 32; h < l.num_kv_heads; h += blockDim.x / 32) {
-    if (l.fp8_values) {
-      const Bf16* values = l.attn.values + l.attn.HeadOffset(m.seq, layer, h) +
+    const int64_t recent = l.attn.HeadOffset(m.seq, layer, h) +
                            static_cast<int64_t>(info.recent_base) * d;
+    if (l.fp8_values) {
+      const Bf16* values = l.attn.values + recent;
       WarpQuantizeFp8Run([&](int i) { return __bfloat162float(values[i]); }, chunk * d,
                          l.ValueCodes(m.seq, layer, h, m.graduate_chunk),
                          l.ValueScale(m.seq, layer, h, m.graduate_chunk));
+    }
+    if (l.fp8_keys) {
+      const Bf16* keys = l.attn.keys + recent;
+      WarpQuantizeFp8Run([&](int i) { return __bfloat162float(keys[i]); }, chunk * d,
+                         l.KeyCodes(m.seq, layer, h, m.graduate_chunk),
+                         l.KeyScale(m.seq, layer, h, m.graduate_chunk));
     }
     if (l.fp8_landmarks) {
       const int64_t landmark = l.HeadIndex(m.seq, layer, h) * l.capacity_chunks +
@@ -354,9 +362,15 @@ __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeP
         reinterpret_cast<const uint4*>(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run);
     for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
   }
-  if (l.exact_keys) {
+  uint4* keys = reinterpret_cast<uint4*>(l.attn.keys + gather_row);
+  if (l.fp8_keys) {
+    const uint2* codes = reinterpret_cast<const uint2*>(l.KeyCodes(m.seq, p.layer, h, chunk));
+    const float scale = *l.KeyScale(m.seq, p.layer, h, chunk);
+    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
+      keys[i] = DecodeFp8x8ToBf16(codes[i], scale);
+    }
+  } else if (l.exact_keys) {
     const uint4* source = reinterpret_cast<const uint4*>(l.KeyRun(m.seq, p.layer, h, chunk));
-    uint4* keys = reinterpret_cast<uint4*>(l.attn.keys + gather_row);
     for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) keys[i] = source[i];
   }
 }
@@ -590,17 +604,21 @@ int64_t GraduateCoefficientsSharedBytes(const SkvLayout& l) {
   return static_cast<int64_t>(l.chunk_size) * l.kv_width() * 4;
 }
 
-// One warp per (chunk, KV head): the chunk's values, quantised into the FP8 store.
+// One warp per (chunk, KV head): the chunk's values (kKeys: its post-RoPE keys), quantised into
+// the FP8 store.
 constexpr int kStoreWarps = 4;
-__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreValuesFp8Kernel(SkvLandmarkParams p) {
+template <bool kKeys>
+__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreRunsFp8Kernel(SkvLandmarkParams p) {
   const int c = blockIdx.x * kStoreWarps + threadIdx.x / 32, h = blockIdx.y;
   if (c >= p.num_chunks) return;
   const SkvLayout& l = p.layout;
   const int run = l.chunk_size * l.head_dim;
-  const Bf16* source = p.cache.values + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
+  const Bf16* source = (kKeys ? p.cache.keys : p.cache.values) +
+                       p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
                        static_cast<int64_t>(c) * run;
   WarpQuantizeFp8Run([&](int i) { return __bfloat162float(source[i]); }, run,
-                     l.ValueCodes(p.seq, p.layer, h, c), l.ValueScale(p.seq, p.layer, h, c));
+                     kKeys ? l.KeyCodes(p.seq, p.layer, h, c) : l.ValueCodes(p.seq, p.layer, h, c),
+                     kKeys ? l.KeyScale(p.seq, p.layer, h, c) : l.ValueScale(p.seq, p.layer, h, c));
 }
 
 }  // namespace
@@ -765,7 +783,15 @@ cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t str
   if (p.num_chunks == 0) return cudaSuccess;
   if (!p.layout.fp8_values) return cudaErrorInvalidValue;
   const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
-  SkvStoreValuesFp8Kernel<<<grid, kStoreWarps * 32, 0, stream>>>(p);
+  SkvStoreRunsFp8Kernel<false><<<grid, kStoreWarps * 32, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSkvStoreKeysFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
+  if (p.num_chunks == 0) return cudaSuccess;
+  if (!p.layout.fp8_keys) return cudaErrorInvalidValue;
+  const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
+  SkvStoreRunsFp8Kernel<true><<<grid, kStoreWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

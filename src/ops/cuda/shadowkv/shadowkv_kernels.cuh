@@ -74,9 +74,11 @@ struct SkvLayout {
   int fp8_values = 0;
   // Exact keys (kv::KvPolicyConfig::exact_keys): the store continues, at byte key_store_offset
   // (16-byte aligned), with the chunks' post-RoPE keys, bf16, one run per chunk of one head in
-  // the values' order. The value fetch then copies a missed chunk's keys too, and there is no
-  // key rebuild (LaunchSkvRebuildKeys does nothing); A and B serve the re-rank's scores.
+  // the values' order; with fp8_keys as e4m3 codes, then one fp32 scale per run, as FP8 values
+  // are laid out. The value fetch then copies (or decodes) a missed chunk's keys too, and there
+  // is no key rebuild (LaunchSkvRebuildKeys does nothing); A and B serve the re-rank's scores.
   int exact_keys = 0;
+  int fp8_keys = 0;
   int64_t key_store_offset = 0;
   const SkvSequenceInfo* info = nullptr;      // [seqs]
   // [seqs, 2]: each sequence's chunks selected, of which hits (or null)
@@ -109,11 +111,20 @@ struct SkvLayout {
                                     RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
            RunIndex(layer, head, chunk);
   }
-  // Exact key run of sequence `seq` (exact_keys only).
+  // Exact key run of sequence `seq` (exact_keys only): bf16, or with fp8_keys its codes and scale.
   SKV_HOST_DEVICE __nv_bfloat16* KeyRun(int seq, int layer, int head, int chunk) const {
     return reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint8_t*>(values[seq]) +
                                             key_store_offset) +
            RunIndex(layer, head, chunk) * chunk_size * head_dim;
+  }
+  SKV_HOST_DEVICE uint8_t* KeyCodes(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<uint8_t*>(values[seq]) + key_store_offset +
+           RunIndex(layer, head, chunk) * chunk_size * head_dim;
+  }
+  SKV_HOST_DEVICE float* KeyScale(int seq, int layer, int head, int chunk) const {
+    return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(values[seq]) + key_store_offset +
+                                    RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
+           RunIndex(layer, head, chunk);
   }
 };
 
@@ -253,6 +264,8 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 // quantised from a full cache slot into sequence `seq`'s store (one run per chunk per head).
 // Reads the same fields as the landmarks (all but min_cosine).
 cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
+// The same for the post-RoPE keys into the FP8 key store (exact_keys with fp8_keys).
+cudaError_t LaunchSkvStoreKeysFp8(const SkvLandmarkParams& params, cudaStream_t stream);
 
 // Decompression (CudaModel::DecompressShadowKv), one compressed layer: post-RoPE keys of tokens
 // [0, rows) (token t at position t) into a full cache slot from their pre-RoPE keys.
