@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prints Markdown tables of eval scores (percent) per KV policy with 95% bootstrap intervals
-from `shadowkv eval --json` reports, merging the questions of every report given (e.g. one report
-per seed).
+from `shadowkv eval --json` reports (.json or .json.gz), merging the questions of every report
+given (e.g. one report per seed); a question two reports share (same seed, task, length, sample)
+gets the policies of both, so a later run of new policies on the same seed pairs with the first.
 
 Usage: scripts/eval_table.py [--json] [--baseline POLICY] REPORT.json [REPORT.json ...]
 
@@ -17,6 +18,7 @@ attended tokens per query, each policy's mean is given under its table.
 
 --json prints the summary as JSON instead ({length: {row: {policy: {...}}}}), for checks.
 """
+import gzip
 import json
 import math
 import sys
@@ -113,23 +115,37 @@ def row_label(mode, question):
 
 
 def load(paths):
-    """(seed, policies, {length: {row: [question outputs by policy name]}})."""
+    """(seed, policies, {length: {row: [question outputs by policy name]}}). A question that an
+    earlier report holds too (same seed, length, task, sample and turn: the same prompt) gains the
+    later report's policies instead of counting twice; the same policy twice is an error."""
     seed, policies, data = None, [], OrderedDict()
+    seen = {}
     for path in paths:
-        with open(path) as f:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
             report = json.load(f)
         settings = report.get("settings", {})
+        report_seed = settings.get("seed", 42)
         if seed is None:
-            seed = settings.get("seed", 42)
+            seed = report_seed
         mode = settings.get("mode", "tasks")
         for question in report["questions"]:
-            outputs = OrderedDict()
+            row = row_label(mode, question)
+            key = (report_seed, question["length"], row, question.get("task"),
+                   question.get("sample"), question.get("conversation"), question.get("turn"))
+            outputs = seen.get(key)
+            if outputs is None:
+                outputs = seen[key] = OrderedDict()
+                rows = data.setdefault(question["length"], OrderedDict())
+                rows.setdefault(row, []).append(outputs)
             for output in question["outputs"]:
                 if output["policy"] not in policies:
                     policies.append(output["policy"])
+                if output["policy"] in outputs:
+                    sys.exit(f"{path}: {output['policy']} answered {row}, sample "
+                             f"{question.get('sample')} at {question['length']} in an earlier "
+                             "report too")
                 outputs[output["policy"]] = output
-            rows = data.setdefault(question["length"], OrderedDict())
-            rows.setdefault(row_label(mode, question), []).append(outputs)
     return seed, policies, data
 
 

@@ -1,5 +1,6 @@
 // scripts/eval_table.py re-tables a report JSON from a tiny eval with the intervals, paired
-// differences and attended tokens the C++ summary gives.
+// differences and attended tokens the C++ summary gives, and joins the policies of two reports
+// of the same questions.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -117,6 +118,33 @@ TEST(EvalTableScriptTest, ReproducesTheEvalsIntervalsFromItsJson) {
   EXPECT_GT(nonzero_widths, 4);
   // The sparse policies read fewer tokens than full on these prompts.
   EXPECT_LT(s.attended_tokens[0][1], s.attended_tokens[0][0]);
+
+  // The same questions split over two reports (full and streaming in one, snapkv in a later
+  // run of the same seed) join into the one table; a policy given twice for a question fails.
+  eval::EvalReport first = *report, second = *report;
+  first.settings.policies.resize(2);
+  second.settings.policies.erase(second.settings.policies.begin(),
+                                 second.settings.policies.begin() + 2);
+  for (size_t q = 0; q < report->questions.size(); ++q) {
+    first.questions[q].outputs.resize(2);
+    second.questions[q].outputs.erase(second.questions[q].outputs.begin(),
+                                      second.questions[q].outputs.begin() + 2);
+  }
+  const std::string first_path = path + ".first.json", second_path = path + ".second.json";
+  std::ofstream(first_path) << eval::ReportToJson(first).dump(1);
+  std::ofstream(second_path) << eval::ReportToJson(second).dump(1);
+  const auto joined = nlohmann::json::parse(
+      Capture("python3 '" + script + "' --json '" + first_path + "' '" + second_path + "'"));
+  EXPECT_EQ(joined, got);
+  FILE* twice = popen(("python3 '" + script + "' --json '" + path + "' '" + second_path +
+                       "' 2>/dev/null").c_str(), "r");
+  ASSERT_NE(twice, nullptr);
+  char sink[4096];
+  while (std::fread(sink, 1, sizeof(sink), twice) > 0) {
+  }
+  EXPECT_NE(pclose(twice), 0) << "snapkv twice for the same questions was accepted";
+  std::remove(first_path.c_str());
+  std::remove(second_path.c_str());
 
   // --baseline streaming: the paired differences against streaming, as the eval gives them when
   // streaming is its first policy (the resamples depend on the seed and the questions only).
