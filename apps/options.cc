@@ -106,6 +106,12 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
                "shadowkv: store values as FP8 e4m3, one scale per chunk and KV head");
   app.add_flag("--fp8-landmarks{1}", c.fp8_landmarks,
                "shadowkv: store chunk landmarks as FP8 e4m3, one scale per landmark");
+  app.add_flag("--exact-keys{1}", c.exact_keys,
+               "shadowkv: keep every chunk's exact post-RoPE keys beside its values and attend "
+               "to them (twice the slow tier; the rank then serves chunk selection only)");
+  app.add_flag("--fp8-keys{1}", c.fp8_keys,
+               "shadowkv --exact-keys: store those keys as FP8 e4m3, one scale per chunk and KV "
+               "head");
   app.add_option("--value-store", c.value_store_path,
                  "shadowkv: directory for a file-backed value store (default: RAM)");
   app.add_option("--snap-window", c.snap_window, "snapkv: observation window")
@@ -128,7 +134,7 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
          {"--budget", "--budget-fraction", "--budget-min", "--chunk-size", "--rank", "--rank-ratio",
           "--rank-energy", "--rank-min", "--rank-head-ratio", "--rank-max", "--select",
           "--rerank-factor", "--rerank-rank", "--select-mass", "--outliers", "--local-window",
-          "--fp8-values", "--fp8-landmarks"}) {
+          "--fp8-values", "--fp8-landmarks", "--exact-keys", "--fp8-keys"}) {
       if (app.count(fixed) > 0) {
         throw CLI::ValidationError("--paper",
                                    std::string("--paper fixes ") + fixed + "; name one or the other");

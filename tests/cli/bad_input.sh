@@ -57,6 +57,7 @@ expect_error bad_bench_variant "unknown setting 'colour'" "$bin" bench -m "$mode
 expect_error bad_bench_fp8 "fp8_values must be 0 or 1" "$bin" bench -m "$model" --kv shadowkv:fp8_values=3
 expect_error paper_and_rank "paper fixes --rank" "$bin" generate -m "$model" -p hi --kv shadowkv --paper --rank 64
 expect_error paper_and_variant "paper=1 fixes 'rank'" "$bin" bench -m "$model" --paper --kv shadowkv:rank=64
+expect_error fp8_keys_alone "needs exact_keys=1" "$bin" generate -m "$model" -p hi --kv shadowkv --fp8-keys
 # Tensor parallelism is CUDA-only: on the CPU paths it is refused, naming what is missing.
 expect_error tp_generate_cpu "needs --device cuda" "$bin" generate -m "$model" -p hi --tensor-parallel 2
 expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tensor-parallel 2
