@@ -328,22 +328,15 @@ TEST(CudaShadowKvParityTest, SlidingWindowRingsDecodeAsTheFullCache) {
     const int vocab = static_cast<int>(gpu.config().vocab_size);
     const std::vector<int32_t> prompt = SomeTokens(300, 31);
     const kv::KvPolicyConfig config = EveryChunkAtFullRank(c.kv_heads * head_dim);
-    std::vector<float> full(vocab), shadow(vocab);
+    std::vector<float> full(vocab);
     const Status prepared = PrefillTwoSlotsCompressFirst(gpu, prompt, config, &full);
     ASSERT_TRUE(prepared.ok()) << prepared.ToString();
-    double worst = 0.0;
-    int32_t next = Argmax(full);
-    for (int step = 0; step < 3; ++step) {
-      std::vector<int32_t> full_token = {next}, shadow_token = {next};
-      ASSERT_TRUE(gpu.DecodeStep(std::vector<int>{1}, full_token, CudaSampling{}, full.data()).ok());
-      const Status decoded =
-          gpu.ShadowKvDecodeStep(std::vector<int>{0}, shadow_token, CudaSampling{}, shadow.data());
-      ASSERT_TRUE(decoded.ok()) << decoded.ToString();
-      const double error = RelativeError(shadow, full);
-      worst = std::max(worst, error);
-      EXPECT_LT(error, 2e-2) << "step " << step;
-      next = Argmax(full);
+    auto errors = DecodeBesideTheFullCache(gpu, full, 3);
+    ASSERT_TRUE(errors.ok()) << errors.status().ToString();
+    for (size_t step = 0; step < errors->size(); ++step) {
+      EXPECT_LT((*errors)[step], 2e-2) << "step " << step;
     }
+    const double worst = *std::max_element(errors->begin(), errors->end());
     std::printf("[ ring     ] %d layers (%d global), head_dim %d: ShadowKV at full rank and "
                 "budget against the full cache, worst logit relative error %.2e over 3 steps\n",
                 spec.layers, GlobalLayers(spec), head_dim, worst);
@@ -453,20 +446,12 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
     config.rank_min = 0;
     config.rank_head_ratio = 0.0;
     config.exact_keys = exact;
-    std::vector<float> full(vocab), shadow(vocab);
+    std::vector<float> full(vocab);
     const Status prepared = PrefillTwoSlotsCompressFirst(gpu, prompt, config, &full);
     ASSERT_TRUE(prepared.ok()) << prepared.ToString();
-    int32_t next = Argmax(full);
-    double& worst = exact ? exact_error : rebuilt_error;
-    for (int step = 0; step < 3; ++step) {
-      std::vector<int32_t> full_token = {next}, shadow_token = {next};
-      ASSERT_TRUE(gpu.DecodeStep(std::vector<int>{1}, full_token, CudaSampling{}, full.data()).ok());
-      const Status decoded =
-          gpu.ShadowKvDecodeStep(std::vector<int>{0}, shadow_token, CudaSampling{}, shadow.data());
-      ASSERT_TRUE(decoded.ok()) << decoded.ToString();
-      worst = std::max(worst, RelativeError(shadow, full));
-      next = Argmax(full);
-    }
+    auto errors = DecodeBesideTheFullCache(gpu, full, 3);
+    ASSERT_TRUE(errors.ok()) << errors.status().ToString();
+    (exact ? exact_error : rebuilt_error) = *std::max_element(errors->begin(), errors->end());
   }
   std::printf("[ exact    ] rank 8, every chunk attended, against the full cache over 3 steps: "
               "worst logit relative error %.2e with exact keys, %.2e rebuilt\n",

@@ -1,6 +1,6 @@
 // Helpers of the ShadowKV GPU tests: the parity tests' settings, a model's two slots with the
-// first compressed, a head's selectable landmarks as the CPU policy lists them, and the nearby
-// query of a second decode step.
+// first compressed (and decoded beside each other), a head's selectable landmarks as the CPU
+// policy lists them, and the nearby query of a second decode step.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,9 @@
 
 #include "core/half.h"
 #include "core/status.h"
+#include "engine/sampler.h"
 #include "gpu/model/cuda_model.h"
+#include "gpu_test_util.h"
 #include "kv/kv_config.h"
 
 namespace shadowkv::cuda::testing {
@@ -58,6 +60,26 @@ inline Status PrefillTwoSlotsCompressFirst(CudaModel& gpu, const std::vector<int
     SKV_RETURN_IF_ERROR(gpu.Forward(std::span<const CudaStepInput>(&in, 1)));
   }
   return gpu.CompressToShadowKv(0, 0);
+}
+
+// After PrefillTwoSlotsCompressFirst (`logits`: the prompt's last): `steps` decode steps of the
+// full cache's slot 1 and ShadowKV sequence 0, both fed the full cache's greedy token; each
+// step's logit relative error of ShadowKV against the full cache.
+inline Result<std::vector<double>> DecodeBesideTheFullCache(CudaModel& gpu,
+                                                            std::vector<float> logits, int steps) {
+  std::vector<float> shadow(logits.size());
+  std::vector<double> errors;
+  int32_t next = Argmax(logits);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int32_t> full_token = {next}, shadow_token = {next};
+    SKV_RETURN_IF_ERROR(
+        gpu.DecodeStep(std::vector<int>{1}, full_token, CudaSampling{}, logits.data()));
+    SKV_RETURN_IF_ERROR(
+        gpu.ShadowKvDecodeStep(std::vector<int>{0}, shadow_token, CudaSampling{}, shadow.data()));
+    errors.push_back(RelativeError(shadow, logits));
+    next = Argmax(logits);
+  }
+  return errors;
 }
 
 // The landmarks of (seq, head) that are not outliers, in chunk order, with each one's chunk:

@@ -779,20 +779,23 @@ cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
+namespace {
+template <bool kKeys>
+cudaError_t LaunchStoreRunsFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
   if (p.num_chunks == 0) return cudaSuccess;
-  if (!p.layout.fp8_values) return cudaErrorInvalidValue;
+  if (!(kKeys ? p.layout.fp8_keys : p.layout.fp8_values)) return cudaErrorInvalidValue;
   const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
-  SkvStoreRunsFp8Kernel<false><<<grid, kStoreWarps * 32, 0, stream>>>(p);
+  SkvStoreRunsFp8Kernel<kKeys><<<grid, kStoreWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
+  return LaunchStoreRunsFp8<false>(p, stream);
 }
 
 cudaError_t LaunchSkvStoreKeysFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
-  if (p.num_chunks == 0) return cudaSuccess;
-  if (!p.layout.fp8_keys) return cudaErrorInvalidValue;
-  const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
-  SkvStoreRunsFp8Kernel<true><<<grid, kStoreWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchStoreRunsFp8<true>(p, stream);
 }
 
 cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& p, cudaStream_t stream) {
