@@ -350,28 +350,32 @@ __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeP
       l.attn.HeadOffset(m.seq, p.layer, h) +
       (static_cast<int64_t>(info.gather_base) + static_cast<int64_t>(slot) * l.chunk_size) *
           l.head_dim;
-  uint4* target = reinterpret_cast<uint4*>(l.attn.values + gather_row);
+  // The block copies a stored run of `run` elements to the gather rows: bf16 as stored, or FP8
+  // codes decoded with the run's scale.
+  auto gather = [&](const void* stored, const float* scale, Bf16* rows) {
+    uint4* target = reinterpret_cast<uint4*>(rows + gather_row);
+    if (scale) {
+      const uint2* codes = reinterpret_cast<const uint2*>(stored);
+      const float s = *scale;
+      for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
+        target[i] = DecodeFp8x8ToBf16(codes[i], s);
+      }
+    } else {
+      const uint4* source = reinterpret_cast<const uint4*>(stored);
+      for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
+    }
+  };
   if (l.fp8_values) {
-    const uint2* codes = reinterpret_cast<const uint2*>(l.ValueCodes(m.seq, p.layer, h, chunk));
-    const float scale = *l.ValueScale(m.seq, p.layer, h, chunk);
-    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
-      target[i] = DecodeFp8x8ToBf16(codes[i], scale);
-    }
+    gather(l.ValueCodes(m.seq, p.layer, h, chunk), l.ValueScale(m.seq, p.layer, h, chunk),
+           l.attn.values);
   } else {
-    const uint4* source =
-        reinterpret_cast<const uint4*>(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run);
-    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
+    gather(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run, nullptr, l.attn.values);
   }
-  uint4* keys = reinterpret_cast<uint4*>(l.attn.keys + gather_row);
   if (l.fp8_keys) {
-    const uint2* codes = reinterpret_cast<const uint2*>(l.KeyCodes(m.seq, p.layer, h, chunk));
-    const float scale = *l.KeyScale(m.seq, p.layer, h, chunk);
-    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
-      keys[i] = DecodeFp8x8ToBf16(codes[i], scale);
-    }
+    gather(l.KeyCodes(m.seq, p.layer, h, chunk), l.KeyScale(m.seq, p.layer, h, chunk),
+           l.attn.keys);
   } else if (l.exact_keys) {
-    const uint4* source = reinterpret_cast<const uint4*>(l.KeyRun(m.seq, p.layer, h, chunk));
-    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) keys[i] = source[i];
+    gather(l.KeyRun(m.seq, p.layer, h, chunk), nullptr, l.attn.keys);
   }
 }
 
