@@ -548,14 +548,15 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
               "{:>7}: budget {} tokens, rank {}, {} outlier chunks; prefill {:.2f} s, ShadowKV "
               "compression {:.1f} ms ({:.1f}% of the prefill: Gram {:.1f}, eigenvectors {:.1f}, "
               "projection and landmarks {:.1f}, outliers and copies {:.1f}); per sequence {:.2f} "
-              "GiB on the GPU + {:.2f} GiB of values; GPU in use {:.1f} GiB, pinned host values "
-              "{:.1f} GiB",
+              "GiB on the GPU + {:.2f} GiB of values{}; GPU in use {:.1f} GiB, pinned host "
+              "values {:.1f} GiB",
               context, r.budget_tokens, r.rank, r.outlier_chunks, r.prefill_seconds,
               1e3 * r.compress_seconds, 100.0 * r.compress_seconds / r.prefill_seconds,
               1e3 * r.compress_phase_seconds[0], 1e3 * r.compress_phase_seconds[1],
               1e3 * r.compress_phase_seconds[2], 1e3 * r.compress_phase_seconds[3],
               r.device_bytes_per_sequence / kGiB, r.value_bytes_per_sequence / kGiB,
-              r.gpu_bytes_used / kGiB, r.host_bytes / kGiB));
+              variant->exact_keys != 0 ? " and exact keys" : "", r.gpu_bytes_used / kGiB,
+              r.host_bytes / kGiB));
           if (o.engine_loop) {
             print_loop(policy, context, top.batch, top.decode_tokens_per_s,
                        engine_loop(*variant, context, top.batch), &row);
