@@ -119,8 +119,8 @@ int RankFloor(const KvPolicyConfig& config, int head_dim);
 // rank_energy 0),
 // selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
 // absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
-// no exact keys, fp32 values, landmarks and keys. Deployment settings (basis_groups, value_store_path)
-// are kept. Otherwise `config` unchanged.
+// no exact keys, fp32 values, landmarks and keys. Deployment settings (basis_groups,
+// value_store_path) are kept. Otherwise `config` unchanged.
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
 // A policy with settings of its own, for comparing variants in one run:
@@ -129,7 +129,8 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // rerank_factor,
 // rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no
 // setting it forces may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1),
-// fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks.
+// fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window,
+// snap_kernel, snap_pooling, page, dense_layers, sinks.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);

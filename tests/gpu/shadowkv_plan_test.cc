@@ -1,7 +1,8 @@
 // The host side of ShadowKV on the GPU (gpu/model/shadowkv_plan.h, pure C++, no GPU needed):
 // the row planner against the CPU's graduation rule, the refusals of prompts and settings the
 // kernels do not take, the rank from the key spectrum, the memory of a sequence (per-layer rank,
-// sliding-window rings, exact keys in the store), the capacity's tiles, and the bench's spread of host-value rows.
+// sliding-window rings, exact keys in the store), the capacity's tiles, and the bench's spread
+// of host-value rows.
 #include <algorithm>
 #include <vector>
 

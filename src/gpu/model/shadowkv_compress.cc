@@ -370,19 +370,16 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
     const Bf16* cache_values = m.cache.values + m.cache.HeadOffset(full_slot, global[layer], 0);
     const size_t cache_pitch = static_cast<size_t>(m.cache.capacity) * row_bytes;
     const size_t store_pitch = static_cast<size_t>(g.capacity_chunks) * chunk * row_bytes;
-    const int64_t layer_runs = static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
     if (!g.fp8_values) {  // (FP8 runs were quantised with the landmarks, step 3)
-      Bf16* store = s.value_pointers[seq] + layer_runs;
+      Bf16* store = s.value_pointers[seq] +
+                    static_cast<int64_t>(layer) * heads * g.capacity_chunks * chunk * d;
       SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(store, store_pitch, cache_values, cache_pitch,
                                                  chunked * row_bytes, heads, cudaMemcpyDefault,
                                                  stream));
     }
     if (g.exact_keys && !g.fp8_keys) {  // and their post-RoPE keys, as the full cache holds them
-      Bf16* keys = reinterpret_cast<Bf16*>(reinterpret_cast<uint8_t*>(s.value_pointers[seq]) +
-                                           g.KeyStoreOffset()) +
-                   layer_runs;
       SKV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
-          keys, store_pitch,
+          l.KeyRunOf(s.value_pointers[seq], layer, 0, 0), store_pitch,
           m.cache.keys + m.cache.HeadOffset(full_slot, global[layer], 0), cache_pitch,
           chunked * row_bytes, heads, cudaMemcpyDefault, stream));
     }

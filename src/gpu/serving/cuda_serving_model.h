@@ -149,7 +149,7 @@ class CudaServingModel final : public engine::ServingModel {
   std::string bound_;            // what bounded a pool sized from memory
   int64_t slot_bytes_ = 0;       // device bytes of one full-cache slot
   int64_t skv_bytes_ = 0;        // device bytes of one ShadowKV sequence without values
-  int64_t skv_value_bytes_ = 0;  // and of its values
+  int64_t skv_value_bytes_ = 0;  // and of its store (values, and exact keys with exact_keys)
   // CudaServingOptions::keep_prompt_keys: the pinned host bytes of one sequence's key copy (at
   // most: sliding-window layers keep none), the limit for all copies, and which indices hold one
   // (it stays with the index, as the model keeps it).

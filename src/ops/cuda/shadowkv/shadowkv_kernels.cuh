@@ -111,18 +111,24 @@ struct SkvLayout {
                                     RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
            RunIndex(layer, head, chunk);
   }
-  // Exact key run of sequence `seq` (exact_keys only): bf16, or with fp8_keys its codes and scale.
-  SKV_HOST_DEVICE __nv_bfloat16* KeyRun(int seq, int layer, int head, int chunk) const {
-    return reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uint8_t*>(values[seq]) +
-                                            key_store_offset) +
+  // Exact keys (exact_keys only) of the store at `store` (a sequence's values[seq]; the host
+  // passes its own pointer to it): where they start, a bf16 run, or with fp8_keys its codes and
+  // scale.
+  SKV_HOST_DEVICE uint8_t* KeysOf(void* store) const {
+    return static_cast<uint8_t*>(store) + key_store_offset;
+  }
+  SKV_HOST_DEVICE __nv_bfloat16* KeyRunOf(void* store, int layer, int head, int chunk) const {
+    return reinterpret_cast<__nv_bfloat16*>(KeysOf(store)) +
            RunIndex(layer, head, chunk) * chunk_size * head_dim;
+  }
+  SKV_HOST_DEVICE __nv_bfloat16* KeyRun(int seq, int layer, int head, int chunk) const {
+    return KeyRunOf(values[seq], layer, head, chunk);
   }
   SKV_HOST_DEVICE uint8_t* KeyCodes(int seq, int layer, int head, int chunk) const {
-    return reinterpret_cast<uint8_t*>(values[seq]) + key_store_offset +
-           RunIndex(layer, head, chunk) * chunk_size * head_dim;
+    return KeysOf(values[seq]) + RunIndex(layer, head, chunk) * chunk_size * head_dim;
   }
   SKV_HOST_DEVICE float* KeyScale(int seq, int layer, int head, int chunk) const {
-    return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(values[seq]) + key_store_offset +
+    return reinterpret_cast<float*>(KeysOf(values[seq]) +
                                     RunIndex(num_layers, 0, 0) * chunk_size * head_dim) +
            RunIndex(layer, head, chunk);
   }
