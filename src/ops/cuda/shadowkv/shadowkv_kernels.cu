@@ -1,6 +1,6 @@
 // ShadowKV kernels. Decode, per layer: graduate (+ shift) → score → select (→ re-rank) → fetch
 // values and rebuild keys (misses only; with exact keys the fetch copies both) → the ordinary
-// split decode kernel over the attention buffer.
+// split decode kernel over the attention buffer. (The compression kernels are in compress.cu.)
 // Every grid is sized from the capacities, never from this step's counts, so a decode step can
 // be captured once as a CUDA graph; blocks with nothing to do return at once.
 #include <algorithm>
@@ -508,97 +508,6 @@ int64_t RebuildSharedBytes(int rank, int head_dim) {
          static_cast<int64_t>(kRebuildWarps) * 16 * (head_dim + 4) * 4;
 }
 
-// ---- compression ------------------------------------------------------------------------------
-
-constexpr int kLandmarkWarps = 8;
-
-// One warp per (chunk, KV head): mean of the chunk's post-RoPE keys, then the smallest cosine
-// between that mean and each key (fp32 here; the CPU reference sums in fp64).
-__global__ void __launch_bounds__(kLandmarkWarps * 32) SkvLandmarkKernel(SkvLandmarkParams p) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int c = blockIdx.x * kLandmarkWarps + warp, h = blockIdx.y;
-  if (c >= p.num_chunks) return;
-  const SkvLayout& l = p.layout;
-  const int d = l.head_dim, chunk = l.chunk_size;
-  const Bf16* keys = p.cache.keys + p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
-                     static_cast<int64_t>(c) * chunk * d;
-  constexpr int kMaxPerLane = 8;  // head_dim <= 256
-  float mean[kMaxPerLane] = {};
-  for (int t = 0; t < chunk; ++t) {
-#pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j) {
-      const int e = lane + 32 * j;
-      if (e < d) mean[j] += __bfloat162float(keys[t * d + e]);
-    }
-  }
-  float mean_norm = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxPerLane; ++j) {
-    mean[j] /= static_cast<float>(chunk);
-    mean_norm += mean[j] * mean[j];
-  }
-  mean_norm = WarpSum(mean_norm);
-  float lowest = INFINITY;
-  for (int t = 0; t < chunk; ++t) {
-    float dot = 0.0f, norm = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j) {
-      const int e = lane + 32 * j;
-      const float k = e < d ? __bfloat162float(keys[t * d + e]) : 0.0f;
-      dot += k * mean[j];
-      norm += k * k;
-    }
-    dot = WarpSum(dot);
-    norm = WarpSum(norm);
-    const float denominator = sqrtf(mean_norm * norm);
-    lowest = fminf(lowest, denominator > 0.0f ? dot / denominator : 0.0f);
-  }
-  const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
-  const int64_t landmark = head_index * l.capacity_chunks + c;
-  if (l.fp8_landmarks) {
-    // The run's rule (WarpQuantizeFp8Run) with the mean already in registers.
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j) {
-      if (lane + 32 * j < d) amax = fmaxf(amax, fabsf(mean[j]));
-    }
-    amax = WarpMax(amax);
-    const float inverse = Fp8RunInverseScale(amax);
-#pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j) {
-      const int e = lane + 32 * j;
-      if (e < d) l.landmark_codes[landmark * d + e] = Fp32ToFp8E4m3(mean[j] * inverse);
-    }
-    if (lane == 0) l.landmark_scales[landmark] = Fp8RunScale(amax);
-  } else {
-#pragma unroll
-    for (int j = 0; j < kMaxPerLane; ++j) {
-      const int e = lane + 32 * j;
-      if (e < d) l.landmarks[landmark * d + e] = __float2bfloat16(mean[j]);
-    }
-  }
-  if (lane == 0) {
-    l.outlier[head_index * l.capacity_chunks + c] = 0;
-    p.min_cosine[static_cast<int64_t>(h) * p.num_chunks + c] = lowest;
-  }
-}
-
-// One block per (outlier, KV head).
-__global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
-  const int i = blockIdx.x, h = blockIdx.y;
-  const SkvLayout& l = p.layout;
-  const int chunk = p.outliers[h * p.num_outliers + i];
-  const int run = l.chunk_size * l.head_dim;
-  const int64_t head_index = l.HeadIndex(p.seq, p.layer, h);
-  if (threadIdx.x == 0) l.outlier[head_index * l.capacity_chunks + chunk] = 1;
-  const int64_t source = p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) + static_cast<int64_t>(chunk) * run;
-  const int64_t target = l.attn.HeadOffset(p.seq, p.layer, h) + static_cast<int64_t>(i) * run;
-  for (int e = threadIdx.x; e < run; e += blockDim.x) {
-    l.attn.keys[target + e] = p.cache.keys[source + e];
-    l.attn.values[target + e] = p.cache.values[source + e];
-  }
-}
-
 // Dynamic shared memory of the graduation kernel (FP8 landmarks: the means before quantising)
 // and of its A-row kernel (the chunk's pre-RoPE keys as fp32).
 int64_t GraduateSharedBytes(const SkvLayout& l) {
@@ -606,23 +515,6 @@ int64_t GraduateSharedBytes(const SkvLayout& l) {
 }
 int64_t GraduateCoefficientsSharedBytes(const SkvLayout& l) {
   return static_cast<int64_t>(l.chunk_size) * l.kv_width() * 4;
-}
-
-// One warp per (chunk, KV head): the chunk's values (kKeys: its post-RoPE keys), quantised into
-// the FP8 store.
-constexpr int kStoreWarps = 4;
-template <bool kKeys>
-__global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreRunsFp8Kernel(SkvLandmarkParams p) {
-  const int c = blockIdx.x * kStoreWarps + threadIdx.x / 32, h = blockIdx.y;
-  if (c >= p.num_chunks) return;
-  const SkvLayout& l = p.layout;
-  const int run = l.chunk_size * l.head_dim;
-  const Bf16* source = (kKeys ? p.cache.keys : p.cache.values) +
-                       p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
-                       static_cast<int64_t>(c) * run;
-  WarpQuantizeFp8Run([&](int i) { return __bfloat162float(source[i]); }, run,
-                     kKeys ? l.KeyCodes(p.seq, p.layer, h, c) : l.ValueCodes(p.seq, p.layer, h, c),
-                     kKeys ? l.KeyScale(p.seq, p.layer, h, c) : l.ValueScale(p.seq, p.layer, h, c));
 }
 
 }  // namespace
@@ -780,39 +672,6 @@ cudaError_t LaunchSkvRebuildKeys(const SkvDecodeParams& p, cudaStream_t stream) 
   } else {
     return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
-}
-
-namespace {
-template <bool kKeys>
-cudaError_t LaunchStoreRunsFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
-  if (p.num_chunks == 0) return cudaSuccess;
-  if (!(kKeys ? p.layout.fp8_keys : p.layout.fp8_values)) return cudaErrorInvalidValue;
-  const dim3 grid((p.num_chunks + kStoreWarps - 1) / kStoreWarps, p.layout.num_kv_heads);
-  SkvStoreRunsFp8Kernel<kKeys><<<grid, kStoreWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-}  // namespace
-
-cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
-  return LaunchStoreRunsFp8<false>(p, stream);
-}
-
-cudaError_t LaunchSkvStoreKeysFp8(const SkvLandmarkParams& p, cudaStream_t stream) {
-  return LaunchStoreRunsFp8<true>(p, stream);
-}
-
-cudaError_t LaunchSkvLandmarks(const SkvLandmarkParams& p, cudaStream_t stream) {
-  if (p.num_chunks == 0) return cudaSuccess;
-  if (p.layout.head_dim > 256) return cudaErrorInvalidValue;
-  const dim3 grid((p.num_chunks + kLandmarkWarps - 1) / kLandmarkWarps, p.layout.num_kv_heads);
-  SkvLandmarkKernel<<<grid, kLandmarkWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& p, cudaStream_t stream) {
-  if (p.num_outliers == 0) return cudaSuccess;
-  SkvPlaceOutliersKernel<<<dim3(p.num_outliers, p.layout.num_kv_heads), 128, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
