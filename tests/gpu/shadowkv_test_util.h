@@ -14,8 +14,14 @@
 #include "gpu/model/cuda_model.h"
 #include "gpu_test_util.h"
 #include "kv/kv_config.h"
+#include "tiny_model.h"
 
 namespace shadowkv::cuda::testing {
+
+// The tiny Llama the parity tests use: 2 layers, 4 query heads on 2 KV heads, fp32 weights.
+inline shadowkv::testing::TinyModelSpec SmallLlamaSpec(uint32_t seed) {
+  return shadowkv::testing::SmallSpec("llama", 256, 4, 2, gguf::GgmlType::kF32, true, seed);
+}
 
 // The parity tests' ShadowKV settings: the method's landmark selection and its rank rule without
 // a floor, 64 budget tokens (K = 8 chunks, O = 2), bf16 or FP8 values and landmarks.
