@@ -2,7 +2,8 @@
 """Prints Markdown tables of eval scores (percent) per KV policy with 95% bootstrap intervals
 from `shadowkv eval --json` reports (.json or .json.gz), merging the questions of every report
 given (e.g. one report per seed); a question two reports share (same seed, task, length, sample)
-gets the policies of both, so a later run of new policies on the same seed pairs with the first.
+gets the policies of both, so a later run of new policies on the same seed pairs with the first
+(a policy both reports ran counts once, where it answered the same).
 
 Usage: scripts/eval_table.py [--json] [--baseline POLICY] REPORT.json [REPORT.json ...]
 
@@ -117,7 +118,8 @@ def row_label(mode, question):
 def load(paths):
     """(seed, policies, {length: {row: [question outputs by policy name]}}). A question that an
     earlier report holds too (same seed, length, task, sample and turn: the same prompt) gains the
-    later report's policies instead of counting twice; the same policy twice is an error."""
+    later report's policies instead of counting twice. A policy a later report repeats (e.g. its
+baseline) counts once where its answer is the same; a different answer is an error."""
     seed, policies, data = None, [], OrderedDict()
     seen = {}
     for path in paths:
@@ -141,10 +143,14 @@ def load(paths):
             for output in question["outputs"]:
                 if output["policy"] not in policies:
                     policies.append(output["policy"])
-                if output["policy"] in outputs:
+                earlier = outputs.get(output["policy"])
+                if earlier is not None:
+                    if (earlier.get("text"), earlier.get("score")) == \
+                            (output.get("text"), output.get("score")):
+                        continue  # the same policy rerun with the same answer: counted once
                     sys.exit(f"{path}: {output['policy']} answered {row}, sample "
-                             f"{question.get('sample')} at {question['length']} in an earlier "
-                             "report too")
+                             f"{question.get('sample')} at {question['length']} differently in "
+                             "an earlier report")
                 outputs[output["policy"]] = output
     return seed, policies, data
 

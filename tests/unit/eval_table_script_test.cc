@@ -120,7 +120,7 @@ TEST(EvalTableScriptTest, ReproducesTheEvalsIntervalsFromItsJson) {
   EXPECT_LT(s.attended_tokens[0][1], s.attended_tokens[0][0]);
 
   // The same questions split over two reports (full and streaming in one, snapkv in a later
-  // run of the same seed) join into the one table; a policy given twice for a question fails.
+  // run of the same seed) join into the one table.
   eval::EvalReport first = *report, second = *report;
   first.settings.policies.resize(2);
   second.settings.policies.erase(second.settings.policies.begin(),
@@ -136,13 +136,22 @@ TEST(EvalTableScriptTest, ReproducesTheEvalsIntervalsFromItsJson) {
   const auto joined = nlohmann::json::parse(
       Capture("python3 '" + script + "' --json '" + first_path + "' '" + second_path + "'"));
   EXPECT_EQ(joined, got);
-  FILE* twice = popen(("python3 '" + script + "' --json '" + path + "' '" + second_path +
+  // A policy both reports ran counts once where it answered the same; a different answer fails.
+  const auto repeated = nlohmann::json::parse(
+      Capture("python3 '" + script + "' --json '" + path + "' '" + second_path + "'"));
+  EXPECT_EQ(repeated, got);
+  eval::EvalReport changed = second;
+  changed.questions[0].outputs[0].text += " (changed)";
+  const std::string changed_path = path + ".changed.json";
+  std::ofstream(changed_path) << eval::ReportToJson(changed).dump(1);
+  FILE* twice = popen(("python3 '" + script + "' --json '" + path + "' '" + changed_path +
                        "' 2>/dev/null").c_str(), "r");
   ASSERT_NE(twice, nullptr);
   char sink[4096];
   while (std::fread(sink, 1, sizeof(sink), twice) > 0) {
   }
-  EXPECT_NE(pclose(twice), 0) << "snapkv twice for the same questions was accepted";
+  EXPECT_NE(pclose(twice), 0) << "snapkv answering the same question differently was accepted";
+  std::remove(changed_path.c_str());
   std::remove(first_path.c_str());
   std::remove(second_path.c_str());
 
