@@ -57,7 +57,7 @@ struct KvPolicyConfig {
   // (a multiple of 8; largest eigenvalues first), or every component the layer keeps when 0 or
   // above its rank. The kept chunks are attended with every component either way; scoring with
   // fewer makes the re-rank cheaper where keys are wide. One basis for all heads only (basis_groups
-  // 1).
+  // 1); not with exact_keys, whose re-rank scores the stored exact keys.
   int rerank_rank = 0;
   double select_mass = 0.9;
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens
@@ -74,9 +74,10 @@ struct KvPolicyConfig {
   int exact_layers = 0;
   // 1: the slow tier also keeps every chunk's exact post-RoPE keys beside its values (a second
   // store of the same runs: fp32 on the CPU, bf16 after the values on the GPU), fetched with the
-  // values for the chunks attended; the rank-r factors are then read by selection alone (the
-  // re-rank's scores). Twice the slow tier, and the attended keys exact (docs/RESULTS.md, "Exact
-  // keys for the chunks attended"). 0 or 1; off by default.
+  // values for the chunks attended, and read by the re-rank ("rerank") to score its candidates
+  // (rerank_rank does not apply); the rank-r factors are then read by no decode step. Twice the
+  // slow tier, and the attended keys exact (docs/RESULTS.md, "Exact keys for the chunks
+  // attended"). 0 or 1; off by default.
   int exact_keys = 0;
   // Store the slow tier's values as FP8 e4m3 with one fp32 scale per chunk of one KV head, and
   // the chunk landmarks with one scale per landmark (core/fp8.h): half the bytes of bf16, a

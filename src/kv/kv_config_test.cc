@@ -151,6 +151,7 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
         Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
+        Case{"shadowkv:exact_keys=1:rerank_rank=16", "scores the stored exact keys"},
         Case{"shadowkv:mass=0", "selection mass 0"},
         Case{"shadowkv:paper=2", "paper must be 0 or 1"},
         Case{"shadowkv:paper=1:rank=64", "paper=1 fixes 'rank'"},

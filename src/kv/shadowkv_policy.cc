@@ -167,12 +167,13 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   void DropExactRows(LayerState& layer, int64_t rows);
   // Chooses head h's chunks for this step into scratch_.selected (landmark items, increasing)
   // by the configured selection; "rerank" also leaves its candidates' keys in scratch_.
-  void SelectChunks(const LayerState& layer, const HeadState& head, int h, const float* queries,
-                    int num_queries);
+  Status SelectChunks(const LayerState& layer, const HeadState& head, int h,
+                      const float* queries, int num_queries);
   // "rerank": the candidates' post-RoPE keys into scratch_.candidate_keys, copied from the
   // gather buffer where a slot holds them and rebuilt otherwise (all rebuilt, from the first
-  // ScoreRank components, where that is below the layer's rank).
-  void CandidateKeys(const LayerState& layer, const HeadState& head, int h);
+  // ScoreRank components, where that is below the layer's rank); with exact_keys the exact keys,
+  // from a slot or the key store.
+  Status CandidateKeys(const LayerState& layer, const HeadState& head, int h);
   // Rebuilds the post-RoPE keys of chunks scratch_.rebuild_items of head h into
   // scratch_.rebuild_targets (chunk_size * head_dim floats each), from the basis's first `rank`
   // components (at most the layer's rank).
@@ -408,7 +409,7 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         attended += rows;
       }
       if (head.num_landmarks() > 0 && budget_chunks_ > 0) {
-        SelectChunks(layer, head, h, queries, num_queries);
+        SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
         const auto selected_count = static_cast<int64_t>(scratch_.selected.size());
         const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
         SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
@@ -445,8 +446,8 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
   return Status::Ok();
 }
 
-void ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState& head, int h,
-                                        const float* queries, int num_queries) {
+Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState& head, int h,
+                                          const float* queries, int num_queries) {
   const KvGeometry& g = settings_.geometry;
   const float* group_queries = queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim;
   const int64_t items = head.num_landmarks();
@@ -457,7 +458,7 @@ void ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState
     ScoreLandmarksPerHead(group_queries, num_queries, g.q_width(), g.group_size(),
                           head.landmarks.data(), items, g.head_dim, &s.score, s.head_scores.data());
     SelectRoundRobinOverHeads(s.head_scores, g.group_size(), items, k, &s.order, &s.selected);
-    return;
+    return Status::Ok();
   }
   s.scores.resize(items);
   ScoreLandmarks(group_queries, num_queries, g.q_width(), g.group_size(), head.landmarks.data(),
@@ -466,12 +467,12 @@ void ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState
     case Selection::kMass:
       SelectByMass(s.scores, settings_.config.select_mass,
                    MassSelectionBounds(budget_chunks_, items), &s.order, &s.selected);
-      return;
+      return Status::Ok();
     case Selection::kRerank: {
       const int64_t wanted = std::min<int64_t>(
           static_cast<int64_t>(settings_.config.rerank_factor) * budget_chunks_, items);
       SelectTopK(s.scores, wanted, &s.top_values, &s.candidates);
-      CandidateKeys(layer, head, h);
+      SKV_RETURN_IF_ERROR(CandidateKeys(layer, head, h));
       const auto count = static_cast<int64_t>(s.candidates.size());
       s.exact_scores.resize(count);
       ScoreChunksExact(group_queries, num_queries, g.q_width(), g.group_size(),
@@ -480,7 +481,7 @@ void ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState
       SelectTopK(s.exact_scores, k, &s.top_values, &s.positions);
       s.selected.clear();
       for (int32_t position : s.positions) s.selected.push_back(s.candidates[position]);
-      return;
+      return Status::Ok();
     }
     default:
       if (settings_.config.select_successors != 0) {
@@ -490,9 +491,10 @@ void ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState
         SelectTopK(s.scores, k, &s.top_values, &s.selected);
       }
   }
+  return Status::Ok();
 }
 
-void ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadState& head, int h) {
+Status ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadState& head, int h) {
   const int64_t chunk_floats =
       static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
   auto& s = scratch_;
@@ -500,20 +502,22 @@ void ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadStat
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   const int rank = ScoreRank(layer);
-  // A slot holds keys of every component, unless it holds the exact keys (exact_keys): the
-  // scores read rebuilt keys either way.
-  const bool reuse_slots = rank == layer.basis.rank && !key_store_;
+  // A slot holds the keys the scores read: every component's, or the exact keys (exact_keys).
+  const bool reuse_slots = rank == layer.basis.rank || key_store_;
   for (size_t i = 0; i < s.candidates.size(); ++i) {
     float* target = s.candidate_keys.data() + i * chunk_floats;
     const int32_t slot = reuse_slots ? head.slots.slot_of_item(s.candidates[i]) : -1;
     if (slot >= 0) {
       std::memcpy(target, head.gather_keys.data() + slot * chunk_floats, chunk_floats * kFloat);
+    } else if (key_store_) {
+      SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[s.candidates[i]], target));
     } else {
       s.rebuild_items.push_back(s.candidates[i]);
       s.rebuild_targets.push_back(target);
     }
   }
   RebuildKeys(layer, head, h, rank);
+  return Status::Ok();
 }
 
 void ShadowKvSequenceImpl::RebuildKeys(const LayerState& layer, const HeadState& head, int h,
@@ -558,13 +562,13 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
   if (s.misses.empty()) return Status::Ok();
   const int64_t chunk_floats =
       static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
-  const bool from_candidates = !key_store_ && settings_.selection == Selection::kRerank &&
-                               ScoreRank(layer) == layer.basis.rank;
+  const bool from_candidates = settings_.selection == Selection::kRerank &&
+                               (key_store_ || ScoreRank(layer) == layer.basis.rank);
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   for (const auto [slot, item] : s.misses) {
     float* keys = head.gather_keys.data() + slot * chunk_floats;
-    if (key_store_) {
+    if (key_store_ && !from_candidates) {
       SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
     } else if (from_candidates) {
       // Every kept chunk was a candidate, and its keys are already made.

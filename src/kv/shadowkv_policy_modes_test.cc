@@ -227,7 +227,10 @@ TEST(ShadowKvModesTest, ExactKeysAtALowRankHoldTheStreamsKeys) {
 // says), the fast tier is the same as without, and the bytes read per miss count both runs. The
 // re-rank still scores with the rank-r keys: at rank 16 on keys of full rank the exact-key
 // sequence keeps the same chunks as the one without.
-TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndKeepTheSelection) {
+// Exact keys double the slow tier and leave the fast tier as it is; the re-rank scores its
+// candidates from them, so at rank 16 of 192 it keeps the chunks that a basis of every component
+// (keys rebuilt exactly, up to rounding) keeps.
+TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndScoreTheRerank) {
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 31);
   KvPolicyConfig config = ShadowConfig(8, 32, 2, 16);
@@ -236,26 +239,31 @@ TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndKeepTheSelection) {
   auto plain = MakePolicy(config, g);
   config.exact_keys = 1;
   auto exact = MakePolicy(config, g);
-  Runner a(*plain, stream), b(*exact, stream);
-  a.Step(300, true);
-  b.Step(300, true);
-  for (int step = 0; step < 6; ++step) {
-    a.Step(1, false);
-    b.Step(1, false);
+  config.exact_keys = 0;
+  config.rank = g.kv_width();
+  auto every_component = MakePolicy(config, g);
+  Runner a(*plain, stream), b(*exact, stream), c(*every_component, stream);
+  for (Runner* runner : {&a, &b, &c}) {
+    runner->Step(300, true);
+    for (int step = 0; step < 6; ++step) runner->Step(1, false);
   }
   const MemoryUsage ma = a.sequence().memory(), mb = b.sequence().memory();
   EXPECT_EQ(mb.fast_bytes, ma.fast_bytes);
   EXPECT_EQ(mb.slow_bytes, 2 * ma.slow_bytes);
   EXPECT_EQ(exact->EstimateMemory(300).slow_bytes, 2 * plain->EstimateMemory(300).slow_bytes);
   EXPECT_EQ(exact->EstimateMemory(300).fast_bytes, plain->EstimateMemory(300).fast_bytes);
-  EXPECT_EQ(b.sequence().stats().chunk_selections, a.sequence().stats().chunk_selections);
-  EXPECT_EQ(b.sequence().stats().bytes_fetched, 2 * a.sequence().stats().bytes_fetched);
+  EXPECT_EQ(b.sequence().stats().chunk_selections, c.sequence().stats().chunk_selections);
+  EXPECT_EQ(b.sequence().stats().bytes_fetched, 2 * c.sequence().stats().bytes_fetched);
+  int differs_from_rank_16 = 0;
   for (int layer = 0; layer < g.num_layers; ++layer) {
-    const auto ia = a.shadow().Inspect(layer), ib = b.shadow().Inspect(layer);
+    const auto ia = a.shadow().Inspect(layer), ib = b.shadow().Inspect(layer),
+               ic = c.shadow().Inspect(layer);
     for (int h = 0; h < g.num_kv_heads; ++h) {
-      EXPECT_EQ(AsSet(ib.gathered_chunks[h]), AsSet(ia.gathered_chunks[h]));
+      EXPECT_EQ(AsSet(ib.gathered_chunks[h]), AsSet(ic.gathered_chunks[h]));
+      differs_from_rank_16 += AsSet(ib.gathered_chunks[h]) != AsSet(ia.gathered_chunks[h]);
     }
   }
+  EXPECT_GT(differs_from_rank_16, 0) << "rank-16 scores chose as the exact keys everywhere";
   config.exact_keys = 2;
   EXPECT_FALSE(MakeKvPolicy(config, g).ok());
 }

@@ -462,12 +462,16 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
                        : "shadowkv:exact_keys=1";
     CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24);
   }
-  kv::KvPolicyConfig rerank = ParityConfig(false);
-  rerank.exact_keys = 1;
-  rerank.selection = "rerank";
-  rerank.rerank_rank = 8;
-  rerank.label = "shadowkv:exact_keys=1:select=rerank:rerank_rank=8";
-  CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+  // The re-rank scores its candidates from the stored keys (bf16, and FP8 decoded).
+  for (const bool fp8 : {false, true}) {
+    kv::KvPolicyConfig rerank = ParityConfig(false);
+    rerank.exact_keys = 1;
+    rerank.fp8_keys = fp8 ? 1 : 0;
+    rerank.selection = "rerank";
+    rerank.label = fp8 ? "shadowkv:exact_keys=1:fp8_keys=1:select=rerank"
+                       : "shadowkv:exact_keys=1:select=rerank";
+    CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+  }
 }
 
 // CheckParity with the same settings on both sides where the CPU policy takes them (a mode the

@@ -1,6 +1,7 @@
 // ShadowKV re-ranking (selection "rerank"): the candidates a landmark select kept are scored by
-// their rebuilt keys (exact attention logits, reduced to one log-sum-exp per chunk and query
-// head), and the best K of them take the gather slots.
+// their keys (exact attention logits, reduced to one log-sum-exp per chunk and query head), and
+// the best K of them take the gather slots. The keys are rebuilt from A·B, or with exact_keys
+// read from the store (bf16, or FP8 runs decoded as the fetch decodes them).
 #include <cmath>
 #include <cub/block/block_scan.cuh>
 
@@ -9,6 +10,7 @@
 #include "ops/cuda/shadowkv/gather_slots.cuh"
 #include "ops/cuda/shadowkv/rebuild_tile.cuh"
 #include "ops/cuda/shadowkv/score_select_rebuild.cuh"
+#include "ops/cuda/shadowkv/shadowkv_fp8.cuh"
 
 namespace shadowkv::cuda {
 namespace {
@@ -21,6 +23,43 @@ using Bf16 = __nv_bfloat16;
 __device__ __forceinline__ int ScoreRank(const SkvDecodeParams& p, int seq) {
   const int rank = p.layout.RankOf(seq, p.layer);
   return p.rerank_rank > 0 ? min(rank, p.rerank_rank) : rank;
+}
+
+// Element e of token t of chunk `chunk`'s stored exact key run (exact_keys), as the gather rows
+// would hold it: bf16, or an FP8 code times its run's scale rounded to bf16.
+__device__ __forceinline__ float StoredKey(const SkvLayout& l, int seq, int layer, int h,
+                                           int chunk, int t, int e) {
+  const int64_t at = static_cast<int64_t>(t) * l.head_dim + e;
+  if (!l.fp8_keys) return __bfloat162float(l.KeyRun(seq, layer, h, chunk)[at]);
+  const uint32_t half_bits = Fp8x2ToHalf2Bits(l.KeyCodes(seq, layer, h, chunk)[at]);
+  const float code = __half2float(__ushort_as_half(static_cast<unsigned short>(half_bits)));
+  return __bfloat162float(__float2bfloat16(code * *l.KeyScale(seq, layer, h, chunk)));
+}
+
+// One warp: the stored exact keys of token rows [16 tile, 16 tile + 16) of a list of chunks
+// into `target` [16, pitch], bf16 (FP8 runs decoded as the fetch decodes them). Token row t is
+// token t % chunk_size of chunk chunks[t / chunk_size]; rows past `total_rows` repeat the last
+// one (their logits are not kept). Ends with __syncwarp: the tile is readable by the warp.
+template <int kHeadDim>
+__device__ __forceinline__ void LoadStoredKeyTile(const SkvLayout& l, int seq, int layer, int h,
+                                                  const int* chunks, int total_rows, int tile,
+                                                  Bf16* target, int pitch) {
+  constexpr int kVectors = kHeadDim / 8;
+  for (int i = threadIdx.x % 32; i < 16 * kVectors; i += 32) {
+    const int r = i / kVectors, v = i % kVectors;
+    const int token_row = min(tile * 16 + r, total_rows - 1);
+    const int chunk = chunks[token_row / l.chunk_size];
+    const int64_t at = static_cast<int64_t>(token_row % l.chunk_size) * kHeadDim + v * 8;
+    uint4 keys;
+    if (l.fp8_keys) {
+      keys = DecodeFp8x8ToBf16(*reinterpret_cast<const uint2*>(l.KeyCodes(seq, layer, h, chunk) + at),
+                               *l.KeyScale(seq, layer, h, chunk));
+    } else {
+      keys = *reinterpret_cast<const uint4*>(l.KeyRun(seq, layer, h, chunk) + at);
+    }
+    *reinterpret_cast<uint4*>(target + r * pitch + v * 8) = keys;
+  }
+  __syncwarp();
 }
 
 // After a block has staged the logits of its `count` candidate chunks in `token_logits`
@@ -58,8 +97,8 @@ int64_t ExactSharedBytes(const SkvLayout& l) {
 
 // One block per (ExactChunksPerBlock candidates, KV head, row). Keys: thread (pair, token
 // group) rebuilds one rotary pair of its tokens from the staged A rows and B_h (read through the
-// cache), up to the layer's own rank; then one warp per token scores it against every query of
-// the group. No key leaves the block: the kept chunks are rebuilt into their gather slots by
+// cache), up to the layer's own rank, or with exact_keys each thread reads stored keys; then one
+// warp per token scores it against every query of the group. No key leaves the block: the kept chunks are rebuilt into their gather slots by
 // the ordinary rebuild, and only each chunk's log-sum-exps go to memory.
 __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodeParams p) {
   extern __shared__ float exact_shared[];
@@ -82,7 +121,8 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   float* token_logits = queries + l.group * d;                   // [tokens, group]
 
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
-  for (int i = threadIdx.x; i < tokens * rank; i += blockDim.x) {
+  const bool stored = l.exact_keys != 0;
+  for (int i = threadIdx.x; i < (stored ? 0 : tokens * rank); i += blockDim.x) {
     const int token = i / rank, k = i % rank, which = token / chunk_size;
     const int chunk = which < chunks ? candidates[first + which] : -1;
     a_rows[token * l.rank + k] =
@@ -98,13 +138,20 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
     queries[i] = __bfloat162float(q_row[i]);
   __syncthreads();
 
+  if (stored) {  // the keys as the store holds them
+    for (int i = threadIdx.x; i < tokens * d; i += blockDim.x) {
+      const int token = i / d, which = token / chunk_size;
+      const int chunk = which < chunks ? candidates[first + which] : -1;
+      keys[i] = chunk < 0 ? 0.0f : StoredKey(l, m.seq, p.layer, h, chunk, token % chunk_size, i % d);
+    }
+  }
   const Bf16* basis = l.basis + layer_index * stride * width + h * d;
   const int pairs = d / 2, token_groups = kExactThreads / pairs;
   const int pair = threadIdx.x % pairs;
   int dim_a, dim_b;
   SkvRopePairDims(pair, p.rotary_dim, p.halves, &dim_a, &dim_b);
   const bool rotates = pair < p.rotary_dim / 2;
-  for (int token = threadIdx.x / pairs; token < tokens; token += token_groups) {
+  for (int token = threadIdx.x / pairs; token < (stored ? 0 : tokens); token += token_groups) {
     const float* a = a_rows + token * l.rank;
     float x0 = 0.0f, x1 = 0.0f;
     for (int k = 0; k < rank; ++k) {
@@ -148,7 +195,8 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // ---- exact scoring on tensor cores --------------------------------------------------------------
 //
 // The candidates' keys are rebuilt 16 rows at a time as the gather rebuild makes them
-// (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), and each key tile is multiplied by the
+// (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), or with exact_keys read from the store
+// (LoadStoredKeyTile), and each key tile is multiplied by the
 // group's queries on tensor cores too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads,
 // two mma N blocks), so no key leaves the block either. Each warp loads its next tile's A rows
 // while it computes one: at the H200 that is faster than staging all of a block's rows at once,
@@ -206,8 +254,11 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   Bf16* key_tile =
       q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch + warp * 16 * pitch;
   float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
-  SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
-                          b_tile, pitch);
+  const bool stored = l.exact_keys != 0;  // the keys come from the store, not A·B
+  if (!stored) {
+    SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
+                            b_tile, pitch);
+  }
   const Bf16* q_row =
       p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * kHeadDim;
   for (int i = threadIdx.x; i < kExactFastHeads * (kHeadDim / 8); i += blockDim.x) {
@@ -227,7 +278,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
     SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile, target,
                            a_pitch);
   };
-  if (warp < num_tiles) load_tile(warp, a_ring);
+  if (!stored && warp < num_tiles) load_tile(warp, a_ring);
   CpAsyncCommit();
   CpAsyncWait<1>();  // this thread's share of B_h and the queries have landed
   __syncthreads();
@@ -235,19 +286,23 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   const int g = lane / 4, c2 = (lane % 4) * 2;
   int buffer = 0;
   for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1) {
-    if (tile + kExactFastWarps < num_tiles) {
-      load_tile(tile + kExactFastWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
+    if (stored) {
+      LoadStoredKeyTile<kHeadDim>(l, m.seq, p.layer, h, chunks, total_rows, tile, key_tile, pitch);
+    } else {
+      if (tile + kExactFastWarps < num_tiles) {
+        load_tile(tile + kExactFastWarps, a_ring + (buffer ^ 1) * 16 * a_pitch);
+      }
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+      __syncwarp();  // this warp's A tile has landed
+      auto position = [&](int r) {
+        const int token_row = tile * 16 + r;
+        const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
+        return static_cast<float>(chunks[which] * chunk_size + t);
+      };
+      SkvRebuildTile<kHeadDim, kHalves>(a_ring + buffer * 16 * a_pitch, a_pitch, b_tile, pitch,
+                                        rank_padded, inv_freq, position, key_tile, pitch);
     }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncwarp();  // this warp's A tile has landed
-    auto position = [&](int r) {
-      const int token_row = tile * 16 + r;
-      const int which = min(token_row / chunk_size, count - 1), t = token_row % chunk_size;
-      return static_cast<float>(chunks[which] * chunk_size + t);
-    };
-    SkvRebuildTile<kHeadDim, kHalves>(a_ring + buffer * 16 * a_pitch, a_pitch, b_tile, pitch,
-                                      rank_padded, inv_freq, position, key_tile, pitch);
     // logits [16 tokens, 16 heads] = keys · Qᵀ: matrices 0/1 of the x4 load are dims k0..k0+15
     // of heads 0-7, matrices 2/3 those of heads 8-15.
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
