@@ -69,8 +69,9 @@ for step in "$@"; do
       grep -vE "^\[eval\]" "$out/${model}_${length}_${tag}.log" | tail -22
       ;;
     bench)
+      case ",$kv," in *,full,*) bench_kv=$kv ;; *) bench_kv=full,$kv ;; esac
       timeout "${LIMIT:-300}" "$stage/bin/shadowkv" bench --device cuda -m "$HOME/m/$model.gguf" \
-        --kv "$kv" --context "$length" --batch auto --gen 128 --prefill-chunk 2048 \
+        --kv "$bench_kv" --context "$length" --batch auto --gen 128 --prefill-chunk 2048 \
         --no-engine-loop --json "$out/bench_${model}_${length}_${tag}.json" \
         > "$out/bench_${model}_${length}_${tag}.log" 2>&1
       echo "bench $model $length: exit $?"

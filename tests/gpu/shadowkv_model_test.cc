@@ -462,7 +462,11 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
                        : "shadowkv:exact_keys=1";
     CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24);
   }
-  // The re-rank scores its candidates from the stored keys (bf16, and FP8 decoded).
+  // The re-rank scores its candidates from the stored keys (bf16, and FP8 decoded). FP8 codes
+  // are made from the CPU's fp32 keys and the GPU's bf16 ones, so an element near a rounding
+  // boundary takes the next code on one side; the re-rank reads every candidate's codes (the
+  // landmark selection reads only the attended chunks'), near-ties part more often, and fewer
+  // pairs keep the same chunks (19 of 48 at 5f483cc against 36 with bf16 keys).
   for (const bool fp8 : {false, true}) {
     kv::KvPolicyConfig rerank = ParityConfig(false);
     rerank.exact_keys = 1;
@@ -470,7 +474,9 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
     rerank.selection = "rerank";
     rerank.label = fp8 ? "shadowkv:exact_keys=1:fp8_keys=1:select=rerank"
                        : "shadowkv:exact_keys=1:select=rerank";
-    CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24);
+    ParityBounds bounds;
+    if (fp8) bounds.min_compared = 12;
+    CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7), bounds);
   }
 }
 

@@ -455,7 +455,10 @@ Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::Fork(const Sequence& s
 Status CudaServingModel::Compress(Sequence& s) {
   Status placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/false);
   s.values_on_host_ = false;
-  if (placed.code() == ErrorCode::kResourceExhausted) {
+  // With exact keys the re-rank reads every candidate's stored keys at every step: from pinned
+  // host memory that is a PCIe read the whole batch waits for (docs/PERF.md), so such a store
+  // stays on the device or is not made.
+  if (placed.code() == ErrorCode::kResourceExhausted && options_.kv.exact_keys == 0) {
     placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/true);
     s.values_on_host_ = true;
   }
