@@ -52,7 +52,8 @@ __device__ __forceinline__ void LoadStoredKeyTile(const SkvLayout& l, int seq, i
     const int64_t at = static_cast<int64_t>(token_row % l.chunk_size) * kHeadDim + v * 8;
     uint4 keys;
     if (l.fp8_keys) {
-      keys = DecodeFp8x8ToBf16(*reinterpret_cast<const uint2*>(l.KeyCodes(seq, layer, h, chunk) + at),
+      const uint8_t* codes = l.KeyCodes(seq, layer, h, chunk) + at;
+      keys = DecodeFp8x8ToBf16(*reinterpret_cast<const uint2*>(codes),
                                *l.KeyScale(seq, layer, h, chunk));
     } else {
       keys = *reinterpret_cast<const uint4*>(l.KeyRun(seq, layer, h, chunk) + at);
@@ -98,8 +99,9 @@ int64_t ExactSharedBytes(const SkvLayout& l) {
 // One block per (ExactChunksPerBlock candidates, KV head, row). Keys: thread (pair, token
 // group) rebuilds one rotary pair of its tokens from the staged A rows and B_h (read through the
 // cache), up to the layer's own rank, or with exact_keys each thread reads stored keys; then one
-// warp per token scores it against every query of the group. No key leaves the block: the kept chunks are rebuilt into their gather slots by
-// the ordinary rebuild, and only each chunk's log-sum-exps go to memory.
+// warp per token scores it against every query of the group. No key leaves the block: the kept
+// chunks reach their gather slots by the ordinary rebuild or fetch, and only each chunk's
+// log-sum-exps go to memory.
 __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodeParams p) {
   extern __shared__ float exact_shared[];
   const SkvLayout& l = p.layout;
@@ -142,7 +144,8 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
     for (int i = threadIdx.x; i < tokens * d; i += blockDim.x) {
       const int token = i / d, which = token / chunk_size;
       const int chunk = which < chunks ? candidates[first + which] : -1;
-      keys[i] = chunk < 0 ? 0.0f : StoredKey(l, m.seq, p.layer, h, chunk, token % chunk_size, i % d);
+      keys[i] =
+          chunk < 0 ? 0.0f : StoredKey(l, m.seq, p.layer, h, chunk, token % chunk_size, i % d);
     }
   }
   const Bf16* basis = l.basis + layer_index * stride * width + h * d;
@@ -196,9 +199,9 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 //
 // The candidates' keys are rebuilt 16 rows at a time as the gather rebuild makes them
 // (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), or with exact_keys read from the store
-// (LoadStoredKeyTile), and each key tile is multiplied by the
-// group's queries on tensor cores too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads,
-// two mma N blocks), so no key leaves the block either. Each warp loads its next tile's A rows
+// (LoadStoredKeyTile), and each key tile is multiplied by the group's queries on tensor cores
+// too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads, two mma N blocks), so no key
+// leaves the block either. Each warp loads its next tile's A rows
 // while it computes one: at the H200 that is faster than staging all of a block's rows at once,
 // which fits fewer blocks on a multiprocessor (dev/cuda/rerank_score_lab.cu).
 
