@@ -183,8 +183,9 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
     const int rerank_rank = settings_.config.rerank_rank;
     return rerank_rank > 0 ? std::min(rerank_rank, layer.basis.rank) : layer.basis.rank;
   }
-  // Fills the gather slots of scratch_.misses (keys rebuilt, or with "rerank" at the full rank
-  // copied from its candidates' keys; values from the slow tier); counts the bytes read into
+  // Fills the gather slots of scratch_.misses (keys rebuilt, or read from the key store with
+  // exact_keys, or with "rerank" copied from its candidates' keys where those are the ones
+  // attended: at the full rank or exact; values from the slow tier); counts the bytes read into
   // `stats`.
   Status FillMisses(const LayerState& layer, HeadState& head, int h, PolicyStats* stats);
 
