@@ -123,8 +123,11 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   float* token_logits = queries + l.group * d;                   // [tokens, group]
 
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
+  // With exact_keys the keys are read from the store (below): no A rows are staged and no key
+  // is rebuilt.
   const bool stored = l.exact_keys != 0;
-  for (int i = threadIdx.x; i < (stored ? 0 : tokens * rank); i += blockDim.x) {
+  const int rebuilt_tokens = stored ? 0 : tokens;
+  for (int i = threadIdx.x; i < rebuilt_tokens * rank; i += blockDim.x) {
     const int token = i / rank, k = i % rank, which = token / chunk_size;
     const int chunk = which < chunks ? candidates[first + which] : -1;
     a_rows[token * l.rank + k] =
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   int dim_a, dim_b;
   SkvRopePairDims(pair, p.rotary_dim, p.halves, &dim_a, &dim_b);
   const bool rotates = pair < p.rotary_dim / 2;
-  for (int token = threadIdx.x / pairs; token < (stored ? 0 : tokens); token += token_groups) {
+  for (int token = threadIdx.x / pairs; token < rebuilt_tokens; token += token_groups) {
     const float* a = a_rows + token * l.rank;
     float x0 = 0.0f, x1 = 0.0f;
     for (int k = 0; k < rank; ++k) {
