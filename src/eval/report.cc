@@ -130,15 +130,19 @@ std::string AttendedFooter(const std::vector<kv::KvPolicyConfig>& policies,
   return out;
 }
 
-// The footer's memory lines at length `l`: fast-tier KV bytes per token of every policy that
-// reports them, and the ranks ShadowKV chose per layer (min/mean/max over compressed layers and
-// questions).
+// The footer's memory lines at length `l`: fast-tier and slow-tier KV bytes per token of every
+// policy that reports them, and the ranks ShadowKV chose per layer (min/mean/max over compressed
+// layers and questions).
 std::string MemoryFooter(const ScoreSummary& s, size_t l) {
-  std::string bytes, ranks;
+  std::string bytes, slow, ranks;
   for (size_t p = 0; p < s.policies.size(); ++p) {
     if (!std::isnan(s.fast_bytes_per_token[l][p])) {
       bytes += fmt::format("{}{} {:.0f}", bytes.empty() ? "" : ", ", s.policies[p],
                            s.fast_bytes_per_token[l][p]);
+    }
+    if (!std::isnan(s.slow_bytes_per_token[l][p])) {
+      slow += fmt::format("{}{} {:.0f}", slow.empty() ? "" : ", ", s.policies[p],
+                          s.slow_bytes_per_token[l][p]);
     }
     const ScoreSummary::RankSpread& r = s.ranks[l][p];
     if (!std::isnan(r.mean)) {
@@ -159,6 +163,7 @@ std::string MemoryFooter(const ScoreSummary& s, size_t l) {
         s.policies[0], s.fidelity_steps[l][0], fidelity);
   }
   if (!bytes.empty()) out += "fast-tier KV bytes per token (mean over questions): " + bytes + "\n";
+  if (!slow.empty()) out += "slow-tier KV bytes per token (mean over questions): " + slow + "\n";
   if (!ranks.empty()) {
     out +=
         "key rank per layer (min/mean/max over compressed layers and questions): " + ranks + "\n";
@@ -207,8 +212,8 @@ ScoreSummary Summarize(const EvalReport& report) {
   std::vector<std::vector<Strata>> deltas = values;
   std::vector<std::vector<double>> attended_sum(num_lengths, std::vector<double>(num_policies, 0));
   std::vector<std::vector<int>> attended_count(num_lengths, std::vector<int>(num_policies, 0));
-  auto bytes_sum = attended_sum;
-  auto bytes_count = attended_count;
+  auto bytes_sum = attended_sum, slow_sum = attended_sum;
+  auto bytes_count = attended_count, slow_count = attended_count;
   std::vector<std::vector<std::vector<int>>> ranks(num_lengths,
                                                    std::vector<std::vector<int>>(num_policies));
   s.fidelity_steps.assign(num_lengths, std::vector<int64_t>(num_policies, 0));
@@ -227,6 +232,10 @@ ScoreSummary Summarize(const EvalReport& report) {
       if (o.kv_tokens > 0 && o.memory.fast_bytes > 0) {
         bytes_sum[l][p] += static_cast<double>(o.memory.fast_bytes) / o.kv_tokens;
         bytes_count[l][p]++;
+      }
+      if (o.kv_tokens > 0 && o.memory.slow_bytes > 0) {
+        slow_sum[l][p] += static_cast<double>(o.memory.slow_bytes) / o.kv_tokens;
+        slow_count[l][p]++;
       }
       // Compressed layers only: a layer kept exact (a windowed layer of gemma3, exact_layers)
       // reports rank 0.
@@ -252,6 +261,7 @@ ScoreSummary Summarize(const EvalReport& report) {
   s.average_differences = s.averages;
   s.attended_tokens = s.averages;
   s.fast_bytes_per_token = s.averages;
+  s.slow_bytes_per_token = s.averages;
   s.same_top = s.averages;
   s.mean_kl = s.averages;
   s.ranks.assign(num_lengths, std::vector<ScoreSummary::RankSpread>(num_policies));
@@ -280,6 +290,7 @@ ScoreSummary Summarize(const EvalReport& report) {
       }
       if (attended_count[l][p]) s.attended_tokens[l][p] = attended_sum[l][p] / attended_count[l][p];
       if (bytes_count[l][p]) s.fast_bytes_per_token[l][p] = bytes_sum[l][p] / bytes_count[l][p];
+      if (slow_count[l][p]) s.slow_bytes_per_token[l][p] = slow_sum[l][p] / slow_count[l][p];
       if (const int64_t steps = s.fidelity_steps[l][p]; steps > 0) {
         s.same_top[l][p] = 100.0 * same_top_sum[l][p] / steps;
         s.mean_kl[l][p] = kl_sum[l][p] / steps;

@@ -39,6 +39,9 @@ struct ScoreSummary {
   // Fast-tier KV bytes per token the sequence held (PolicyOutput memory / kv_tokens), mean over
   // questions, [length][policy]; NaN where the backend reports no memory.
   std::vector<std::vector<double>> fast_bytes_per_token;
+  // The same for the slow tier (ShadowKV's value store, and its exact keys with exact_keys);
+  // NaN where a policy keeps none.
+  std::vector<std::vector<double>> slow_bytes_per_token;
   // The layers' ranks (PolicyOutput::layer_ranks) over every layer and question, [length][policy];
   // NaN where no rank was reported (not ShadowKV, or a backend without them).
   struct RankSpread {

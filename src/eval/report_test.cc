@@ -200,6 +200,7 @@ TEST(ReportTest, FastTierBytesPerTokenAndLayerRanksAreReported) {
     q.outputs[0].kv_tokens = 1000;
     q.outputs[1].policy = "shadowkv:rank_energy=0.9";
     q.outputs[1].memory.fast_bytes = shadow_bytes;
+    q.outputs[1].memory.slow_bytes = 3000;
     q.outputs[1].kv_tokens = 1000;
     q.outputs[1].layer_ranks = ranks;
     q.outputs[1].rank = ranks[0];
@@ -211,6 +212,8 @@ TEST(ReportTest, FastTierBytesPerTokenAndLayerRanksAreReported) {
   const ScoreSummary s = Summarize(report);
   EXPECT_DOUBLE_EQ(s.fast_bytes_per_token[0][0], 4.0);
   EXPECT_DOUBLE_EQ(s.fast_bytes_per_token[0][1], 1.25);
+  EXPECT_DOUBLE_EQ(s.slow_bytes_per_token[0][1], 3.0);
+  EXPECT_TRUE(std::isnan(s.slow_bytes_per_token[0][0]));  // full attention keeps no slow tier
   EXPECT_DOUBLE_EQ(s.ranks[0][1].min, 8.0);
   EXPECT_DOUBLE_EQ(s.ranks[0][1].mean, 20.0);
   EXPECT_DOUBLE_EQ(s.ranks[0][1].max, 40.0);
@@ -218,6 +221,10 @@ TEST(ReportTest, FastTierBytesPerTokenAndLayerRanksAreReported) {
   const std::string table = FormatTables(report);
   EXPECT_NE(table.find("fast-tier KV bytes per token (mean over questions): full 4, "
                        "shadowkv:rank_energy=0.9 1"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("slow-tier KV bytes per token (mean over questions): "
+                       "shadowkv:rank_energy=0.9 3\n"),
             std::string::npos)
       << table;
   EXPECT_NE(table.find("key rank per layer (min/mean/max over compressed layers and questions): "
