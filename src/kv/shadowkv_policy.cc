@@ -503,8 +503,9 @@ Status ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadSt
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   const int rank = ScoreRank(layer);
-  // A slot holds the keys the scores read: every component's, or the exact keys (exact_keys).
-  const bool reuse_slots = rank == layer.basis.rank || key_store_;
+  // A slot holds the keys the scores read where they use every component, or are the exact keys
+  // (exact_keys, which refuses rerank_rank: then rank is the layer's).
+  const bool reuse_slots = rank == layer.basis.rank;
   for (size_t i = 0; i < s.candidates.size(); ++i) {
     float* target = s.candidate_keys.data() + i * chunk_floats;
     const int32_t slot = reuse_slots ? head.slots.slot_of_item(s.candidates[i]) : -1;
@@ -563,19 +564,19 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
   if (s.misses.empty()) return Status::Ok();
   const int64_t chunk_floats =
       static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
-  const bool from_candidates = settings_.selection == Selection::kRerank &&
-                               (key_store_ || ScoreRank(layer) == layer.basis.rank);
+  const bool from_candidates =
+      settings_.selection == Selection::kRerank && ScoreRank(layer) == layer.basis.rank;
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   for (const auto [slot, item] : s.misses) {
     float* keys = head.gather_keys.data() + slot * chunk_floats;
-    if (key_store_ && !from_candidates) {
-      SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
-    } else if (from_candidates) {
-      // Every kept chunk was a candidate, and its keys are already made.
+    if (from_candidates) {
+      // Every kept chunk was a candidate, and its keys (rebuilt or exact) are already made.
       const auto at = std::lower_bound(s.candidates.begin(), s.candidates.end(), item);
       std::memcpy(keys, s.candidate_keys.data() + (at - s.candidates.begin()) * chunk_floats,
                   chunk_floats * kFloat);
+    } else if (key_store_) {
+      SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
     } else {
       s.rebuild_items.push_back(item);
       s.rebuild_targets.push_back(keys);
