@@ -25,21 +25,20 @@ __device__ __forceinline__ int ScoreRank(const SkvDecodeParams& p, int seq) {
   return p.rerank_rank > 0 ? min(rank, p.rerank_rank) : rank;
 }
 
-// Element e of token t of chunk `chunk`'s stored exact key run (exact_keys), as the gather rows
-// would hold it: bf16, or an FP8 code times its run's scale rounded to bf16.
-__device__ __forceinline__ float StoredKey(const SkvLayout& l, int seq, int layer, int h,
-                                           int chunk, int t, int e) {
-  const int64_t at = static_cast<int64_t>(t) * l.head_dim + e;
-  if (!l.fp8_keys) return __bfloat162float(l.KeyRun(seq, layer, h, chunk)[at]);
-  const uint32_t half_bits = Fp8x2ToHalf2Bits(l.KeyCodes(seq, layer, h, chunk)[at]);
-  const float code = __half2float(__ushort_as_half(static_cast<unsigned short>(half_bits)));
-  return __bfloat162float(__float2bfloat16(code * *l.KeyScale(seq, layer, h, chunk)));
+// Eight stored exact keys (exact_keys) of chunk `chunk`, from element `at` of its run (a
+// multiple of 8), as the fetch puts them in the gather rows: bf16, or FP8 codes decoded with the
+// run's scale.
+__device__ __forceinline__ uint4 StoredKeys8(const SkvLayout& l, int seq, int layer, int h,
+                                             int chunk, int64_t at) {
+  if (!l.fp8_keys) return *reinterpret_cast<const uint4*>(l.KeyRun(seq, layer, h, chunk) + at);
+  return DecodeFp8x8ToBf16(*reinterpret_cast<const uint2*>(l.KeyCodes(seq, layer, h, chunk) + at),
+                           *l.KeyScale(seq, layer, h, chunk));
 }
 
 // One warp: the stored exact keys of token rows [16 tile, 16 tile + 16) of a list of chunks
-// into `target` [16, pitch], bf16 (FP8 runs decoded as the fetch decodes them). Token row t is
-// token t % chunk_size of chunk chunks[t / chunk_size]; rows past `total_rows` repeat the last
-// one (their logits are not kept). Ends with __syncwarp: the tile is readable by the warp.
+// into `target` [16, pitch], bf16. Token row t is token t % chunk_size of chunk
+// chunks[t / chunk_size]; rows past `total_rows` repeat the last one (their logits are not
+// kept). Ends with __syncwarp: the tile is readable by the warp.
 template <int kHeadDim>
 __device__ __forceinline__ void LoadStoredKeyTile(const SkvLayout& l, int seq, int layer, int h,
                                                   const int* chunks, int total_rows, int tile,
@@ -48,17 +47,9 @@ __device__ __forceinline__ void LoadStoredKeyTile(const SkvLayout& l, int seq, i
   for (int i = threadIdx.x % 32; i < 16 * kVectors; i += 32) {
     const int r = i / kVectors, v = i % kVectors;
     const int token_row = min(tile * 16 + r, total_rows - 1);
-    const int chunk = chunks[token_row / l.chunk_size];
     const int64_t at = static_cast<int64_t>(token_row % l.chunk_size) * kHeadDim + v * 8;
-    uint4 keys;
-    if (l.fp8_keys) {
-      const uint8_t* codes = l.KeyCodes(seq, layer, h, chunk) + at;
-      keys = DecodeFp8x8ToBf16(*reinterpret_cast<const uint2*>(codes),
-                               *l.KeyScale(seq, layer, h, chunk));
-    } else {
-      keys = *reinterpret_cast<const uint4*>(l.KeyRun(seq, layer, h, chunk) + at);
-    }
-    *reinterpret_cast<uint4*>(target + r * pitch + v * 8) = keys;
+    *reinterpret_cast<uint4*>(target + r * pitch + v * 8) =
+        StoredKeys8(l, seq, layer, h, chunks[token_row / l.chunk_size], at);
   }
   __syncwarp();
 }
@@ -143,12 +134,19 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
     queries[i] = __bfloat162float(q_row[i]);
   __syncthreads();
 
-  if (stored) {  // the keys as the store holds them
-    for (int i = threadIdx.x; i < tokens * d; i += blockDim.x) {
-      const int token = i / d, which = token / chunk_size;
+  if (stored) {  // the keys as the store holds them, eight at a time
+    for (int i = threadIdx.x; i < tokens * d / 8; i += blockDim.x) {
+      const int token = i / (d / 8), which = token / chunk_size;
       const int chunk = which < chunks ? candidates[first + which] : -1;
-      keys[i] =
-          chunk < 0 ? 0.0f : StoredKey(l, m.seq, p.layer, h, chunk, token % chunk_size, i % d);
+      float* out = keys + static_cast<int64_t>(i) * 8;
+      if (chunk < 0) {
+        for (int e = 0; e < 8; ++e) out[e] = 0.0f;
+        continue;
+      }
+      const int64_t at = static_cast<int64_t>(token % chunk_size) * d + i % (d / 8) * 8;
+      const uint4 packed = StoredKeys8(l, m.seq, p.layer, h, chunk, at);
+      const Bf16* eight = reinterpret_cast<const Bf16*>(&packed);
+      for (int e = 0; e < 8; ++e) out[e] = __bfloat162float(eight[e]);
     }
   }
   const Bf16* basis = l.basis + layer_index * stride * width + h * d;
