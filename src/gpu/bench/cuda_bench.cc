@@ -396,6 +396,12 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double run_bytes = (kv_config.fp8_values ? chunk * d + 4 : chunk * d * 2) +
                              (exact_keys ? key_run_bytes : 0);
     const double written_bytes = chunk * d * 2 * (exact_keys ? 2 : 1);
+    // `bytes` read per layer and KV head from every sequence's store, where the store lives.
+    const auto store_read_ms = [&](double bytes) {
+      return layers * heads * bytes *
+             (run.device_value_sequences / device_rate +
+              run.host_value_sequences / (kHostReadBytesPerSecond / 1000.0));
+    };
     // The re-rank reads each candidate chunk's keys once per KV head: its A rows (their first
     // rerank_rank columns where set), or with exact keys its stored run, from wherever the
     // sequence's store lives.
@@ -406,18 +412,15 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double score_rank =
         kv_config.rerank_rank > 0 ? std::min<double>(kv_config.rerank_rank, rank) : rank;
     const double candidate_ms =
-        exact_keys ? layers * heads * candidates * key_run_bytes *
-                         (run.device_value_sequences / device_rate +
-                          run.host_value_sequences / (kHostReadBytesPerSecond / 1000.0))
+        exact_keys ? store_read_ms(candidates * key_run_bytes)
                    : per_layer_rows * candidates * chunk * score_rank * 2 / device_rate;
     run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate + candidate_ms;
     run.floors.rebuild_ms =
         exact_keys ? 0.0 : per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
     // A fetched run is read from the store and written to the gather rows as bf16.
     run.floors.fetch_ms =
-        layers * heads * misses *
-        (run.device_value_sequences * (run_bytes + written_bytes) / device_rate +
-         run.host_value_sequences * run_bytes / (kHostReadBytesPerSecond / 1000.0));
+        store_read_ms(misses * run_bytes) +
+        layers * heads * misses * run.device_value_sequences * written_bytes / device_rate;
     run.floors.attention_ms =
         per_layer_rows * ((outliers + budget) * chunk + kv_config.local_window + chunk / 2) * d *
         4 / device_rate;
