@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,8 +122,10 @@ constexpr double kBf16OutputTolerance = 5e-3;  // fp32 math, one bf16 rounding a
 constexpr double kAttentionTolerance = 1e-2;   // probabilities rounded to bf16 as well
 
 // Median milliseconds of `repeats` runs of `launch` (after two warm-ups), timed with events.
+// SKV_BENCH_REPEATS overrides `repeats` (1 under a profiler, which times each launch itself).
 template <typename Launch>
 double MedianMs(int repeats, Launch launch) {
+  if (const char* env = std::getenv("SKV_BENCH_REPEATS")) repeats = std::max(1, std::atoi(env));
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);
