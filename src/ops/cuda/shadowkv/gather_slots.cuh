@@ -29,6 +29,50 @@ __device__ __forceinline__ float SkvBlockMax(float value, float* scratch) {
   return value;
 }
 
+// Warp 0 of a radix select, all its lanes: given the 256-bin histogram of one 8-bit digit at
+// `shift` (of the keys that match `prefix` above it), narrows `*prefix_shared` to the bin that
+// holds the `*remaining_shared`-th largest key and `*remaining_shared` to its rank within the
+// bin. Lane L owns bins [8L, 8L + 8); the chosen bin is the highest whose count from the top
+// reaches `remaining`. The caller's next barrier makes the results visible.
+__device__ __forceinline__ void SkvChooseRadixBin(const int* histogram, int shift, uint32_t prefix,
+                                                  uint32_t* prefix_shared, int* remaining_shared) {
+  const int lane = threadIdx.x & 31;
+  const int remaining = *remaining_shared;
+  int own = 0;
+#pragma unroll
+  for (int b = 0; b < 8; ++b) own += histogram[lane * 8 + b];
+  int from_here = own;  // keys in bins >= 8L
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_down_sync(0xffffffffu, from_here, offset);
+    if (lane + offset < 32) from_here += other;
+  }
+  const unsigned reach = __ballot_sync(0xffffffffu, from_here >= remaining);
+  const int chosen = reach ? 31 - __clz(reach) : 0;
+  if (lane == chosen) {
+    int above = from_here - own, bin = lane * 8 + 7;
+    for (; bin > lane * 8; --bin) {
+      if (above + histogram[bin] >= remaining) break;
+      above += histogram[bin];
+    }
+    *remaining_shared = remaining - above;
+    *prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
+  }
+}
+
+// Adds one key per lane to a radix digit's histogram: keys that are non-zero and equal `prefix`
+// under `mask`, binned by their 8 bits at `shift`. Scores share few exponents, so most keys of
+// a warp fall in a handful of bins: lanes with the same bin add once. Every lane of the warp
+// calls it (0 counts nowhere).
+__device__ __forceinline__ void SkvCountRadixKey(uint32_t key, int shift, uint32_t mask,
+                                                 uint32_t prefix, int* histogram) {
+  const int lane = threadIdx.x & 31;
+  const bool counted = key != 0u && (key & mask) == prefix;
+  const uint32_t bin = counted ? (key >> shift) & 255u : 256u;
+  const unsigned peers = __match_any_sync(0xffffffffu, bin);
+  if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+}
+
 // The k-th largest non-zero key of key_of(c), c in [0, n), by four 8-bit radix digits (k from
 // 1 to the number of non-zero keys; 0 leaves it 0): returns it, and in *ties_allowed how many
 // of the keys equal to it are among the k (the first ones in index order). Every thread calls
@@ -47,20 +91,12 @@ __device__ __forceinline__ uint32_t SkvRadixKthKey(KeyOf&& key_of, int n, int k,
     for (int b = tid; b < 256; b += blockDim.x) histogram[b] = 0;
     __syncthreads();
     const uint32_t prefix = *prefix_shared;
-    for (int c = tid; c < n; c += blockDim.x) {
-      const uint32_t key = key_of(c);
-      if (key != 0u && (key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
+    for (int base = 0; base < n; base += blockDim.x) {  // whole warps: the count matches lanes
+      const int c = base + tid;
+      SkvCountRadixKey(c < n ? key_of(c) : 0u, shift, mask, prefix, histogram);
     }
     __syncthreads();
-    if (tid == 0) {
-      int remaining = *remaining_shared, above = 0, bin = 255;
-      for (; bin > 0; --bin) {
-        if (above + histogram[bin] >= remaining) break;
-        above += histogram[bin];
-      }
-      *remaining_shared = remaining - above;
-      *prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
-    }
+    if (tid < 32) SkvChooseRadixBin(histogram, shift, prefix, prefix_shared, remaining_shared);
     mask |= 255u << shift;
     __syncthreads();
   }

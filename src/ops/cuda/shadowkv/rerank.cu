@@ -372,16 +372,11 @@ int RerankThreads(const SkvLayout& l) {
   return l.max_budget <= kRerankThreadsSmall ? kRerankThreadsSmall : kRerankThreads;
 }
 
-// Candidates' scores padded to whole float4s.
-__host__ __device__ int RerankScoreSlots(const SkvLayout& l) {
-  return (l.max_candidates + 3) / 4 * 4;
-}
-
 int64_t RerankSharedBytes(const SkvLayout& l) {
   // The candidates' scores and the candidates, the kept list and the free slots, the wanted
   // bitmap, each query head's log-sum-exp over all candidates.
-  return 4ll * RerankScoreSlots(l) + 4ll * l.max_candidates + 8ll * l.max_budget +
-         4ll * ((l.capacity_chunks + 31) / 32) + 4ll * l.group;
+  return 8ll * l.max_candidates + 8ll * l.max_budget + 4ll * ((l.capacity_chunks + 31) / 32) +
+         4ll * l.group;
 }
 
 // One block per (KV head, row): per query head the softmax over every candidate token, a
@@ -393,15 +388,16 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
   using Scan = cub::BlockScan<int, kThreads>;
   extern __shared__ uint32_t rerank_shared[];
   __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int count_shared;
+  __shared__ int count_shared, histogram[256], remaining_shared;
+  __shared__ uint32_t prefix_shared;
   const SkvLayout& l = p.layout;
   const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int words = (l.capacity_chunks + 31) / 32;
-  float* score = reinterpret_cast<float*>(rerank_shared);  // 16-byte aligned, float4 reads
-  int* candidate = reinterpret_cast<int*>(score + RerankScoreSlots(l));
+  float* score = reinterpret_cast<float*>(rerank_shared);
+  int* candidate = reinterpret_cast<int*>(score + l.max_candidates);
   int* selected = candidate + l.max_candidates;
   int* free_slots = selected + l.max_budget;
   uint32_t* wanted = reinterpret_cast<uint32_t*>(free_slots + l.max_budget);
@@ -437,44 +433,32 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
     if (lane == 0) all[g] = top + logf(sum);
   }
   __syncthreads();
-  // Scores are probabilities (>= 0); the padding past the candidates is -1, never better.
-  const int padded = (count + 3) / 4 * 4;
-  for (int i = tid; i < padded; i += kThreads) {
-    float best = i < count ? 0.0f : -1.0f;
-    for (int g = 0; g < l.group && i < count; ++g) {
+  // Scores are probabilities (>= 0).
+  for (int i = tid; i < count; i += kThreads) {
+    float best = 0.0f;
+    for (int g = 0; g < l.group; ++g) {
       best = fmaxf(best, expf(lse[static_cast<int64_t>(g) * l.max_candidates + i] - all[g]));
     }
     score[i] = best;
   }
   __syncthreads();
-  // Keep rank < K, a chunk's rank counting the better ones and the equal ones of lower index
-  // (candidates are in index order), then place the kept in index order.
+  // Keep the best K by (score, lower index first): the K-th largest score by radix select
+  // (scores are >= 0, so their bits order like them; + 1 keeps 0 for "none"), then every
+  // candidate above it and the first ties, placed in index order (candidates are in index order).
   const int k = min(info.budget_chunks, count);
-  int carry = 0;
-  for (int base = 0; base < count; base += kThreads) {
-    const int i = base + tid;
-    int keep = 0;
-    if (i < count) {
-      const float own = score[i];
-      int better = 0;
-      for (int j = 0; j < padded && better < k; j += 4) {
-        const float4 o = *reinterpret_cast<const float4*>(score + j);
-        better += (o.x > own || (o.x == own && j < i)) + (o.y > own || (o.y == own && j + 1 < i)) +
-                  (o.z > own || (o.z == own && j + 2 < i)) +
-                  (o.w > own || (o.w == own && j + 3 < i));
-      }
-      keep = better < k;
-    }
-    int before = 0, total = 0;
-    Scan(scan_storage).ExclusiveSum(keep, before, total);
-    if (keep) {
-      const int chunk = candidate[i];
-      selected[carry + before] = chunk;
-      atomicOr(&wanted[chunk >> 5], 1u << (chunk & 31));
-    }
-    carry += total;
-    __syncthreads();  // the scan storage is used again
+  auto key_of = [&](int i) { return __float_as_uint(score[i]) + 1u; };
+  int ties_allowed = 0;
+  const uint32_t threshold = SkvRadixKthKey(key_of, count, k, histogram, &prefix_shared,
+                                            &remaining_shared, &ties_allowed);
+  if (k > 0) {
+    SkvTakeInIndexOrder<Scan>(scan_storage, key_of, count, threshold, ties_allowed,
+                              [&](int place, int i) {
+                                const int chunk = candidate[i];
+                                selected[place] = chunk;
+                                atomicOr(&wanted[chunk >> 5], 1u << (chunk & 31));
+                              });
   }
+  __syncthreads();
   AssignGatherSlots<Scan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
                           free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
 }

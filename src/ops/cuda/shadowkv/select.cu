@@ -133,51 +133,22 @@ __device__ __forceinline__ void KeepSuccessors(uint32_t* keys, int n) {
 
 // One 8-bit radix digit at `shift` of the k-th largest key: counts the keys of source[0, count)
 // that are non-zero and equal `*prefix_shared` under `mask`, then narrows `*prefix_shared` to the
-// chosen bin and `*remaining_shared` to the rank within it. Scores share few exponents, so most
-// keys fall in a handful of bins: lanes with the same bin add once per warp. Contains barriers;
-// the last one makes the results visible.
+// chosen bin and `*remaining_shared` to the rank within it. Contains barriers; the last one makes
+// the results visible.
 template <int kThreads>
 __device__ __forceinline__ void RadixDigit(const uint32_t* source, int count, int shift,
                                            uint32_t mask, int* histogram,
                                            uint32_t* prefix_shared, int* remaining_shared) {
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x;
   for (int b = tid; b < 256; b += kThreads) histogram[b] = 0;
   __syncthreads();
   const uint32_t prefix = *prefix_shared;
   for (int base = 0; base < count; base += kThreads) {
     const int c = base + tid;
-    const uint32_t key = c < count ? source[c] : 0u;
-    const bool counted = key != 0u && (key & mask) == prefix;
-    const uint32_t bin = counted ? (key >> shift) & 255u : 256u;
-    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+    SkvCountRadixKey(c < count ? source[c] : 0u, shift, mask, prefix, histogram);
   }
   __syncthreads();
-  if (tid < 32) {
-    // Lane L owns bins [8L, 8L + 8); `above` = keys in higher lanes' bins. The chosen bin is the
-    // highest whose count from the top reaches `remaining`.
-    const int remaining = *remaining_shared;
-    int own = 0;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) own += histogram[lane * 8 + b];
-    int from_here = own;  // keys in bins >= 8L
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int other = __shfl_down_sync(0xffffffffu, from_here, offset);
-      if (lane + offset < 32) from_here += other;
-    }
-    const unsigned reach = __ballot_sync(0xffffffffu, from_here >= remaining);
-    const int chosen = reach ? 31 - __clz(reach) : 0;
-    if (lane == chosen) {
-      int above = from_here - own, bin = lane * 8 + 7;
-      for (; bin > lane * 8; --bin) {
-        if (above + histogram[bin] >= remaining) break;
-        above += histogram[bin];
-      }
-      *remaining_shared = remaining - above;
-      *prefix_shared = prefix | (static_cast<uint32_t>(bin) << shift);
-    }
-  }
+  if (tid < 32) SkvChooseRadixBin(histogram, shift, prefix, prefix_shared, remaining_shared);
   __syncthreads();
 }
 
