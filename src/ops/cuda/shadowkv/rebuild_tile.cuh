@@ -33,22 +33,37 @@ __device__ __forceinline__ void SkvStageBasis(const __nv_bfloat16* basis, int64_
 // One warp: the A rows of token rows [16 tile, 16 tile + 16) of a list of chunks into `target`
 // [16, a_pitch] (cp.async, not committed; zeros past `total_rows` and past `rank`). Token row t
 // is token t % chunk_size of chunk chunks[t / chunk_size]; `coefficients` is the layer's A
-// [chunks * chunk_size, stride].
+// [chunks * chunk_size, stride]. Lane r < 16 finds row r's offset once and the copies read it by
+// shuffle; a copy's (row, vector) steps along without dividing (the loop is the kernels' hot
+// path, and the chunk size and rank are not compile-time constants).
 __device__ __forceinline__ void SkvLoadCoefficientTile(const __nv_bfloat16* coefficients,
                                                        int64_t stride, int rank, int chunk_size,
                                                        const int* chunks, int total_rows, int tile,
                                                        __nv_bfloat16* target, int a_pitch) {
   const int lane = threadIdx.x % 32, vectors = SkvRankPadded(rank) / 8;
-  for (int i = lane; i < 16 * vectors; i += 32) {
-    const int r = i / vectors, v = i % vectors;
-    const int token_row = tile * 16 + r;
-    const bool inside = token_row < total_rows && v * 8 < rank;
-    const __nv_bfloat16* source = coefficients;
-    if (inside) {
-      const int which = token_row / chunk_size, t = token_row % chunk_size;
-      source += (static_cast<int64_t>(chunks[which]) * chunk_size + t) * stride + v * 8;
+  int64_t row_offset = -1;  // lane r: row r's first coefficient, or -1 past total_rows
+  if (lane < 16 && tile * 16 + lane < total_rows) {
+    const int token_row = tile * 16 + lane, which = token_row / chunk_size;
+    row_offset = (static_cast<int64_t>(chunks[which]) * chunk_size + token_row - which * chunk_size) *
+                 stride;
+  }
+  const int step_rows = 32 / vectors, step_vectors = 32 - step_rows * vectors;
+  int r = lane / vectors, v = lane - r * vectors;
+  const int rounds = (16 * vectors + 31) / 32;  // the same in every lane: shuffles stay whole
+  for (int round = 0; round < rounds; ++round) {
+    const bool valid = r < 16;
+    const int64_t offset = __shfl_sync(0xffffffffu, row_offset, valid ? r : 0);
+    const bool inside = valid && offset >= 0 && v * 8 < rank;
+    if (valid) {
+      CpAsync16(target + r * a_pitch + v * 8, inside ? coefficients + offset + v * 8 : coefficients,
+                inside ? 16 : 0);
     }
-    CpAsync16(target + r * a_pitch + v * 8, source, inside ? 16 : 0);
+    r += step_rows;
+    v += step_vectors;
+    if (v >= vectors) {
+      v -= vectors;
+      ++r;
+    }
   }
 }
 
