@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) QkvRopeKernel(QkvRopeParams p) {
     }
     if (rotates) {
       // The angle is formed in fp32 exactly as the CPU Rope does; large positions keep their
-      // precision (RopeSinCos reduces it in fp64).
+      // precision (RopeSinCos reduces it exactly enough before the fast sincos).
       const float angle = static_cast<float>(position) * p.inv_freq[pair];
       float sine, cosine;
       RopeSinCos(angle, &sine, &cosine);
