@@ -19,9 +19,9 @@
 #     queue gets 429, none is lost)
 #   servecheck: tests/gpu/serve_check.py (greedy repeatability, refusals, SIGTERM) on the GPU
 #     tests' tiny model, full and ShadowKV
-#   synth: synthetic Llama-3-8B at SYNTH_CONTEXT (124928): the bench (full, ShadowKV, ShadowKV
-#     FP8; SYNTH_GEN decode steps, default 128) and serve_bench with one shared prompt copied to
-#     SYNTH_BATCH_FULL / SYNTH_BATCH_SKV / SYNTH_BATCH_FP8 streams
+#   synth: synthetic Llama-3-8B at SYNTH_CONTEXT (124928): the bench (SYNTH_KV, default full,
+#     ShadowKV and ShadowKV FP8; SYNTH_GEN decode steps, default 128) and serve_bench with one
+#     shared prompt copied to SYNTH_BATCH_FULL / SYNTH_BATCH_SKV / SYNTH_BATCH_FP8 streams
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/shadowkv_out}
@@ -135,14 +135,15 @@ for step in "$@"; do
       ;;
     synth)
       bundle_ready || exit 1
+      fp8=shadowkv:fp8_values=1:fp8_landmarks=1
+      synth_kv=${SYNTH_KV:-full,shadowkv,$fp8}
       timeout 330 "$stage/bin/shadowkv" bench --device cuda --synthetic llama3-8b \
-        --kv full,shadowkv,shadowkv:fp8_values=1:fp8_landmarks=1 --context "$synth_context" \
+        --kv "$synth_kv" --context "$synth_context" \
         --batch auto --gen "${SYNTH_GEN:-128}" --prefill-chunk 4096 --no-host-values \
         --json "$out/bench_synth.json" > "$out/bench_synth.log" 2>&1
       echo "synth bench: exit $?"
       grep -E "^(full|shadowkv) |engine loop|context [0-9]+:" "$out/bench_synth.log"
-      fp8=shadowkv:fp8_values=1:fp8_landmarks=1
-      for kv in full shadowkv $fp8; do
+      for kv in ${synth_kv//,/ }; do
         n=${SYNTH_BATCH_FULL:-7}
         pool=(--max-seqs "$n")
         # ShadowKV: one prompt slot (the shared prompt's) beside the compressed sequences.
