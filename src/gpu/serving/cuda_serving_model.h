@@ -57,8 +57,8 @@ struct CudaServingOptions {
   // later turn is then as accurate as a fresh prefill of the conversation (docs/RESULTS.md,
   // "Multi-turn on the GPU"). Sequences past kept_keys_limit_bytes recompress from rank-r keys.
   bool keep_prompt_keys = true;
-  // Pinned host memory the kept keys may take in all; -1: a quarter of the host's available
-  // memory when the pool is made (HostAvailableBytes); 0: none kept.
+  // Pinned host memory the kept keys may take in all, pinned when the pool is made (not in the
+  // loop); -1: a quarter of the host's available memory then (HostAvailableBytes); 0: none kept.
   int64_t kept_keys_limit_bytes = -1;
   TensorParallelOptions tensor_parallel;
   CudaKernelOptions kernels;
