@@ -299,6 +299,98 @@ TEST_P(CudaShadowKvRerankTest, KeepsTheCandidatesWhoseRebuiltKeysScoreBest) {
   CheckRerank(GetParam(), 64, RopeConfig::Style::kPairs);
 }
 
+// Candidates that all score the same (zero queries: every logit is 0, every chunk holds the
+// same mass) keep the K of lowest index, as the CPU's top-K breaks ties, and take the free
+// slots in that order; a list shorter than the layout's (packed, -1 after) counts only its own.
+TEST_P(CudaShadowKvRerankTest, TiedScoresKeepTheLowerChunks) {
+  SKV_SKIP_WITHOUT_GPU();
+  constexpr int kHeads = 2, kGroup = 4, kDim = 64, kChunk = 8, kCapacity = 640, kBudget = 16;
+  constexpr int kRows = 2, kRank = 24, kCandidates = 4 * kBudget, kListed = 40, kChunks = 600;
+  std::mt19937 rng(5);
+  auto d_coefficients =
+      ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kCapacity * kChunk * kRank, rng, 0.5f)));
+  auto d_basis = ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kRank * kHeads * kDim, rng, 0.2f)));
+  auto d_layer_rank = ToDevice(std::vector<int32_t>(kRows, kRank));
+  std::vector<float> inv_freq(kDim / 2);
+  for (int i = 0; i < kDim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / kDim);
+  auto d_freq = ToDevice(inv_freq);
+  auto d_outlier = ToDevice(std::vector<uint8_t>(kRows * kHeads * kCapacity, 0));
+  auto d_slots = ToDevice(std::vector<int32_t>(kRows * kHeads * kBudget, -1));
+  auto d_info = ToDevice(std::vector<SkvSequenceInfo>(
+      kRows, SkvSequenceInfo{0, kBudget, 0, kBudget * kChunk}));
+  auto d_counters = ToDevice(std::vector<unsigned long long>(2 * kRows, 0));
+  auto d_miss = Poisoned<int32_t>(kRows * kHeads * kBudget);
+  auto d_lse = Poisoned<float>(int64_t{kRows} * kHeads * kGroup * kCandidates);
+  auto d_queries = ToDevice(std::vector<uint16_t>(int64_t{kRows} * kHeads * kGroup * kDim, 0));
+  // Ascending, distinct chunks per (row, head); row 1 lists all kCandidates, row 0 kListed.
+  std::vector<int32_t> list(kRows * kHeads * kCandidates, -1);
+  for (int row = 0; row < kRows; ++row) {
+    for (int h = 0; h < kHeads; ++h) {
+      const int listed = row == 0 ? kListed : kCandidates;
+      for (int i = 0; i < listed; ++i) list[(row * kHeads + h) * kCandidates + i] = 3 + 9 * i + h;
+    }
+  }
+  auto d_candidates = ToDevice(list);
+  std::vector<SkvRowMeta> meta(kRows);
+  for (int r = 0; r < kRows; ++r) {
+    meta[r].seq = r;
+    meta[r].num_chunks = kChunks;
+  }
+  auto d_meta = ToDevice(meta);
+
+  SkvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = kHeads;
+  l.head_dim = kDim;
+  l.group = kGroup;
+  l.chunk_size = kChunk;
+  l.rank = kRank;
+  l.capacity_chunks = kCapacity;
+  l.max_budget = kBudget;
+  l.max_candidates = kCandidates;
+  l.recent_capacity = 40;
+  l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
+  l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
+  l.layer_rank = d_layer_rank.get();
+  l.outlier = d_outlier.get();
+  l.slot_chunk = d_slots.get();
+  l.info = d_info.get();
+  l.counters = d_counters.get();
+  SKV_ASSERT_CUDA(SkvConfigureKernels(l));
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = kRows;
+  p.queries = reinterpret_cast<const __nv_bfloat16*>(d_queries.get());
+  p.miss_chunk = d_miss.get();
+  p.inv_freq = d_freq.get();
+  p.rotary_dim = kDim;
+  p.halves = true;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  p.kernel_variant = GetParam();
+  p.rerank_factor = 4;
+  p.candidates = d_candidates.get();
+  p.candidate_lse = d_lse.get();
+  SKV_ASSERT_CUDA(LaunchSkvRerank(p, nullptr));
+  SKV_ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<int32_t> slots = ToHost(d_slots), miss = ToHost(d_miss);
+  for (int row = 0; row < kRows; ++row) {
+    for (int h = 0; h < kHeads; ++h) {
+      SCOPED_TRACE(::testing::Message() << "row " << row << ", head " << h);
+      for (int slot = 0; slot < kBudget; ++slot) {
+        const int32_t want = list[(row * kHeads + h) * kCandidates + slot];
+        EXPECT_EQ(slots[(row * kHeads + h) * kBudget + slot], want) << "slot " << slot;
+        EXPECT_EQ(miss[(row * kHeads + h) * kBudget + slot], want) << "miss of slot " << slot;
+      }
+    }
+  }
+  const std::vector<unsigned long long> counters = ToHost(d_counters);
+  for (int row = 0; row < kRows; ++row) {
+    EXPECT_EQ(counters[2 * row], 1ull * kHeads * kBudget) << "row " << row;
+    EXPECT_EQ(counters[2 * row + 1], 0ull) << "row " << row;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, CudaShadowKvRerankTest,
                          ::testing::Values(kSkvKernelsFirst, kSkvKernelsFast),
                          [](const ::testing::TestParamInfo<int>& info) {
