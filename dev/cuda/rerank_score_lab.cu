@@ -4,6 +4,11 @@
 // and the A rows staged a tile ahead per warp (a two-tile ring, what the library does) against
 // all at once per block (slower: on the H200 2026-12-02, 29.8 against 33.1 us at Qwen's rank 24,
 // 138 against 259 us at Llama-3-8B's rank 160; fewer blocks fit on a multiprocessor).
+// PairKernel: two 16-row tiles per warp at once, so that each B_h fragment read from shared
+// memory feeds both tiles' products (the library reads all of B_h once per 16 rows), optionally
+// with the rotated keys going from the accumulators straight into the query product (no key tile
+// in shared memory) and with the next pair's A rows loaded while this one computes; each
+// variant's log-sum-exps are checked against the library's form (LabKernel<D, 1, 1>).
 // The library keeps the winner; this file is not built by CMake:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src dev/cuda/rerank_score_lab.cu -o rerank_score_lab
 #include <cuda_bf16.h>
@@ -13,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops/cuda/common/device_utils.cuh"
@@ -228,9 +234,184 @@ __global__ void __launch_bounds__(kWarps * 32) LabKernel(Params p) {
   }
 }
 
-template <int kHeadDim, int kRope, int kProduct, bool kStageAll = false>
-float Time(const Params& p, int64_t bytes) {
-  auto kernel = LabKernel<kHeadDim, kRope, kProduct, kStageAll>;
+// Two tiles per warp (see the file's comment). kRegQk: the query product's A fragments packed
+// from the rotated accumulators (lane (g, c2) holds rows g and g + 8 of columns 8j + c2, c2 + 1:
+// n-blocks 2kb and 2kb + 1 are k-block kb's fragments). kPrefetch: two A buffers of a pair each.
+template <int kHeadDim, bool kRegQk, bool kPrefetch>
+__global__ void __launch_bounds__(kWarps * 32) PairKernel(Params p) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  __shared__ int chunks[kChunks];
+  __shared__ float inv_freq[kHeadDim / 2];
+  __shared__ int count_shared;
+  constexpr int kBuffers = kPrefetch ? 2 : 1;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = blockIdx.x * kChunks;
+  const int* list = p.candidates + (static_cast<int64_t>(row) * p.kv_heads + h) * p.max_candidates;
+  if (first >= p.max_candidates || list[first] < 0) return;
+  if (threadIdx.x == 0) count_shared = 0;
+  __syncthreads();
+  if (threadIdx.x < kChunks) {
+    const int i = first + threadIdx.x;
+    const int chunk = i < p.max_candidates ? list[i] : -1;
+    chunks[threadIdx.x] = chunk;
+    if (chunk >= 0) atomicAdd(&count_shared, 1);
+  }
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+  const int width = p.kv_heads * kHeadDim, rank = p.rank, rank_padded = SkvRankPadded(rank);
+  const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
+  Bf16* b_tile = reinterpret_cast<Bf16*>(shared);
+  Bf16* q_tile = b_tile + rank_padded * pitch;
+  Bf16* rings = q_tile + kHeads16 * pitch;
+  Bf16* a_ring = rings + warp * kBuffers * 32 * a_pitch;
+  Bf16* keys = rings + kWarps * kBuffers * 32 * a_pitch;
+  Bf16* key_tile = keys + warp * 16 * pitch;  // !kRegQk
+  float* token_logits = reinterpret_cast<float*>(keys + (kRegQk ? 0 : kWarps * 16 * pitch));
+  SkvStageBasis<kHeadDim>(p.basis + static_cast<int64_t>(row) * rank * width + h * kHeadDim, width,
+                          rank, b_tile, pitch);
+  const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * kHeadDim;
+  for (int i = threadIdx.x; i < kHeads16 * (kHeadDim / 8); i += blockDim.x) {
+    const int head = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+    const bool inside = head < p.group;
+    CpAsync16(q_tile + head * pitch + v * 8, inside ? q_row + head * kHeadDim + v * 8 : q_row,
+              inside ? 16 : 0);
+  }
+  CpAsyncCommit();
+  __syncthreads();  // the chunk list and its count
+  const int count = count_shared, total_rows = count * kChunk;
+  const int num_tiles = (total_rows + 15) / 16, num_pairs = (num_tiles + 1) / 2;
+  const Bf16* coefficients =
+      p.coefficients + static_cast<int64_t>(row) * p.capacity_chunks * kChunk * rank;
+  auto load_pair = [&](int pair, Bf16* target) {  // rows past total_rows come as zeros
+    SkvLoadCoefficientTile(coefficients, rank, rank, kChunk, chunks, total_rows, 2 * pair, target,
+                           a_pitch);
+    SkvLoadCoefficientTile(coefficients, rank, rank, kChunk, chunks, total_rows, 2 * pair + 1,
+                           target + 16 * a_pitch, a_pitch);
+  };
+  if (warp < num_pairs) load_pair(warp, a_ring);
+  CpAsyncCommit();
+  CpAsyncWait<1>();  // B_h and the queries
+  __syncthreads();
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+  int buffer = 0;
+  for (int pair = warp; pair < num_pairs; pair += kWarps) {
+    if constexpr (kPrefetch) {
+      if (pair + kWarps < num_pairs) load_pair(pair + kWarps, a_ring + (buffer ^ 1) * 32 * a_pitch);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      if (pair != warp) {
+        load_pair(pair, a_ring);
+        CpAsyncCommit();
+      }
+      CpAsyncWait<0>();
+    }
+    __syncwarp();
+    const Bf16* a_pair = a_ring + buffer * 32 * a_pitch;
+    float acc[2][kHeadDim / 8][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
+    }
+    for (int k0 = 0; k0 < rank_padded; k0 += 16) {
+      uint32_t a0[4], a1[4];
+      LdMatrixX4(a0, a_pair + (lane & 15) * a_pitch + k0 + (lane >> 4) * 8);
+      LdMatrixX4(a1, a_pair + (16 + (lane & 15)) * a_pitch + k0 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n0 = 0; n0 < kHeadDim; n0 += 16) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, b_tile + (k0 + (lane & 15)) * pitch + n0 + (lane >> 4) * 8);
+        MmaBf16(acc[0][n0 / 8], a0, b[0], b[1]);
+        MmaBf16(acc[0][n0 / 8 + 1], a0, b[2], b[3]);
+        MmaBf16(acc[1][n0 / 8], a1, b[0], b[1]);
+        MmaBf16(acc[1][n0 / 8 + 1], a1, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const int tile = 2 * pair + t;
+      // RoPE (halves) on the accumulators, as SkvRebuildTile does.
+#pragma unroll
+      for (int half_row = 0; half_row < 2; ++half_row) {
+        const int token_row = tile * 16 + g + 8 * half_row;
+        const int which = min(token_row / kChunk, count - 1);
+        const float at = static_cast<float>(chunks[which] * kChunk + token_row % kChunk);
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float sine, cosine;
+            RopeSinCos(at * inv_freq[j * 8 + c2 + e], &sine, &cosine);
+            const float x0 = acc[t][j][2 * half_row + e];
+            const float x1 = acc[t][j + kHeadDim / 16][2 * half_row + e];
+            acc[t][j][2 * half_row + e] = x0 * cosine - x1 * sine;
+            acc[t][j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
+          }
+        }
+      }
+      float qk[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      if constexpr (kRegQk) {
+#pragma unroll
+        for (int kb = 0; kb < kHeadDim / 16; ++kb) {
+          const uint32_t a[4] = {PackBf16(acc[t][2 * kb][0], acc[t][2 * kb][1]),
+                                 PackBf16(acc[t][2 * kb][2], acc[t][2 * kb][3]),
+                                 PackBf16(acc[t][2 * kb + 1][0], acc[t][2 * kb + 1][1]),
+                                 PackBf16(acc[t][2 * kb + 1][2], acc[t][2 * kb + 1][3])};
+          uint32_t b[4];
+          LdMatrixX4(b, q_tile + ((lane >> 4) * 8 + (lane & 7)) * pitch + kb * 16 +
+                            ((lane >> 3) & 1) * 8);
+          MmaBf16(qk[0], a, b[0], b[1]);
+          MmaBf16(qk[1], a, b[2], b[3]);
+        }
+      } else {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+#pragma unroll
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            *reinterpret_cast<uint32_t*>(key_tile + (g + 8 * half_row) * pitch + j * 8 + c2) =
+                PackBf16(acc[t][j][2 * half_row], acc[t][j][2 * half_row + 1]);
+          }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
+          uint32_t a[4], b[4];
+          LdMatrixX4(a, key_tile + (lane & 15) * pitch + k0 + (lane >> 4) * 8);
+          LdMatrixX4(b, q_tile + ((lane >> 4) * 8 + (lane & 7)) * pitch + k0 + ((lane >> 3) & 1) * 8);
+          MmaBf16(qk[0], a, b[0], b[1]);
+          MmaBf16(qk[1], a, b[2], b[3]);
+        }
+        __syncwarp();  // the key tile takes the next tile
+      }
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int token_row = tile * 16 + g + 8 * (e >> 1), head = nb * 8 + c2 + (e & 1);
+          if (token_row < total_rows && head < p.group)
+            token_logits[token_row * p.group + head] = qk[nb][e] * p.scale;
+        }
+      }
+    }
+    if constexpr (kPrefetch) buffer ^= 1;
+    __syncwarp();  // every lane has read this pair's A rows before they are replaced
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* lse = p.lse + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * p.max_candidates;
+  for (int i = threadIdx.x; i < count * p.group; i += blockDim.x) {
+    const int chunk = i / p.group, gq = i % p.group;
+    const float* x = token_logits + chunk * kChunk * p.group + gq;
+    float top = -INFINITY;
+    for (int t = 0; t < kChunk; ++t) top = fmaxf(top, x[t * p.group]);
+    float sum = 0.0f;
+    for (int t = 0; t < kChunk; ++t) sum += expf(x[t * p.group] - top);
+    lse[gq * p.max_candidates + first + chunk] = top + logf(sum);
+  }
+}
+
+// Median microseconds of 20 launches of `kernel` (after 3 warm-ups).
+float TimeKernel(void (*kernel)(Params), const Params& p, int64_t bytes) {
   CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)));
   const dim3 grid((p.max_candidates + kChunks - 1) / kChunks, p.kv_heads, p.rows);
@@ -252,6 +433,11 @@ float Time(const Params& p, int64_t bytes) {
   CHECK_CUDA(cudaGetLastError());
   std::sort(times.begin(), times.end());
   return times[times.size() / 2] * 1e3f;
+}
+
+template <int kHeadDim, int kRope, int kProduct, bool kStageAll = false>
+float Time(const Params& p, int64_t bytes) {
+  return TimeKernel(LabKernel<kHeadDim, kRope, kProduct, kStageAll>, p, bytes);
 }
 
 template <int kHeadDim>
@@ -308,12 +494,47 @@ void Run(const char* name, int kv_heads, int group, int rank, int rows, int cand
   const float rebuild_only = Time<kHeadDim, 0, 0>(p, bytes);
   const float stage_all =
       Time<kHeadDim, 1, 1, true>(p, bytes + 2 * int64_t{kChunks} * kChunk * (rank_padded + 8));
+  // The pair variants against the library's form (run again here: the variants above that skip
+  // the product write placeholders): the same bf16 keys and products give the same log-sum-exps.
+  const int64_t lse_n = int64_t{rows} * kv_heads * group * candidates;
+  std::vector<float> want(lse_n), got(lse_n);
+  CHECK_CUDA(cudaMemset(p.lse, 0, lse_n * sizeof(float)));
+  Time<kHeadDim, 1, 1>(p, bytes);
+  CHECK_CUDA(cudaMemcpy(want.data(), p.lse, lse_n * sizeof(float), cudaMemcpyDeviceToHost));
+  auto pair_bytes = [&](bool reg_qk, bool prefetch) {
+    return 2 * (int64_t{rank_padded} * pitch + kHeads16 * pitch +
+                kWarps * ((prefetch ? 2 : 1) * 32 * (rank_padded + 8) + (reg_qk ? 0 : 16 * pitch))) +
+           4 * kChunks * kChunk * group;
+  };
+  struct Variant {
+    const char* name;
+    void (*kernel)(Params);
+    bool reg_qk, prefetch;
+  };
+  const Variant variants[] = {
+      {"pair", PairKernel<kHeadDim, false, false>, false, false},
+      {"pair+reg-qk", PairKernel<kHeadDim, true, false>, true, false},
+      {"pair+prefetch", PairKernel<kHeadDim, false, true>, false, true},
+      {"pair+reg-qk+prefetch", PairKernel<kHeadDim, true, true>, true, true}};
+  std::string pairs;
+  for (const Variant& v : variants) {
+    CHECK_CUDA(cudaMemset(p.lse, 0, lse_n * sizeof(float)));
+    const float us = TimeKernel(v.kernel, p, pair_bytes(v.reg_qk, v.prefetch));
+    CHECK_CUDA(cudaMemcpy(got.data(), p.lse, lse_n * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0.0;
+    for (int64_t i = 0; i < lse_n; ++i) worst = std::max(worst, double{std::fabs(got[i] - want[i])});
+    char text[160];
+    std::snprintf(text, sizeof(text), "; %s %.1f us (%.2f G tokens/s, %lld B shared, lse within %.1e)",
+                  v.name, us, tokens / us * 1e-3,
+                  static_cast<long long>(pair_bytes(v.reg_qk, v.prefetch)), worst);
+    pairs += text;
+  }
   std::printf(
       "%s rank %d rows %d candidates %d: a tile ahead %.1f us (%.2f G tokens/s), no RoPE %.1f, "
       "table RoPE %.1f, no query product or lse %.1f, A·B alone %.1f us; all rows at once %.1f "
-      "us (%.2f G tokens/s)\n",
+      "us (%.2f G tokens/s)%s\n",
       name, rank, rows, candidates, full, tokens / full * 1e-3, no_rope, table_rope, no_product,
-      rebuild_only, stage_all, tokens / stage_all * 1e-3);
+      rebuild_only, stage_all, tokens / stage_all * 1e-3, pairs.c_str());
 }
 
 int main() {
