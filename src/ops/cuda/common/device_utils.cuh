@@ -24,8 +24,9 @@ __device__ __forceinline__ void Bf16x8ToFloat(const uint4& packed, float* out) {
 // reduced to about [−π, π] first, so that the fast hardware sincos (absolute error ~4e-7 there)
 // stands in for the accurate one, whose slow path large angles (> 1e5) take. The reduction is
 // in fp32 with 2π in three parts (Cody-Waite): 6.28125 has 8 significant bits, so the first
-// product and difference are exact for every fp32 angle, and the parts after it carry the
-// rest. Against a reduction in fp64, sin and cos differ by at most 3e-7 (angles up to 1e6).
+// product and difference are exact for angles below 2^24 (RoPE's: position · inv_freq with
+// inv_freq <= 1), and the parts after it carry the rest. Against a reduction in fp64, sin and
+// cos differ by at most 3e-7 (angles up to 1e6).
 __device__ __forceinline__ void RopeSinCos(float angle, float* sine, float* cosine) {
   const float turns = rintf(angle * 0.159154943f);
   float reduced = fmaf(-turns, 6.28125f, angle);
