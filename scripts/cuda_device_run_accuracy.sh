@@ -18,6 +18,8 @@
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
 #   synth:CTX          the same on synthetic weights of $SYNTH (default llama3-8b) at batch
 #                      $BATCH (default auto)
+#   lab:NAME           a kernel lab of dev/cuda built here (nvcc ... dev/cuda/NAME.cu -o
+#                      .devrun/skv/NAME) and carried beside the bundle; its output to $OUT
 # MODEL is a file under $HOME/m (qwen, smol: $HOME/m/qwen.gguf); $TAG names the outputs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +86,12 @@ for step in "$@"; do
         --json "$out/bench_synth_${model}_${tag}.json" > "$out/bench_synth_${model}_${tag}.log" 2>&1
       echo "synth $model: exit $?"
       grep -E "decode|tok/s|rank|batch" "$out/bench_synth_${model}_${tag}.log" | tail -20
+      ;;
+    lab)
+      [ -e ".devrun/skv/$model" ] && cp ".devrun/skv/$model" "$HOME/$model"
+      timeout "${LIMIT:-300}" "$HOME/$model" > "$out/${model}_${tag}.log" 2>&1
+      echo "lab $model: exit $?"
+      cat "$out/${model}_${tag}.log"
       ;;
     *) echo "unknown step $step" ;;
   esac
