@@ -84,6 +84,48 @@ ExactReference ExactScores(const std::vector<int32_t>& chunks, const float* quer
   return out;
 }
 
+// The shape of the one re-rank layer both tests drive.
+struct RerankShape {
+  int heads, group, head_dim, chunk, rank, capacity, budget, candidates;
+};
+
+// The layout's shape fields (one layer, a 40-row window); the caller points it at its buffers.
+SkvLayout RerankLayout(const RerankShape& s) {
+  SkvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = s.heads;
+  l.head_dim = s.head_dim;
+  l.group = s.group;
+  l.chunk_size = s.chunk;
+  l.rank = s.rank;
+  l.capacity_chunks = s.capacity;
+  l.max_budget = s.budget;
+  l.max_candidates = s.candidates;
+  l.recent_capacity = 40;
+  return l;
+}
+
+// A re-rank's decode parameters over `l`, full-width rotary; the caller adds its buffers.
+SkvDecodeParams RerankParams(const SkvLayout& l, int kernel_variant, bool halves, int factor) {
+  SkvDecodeParams p;
+  p.layout = l;
+  p.rotary_dim = l.head_dim;
+  p.halves = halves;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(l.head_dim));
+  p.kernel_variant = kernel_variant;
+  p.rerank_factor = factor;
+  return p;
+}
+
+// RoPE's frequencies at base 10000, as the CPU's Rope forms them.
+std::vector<float> InvFreq(int head_dim) {
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
+  }
+  return inv_freq;
+}
+
 void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   constexpr int kHeads = 2, kGroup = 4, kChunk = 8, kCapacity = 2000, kBudget = 16, kFactor = 4;
   constexpr int kSeqs = 2, kRank = 40, kCandidates = kFactor * kBudget, kOutliers = 12;
@@ -113,16 +155,12 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   rope_config.theta_base = 10000.0f;
   rope_config.style = style;
   const Rope rope(rope_config);
-  std::vector<float> inv_freq(head_dim / 2);
-  for (int i = 0; i < head_dim / 2; ++i) {
-    inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / head_dim));
-  }
 
   auto d_landmarks = ToDevice(ToBf16(landmarks));
   auto d_coefficients = ToDevice(ToBf16(coefficients));
   auto d_basis = ToDevice(ToBf16(basis));
   auto d_layer_rank = ToDevice(std::vector<int32_t>(own_rank, own_rank + kSeqs));
-  auto d_freq = ToDevice(inv_freq);
+  auto d_freq = ToDevice(InvFreq(head_dim));
   auto d_outlier = ToDevice(outlier);
   auto d_slots = ToDevice(std::vector<int32_t>(kSeqs * kHeads * kBudget, -1));
   std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{kOutliers, kBudget, kOutliers * kChunk,
@@ -142,17 +180,8 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   }
   auto d_meta = ToDevice(meta);
 
-  SkvLayout l;
-  l.num_layers = 1;
-  l.num_kv_heads = kHeads;
-  l.head_dim = head_dim;
-  l.group = kGroup;
-  l.chunk_size = kChunk;
-  l.rank = kRank;
-  l.capacity_chunks = kCapacity;
-  l.max_budget = kBudget;
-  l.max_candidates = kCandidates;
-  l.recent_capacity = 40;
+  SkvLayout l = RerankLayout(
+      {kHeads, kGroup, head_dim, kChunk, kRank, kCapacity, kBudget, kCandidates});
   l.landmarks = reinterpret_cast<__nv_bfloat16*>(d_landmarks.get());
   l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
   l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
@@ -170,8 +199,8 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   for (int step = 0; step < 2; ++step) {
     if (step == 1) PerturbQueries(&queries, rng);
     auto d_queries = ToDevice(ToBf16(queries));
-    SkvDecodeParams p;
-    p.layout = l;
+    SkvDecodeParams p =
+        RerankParams(l, kernel_variant, style == RopeConfig::Style::kHalves, kFactor);
     p.meta = d_meta.get();
     p.rows = kSeqs;
     p.queries = reinterpret_cast<const __nv_bfloat16*>(d_queries.get());
@@ -179,11 +208,6 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
     p.softmax_partials = d_partials.get();
     p.miss_chunk = d_miss.get();
     p.inv_freq = d_freq.get();
-    p.rotary_dim = head_dim;
-    p.halves = style == RopeConfig::Style::kHalves;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    p.kernel_variant = kernel_variant;
-    p.rerank_factor = kFactor;
     p.candidates = d_candidates.get();
     p.candidate_lse = d_lse.get();
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
@@ -311,9 +335,7 @@ TEST_P(CudaShadowKvRerankTest, TiedScoresKeepTheLowerChunks) {
       ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kCapacity * kChunk * kRank, rng, 0.5f)));
   auto d_basis = ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kRank * kHeads * kDim, rng, 0.2f)));
   auto d_layer_rank = ToDevice(std::vector<int32_t>(kRows, kRank));
-  std::vector<float> inv_freq(kDim / 2);
-  for (int i = 0; i < kDim / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / kDim);
-  auto d_freq = ToDevice(inv_freq);
+  auto d_freq = ToDevice(InvFreq(kDim));
   auto d_outlier = ToDevice(std::vector<uint8_t>(kRows * kHeads * kCapacity, 0));
   auto d_slots = ToDevice(std::vector<int32_t>(kRows * kHeads * kBudget, -1));
   auto d_info = ToDevice(std::vector<SkvSequenceInfo>(
@@ -338,17 +360,8 @@ TEST_P(CudaShadowKvRerankTest, TiedScoresKeepTheLowerChunks) {
   }
   auto d_meta = ToDevice(meta);
 
-  SkvLayout l;
-  l.num_layers = 1;
-  l.num_kv_heads = kHeads;
-  l.head_dim = kDim;
-  l.group = kGroup;
-  l.chunk_size = kChunk;
-  l.rank = kRank;
-  l.capacity_chunks = kCapacity;
-  l.max_budget = kBudget;
-  l.max_candidates = kCandidates;
-  l.recent_capacity = 40;
+  SkvLayout l =
+      RerankLayout({kHeads, kGroup, kDim, kChunk, kRank, kCapacity, kBudget, kCandidates});
   l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
   l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
   l.layer_rank = d_layer_rank.get();
@@ -357,18 +370,12 @@ TEST_P(CudaShadowKvRerankTest, TiedScoresKeepTheLowerChunks) {
   l.info = d_info.get();
   l.counters = d_counters.get();
   SKV_ASSERT_CUDA(SkvConfigureKernels(l));
-  SkvDecodeParams p;
-  p.layout = l;
+  SkvDecodeParams p = RerankParams(l, GetParam(), /*halves=*/true, /*factor=*/4);
   p.meta = d_meta.get();
   p.rows = kRows;
   p.queries = reinterpret_cast<const __nv_bfloat16*>(d_queries.get());
   p.miss_chunk = d_miss.get();
   p.inv_freq = d_freq.get();
-  p.rotary_dim = kDim;
-  p.halves = true;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
-  p.kernel_variant = GetParam();
-  p.rerank_factor = 4;
   p.candidates = d_candidates.get();
   p.candidate_lse = d_lse.get();
   SKV_ASSERT_CUDA(LaunchSkvRerank(p, nullptr));
