@@ -60,17 +60,31 @@ __device__ __forceinline__ void SkvChooseRadixBin(const int* histogram, int shif
   }
 }
 
-// Adds one key per lane to a radix digit's histogram: keys that are non-zero and equal `prefix`
-// under `mask`, binned by their 8 bits at `shift`. Scores share few exponents, so most keys of
-// a warp fall in a handful of bins: lanes with the same bin add once. Every lane of the warp
-// calls it (0 counts nowhere).
-__device__ __forceinline__ void SkvCountRadixKey(uint32_t key, int shift, uint32_t mask,
-                                                 uint32_t prefix, int* histogram) {
-  const int lane = threadIdx.x & 31;
-  const bool counted = key != 0u && (key & mask) == prefix;
-  const uint32_t bin = counted ? (key >> shift) & 255u : 256u;
-  const unsigned peers = __match_any_sync(0xffffffffu, bin);
-  if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+// One 8-bit radix digit at `shift` of the k-th largest non-zero key of key_of(c), c in
+// [0, count): counts the keys that equal `*prefix_shared` under `mask` into `histogram` (256
+// ints), then narrows `*prefix_shared` to the chosen bin and `*remaining_shared` to the rank
+// within it. Scores share few exponents, so most keys of a warp fall in a handful of bins:
+// lanes with the same bin add once. Every thread calls it; it contains barriers, the last of
+// which makes the results visible.
+template <typename KeyOf>
+__device__ __forceinline__ void SkvRadixDigit(KeyOf&& key_of, int count, int shift, uint32_t mask,
+                                              int* histogram, uint32_t* prefix_shared,
+                                              int* remaining_shared) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  for (int b = tid; b < 256; b += blockDim.x) histogram[b] = 0;
+  __syncthreads();
+  const uint32_t prefix = *prefix_shared;
+  for (int base = 0; base < count; base += blockDim.x) {  // whole warps: the match needs them
+    const int c = base + tid;
+    const uint32_t key = c < count ? key_of(c) : 0u;
+    const bool counted = key != 0u && (key & mask) == prefix;
+    const uint32_t bin = counted ? (key >> shift) & 255u : 256u;
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+  }
+  __syncthreads();
+  if (tid < 32) SkvChooseRadixBin(histogram, shift, prefix, prefix_shared, remaining_shared);
+  __syncthreads();
 }
 
 // The k-th largest non-zero key of key_of(c), c in [0, n), by four 8-bit radix digits (k from
@@ -81,24 +95,14 @@ template <typename KeyOf>
 __device__ __forceinline__ uint32_t SkvRadixKthKey(KeyOf&& key_of, int n, int k, int* histogram,
                                                    uint32_t* prefix_shared, int* remaining_shared,
                                                    int* ties_allowed) {
-  const int tid = threadIdx.x;
-  if (tid == 0) {
+  if (threadIdx.x == 0) {
     *prefix_shared = 0;
     *remaining_shared = k;
   }
   uint32_t mask = 0;
   for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
-    for (int b = tid; b < 256; b += blockDim.x) histogram[b] = 0;
-    __syncthreads();
-    const uint32_t prefix = *prefix_shared;
-    for (int base = 0; base < n; base += blockDim.x) {  // whole warps: the count matches lanes
-      const int c = base + tid;
-      SkvCountRadixKey(c < n ? key_of(c) : 0u, shift, mask, prefix, histogram);
-    }
-    __syncthreads();
-    if (tid < 32) SkvChooseRadixBin(histogram, shift, prefix, prefix_shared, remaining_shared);
+    SkvRadixDigit(key_of, n, shift, mask, histogram, prefix_shared, remaining_shared);
     mask |= 255u << shift;
-    __syncthreads();
   }
   __syncthreads();
   *ties_allowed = *remaining_shared;

@@ -131,27 +131,6 @@ __device__ __forceinline__ void KeepSuccessors(uint32_t* keys, int n) {
   __syncthreads();
 }
 
-// One 8-bit radix digit at `shift` of the k-th largest key: counts the keys of source[0, count)
-// that are non-zero and equal `*prefix_shared` under `mask`, then narrows `*prefix_shared` to the
-// chosen bin and `*remaining_shared` to the rank within it. Contains barriers; the last one makes
-// the results visible.
-template <int kThreads>
-__device__ __forceinline__ void RadixDigit(const uint32_t* source, int count, int shift,
-                                           uint32_t mask, int* histogram,
-                                           uint32_t* prefix_shared, int* remaining_shared) {
-  const int tid = threadIdx.x;
-  for (int b = tid; b < 256; b += kThreads) histogram[b] = 0;
-  __syncthreads();
-  const uint32_t prefix = *prefix_shared;
-  for (int base = 0; base < count; base += kThreads) {
-    const int c = base + tid;
-    SkvCountRadixKey(c < count ? source[c] : 0u, shift, mask, prefix, histogram);
-  }
-  __syncthreads();
-  if (tid < 32) SkvChooseRadixBin(histogram, shift, prefix, prefix_shared, remaining_shared);
-  __syncthreads();
-}
-
 // The first digit of the coarse select: a key's top 12 bits (sign, exponent, 3 mantissa bits).
 constexpr int kCoarseShift = 20;
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
@@ -267,13 +246,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
 #pragma unroll
     for (int d = 0; d < 3 && k > 0; ++d) {
       const int shift = kShifts[d];
-      RadixDigit<kThreads>(source, count, shift, mask, histogram, &prefix_shared, &remaining_shared);
+      SkvRadixDigit([&](int c) { return source[c]; }, count, shift, mask, histogram, &prefix_shared,
+                    &remaining_shared);
       mask |= 255u << shift;
     }
   } else {
     __syncthreads();
     for (int shift = 24; shift >= 0 && k > 0; shift -= 8) {
-      RadixDigit<kThreads>(keys, n, shift, mask, histogram, &prefix_shared, &remaining_shared);
+      SkvRadixDigit([&](int c) { return keys[c]; }, n, shift, mask, histogram, &prefix_shared,
+                    &remaining_shared);
       mask |= 255u << shift;
     }
   }
