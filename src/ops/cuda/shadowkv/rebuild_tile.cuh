@@ -67,12 +67,43 @@ __device__ __forceinline__ void SkvLoadCoefficientTile(const __nv_bfloat16* coef
   }
 }
 
+// RoPE in place on one warp's m16n8 accumulators of a 16-row key tile, the rows of
+// `half_row` (row g + 8 half_row of each lane, g = lane / 4) at position `at`. Both RoPE styles
+// pair columns inside one lane: kHalves (x[i], x[i + D/2]) = acc[j], acc[j + D/16]; pairs
+// (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j]. inv_freq [kHeadDim / 2].
+template <int kHeadDim, bool kHalves>
+__device__ __forceinline__ void SkvRotateAccumulators(float (&acc)[kHeadDim / 8][4], int half_row,
+                                                      float at, const float* inv_freq) {
+  const int c2 = (threadIdx.x % 4) * 2;
+  if constexpr (kHalves) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float sine, cosine;
+        RopeSinCos(at * inv_freq[j * 8 + c2 + e], &sine, &cosine);
+        const float x0 = acc[j][2 * half_row + e], x1 = acc[j + kHeadDim / 16][2 * half_row + e];
+        acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
+        acc[j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      float sine, cosine;
+      RopeSinCos(at * inv_freq[j * 4 + c2 / 2], &sine, &cosine);
+      const float x0 = acc[j][2 * half_row], x1 = acc[j][2 * half_row + 1];
+      acc[j][2 * half_row] = x0 * cosine - x1 * sine;
+      acc[j][2 * half_row + 1] = x0 * sine + x1 * cosine;
+    }
+  }
+}
+
 // One warp: keys = RoPE(A tile · B_h) for the tile's 16 rows, as bf16 into `out_tile` [16,
 // out_pitch]. `position(r)` gives row r's position (float); inv_freq [kHeadDim / 2] the rotary
 // frequencies (full-width rotary). Accumulator layout (m16n8k16): lane holds rows g, g + 8 and
-// columns 8j + 2c, 8j + 2c + 1; both RoPE styles pair columns inside one lane: kHalves (x[i],
-// x[i + D/2]) = acc[j], acc[j + D/16]; pairs (x[2i], x[2i+1]) = elements 0/1 and 2/3 of acc[j].
-// Ends with __syncwarp: the tile is readable by the whole warp.
+// columns 8j + 2c, 8j + 2c + 1, rotated there (SkvRotateAccumulators). Ends with __syncwarp:
+// the tile is readable by the whole warp.
 template <int kHeadDim, bool kHalves, typename PositionOf>
 __device__ __forceinline__ void SkvRebuildTile(const __nv_bfloat16* a_tile, int a_pitch,
                                                const __nv_bfloat16* b_tile, int b_pitch,
@@ -97,29 +128,7 @@ __device__ __forceinline__ void SkvRebuildTile(const __nv_bfloat16* a_tile, int 
 #pragma unroll
   for (int half_row = 0; half_row < 2; ++half_row) {
     const int r = g + 8 * half_row;
-    const float at = position(r);
-    if constexpr (kHalves) {
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float sine, cosine;
-          RopeSinCos(at * inv_freq[j * 8 + c2 + e], &sine, &cosine);
-          const float x0 = acc[j][2 * half_row + e], x1 = acc[j + kHeadDim / 16][2 * half_row + e];
-          acc[j][2 * half_row + e] = x0 * cosine - x1 * sine;
-          acc[j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        float sine, cosine;
-        RopeSinCos(at * inv_freq[j * 4 + c2 / 2], &sine, &cosine);
-        const float x0 = acc[j][2 * half_row], x1 = acc[j][2 * half_row + 1];
-        acc[j][2 * half_row] = x0 * cosine - x1 * sine;
-        acc[j][2 * half_row + 1] = x0 * sine + x1 * cosine;
-      }
-    }
+    SkvRotateAccumulators<kHeadDim, kHalves>(acc, half_row, position(r), inv_freq);
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
       *reinterpret_cast<uint32_t*>(out_tile + r * out_pitch + j * 8 + c2) =
