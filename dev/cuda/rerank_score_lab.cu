@@ -50,6 +50,38 @@ struct Params {
   float scale;
 };
 
+// Both lab kernels' start, for block (first chunk, KV head h, row): false where the block has
+// no candidates (the list is packed). Else the block's chunks and their count, the rotary
+// frequencies, and cp.async of B_h into b_tile and the group's queries (padded to 16 heads)
+// into q_tile, committed; the caller waits and synchronises.
+template <int kHeadDim>
+__device__ bool StartBlock(const Params& p, int h, int row, int first, int* chunks, float* inv_freq,
+                           int* count_shared, Bf16* b_tile, Bf16* q_tile, int pitch) {
+  const int* list = p.candidates + (static_cast<int64_t>(row) * p.kv_heads + h) * p.max_candidates;
+  if (first >= p.max_candidates || list[first] < 0) return false;
+  if (threadIdx.x == 0) *count_shared = 0;
+  __syncthreads();
+  if (threadIdx.x < kChunks) {
+    const int i = first + threadIdx.x;
+    const int chunk = i < p.max_candidates ? list[i] : -1;
+    chunks[threadIdx.x] = chunk;
+    if (chunk >= 0) atomicAdd(count_shared, 1);
+  }
+  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
+  const int width = p.kv_heads * kHeadDim;
+  SkvStageBasis<kHeadDim>(p.basis + static_cast<int64_t>(row) * p.rank * width + h * kHeadDim,
+                          width, p.rank, b_tile, pitch);
+  const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * kHeadDim;
+  for (int i = threadIdx.x; i < kHeads16 * (kHeadDim / 8); i += blockDim.x) {
+    const int head = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
+    const bool inside = head < p.group;
+    CpAsync16(q_tile + head * pitch + v * 8, inside ? q_row + head * kHeadDim + v * 8 : q_row,
+              inside ? 16 : 0);
+  }
+  CpAsyncCommit();
+  return true;
+}
+
 // kRope: 0 none, 1 sincos per element (the library's), 2 per-chunk base angle and an 8-step
 // table. kProduct: the query product and log-sum-exp (0: skip both).
 template <int kHeadDim, int kRope, int kProduct, bool kStageAll = false>
@@ -60,18 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) LabKernel(Params p) {
   __shared__ int count_shared;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = blockIdx.x * kChunks;
-  const int* list = p.candidates + (static_cast<int64_t>(row) * p.kv_heads + h) * p.max_candidates;
-  if (first >= p.max_candidates || list[first] < 0) return;
-  if (threadIdx.x == 0) count_shared = 0;
-  __syncthreads();
-  if (threadIdx.x < kChunks) {
-    const int i = first + threadIdx.x;
-    const int chunk = i < p.max_candidates ? list[i] : -1;
-    chunks[threadIdx.x] = chunk;
-    if (chunk >= 0) atomicAdd(&count_shared, 1);
-  }
-  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
-  const int width = p.kv_heads * kHeadDim, rank = p.rank, rank_padded = SkvRankPadded(rank);
+  const int rank = p.rank, rank_padded = SkvRankPadded(rank);
   const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
   Bf16* b_tile = reinterpret_cast<Bf16*>(shared);
   Bf16* q_tile = b_tile + rank_padded * pitch;
@@ -84,16 +105,10 @@ __global__ void __launch_bounds__(kWarps * 32) LabKernel(Params p) {
   float* base_sin = base_cos + kChunks * kHalf;
   float* step_cos = base_sin + kChunks * kHalf;
   float* step_sin = step_cos + kChunk * kHalf;
-  SkvStageBasis<kHeadDim>(p.basis + static_cast<int64_t>(row) * rank * width + h * kHeadDim, width,
-                          rank, b_tile, pitch);
-  const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * kHeadDim;
-  for (int i = threadIdx.x; i < kHeads16 * (kHeadDim / 8); i += blockDim.x) {
-    const int head = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
-    const bool inside = head < p.group;
-    CpAsync16(q_tile + head * pitch + v * 8, inside ? q_row + head * kHeadDim + v * 8 : q_row,
-              inside ? 16 : 0);
+  if (!StartBlock<kHeadDim>(p, h, row, first, chunks, inv_freq, &count_shared, b_tile, q_tile,
+                            pitch)) {
+    return;
   }
-  CpAsyncCommit();
   __syncthreads();
   if constexpr (kRope == 2) {
     for (int i = threadIdx.x; i < kChunks * (kHeadDim / 2); i += blockDim.x) {
@@ -246,18 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32) PairKernel(Params p) {
   constexpr int kBuffers = kPrefetch ? 2 : 1;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = blockIdx.x * kChunks;
-  const int* list = p.candidates + (static_cast<int64_t>(row) * p.kv_heads + h) * p.max_candidates;
-  if (first >= p.max_candidates || list[first] < 0) return;
-  if (threadIdx.x == 0) count_shared = 0;
-  __syncthreads();
-  if (threadIdx.x < kChunks) {
-    const int i = first + threadIdx.x;
-    const int chunk = i < p.max_candidates ? list[i] : -1;
-    chunks[threadIdx.x] = chunk;
-    if (chunk >= 0) atomicAdd(&count_shared, 1);
-  }
-  for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
-  const int width = p.kv_heads * kHeadDim, rank = p.rank, rank_padded = SkvRankPadded(rank);
+  const int rank = p.rank, rank_padded = SkvRankPadded(rank);
   const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
   Bf16* b_tile = reinterpret_cast<Bf16*>(shared);
   Bf16* q_tile = b_tile + rank_padded * pitch;
@@ -266,16 +270,10 @@ __global__ void __launch_bounds__(kWarps * 32) PairKernel(Params p) {
   Bf16* keys = rings + kWarps * kBuffers * 32 * a_pitch;
   Bf16* key_tile = keys + warp * 16 * pitch;  // !kRegQk
   float* token_logits = reinterpret_cast<float*>(keys + (kRegQk ? 0 : kWarps * 16 * pitch));
-  SkvStageBasis<kHeadDim>(p.basis + static_cast<int64_t>(row) * rank * width + h * kHeadDim, width,
-                          rank, b_tile, pitch);
-  const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * kHeadDim;
-  for (int i = threadIdx.x; i < kHeads16 * (kHeadDim / 8); i += blockDim.x) {
-    const int head = i / (kHeadDim / 8), v = i % (kHeadDim / 8);
-    const bool inside = head < p.group;
-    CpAsync16(q_tile + head * pitch + v * 8, inside ? q_row + head * kHeadDim + v * 8 : q_row,
-              inside ? 16 : 0);
+  if (!StartBlock<kHeadDim>(p, h, row, first, chunks, inv_freq, &count_shared, b_tile, q_tile,
+                            pitch)) {
+    return;
   }
-  CpAsyncCommit();
   __syncthreads();  // the chunk list and its count
   const int count = count_shared, total_rows = count * kChunk;
   const int num_tiles = (total_rows + 15) / 16, num_pairs = (num_tiles + 1) / 2;
@@ -330,24 +328,12 @@ __global__ void __launch_bounds__(kWarps * 32) PairKernel(Params p) {
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const int tile = 2 * pair + t;
-      // RoPE (halves) on the accumulators, as SkvRebuildTile does.
 #pragma unroll
-      for (int half_row = 0; half_row < 2; ++half_row) {
+      for (int half_row = 0; half_row < 2; ++half_row) {  // RoPE (halves), as SkvRebuildTile
         const int token_row = tile * 16 + g + 8 * half_row;
         const int which = min(token_row / kChunk, count - 1);
         const float at = static_cast<float>(chunks[which] * kChunk + token_row % kChunk);
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 16; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float sine, cosine;
-            RopeSinCos(at * inv_freq[j * 8 + c2 + e], &sine, &cosine);
-            const float x0 = acc[t][j][2 * half_row + e];
-            const float x1 = acc[t][j + kHeadDim / 16][2 * half_row + e];
-            acc[t][j][2 * half_row + e] = x0 * cosine - x1 * sine;
-            acc[t][j + kHeadDim / 16][2 * half_row + e] = x0 * sine + x1 * cosine;
-          }
-        }
+        SkvRotateAccumulators<kHeadDim, true>(acc[t], half_row, at, inv_freq);
       }
       float qk[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
       if constexpr (kRegQk) {
