@@ -82,6 +82,22 @@ __device__ bool StartBlock(const Params& p, int h, int row, int first, int* chun
   return true;
 }
 
+// After a barrier: each (chunk, query head)'s log-sum-exp of the block's token logits
+// [count * kChunk, group] into p.lse, from column `first`.
+__device__ void WriteChunkLse(const Params& p, const float* token_logits, int count, int first,
+                              int h, int row) {
+  float* lse = p.lse + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * p.max_candidates;
+  for (int i = threadIdx.x; i < count * p.group; i += blockDim.x) {
+    const int chunk = i / p.group, gq = i % p.group;
+    const float* x = token_logits + chunk * kChunk * p.group + gq;
+    float top = -INFINITY;
+    for (int t = 0; t < kChunk; ++t) top = fmaxf(top, x[t * p.group]);
+    float sum = 0.0f;
+    for (int t = 0; t < kChunk; ++t) sum += expf(x[t * p.group] - top);
+    lse[gq * p.max_candidates + first + chunk] = top + logf(sum);
+  }
+}
+
 // kRope: 0 none, 1 sincos per element (the library's), 2 per-chunk base angle and an 8-step
 // table. kProduct: the query product and log-sum-exp (0: skip both).
 template <int kHeadDim, int kRope, int kProduct, bool kStageAll = false>
@@ -234,16 +250,7 @@ __global__ void __launch_bounds__(kWarps * 32) LabKernel(Params p) {
   CpAsyncWait<0>();
   __syncthreads();
   if constexpr (kProduct) {
-    float* lse = p.lse + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * p.max_candidates;
-    for (int i = threadIdx.x; i < count * p.group; i += blockDim.x) {
-      const int chunk = i / p.group, gq = i % p.group;
-      const float* x = token_logits + chunk * kChunk * p.group + gq;
-      float top = -INFINITY;
-      for (int t = 0; t < kChunk; ++t) top = fmaxf(top, x[t * p.group]);
-      float sum = 0.0f;
-      for (int t = 0; t < kChunk; ++t) sum += expf(x[t * p.group] - top);
-      lse[gq * p.max_candidates + first + chunk] = top + logf(sum);
-    }
+    WriteChunkLse(p, token_logits, count, first, h, row);
   } else if (threadIdx.x == 0) {
     p.lse[blockIdx.x] = __bfloat162float(key_tile[0]);  // keep the work
   }
@@ -384,16 +391,7 @@ __global__ void __launch_bounds__(kWarps * 32) PairKernel(Params p) {
   }
   CpAsyncWait<0>();
   __syncthreads();
-  float* lse = p.lse + (static_cast<int64_t>(row) * p.kv_heads + h) * p.group * p.max_candidates;
-  for (int i = threadIdx.x; i < count * p.group; i += blockDim.x) {
-    const int chunk = i / p.group, gq = i % p.group;
-    const float* x = token_logits + chunk * kChunk * p.group + gq;
-    float top = -INFINITY;
-    for (int t = 0; t < kChunk; ++t) top = fmaxf(top, x[t * p.group]);
-    float sum = 0.0f;
-    for (int t = 0; t < kChunk; ++t) sum += expf(x[t * p.group] - top);
-    lse[gq * p.max_candidates + first + chunk] = top + logf(sum);
-  }
+  WriteChunkLse(p, token_logits, count, first, h, row);
 }
 
 // Median microseconds of 20 launches of `kernel` (after 3 warm-ups).
