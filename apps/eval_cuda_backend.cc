@@ -147,12 +147,14 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       model_->ResetShadowKvCounters();
       SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, &attendance, &answer));
       SKV_RETURN_IF_ERROR(ShadowKvCounts(policies[p], attendance, &answer));
+      answer.kv_tokens = model_->shadowkv_length(0);  // for the report's bytes per token
       model_->FreeShadowKv();
     }
     if (full_index >= 0) {
       eval::BackendAnswer& answer = (*answers)[full_index];
       if (!fidelity) SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &answer));
       answer.memory.fast_bytes = FullCacheBytes(fidelity ? 1 : 0);
+      answer.kv_tokens = model_->slot_length(fidelity ? 1 : 0);
     }
     return Status::Ok();
   }

@@ -338,6 +338,7 @@ Status Runner::AskBackend(const std::vector<int32_t>& prompt, int max_new_tokens
     out.truncated = answers[p].truncated;
     out.stats = answers[p].stats;
     out.memory = answers[p].memory;
+    out.kv_tokens = answers[p].kv_tokens;
     out.rank = answers[p].rank;
     out.layer_ranks = answers[p].layer_ranks;
     out.outlier_chunks = answers[p].outlier_chunks;
@@ -608,6 +609,7 @@ Status AnswerFromRecord(CpuModel& model, const PrefillRecord& record,
     answer.truncated = streams[p].truncated;
     answer.stats = sequences[p]->stats();
     answer.memory = sequences[p]->memory();
+    answer.kv_tokens = sequences[p]->num_tokens();
     ShadowKvShape(*sequences[p], model.config(), &answer.rank, &answer.layer_ranks,
                   &answer.outlier_chunks);
   }

@@ -113,7 +113,8 @@ struct BackendAnswer {
   std::vector<int> layer_ranks;  // shadowkv, [num_layers] where the backend reports them
   int64_t outlier_chunks = 0;    // shadowkv, per KV head
   Fidelity fidelity;             // asked for: along the first policy's answer (0 steps: none)
-  int64_t kv_tokens = 0;         // conversations: tokens the sequence holds after the turn
+  int64_t kv_tokens = 0;         // tokens the sequence held when `memory` was taken (after the
+                                 // answer, or the turn); 0: not reported, no bytes per token
 };
 
 // Answers questions somewhere other than the CPU model (the CUDA backend): every policy's

@@ -3,6 +3,8 @@
 // a fresh prefill of the whole conversation does.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine/sampler.h"
 #include "eval/greedy.h"
 #include "eval/prefill_record.h"
@@ -310,6 +312,8 @@ class PromptReadingBackend : public eval::AnswerBackend {
     (*answers)[1].stats.chunk_selections = 10;
     (*answers)[1].stats.chunk_hits = 4;
     (*answers)[1].rank = 8;
+    (*answers)[1].memory.fast_bytes = 3000;
+    (*answers)[1].kv_tokens = 1000;
     if (fidelity) (*answers)[1].fidelity = {3, 2, 0.75};
     *prefill_seconds = 0.25;
     EXPECT_EQ(max_new_tokens, 16);
@@ -347,7 +351,12 @@ TEST_F(EvalRunnerTest, BackendAnswersAreScoredAndItsLimitsReported) {
     EXPECT_EQ(q.outputs[1].stats.chunk_hits, 4);
     EXPECT_EQ(q.outputs[1].rank, 8);
     EXPECT_EQ(q.outputs[1].budget_tokens, settings.policies[1].BudgetTokens(q.prompt_tokens));
+    EXPECT_EQ(q.outputs[1].kv_tokens, 1000);
   }
+  // Bytes per token where the backend gives the held tokens, none where it does not (full here).
+  const eval::ScoreSummary summary = eval::Summarize(*report);
+  EXPECT_DOUBLE_EQ(summary.fast_bytes_per_token[0][1], 3.0);
+  EXPECT_TRUE(std::isnan(summary.fast_bytes_per_token[0][0]));
   // Fidelity: refused where the backend cannot measure it, copied where it does.
   settings.fidelity = true;
   EXPECT_EQ(eval::RunEval(*model_, format_, tasks, settings, nullptr, &backend).status().code(),
