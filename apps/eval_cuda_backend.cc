@@ -147,14 +147,12 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       model_->ResetShadowKvCounters();
       SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, &attendance, &answer));
       SKV_RETURN_IF_ERROR(ShadowKvCounts(policies[p], attendance, &answer));
-      answer.kv_tokens = model_->shadowkv_length(0);  // for the report's bytes per token
       model_->FreeShadowKv();
     }
     if (full_index >= 0) {
       eval::BackendAnswer& answer = (*answers)[full_index];
       if (!fidelity) SKV_RETURN_IF_ERROR(Decode(first, max_new_tokens, nullptr, &answer));
-      answer.memory.fast_bytes = FullCacheBytes(fidelity ? 1 : 0);
-      answer.kv_tokens = model_->slot_length(fidelity ? 1 : 0);
+      FullCacheCounts(fidelity ? 1 : 0, &answer);
     }
     return Status::Ok();
   }
@@ -200,10 +198,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(ShadowKvCounts(conversation_policy_, conversation_attendance_, answer));
       answer->stats.chunk_selections += conversation_carried_.chunk_selections;
       answer->stats.chunk_hits += conversation_carried_.chunk_hits;
-      answer->kv_tokens = model_->shadowkv_length(0);
     } else {
-      answer->memory.fast_bytes = FullCacheBytes(0);
-      answer->kv_tokens = model_->slot_length(0);
+      FullCacheCounts(0, answer);
     }
     return Status::Ok();
   }
@@ -333,13 +329,16 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     return Argmax(logits);
   }
 
-  // bf16 keys and values of every layer for the tokens full-cache slot `slot` holds.
-  int64_t FullCacheBytes(int slot) const {
+  // The tokens full-cache slot `slot` holds and their bf16 keys and values of every layer.
+  void FullCacheCounts(int slot, eval::BackendAnswer* answer) const {
     const ModelConfig& c = model_->config();
-    return int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim * model_->slot_length(slot);
+    answer->kv_tokens = model_->slot_length(slot);
+    answer->memory.fast_bytes =
+        int64_t{2} * 2 * c.num_layers * c.num_kv_heads * c.head_dim * answer->kv_tokens;
   }
 
-  // ShadowKV sequence 0's chunk counts since ResetShadowKvCounters, ranks, outliers and bytes.
+  // ShadowKV sequence 0's chunk counts since ResetShadowKvCounters, ranks, outliers, bytes and
+  // the tokens it holds.
   Status ShadowKvCounts(const kv::KvPolicyConfig& config, const Attendance& attendance,
                         eval::BackendAnswer* answer) const {
     const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
@@ -358,6 +357,7 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     answer->outlier_chunks = attendance.outlier_chunks;
     SKV_ASSIGN_OR_RETURN(const auto bytes, model_->ShadowKvBytesPerSequence(config, capacity_));
     answer->memory = {bytes.first, bytes.second};
+    answer->kv_tokens = model_->shadowkv_length(0);
     return Status::Ok();
   }
 
