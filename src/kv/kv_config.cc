@@ -27,6 +27,11 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument, "successors must be 0 or 1, not {}",
                  select_successors);
   }
+  if (select_interval < 1 || select_interval > 64) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "select interval {} is not in [1, 64] (decode steps one chunk selection serves)",
+                 select_interval);
+  }
   if (paper != 0 && paper != 1) {
     return Error(ErrorCode::kInvalidArgument, "paper must be 0 or 1, not {}", paper);
   }
@@ -193,6 +198,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"outliers", Assign(&KvPolicyConfig::outlier_chunks)},
       {"window", Assign(&KvPolicyConfig::local_window)},
       {"successors", Assign(&KvPolicyConfig::select_successors)},
+      {"interval", Assign(&KvPolicyConfig::select_interval)},
       {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
       {"exact_keys", Assign(&KvPolicyConfig::exact_keys)},
       {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
@@ -214,7 +220,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
     "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_rank", "mass",
-    "outliers", "window", "successors", "exact_layers", "exact_keys", "fp8_values",
+    "outliers", "window", "successors", "interval", "exact_layers", "exact_keys", "fp8_values",
     "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
@@ -246,6 +252,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.outlier_chunks = -1;
   config.local_window = 32;
   config.select_successors = 0;
+  config.select_interval = 1;
   config.exact_layers = 0;
   config.exact_keys = 0;
   config.fp8_keys = 0;

@@ -69,6 +69,12 @@ struct KvPolicyConfig {
   // Select each top chunk's successor with it (SelectTopKWithSuccessors), within the same budget;
   // off by default (the method selects the top K alone).
   int select_successors = 0;
+  // Decode steps one selection serves: the chunks are selected at a sequence's first decode step
+  // after its compression and every select_interval-th step after it; the steps between attend
+  // to the chunks gathered last (no scoring, select, fetch or rebuild), beside the exact window
+  // that the new tokens join. A block of several queries (a later turn's prompt) always
+  // selects. 1 = every step (the method); 1 to 64.
+  int select_interval = 1;
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
@@ -118,7 +124,7 @@ int RankFloor(const KvPolicyConfig& config, int head_dim);
 // With config.paper == 1, `config` with the method's published settings forced: the fixed rank
 // rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, no rank floor,
 // rank_energy 0),
-// selection landmarks without successors, budget 1.56% of the context with a 256-token floor (no
+// selection landmarks without successors at every step, budget 1.56% of the context with a 256-token floor (no
 // absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
 // no exact keys, fp32 values, landmarks and keys. Deployment settings (basis_groups,
 // value_store_path) are kept. Otherwise `config` unchanged.
@@ -128,7 +134,8 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
 // rerank_factor,
-// rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), paper (0 or 1; with 1 no
+// rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
+// (select_interval), paper (0 or 1; with 1 no
 // setting it forces may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1),
 // fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window,
 // snap_kernel, snap_pooling, page, dense_layers, sinks.

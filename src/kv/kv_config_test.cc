@@ -44,6 +44,11 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   auto successors = ParseKvVariant("shadowkv:successors=1", base);
   ASSERT_TRUE(successors.ok()) << successors.status().ToString();
   EXPECT_EQ(successors->select_successors, 1);
+  auto interval = ParseKvVariant("shadowkv:interval=4", base);
+  ASSERT_TRUE(interval.ok()) << interval.status().ToString();
+  EXPECT_EQ(interval->select_interval, 4);
+  EXPECT_EQ(config->select_interval, 1);
+  EXPECT_FALSE(ParseKvVariant("shadowkv:interval=0", base).ok());
   auto fp8 = ParseKvVariant("shadowkv:fp8_values=1:fp8_landmarks=1", base);
   ASSERT_TRUE(fp8.ok()) << fp8.status().ToString();
   EXPECT_EQ(fp8->fp8_values, 1);
@@ -155,6 +160,7 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:mass=0", "selection mass 0"},
         Case{"shadowkv:paper=2", "paper must be 0 or 1"},
         Case{"shadowkv:paper=1:rank=64", "paper=1 fixes 'rank'"},
+        Case{"shadowkv:paper=1:interval=2", "paper=1 fixes 'interval'"},
         Case{"shadowkv:select=heads:paper=1", "paper=1 fixes 'select'"},
         Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);

@@ -104,6 +104,9 @@ struct LayerState {
   std::vector<float> exact_keys_pre;  // [rows, kv_width] pre-RoPE
   std::vector<float> exact_values;    // [rows, kv_width]
   int64_t num_chunks = 0;
+  // Tokens held when the layer was compressed: a single query at position p is decode step
+  // p - decode_origin, which selects when select_interval divides it.
+  int64_t decode_origin = 0;
   LowRankBasis basis;
   std::vector<float> coefficients;  // A: [num_chunks * chunk_size, rank]
   std::vector<HeadState> heads;     // [num_kv_heads]
@@ -300,6 +303,7 @@ Status ShadowKvSequenceImpl::Compress(LayerState& layer) {
   }
   layer.num_chunks = num_chunks;
   layer.compressed = true;
+  layer.decode_origin = layer.num_tokens;
   return Status::Ok();
 }
 
@@ -399,6 +403,10 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
   step.prepare_calls = 1;
   step.context_tokens = layer.num_tokens;
   int64_t attended = 0;  // summed over KV heads
+  // A single query selects at its decode step 0, select_interval, 2 * select_interval, ...
+  const int interval = settings_.config.select_interval;
+  const bool selects = num_queries != 1 || interval <= 1 ||
+                       (layer.num_tokens - 1 - layer.decode_origin) % interval == 0;
   for (int h = 0; h < g.num_kv_heads; ++h) {
     HeadState& head = layer.heads[h];
     auto& segments = out->heads[h];
@@ -410,12 +418,19 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         attended += rows;
       }
       if (head.num_landmarks() > 0 && budget_chunks_ > 0) {
-        SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
-        const auto selected_count = static_cast<int64_t>(scratch_.selected.size());
-        const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
-        SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
-        step.chunk_selections += selected_count;
-        step.chunk_hits += hits;
+        int64_t selected_count = 0;
+        if (selects) {
+          SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
+          selected_count = static_cast<int64_t>(scratch_.selected.size());
+          const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
+          SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
+          step.chunk_selections += selected_count;
+          step.chunk_hits += hits;
+        } else {  // the chunks gathered at the last selecting step
+          for (int32_t s = 0; s < head.slots.num_slots(); ++s) {
+            selected_count += head.slots.item_in_slot(s) >= 0;
+          }
+        }
         // One segment per run of occupied slots: all of them, except where "mass" selects
         // fewer chunks than it has slots.
         const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;

@@ -370,6 +370,95 @@ TEST(ShadowKvModesTest, SuccessorsOnlyWithLandmarks) {
   EXPECT_NE(refused.status().message().find("successors"), std::string::npos);
 }
 
+// select_interval 3: the queries come from the stream, so a selecting step (decode steps 0, 3,
+// 6, ... after the compression, and the multi-token turn) picks the chunks the same sequence at
+// interval 1 picks at that step; the steps between keep the chunks gathered last, select,
+// fetch and rebuild nothing, and attend as many tokens as that step plus the grown window.
+void CheckSelectInterval(const std::string& mode) {
+  SCOPED_TRACE(mode);
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 31);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
+  config.budget_tokens = 64;  // K = 8 chunks
+  config.selection = mode;
+  config.rerank_factor = 2;
+  KvPolicyConfig every = config;
+  config.select_interval = 3;
+  auto sparse = MakePolicy(config, g);
+  auto dense = MakePolicy(every, g);
+  Runner a(*sparse, stream), b(*dense, stream);
+  a.Step(300, true);
+  b.Step(300, true);
+  auto held = [&](Runner& r, int layer) {
+    std::vector<std::set<int64_t>> sets;
+    for (const auto& chunks : r.shadow().Inspect(layer).gathered_chunks) {
+      std::set<int64_t> set(chunks.begin(), chunks.end());
+      set.erase(-1);
+      sets.push_back(set);
+    }
+    return sets;
+  };
+  std::vector<std::vector<std::set<int64_t>>> last(g.num_layers);  // b's at the last selection
+  int64_t position = 300;
+  int reused = 0;
+  for (int step = 0; step < 24; ++step) {
+    const int count = step == 12 ? 5 : 1;
+    const bool selects = count > 1 || (position - 300) % 3 == 0;
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      const PolicyStats before = a.sequence().layer_stats()[layer];
+      if (count == 1) {
+        AttentionInput in_a, in_b;
+        ASSERT_NO_FATAL_FAILURE(a.AppendOne(layer, static_cast<int>(position), nullptr, &in_a));
+        ASSERT_NO_FATAL_FAILURE(b.AppendOne(layer, static_cast<int>(position), nullptr, &in_b));
+        // The window is exact on both sides and ends with the new token.
+        for (int h = 0; h < g.num_kv_heads; ++h) {
+          ASSERT_EQ(in_a.heads[h].back().num_tokens, in_b.heads[h].back().num_tokens);
+        }
+      } else {
+        for (Runner* r : {&a, &b}) {
+          const TokenStream::Block tokens = stream.MakeBlock(layer, position, count);
+          ASSERT_TRUE(r->sequence().Append(layer, tokens.View()).ok());
+          AttentionInput input;
+          ASSERT_TRUE(r->sequence().Prepare(layer, tokens.queries.data(), count, &input).ok());
+        }
+      }
+      PolicyStats added = a.sequence().layer_stats()[layer];
+      added -= before;
+      int64_t held_chunks = 0;
+      for (const auto& set : held(a, layer)) held_chunks += static_cast<int64_t>(set.size());
+      if (selects) {
+        last[layer] = held(b, layer);
+        EXPECT_EQ(held(a, layer), last[layer]) << "step " << step << ", layer " << layer;
+        EXPECT_EQ(added.chunk_selections, held_chunks);
+        if (mode != "mass") EXPECT_EQ(held_chunks, 8 * g.num_kv_heads);
+      } else {
+        ++reused;
+        EXPECT_EQ(held(a, layer), last[layer]) << "step " << step << ", layer " << layer;
+        EXPECT_EQ(added.chunk_selections, 0);
+        EXPECT_EQ(added.bytes_fetched, 0);
+        // Each head's 2 outlier chunks, the chunks it holds, and the window.
+        const int64_t window = position + 1 - a.shadow().Inspect(layer).num_chunks * 8;
+        EXPECT_EQ(added.attended_tokens,
+                  ((2 * g.num_kv_heads + held_chunks) * 8 + window * g.num_kv_heads) /
+                      g.num_kv_heads);
+      }
+    }
+    position += count;
+  }
+  EXPECT_EQ(reused, 15 * g.num_layers);  // 24 steps: 9 select (8 decode, 1 turn), 15 reuse
+}
+
+TEST(ShadowKvModesTest, SelectIntervalReusesTheLastSelection) {
+  for (const std::string& mode : kModes) CheckSelectInterval(mode);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  for (int interval : {0, 65}) {
+    config.select_interval = interval;
+    const auto refused = MakeKvPolicy(config, TestGeometry());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("select interval"), std::string::npos);
+  }
+}
+
 TEST(ShadowKvModesTest, PaperSettingIgnoresOtherDefaults) {
   // A config made in code with paper=1 runs the published method whatever else it says.
   const KvGeometry g = TestGeometry();

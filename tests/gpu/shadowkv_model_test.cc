@@ -218,7 +218,9 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
       stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, bounds.min_compared);
   EXPECT_EQ(stats.host_value_sequences, rows / 2);
-  EXPECT_EQ(stats.chunks_selected, 24ll * rows * GlobalLayers(spec) * spec.kv_heads * 8);
+  // Both sequences select at decode steps 0, interval, 2 * interval, ... of the 24.
+  const int64_t selecting = (24 + config.select_interval - 1) / config.select_interval;
+  EXPECT_EQ(stats.chunks_selected, selecting * rows * GlobalLayers(spec) * spec.kv_heads * 8);
   ASSERT_GT(gathered, 0);
   EXPECT_GE(static_cast<double>(matched) / gathered, bounds.min_overlap);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
@@ -497,7 +499,8 @@ void CheckParityWhereTheCpuRuns(const kv::KvPolicyConfig& config, int want_ranks
 // Decodes the parity prompts on the GPU alone under `config`: four rows (sequences 2 and 3
 // copies of 0 and 1, so the selection runs in two halves), greedy on each original's logits,
 // 24 steps with graduations. Returns the logits of every step and row, and checks the copies
-// equal their originals bit for bit and that every step selected K chunks per KV head.
+// equal their originals bit for bit and that every selecting step selected K chunks per KV
+// head. `gathered`: each step's chunks per (original sequence, layer, KV head), in that order.
 std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
                                std::vector<std::vector<int32_t>>* gathered) {
   TinyModelSpec spec = SmallLlamaSpec(7);
@@ -550,7 +553,8 @@ std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
     }
     all.insert(all.end(), got.begin(), got.begin() + 2 * vocab);
   }
-  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, 24ll * 4 * spec.layers * spec.kv_heads * 8)
+  const int64_t selecting = (24 + config.select_interval - 1) / config.select_interval;
+  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, selecting * 4 * spec.layers * spec.kv_heads * 8)
       << config.display_name();
   return all;
 }
@@ -609,6 +613,40 @@ TEST(CudaShadowKvParityTest, PerQueryHeadSelectionRunsThroughTheDecodeStep) {
   EXPECT_NE(head_chunks, landmark_chunks) << "per-head selection never changed a choice";
 
   CheckParityWhereTheCpuRuns(heads, /*want_ranks=*/24);
+}
+
+// select_interval 3 through the whole step (graph replay, the selection in halves, host
+// values), for each selection mode: at the steps between selections every gather slot keeps its
+// chunk (no selection, fetch or rebuild for the row), and the CPU policy at the same interval
+// agrees as at interval 1.
+TEST(CudaShadowKvParityTest, SelectIntervalReusesTheGatheredChunks) {
+  SKV_SKIP_WITHOUT_GPU();
+  const TinyModelSpec spec = SmallLlamaSpec(7);
+  for (const char* mode : {"landmarks", "rerank", "heads"}) {
+    kv::KvPolicyConfig config = ParityConfig(false);
+    config.selection = mode;
+    config.select_interval = 3;
+    config.label = std::string("shadowkv:select=") + mode + ":interval=3";
+    SCOPED_TRACE(config.label);
+    std::vector<std::vector<int32_t>> gathered;
+    ASSERT_FALSE(DecodeOnGpu(config, &gathered).empty());
+    const size_t per_step = 2u * spec.layers * spec.kv_heads;
+    ASSERT_EQ(gathered.size(), 24 * per_step);
+    int changed = 0;
+    for (int step = 1; step < 24; ++step) {
+      for (size_t i = 0; i < per_step; ++i) {
+        const auto& now = gathered[step * per_step + i];
+        const auto& before = gathered[(step - 1) * per_step + i];
+        if (step % 3 != 0) {
+          ASSERT_EQ(now, before) << "step " << step << ", entry " << i;
+        } else {
+          changed += now != before;
+        }
+      }
+    }
+    EXPECT_GT(changed, 0) << "no selecting step changed a slot";
+    CheckParityWhereTheCpuRuns(config, /*want_ranks=*/24);
+  }
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the

@@ -44,6 +44,13 @@ TEST(CudaShadowKvPlanTest, RowPlansFollowTheCpuGraduationRule) {
   EXPECT_EQ(next.pre_row, 32);
   EXPECT_EQ(next.graduate_chunk, -1);
   EXPECT_EQ(next.num_chunks, 9);
+  EXPECT_EQ(first.reuse + graduating.reuse + next.reuse, 0);  // interval 1: every step selects
+  // select_interval 3 after a 100-token prompt: decode steps 0, 3, 6 select, the others reuse.
+  info.decode_origin = 100;
+  for (int64_t length = 100; length < 107; ++length) {
+    EXPECT_EQ(PlanSkvRow(3, length, 64, info, 8, 32, 3).reuse, (length - 100) % 3 != 0 ? 1 : 0)
+        << "length " << length;
+  }
 }
 
 TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {

@@ -192,7 +192,7 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
                    tokens[i], config.vocab_size);
     }
     rows[i] = PlanSkvRow(seq, s.lengths[seq], s.exact_first0[seq], s.host_info[seq], g.chunk_size,
-                         g.local_window);
+                         g.local_window, s.config.select_interval);
     attn_rows[i] = rows[i].attn_row;
     pre_rows[i] = rows[i].pre_row;
     attn_last[i] = rows[i].attn_last;

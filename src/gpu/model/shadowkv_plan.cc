@@ -216,6 +216,7 @@ Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,
   plan.info.budget_chunks = static_cast<int32_t>(budget_chunks);
   plan.info.gather_base = static_cast<int32_t>(outliers * chunk);
   plan.info.recent_base = static_cast<int32_t>((outliers + budget_chunks) * chunk);
+  plan.info.decode_origin = static_cast<int32_t>(prompt_tokens);
   return plan;
 }
 
@@ -225,7 +226,7 @@ int64_t SkvExactFirst(int64_t length, int64_t exact_first0, int chunk_size, int 
 }
 
 SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSequenceInfo& info,
-                      int chunk_size, int local_window) {
+                      int chunk_size, int local_window, int select_interval) {
   SkvRowMeta m;
   m.seq = seq;
   const int64_t before = SkvExactFirst(length, exact_first0, chunk_size, local_window);
@@ -238,6 +239,7 @@ SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSe
   m.graduate_chunk = after > before ? static_cast<int32_t>(before / chunk_size) : -1;
   m.num_chunks = static_cast<int32_t>(after / chunk_size);
   m.attn_last = info.recent_base + static_cast<int32_t>(length + 1 - after) - 1;
+  m.reuse = select_interval > 1 && (length - info.decode_origin) % select_interval != 0 ? 1 : 0;
   return m;
 }
 

@@ -117,8 +117,10 @@ Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,
 // the window as soon as local_window + chunk_size tokens are exact).
 int64_t SkvExactFirst(int64_t length, int64_t exact_first0, int chunk_size, int local_window);
 
-// The plan of one decode row that appends a token to a sequence of `length` tokens.
+// The plan of one decode row that appends a token to a sequence of `length` tokens; with
+// select_interval > 1 the row selects only at decode steps (length - info.decode_origin) that
+// the interval divides, and reuses its gathered chunks between (the CPU policy's rule).
 SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSequenceInfo& info,
-                      int chunk_size, int local_window);
+                      int chunk_size, int local_window, int select_interval = 1);
 
 }  // namespace shadowkv::cuda

@@ -105,6 +105,7 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   if (candidates[first] < 0) return;  // the list is packed: nothing from here on
   const int chunks = min(per_block, l.max_candidates - first);
   const SkvRowMeta m = p.meta[row];
+  if (m.reuse) return;  // no selection at this step: the list is an earlier step's
   const int rank = ScoreRank(p, m.seq), width = l.kv_width();
   const int64_t stride = l.rank, layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   const int tokens = per_block * chunk_size;
@@ -236,6 +237,8 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   const int32_t* list =
       p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
   if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
+  // No selection at this step: the list is an earlier step's.
+  if (p.meta[row].reuse) return;
   if (threadIdx.x == 0) count_shared = 0;
   __syncthreads();
   if (threadIdx.x < kExactFastChunks) {
@@ -394,6 +397,7 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
   const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const SkvRowMeta m = p.meta[row];
+  if (m.reuse) return;  // the slots keep the chunks of the last selecting step
   const SkvSequenceInfo info = l.info[m.seq];
   const int words = (l.capacity_chunks + 31) / 32;
   float* score = reinterpret_cast<float*>(rerank_shared);

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodePar
   const SkvRowMeta m = p.meta[row];
   const SkvLayout& l = p.layout;
   const int first = blockIdx.x * kScoreChunksPerBlock;
-  if (first >= m.num_chunks) return;
+  if (first >= m.num_chunks || m.reuse) return;  // reuse: no selection at this step
   const int lane = threadIdx.x % kLanes, sub = threadIdx.x / kLanes;
   float q[kGroup][8];
   const Bf16* q_row =
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
   const SkvLayout& l = p.layout;
   const int part = blockIdx.x * kScoreTcWarps + warp;
   const int first = part * kSkvScoreChunksPerBlock;
-  if (first >= m.num_chunks) return;  // whole warps only; the kernel has no block barrier
+  // Whole warps only (the kernel has no block barrier); reuse: no selection at this step.
+  if (first >= m.num_chunks || m.reuse) return;
   const int last = min(first + kSkvScoreChunksPerBlock, m.num_chunks);
   const int tiles = (last - first + kScoreTcTile - 1) / kScoreTcTile;
   const int gq = lane / 4, cq = lane % 4;

@@ -16,6 +16,9 @@ struct SkvSequenceInfo {
   int32_t budget_chunks = 0;   // K: gather slots per KV head
   int32_t gather_base = 0;     // O * C: first gather row of the attention buffer
   int32_t recent_base = 0;     // (O + K) * C: first exact (recent) row
+  // Tokens held when compressed: the decode step that appends token p is p - decode_origin
+  // (the chunks are selected at the steps select_interval divides, PlanSkvRow).
+  int32_t decode_origin = 0;
 };
 
 // One decode row's plan for this step (mirrored on the device).
@@ -28,7 +31,9 @@ struct SkvRowMeta {
   int32_t attn_last = 0;        // attention covers buffer rows [0, attn_last]
   int32_t attn_row = 0;         // attention-buffer row of the new token (after graduation)
   int32_t pre_row = 0;          // row of the new token's pre-RoPE key among the exact rows
-  int32_t pad = 0;
+  // 1: the step attends the chunks its gather slots hold from the last selecting step (no
+  // scoring, select, re-rank, fetch or rebuild for this row; its miss lists are emptied).
+  int32_t reuse = 0;
 };
 
 }  // namespace shadowkv::cuda
