@@ -98,6 +98,10 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
   app.add_option("--select-mass", c.select_mass,
                  "shadowkv --select mass: share of the landmark score each KV head keeps")
       ->capture_default_str();
+  app.add_option("--select-interval", c.select_interval,
+                 "shadowkv: decode steps one chunk selection serves (1 = every step; the steps "
+                 "between attend the chunks gathered last)")
+      ->capture_default_str();
   app.add_option("--outliers", c.outlier_chunks, "shadowkv: outlier chunks per KV head (-1 = auto)")
       ->capture_default_str();
   app.add_option("--local-window", c.local_window, "shadowkv: exact tokens kept at the end")
@@ -133,8 +137,8 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
     for (const char* fixed :
          {"--budget", "--budget-fraction", "--budget-min", "--chunk-size", "--rank", "--rank-ratio",
           "--rank-energy", "--rank-min", "--rank-head-ratio", "--rank-max", "--select",
-          "--rerank-factor", "--rerank-rank", "--select-mass", "--outliers", "--local-window",
-          "--fp8-values", "--fp8-landmarks", "--exact-keys", "--fp8-keys"}) {
+          "--rerank-factor", "--rerank-rank", "--select-mass", "--select-interval", "--outliers",
+          "--local-window", "--fp8-values", "--fp8-landmarks", "--exact-keys", "--fp8-keys"}) {
       if (app.count(fixed) > 0) {
         throw CLI::ValidationError("--paper",
                                    std::string("--paper fixes ") + fixed + "; name one or the other");

@@ -123,11 +123,10 @@ int RankFloor(const KvPolicyConfig& config, int head_dim);
 
 // With config.paper == 1, `config` with the method's published settings forced: the fixed rank
 // rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, no rank floor,
-// rank_energy 0),
-// selection landmarks without successors at every step, budget 1.56% of the context with a 256-token floor (no
-// absolute budget), outliers 24 per 1024 budget tokens (-1), chunk 8, window 32, no exact layers,
-// no exact keys, fp32 values, landmarks and keys. Deployment settings (basis_groups,
-// value_store_path) are kept. Otherwise `config` unchanged.
+// rank_energy 0), selection landmarks at every step without successors, budget 1.56% of the
+// context with a 256-token floor (no absolute budget), outliers 24 per 1024 budget tokens (-1),
+// chunk 8, window 32, no exact layers, no exact keys, fp32 values, landmarks and keys.
+// Deployment settings (basis_groups, value_store_path) are kept. Otherwise `config` unchanged.
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
 // A policy with settings of its own, for comparing variants in one run:
