@@ -132,10 +132,9 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
-// rerank_factor,
-// rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
-// (select_interval), paper (0 or 1; with 1 no
-// setting it forces may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1),
+// rerank_factor, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
+// (select_interval), paper (0 or 1; with 1 no setting it forces may be named too:
+// kInvalidArgument), exact_layers, exact_keys (0 or 1),
 // fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window,
 // snap_kernel, snap_pooling, page, dense_layers, sinks.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are

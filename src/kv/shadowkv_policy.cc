@@ -418,21 +418,16 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         attended += rows;
       }
       if (head.num_landmarks() > 0 && budget_chunks_ > 0) {
-        int64_t selected_count = 0;
         if (selects) {
           SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
-          selected_count = static_cast<int64_t>(scratch_.selected.size());
           const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
           SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
-          step.chunk_selections += selected_count;
+          step.chunk_selections += static_cast<int64_t>(scratch_.selected.size());
           step.chunk_hits += hits;
-        } else {  // the chunks gathered at the last selecting step
-          for (int32_t s = 0; s < head.slots.num_slots(); ++s) {
-            selected_count += head.slots.item_in_slot(s) >= 0;
-          }
         }
-        // One segment per run of occupied slots: all of them, except where "mass" selects
-        // fewer chunks than it has slots.
+        // One segment per run of occupied slots (the chunks of this or the last selecting step;
+        // Assign empties the others): all of them, except where "mass" selects fewer chunks than
+        // it has slots.
         const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
         for (int32_t s = 0; s < head.slots.num_slots();) {
           if (head.slots.item_in_slot(s) < 0) {
@@ -444,9 +439,9 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
           segments.push_back({head.gather_keys.data() + s * chunk_floats,
                               head.gather_values.data() + s * chunk_floats, (end - s) * chunk,
                               g.head_dim, false, 0});
+          attended += (end - s) * chunk;
           s = end;
         }
-        attended += selected_count * chunk;
       }
     }
     if (exact_rows > 0) {

@@ -41,6 +41,11 @@ int GlobalLayers(const TinyModelSpec& spec) {
   return global;
 }
 
+// The decode steps of a parity run's 24 that select chunks (steps 0, N, 2N, ... at interval N).
+int64_t SelectingSteps(const kv::KvPolicyConfig& config) {
+  return (24 + config.select_interval - 1) / config.select_interval;
+}
+
 // What a parity run must reach: the share of the GPU's gathered chunks the CPU gathered too, the
 // (sequence, step) pairs out of 48 with the same chunks on both sides, and the logits' relative
 // error at a pair with the same chunks after the sequence attended to other chunks once.
@@ -218,9 +223,7 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
       stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, bounds.min_compared);
   EXPECT_EQ(stats.host_value_sequences, rows / 2);
-  // Both sequences select at decode steps 0, interval, 2 * interval, ... of the 24.
-  const int64_t selecting = (24 + config.select_interval - 1) / config.select_interval;
-  EXPECT_EQ(stats.chunks_selected, selecting * rows * GlobalLayers(spec) * spec.kv_heads * 8);
+  EXPECT_EQ(stats.chunks_selected, SelectingSteps(config) * rows * GlobalLayers(spec) * spec.kv_heads * 8);
   ASSERT_GT(gathered, 0);
   EXPECT_GE(static_cast<double>(matched) / gathered, bounds.min_overlap);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
@@ -553,8 +556,7 @@ std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
     }
     all.insert(all.end(), got.begin(), got.begin() + 2 * vocab);
   }
-  const int64_t selecting = (24 + config.select_interval - 1) / config.select_interval;
-  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, selecting * 4 * spec.layers * spec.kv_heads * 8)
+  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, SelectingSteps(config) * 4 * spec.layers * spec.kv_heads * 8)
       << config.display_name();
   return all;
 }
