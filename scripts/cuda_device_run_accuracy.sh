@@ -15,7 +15,8 @@
 #   eval:MODEL:LENGTH  every task at LENGTH, $SAMPLES samples (default 20), policies $KV; with
 #                      FIDELITY=1 also each policy's fidelity along full attention's answers;
 #                      $EVAL_ARGS are added (e.g. "--multi-turn 4 --fresh-turns")
-#   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first)
+#   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first);
+#                      $BENCH_ARGS are added (e.g. --no-host-values)
 #   synth:CTX          the same on synthetic weights of $SYNTH (default llama3-8b) at batch
 #                      $BATCH (default auto)
 #   lab:NAME           a kernel lab of dev/cuda built here (nvcc ... dev/cuda/NAME.cu -o
@@ -74,7 +75,7 @@ for step in "$@"; do
       case ",$kv," in *,full,*) bench_kv=$kv ;; *) bench_kv=full,$kv ;; esac
       timeout "${LIMIT:-300}" "$stage/bin/shadowkv" bench --device cuda -m "$HOME/m/$model.gguf" \
         --kv "$bench_kv" --context "$length" --batch auto --gen 128 --prefill-chunk 2048 \
-        --no-engine-loop --json "$out/bench_${model}_${length}_${tag}.json" \
+        --no-engine-loop ${BENCH_ARGS:-} --json "$out/bench_${model}_${length}_${tag}.json" \
         > "$out/bench_${model}_${length}_${tag}.log" 2>&1
       echo "bench $model $length: exit $?"
       grep -E "decode|tok/s|rank|batch" "$out/bench_${model}_${length}_${tag}.log" | tail -20
