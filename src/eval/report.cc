@@ -57,6 +57,7 @@ nlohmann::ordered_json KvConfigJson(const kv::KvPolicyConfig& c) {
           {"basis_groups", c.basis_groups},
           {"select_successors", c.select_successors},
           {"select_interval", c.select_interval},
+          {"select_drift", c.select_drift},
           {"exact_layers", c.exact_layers},
           {"exact_keys", c.exact_keys},
           {"fp8_values", c.fp8_values},
@@ -75,13 +76,13 @@ std::string KvConfigText(const kv::KvPolicyConfig& c) {
   return fmt::format(
       "budget={};fraction={};min={};chunk={};rank={};rank_ratio={:.4f};rank_energy={};"
       "rank_min={};rank_head_ratio={};rank_max={};select={};rerank_factor={};rerank_rank={};"
-      "mass={};paper={};outliers={};window={};basis_groups={};successors={};interval={};"
+      "mass={};paper={};outliers={};window={};basis_groups={};successors={};interval={};drift={};"
       "exact_layers={};exact_keys={};fp8_values={};fp8_landmarks={};fp8_keys={};"
       "snap_window={};snap_kernel={};snap_pooling={};page={};dense_layers={};sinks={}",
       c.budget_tokens, c.budget_fraction, c.budget_min_tokens, c.chunk_size, c.rank, c.rank_ratio,
       c.rank_energy, c.rank_min, c.rank_head_ratio, c.rank_max, c.selection, c.rerank_factor,
       c.rerank_rank, c.select_mass, c.paper, c.outlier_chunks, c.local_window, c.basis_groups,
-      c.select_successors, c.select_interval, c.exact_layers, c.exact_keys, c.fp8_values,
+      c.select_successors, c.select_interval, c.select_drift, c.exact_layers, c.exact_keys, c.fp8_values,
       c.fp8_landmarks, c.fp8_keys, c.snap_window, c.snap_kernel, c.snap_pooling, c.quest_page_size,
       c.quest_dense_layers, c.sink_tokens);
 }
@@ -487,6 +488,7 @@ nlohmann::ordered_json ReportToJson(const EvalReport& report) {
         out["budget_tokens"] = o.budget_tokens;
       }
       if (o.stats.chunk_selections > 0) out["chunk_hit_rate"] = o.stats.hit_rate();
+      if (o.stats.head_steps > 0) out["selection_share"] = o.stats.selection_share();
       if (o.fidelity.steps > 0) {
         out["fidelity"] = {{"steps", o.fidelity.steps},
                            {"same_top", o.fidelity.same_top},

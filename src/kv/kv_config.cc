@@ -32,6 +32,9 @@ Status KvPolicyConfig::Validate() const {
                  "select interval {} is not in [1, 64] (decode steps one chunk selection serves)",
                  select_interval);
   }
+  if (!(select_drift >= 0.0 && select_drift <= 1.0)) {
+    return Error(ErrorCode::kInvalidArgument, "select drift {} is not in [0, 1]", select_drift);
+  }
   if (paper != 0 && paper != 1) {
     return Error(ErrorCode::kInvalidArgument, "paper must be 0 or 1, not {}", paper);
   }
@@ -199,6 +202,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"window", Assign(&KvPolicyConfig::local_window)},
       {"successors", Assign(&KvPolicyConfig::select_successors)},
       {"interval", Assign(&KvPolicyConfig::select_interval)},
+      {"drift", Assign(&KvPolicyConfig::select_drift)},
       {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
       {"exact_keys", Assign(&KvPolicyConfig::exact_keys)},
       {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
@@ -220,7 +224,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
     "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_rank", "mass",
-    "outliers", "window", "successors", "interval", "exact_layers", "exact_keys", "fp8_values",
+    "outliers", "window", "successors", "interval", "drift", "exact_layers", "exact_keys", "fp8_values",
     "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
@@ -253,6 +257,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.local_window = 32;
   config.select_successors = 0;
   config.select_interval = 1;
+  config.select_drift = 0.0;
   config.exact_layers = 0;
   config.exact_keys = 0;
   config.fp8_keys = 0;

@@ -75,6 +75,11 @@ struct KvPolicyConfig {
   // that the new tokens join. A block of several queries (a later turn's prompt) always
   // selects. 1 = every step (the method); 1 to 64.
   int select_interval = 1;
+  // With select_drift > 0 select_interval is the longest a selection serves: a KV head also
+  // selects again at a single-query step where one of its query heads has turned away from the
+  // query it last selected with, their cosine (both without the rotary embedding) below
+  // select_drift. 0 = off (the fixed interval alone); in [0, 1].
+  double select_drift = 0.0;
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
@@ -133,7 +138,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
 // rerank_factor, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
-// (select_interval), paper (0 or 1; with 1 no setting it forces may be named too:
+// (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named too:
 // kInvalidArgument), exact_layers, exact_keys (0 or 1),
 // fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window,
 // snap_kernel, snap_pooling, page, dense_layers, sinks.

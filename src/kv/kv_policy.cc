@@ -14,6 +14,8 @@ PolicyStats& PolicyStats::operator+=(const PolicyStats& o) {
   attended_tokens += o.attended_tokens;
   chunk_selections += o.chunk_selections;
   chunk_hits += o.chunk_hits;
+  head_steps += o.head_steps;
+  head_selections += o.head_selections;
   bytes_fetched += o.bytes_fetched;
   compress_seconds += o.compress_seconds;
   return *this;
@@ -25,6 +27,8 @@ PolicyStats& PolicyStats::operator-=(const PolicyStats& o) {
   attended_tokens -= o.attended_tokens;
   chunk_selections -= o.chunk_selections;
   chunk_hits -= o.chunk_hits;
+  head_steps -= o.head_steps;
+  head_selections -= o.head_selections;
   bytes_fetched -= o.bytes_fetched;
   compress_seconds -= o.compress_seconds;
   return *this;

@@ -83,10 +83,17 @@ struct PolicyStats {
   int64_t attended_tokens = 0;   // tokens the attention actually read, summed per prepare
   int64_t chunk_selections = 0;  // chunks selected (sparse policies)
   int64_t chunk_hits = 0;        // of those, reused from the previous step
+  // ShadowKV: (layer, KV head) decode steps that could select chunks, and those that did (fewer
+  // with select_interval or select_drift).
+  int64_t head_steps = 0;
+  int64_t head_selections = 0;
   int64_t bytes_fetched = 0;     // bytes moved from the slow tier
   // Host time spent compressing the prompt, where a backend measures it (the GPU server's
   // ShadowKV: the engine loop waits for it).
   double compress_seconds = 0;
+  double selection_share() const {
+    return head_steps ? static_cast<double>(head_selections) / head_steps : 0.0;
+  }
   double hit_rate() const {
     return chunk_selections ? static_cast<double>(chunk_hits) / chunk_selections : 0.0;
   }

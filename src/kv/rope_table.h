@@ -51,6 +51,19 @@ class RopeTable {
     }
   }
 
+  // out = `x` rotated from `position` back to 0 (the inverse of Rotate).
+  void Unrotate(const float* x, int64_t position, float* out) const {
+    std::memcpy(out, x, head_dim_ * sizeof(float));
+    const float* cosines = table_.data() + position * 2 * half_;
+    const float* sines = cosines + half_;
+    for (int i = 0; i < half_; ++i) {
+      const int a = pairs_ ? 2 * i : i;
+      const int b = pairs_ ? 2 * i + 1 : i + half_;
+      out[a] = x[a] * cosines[i] + x[b] * sines[i];
+      out[b] = x[b] * cosines[i] - x[a] * sines[i];
+    }
+  }
+
   int64_t bytes() const { return static_cast<int64_t>(table_.size() * sizeof(float)); }
 
  private:

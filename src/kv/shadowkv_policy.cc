@@ -89,6 +89,10 @@ struct HeadState {
   GatherSlots slots;                     // landmark index held by each gather slot
   std::vector<float> gather_keys;        // [slots * chunk_size, head_dim] rebuilt post-RoPE
   std::vector<float> gather_values;      // [slots * chunk_size, head_dim]
+  // select_drift: the group's queries of the last single-query selection, rotated back to
+  // position 0 ([group_size, head_dim]), and its decode step (-1: none since the compression).
+  std::vector<float> selection_queries;
+  int64_t selection_step = -1;
 
   int64_t num_landmarks() const { return static_cast<int64_t>(landmark_chunks.size()); }
 };
@@ -132,6 +136,7 @@ struct Scratch {
   std::vector<float> rebuilt;            // [rebuilt chunks * chunk_size, head_dim]
   std::vector<float> runs;               // value runs being packed for the store
   std::vector<float> key_runs;           // exact_keys: key runs being packed for the key store
+  std::vector<float> unrotated;          // select_drift: [group_size, head_dim]
 };
 
 class ShadowKvSequenceImpl final : public ShadowKvSequence {
@@ -191,6 +196,10 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   // attended: at the full rank or exact; values from the slow tier); counts the bytes read into
   // `stats`.
   Status FillMisses(const LayerState& layer, HeadState& head, int h, PolicyStats* stats);
+  // select_drift: whether KV head h of a single query at `decode_step` selects (the interval
+  // has run out, or a query head drifted from its last selection's); records the selection.
+  bool SelectsOnDrift(const LayerState& layer, HeadState& head, int h, const float* queries,
+                      int64_t decode_step);
 
   Settings settings_;
   std::unique_ptr<ValueStore> store_;
@@ -304,6 +313,7 @@ Status ShadowKvSequenceImpl::Compress(LayerState& layer) {
   layer.num_chunks = num_chunks;
   layer.compressed = true;
   layer.decode_origin = layer.num_tokens;
+  for (HeadState& head : layer.heads) head.selection_step = -1;
   return Status::Ok();
 }
 
@@ -405,11 +415,16 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
   int64_t attended = 0;  // summed over KV heads
   // A single query selects at its decode step 0, select_interval, 2 * select_interval, ...
   const int interval = settings_.config.select_interval;
-  const bool selects = num_queries != 1 || interval <= 1 ||
-                       (layer.num_tokens - 1 - layer.decode_origin) % interval == 0;
+  const int64_t decode_step = layer.num_tokens - 1 - layer.decode_origin;
+  const bool drift_rule = settings_.config.select_drift > 0.0 && interval > 1 && num_queries == 1;
+  const bool periodic = num_queries != 1 || interval <= 1 || decode_step % interval == 0;
+  if (drift_rule) rope_table_.Extend(layer.num_tokens);
   for (int h = 0; h < g.num_kv_heads; ++h) {
     HeadState& head = layer.heads[h];
     auto& segments = out->heads[h];
+    const bool selects = drift_rule ? SelectsOnDrift(layer, head, h, queries, decode_step)
+                                    : periodic;
+    if (!drift_rule) head.selection_step = -1;
     if (layer.compressed) {
       if (!head.outlier_chunks.empty()) {
         const auto rows = static_cast<int32_t>(head.outlier_chunks.size() * chunk);
@@ -418,7 +433,9 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         attended += rows;
       }
       if (head.num_landmarks() > 0 && budget_chunks_ > 0) {
+        step.head_steps += 1;
         if (selects) {
+          step.head_selections += 1;
           SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
           const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
           SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
@@ -455,6 +472,38 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
   stats_ += step;
   layer_stats_[layer_index] += step;
   return Status::Ok();
+}
+
+bool ShadowKvSequenceImpl::SelectsOnDrift(const LayerState& layer, HeadState& head, int h,
+                                          const float* queries, int64_t decode_step) {
+  const KvGeometry& g = settings_.geometry;
+  const int group = g.group_size(), d = g.head_dim;
+  const float* group_queries = queries + static_cast<int64_t>(h) * group * d;
+  const int64_t position = layer.num_tokens - 1;
+  std::vector<float>& unrotated = scratch_.unrotated;
+  unrotated.resize(static_cast<size_t>(group) * d);
+  for (int q = 0; q < group; ++q) {
+    rope_table_.Unrotate(group_queries + q * d, position, unrotated.data() + q * d);
+  }
+  bool selects = head.selection_step < 0 ||
+                 decode_step - head.selection_step >= settings_.config.select_interval;
+  for (int q = 0; q < group && !selects; ++q) {
+    const float* a = unrotated.data() + q * d;
+    const float* b = head.selection_queries.data() + q * d;
+    double dot = 0.0, aa = 0.0, bb = 0.0;
+    for (int i = 0; i < d; ++i) {
+      dot += static_cast<double>(a[i]) * b[i];
+      aa += static_cast<double>(a[i]) * a[i];
+      bb += static_cast<double>(b[i]) * b[i];
+    }
+    const double cosine = aa > 0.0 && bb > 0.0 ? dot / std::sqrt(aa * bb) : 1.0;
+    selects = cosine < settings_.config.select_drift;
+  }
+  if (selects) {
+    head.selection_queries = unrotated;
+    head.selection_step = decode_step;
+  }
+  return selects;
 }
 
 Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState& head, int h,

@@ -459,6 +459,76 @@ TEST(ShadowKvModesTest, SelectIntervalReusesTheLastSelection) {
   }
 }
 
+// select_drift 0.9 at interval 6: each step's queries are one fixed set rotated to the step's
+// position (no drift), except steps 3-10 whose set is another one. A KV head selects at step 0,
+// when its queries turn (3, 11) and when the interval runs out (9 = 3 + 6, 17 = 11 + 6), each
+// time the chunks the interval-1 sequence on the same queries picks; between, it keeps them.
+void CheckSelectDrift(const std::string& mode) {
+  SCOPED_TRACE(mode);
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 37);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
+  config.budget_tokens = 64;
+  config.selection = mode;
+  config.rerank_factor = 2;
+  KvPolicyConfig every = config;
+  config.select_interval = 6;
+  config.select_drift = 0.9;
+  auto sparse = MakePolicy(config, g);
+  auto dense = MakePolicy(every, g);
+  Runner a(*sparse, stream), b(*dense, stream);
+  a.Step(300, true);
+  b.Step(300, true);
+  const Rope rope(g.rope);
+  auto held = [&](Runner& r, int layer) {
+    std::vector<std::set<int64_t>> sets;
+    for (const auto& chunks : r.shadow().Inspect(layer).gathered_chunks) {
+      sets.emplace_back(chunks.begin(), chunks.end());
+      sets.back().erase(-1);
+    }
+    return sets;
+  };
+  const std::set<int> selecting = {0, 3, 9, 11, 17};
+  std::vector<std::vector<std::set<int64_t>>> last(g.num_layers);
+  for (int step = 0; step < 18; ++step) {
+    const int position = 300 + step;
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      // The stream's queries of position 5000 (or 6000), rotated back to 0 and on to `position`.
+      const int64_t from = step >= 3 && step < 11 ? 6000 : 5000;
+      std::vector<float> queries = stream.Make(layer, from).queries;
+      rope.Unapply(queries.data(), g.num_query_heads, g.head_dim, from);
+      rope.Apply(queries.data(), g.num_query_heads, g.head_dim, position);
+      const PolicyStats before = a.sequence().layer_stats()[layer];
+      AttentionInput in_a, in_b;
+      ASSERT_NO_FATAL_FAILURE(a.AppendOne(layer, position, queries.data(), &in_a));
+      ASSERT_NO_FATAL_FAILURE(b.AppendOne(layer, position, queries.data(), &in_b));
+      PolicyStats added = a.sequence().layer_stats()[layer];
+      added -= before;
+      EXPECT_EQ(added.head_steps, g.num_kv_heads);
+      if (selecting.count(step)) {
+        last[layer] = held(b, layer);
+        EXPECT_EQ(added.head_selections, g.num_kv_heads) << "step " << step;
+        EXPECT_GT(added.chunk_selections, 0) << "step " << step;
+      } else {
+        EXPECT_EQ(added.head_selections, 0) << "step " << step;
+        EXPECT_EQ(added.chunk_selections, 0) << "step " << step;
+      }
+      EXPECT_EQ(held(a, layer), last[layer]) << "step " << step << ", layer " << layer;
+    }
+  }
+}
+
+TEST(ShadowKvModesTest, SelectDriftSelectsWhenTheQueriesTurn) {
+  for (const std::string& mode : kModes) CheckSelectDrift(mode);
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  for (double drift : {-0.1, 1.5}) {
+    config.select_drift = drift;
+    const auto refused = MakeKvPolicy(config, TestGeometry());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("select drift"), std::string::npos);
+  }
+}
+
 TEST(ShadowKvModesTest, PaperSettingIgnoresOtherDefaults) {
   // A config made in code with paper=1 runs the published method whatever else it says.
   const KvGeometry g = TestGeometry();

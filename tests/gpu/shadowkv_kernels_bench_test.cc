@@ -206,6 +206,9 @@ TEST(CudaShadowKvKernelsBench, RerankKernelTimes) {
                             Shape{"qwen2.5-0.5b", 2, 7, 64, 24, 64, 32000, 64, 8, 24},
                             Shape{"qwen2.5-0.5b", 2, 7, 64, 64, 64, 32000, 64, 8, 24},
                             Shape{"qwen2.5-0.5b", 2, 7, 64, 64, 64, 32000, 128, 4, 24},
+                            // A 4,096-token budget at 32K at the bench's best batch.
+                            Shape{"qwen2.5-0.5b", 2, 7, 64, 64, 293, 32000, 512, 4, 24},
+                            Shape{"qwen2.5-0.5b", 2, 7, 64, 64, 293, 32000, 512, 2, 24},
                             Shape{"llama3-8b", 8, 4, 128, 160, 12, 124928, 256, 2, 32},
                             Shape{"llama3-8b", 8, 4, 128, 160, 12, 124928, 256, 4, 32}}) {
     constexpr int kChunk = 8;

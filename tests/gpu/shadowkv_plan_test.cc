@@ -171,6 +171,13 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
   EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
+  spectrum.selection = "rerank";
+  spectrum.select_interval = 4;
+  spectrum.select_drift = 0.9;  // the CPU policy's rule only
+  auto drift = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  EXPECT_EQ(drift.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(drift.status().message().find("select_drift"), std::string::npos)
+      << drift.status().ToString();
 }
 
 // Exact keys: the store grows by one bf16 run of keys per chunk and head (FP8 codes and a scale
