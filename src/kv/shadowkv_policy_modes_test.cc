@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv/policies.h"
@@ -370,6 +371,30 @@ TEST(ShadowKvModesTest, SuccessorsOnlyWithLandmarks) {
   EXPECT_NE(refused.status().message().find("successors"), std::string::npos);
 }
 
+// The reuse tests' pair: `mode` at K = 8 chunks selecting every step, and the same with
+// `interval` (and `drift`) as the first.
+std::pair<KvPolicyConfig, KvPolicyConfig> ReuseConfigs(const std::string& mode, int interval,
+                                                       double drift) {
+  KvPolicyConfig every = ShadowConfig(8, 32, 2, TestGeometry().kv_width());
+  every.budget_tokens = 64;  // K = 8 chunks
+  every.selection = mode;
+  every.rerank_factor = 2;
+  KvPolicyConfig reusing = every;
+  reusing.select_interval = interval;
+  reusing.select_drift = drift;
+  return {reusing, every};
+}
+
+// The chunks each KV head of `layer` holds in its gather slots.
+std::vector<std::set<int64_t>> HeldChunks(Runner& r, int layer) {
+  std::vector<std::set<int64_t>> sets;
+  for (const auto& chunks : r.shadow().Inspect(layer).gathered_chunks) {
+    sets.emplace_back(chunks.begin(), chunks.end());
+    sets.back().erase(-1);
+  }
+  return sets;
+}
+
 // select_interval 3: the queries come from the stream, so a selecting step (decode steps 0, 3,
 // 6, ... after the compression, and the multi-token turn) picks the chunks the same sequence at
 // interval 1 picks at that step; the steps between keep the chunks gathered last, select,
@@ -378,26 +403,13 @@ void CheckSelectInterval(const std::string& mode) {
   SCOPED_TRACE(mode);
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 31);
-  KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
-  config.budget_tokens = 64;  // K = 8 chunks
-  config.selection = mode;
-  config.rerank_factor = 2;
-  KvPolicyConfig every = config;
-  config.select_interval = 3;
+  const auto [config, every] = ReuseConfigs(mode, 3, 0.0);
   auto sparse = MakePolicy(config, g);
   auto dense = MakePolicy(every, g);
   Runner a(*sparse, stream), b(*dense, stream);
   a.Step(300, true);
   b.Step(300, true);
-  auto held = [&](Runner& r, int layer) {
-    std::vector<std::set<int64_t>> sets;
-    for (const auto& chunks : r.shadow().Inspect(layer).gathered_chunks) {
-      std::set<int64_t> set(chunks.begin(), chunks.end());
-      set.erase(-1);
-      sets.push_back(set);
-    }
-    return sets;
-  };
+  const auto held = HeldChunks;
   std::vector<std::vector<std::set<int64_t>>> last(g.num_layers);  // b's at the last selection
   int64_t position = 300;
   int reused = 0;
@@ -467,27 +479,14 @@ void CheckSelectDrift(const std::string& mode) {
   SCOPED_TRACE(mode);
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 37);
-  KvPolicyConfig config = ShadowConfig(8, 32, 2, g.kv_width());
-  config.budget_tokens = 64;
-  config.selection = mode;
-  config.rerank_factor = 2;
-  KvPolicyConfig every = config;
-  config.select_interval = 6;
-  config.select_drift = 0.9;
+  const auto [config, every] = ReuseConfigs(mode, 6, 0.9);
   auto sparse = MakePolicy(config, g);
   auto dense = MakePolicy(every, g);
   Runner a(*sparse, stream), b(*dense, stream);
   a.Step(300, true);
   b.Step(300, true);
   const Rope rope(g.rope);
-  auto held = [&](Runner& r, int layer) {
-    std::vector<std::set<int64_t>> sets;
-    for (const auto& chunks : r.shadow().Inspect(layer).gathered_chunks) {
-      sets.emplace_back(chunks.begin(), chunks.end());
-      sets.back().erase(-1);
-    }
-    return sets;
-  };
+  const auto held = HeldChunks;
   const std::set<int> selecting = {0, 3, 9, 11, 17};
   std::vector<std::vector<std::set<int64_t>>> last(g.num_layers);
   for (int step = 0; step < 18; ++step) {
