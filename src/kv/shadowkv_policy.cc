@@ -3,6 +3,7 @@
 #include "kv/shadowkv_policy.h"
 
 #include <filesystem>
+#include <string>
 
 #include "kv/policies.h"
 #include "kv/shadowkv_sequence.h"
@@ -13,13 +14,27 @@ namespace {
 using internal::BudgetChunks;
 using internal::ChunksToForm;
 using internal::GatherSlotCount;
-using internal::KeyFormatOf;
 using internal::kFloat;
 using internal::LandmarkBytes;
-using internal::SelectionOf;
+using internal::Selection;
 using internal::Settings;
 using internal::ShadowKvSequenceImpl;
-using internal::ValueFormatOf;
+
+ValueFormat ValueFormatOf(const KvPolicyConfig& config) {
+  return config.fp8_values != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
+}
+
+// The key store's format (exact_keys).
+ValueFormat KeyFormatOf(const KvPolicyConfig& config) {
+  return config.fp8_keys != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
+}
+
+Selection SelectionOf(const std::string& name) {
+  if (name == "rerank") return Selection::kRerank;
+  if (name == "heads") return Selection::kHeads;
+  if (name == "mass") return Selection::kMass;
+  return Selection::kLandmarks;
+}
 
 class ShadowKvPolicy final : public KvPolicy {
  public:

@@ -1,7 +1,7 @@
 // A ShadowKV sequence's decode step: Prepare selects each KV head's chunks (landmark scores, the
-// re-rank of their candidates by exact scores, per-head or cumulative-mass selections, select_interval
-// and select_drift reuse) and fills the gather slots it misses from the basis or the key store
-// and the value store.
+// re-rank of their candidates by exact scores, per-head or cumulative-mass selections,
+// select_interval and select_drift reuse) and fills the gather slots it misses from the basis or
+// the key store and the value store.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

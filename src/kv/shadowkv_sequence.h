@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "kv/chunk_selection.h"
@@ -30,23 +29,7 @@ inline int64_t LandmarkBytes(const KvPolicyConfig& config, int64_t landmarks, in
                                    : landmarks * head_dim * kFloat;
 }
 
-inline ValueFormat ValueFormatOf(const KvPolicyConfig& config) {
-  return config.fp8_values != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
-}
-
-// The key store's format (exact_keys).
-inline ValueFormat KeyFormatOf(const KvPolicyConfig& config) {
-  return config.fp8_keys != 0 ? ValueFormat::kFp8E4m3 : ValueFormat::kFp32;
-}
-
 enum class Selection { kLandmarks, kRerank, kHeads, kMass };
-
-inline Selection SelectionOf(const std::string& name) {
-  if (name == "rerank") return Selection::kRerank;
-  if (name == "heads") return Selection::kHeads;
-  if (name == "mass") return Selection::kMass;
-  return Selection::kLandmarks;
-}
 
 // Gather slots per KV head for `landmarks` landmarks and a budget of K chunks: what the most a
 // step may select ("mass" may take up to its cap, the others K).
