@@ -148,7 +148,10 @@ def test_http10_stream(server):
     check(head.startswith("http/1.1 200"), f"status line {head.splitlines()[0]!r}")
     check("transfer-encoding" not in head, "an HTTP/1.0 client got chunked encoding")
     check("connection: close" in head, "an HTTP/1.0 stream must be delimited by the close")
-    check(stream.startswith(b"data: ") and stream.endswith(b"data: [DONE]\n\n"),
+    # SSE comments (": keep-alive", sent while a loaded machine has no token yet) are no events.
+    events = b"".join(event + b"\n\n" for event in stream.split(b"\n\n")
+                      if event and not event.startswith(b":"))
+    check(events.startswith(b"data: ") and events.endswith(b"data: [DONE]\n\n"),
           f"stream body {stream[:80]!r} ... {stream[-40:]!r}")
     # HTTP/1.0 with keep-alive asked for: whole replies keep the connection.
     connection = http.client.HTTPConnection(server.host, server.port, timeout=30)
