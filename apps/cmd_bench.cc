@@ -155,7 +155,8 @@ int RunBench(const BenchOptions& o) {
                         {"publish_ms", best.publish_ms},
                         {"kv_fast_bytes", best.memory.fast_bytes},
                         {"kv_slow_bytes", best.memory.slow_bytes},
-                        {"hit_rate", best.hit_rate}});
+                        {"hit_rate", best.hit_rate},
+                        {"selection_share", best.selection_share}});
       }
     }
   }
@@ -384,6 +385,7 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
         {"schedule_ms", l.schedule_ms},
         {"publish_ms", l.publish_ms},
         {"hit_rate", l.hit_rate},
+        {"selection_share", l.selection_share},
         {"of_step_loop", l.steady_tokens_per_s / std::max(step_tokens_per_s, 1e-9)}};
   };
 
@@ -488,6 +490,7 @@ int RunCudaBench(const BenchOptions& o, const std::string& model_path) {
                             {"decode_tokens_per_s", run.decode_tokens_per_s},
                             {"step_ms", run.step_ms},
                             {"hit_rate", run.hit_rate},
+                            {"selection_share", run.selection_share},
                             {"gpu_bytes_used", run.gpu_bytes_used},
                             {"host_value_bytes", run.host_bytes},
                             {"profiled_step_ms", b.total_ms},

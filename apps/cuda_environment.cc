@@ -47,6 +47,11 @@ void AddKernelTuningOptions(CLI::App& app) {
                  "cuda shadowkv: gather slots per key-rebuild block (0: 32)")
       ->capture_default_str()
       ->check(CLI::IsMember({0, 32, 64, 128}));
+  app.add_option("--stored-key-prefetch", k.stored_key_prefetch,
+                 "cuda shadowkv exact_keys: 1 the re-rank reads the stored keys by cp.async, "
+                 "tiles ahead; 0 a tile at a time")
+      ->capture_default_str()
+      ->check(CLI::IsMember({0, 1}));
   app.add_option("--attention-splits", k.attention_splits,
                  "cuda shadowkv: split count of the sparse attention (0: the full attention's "
                  "rule for the step's rows)")

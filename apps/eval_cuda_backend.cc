@@ -198,6 +198,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
       SKV_RETURN_IF_ERROR(ShadowKvCounts(conversation_policy_, conversation_attendance_, answer));
       answer->stats.chunk_selections += conversation_carried_.chunk_selections;
       answer->stats.chunk_hits += conversation_carried_.chunk_hits;
+      answer->stats.head_steps += conversation_carried_.head_steps;
+      answer->stats.head_selections += conversation_carried_.head_selections;
     } else {
       FullCacheCounts(0, answer);
     }
@@ -304,6 +306,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
     conversation_carried_.chunk_selections += stats.chunks_selected;
     conversation_carried_.chunk_hits += stats.chunk_hits;
+    conversation_carried_.head_steps += stats.head_steps;
+    conversation_carried_.head_selections += stats.head_selections;
     // The same sequence compressed again in place (its buffers and solver kept, as the server's).
     SKV_RETURN_IF_ERROR(model_->FreeShadowKvValues(0));
     SKV_ASSIGN_OR_RETURN(conversation_attendance_,
@@ -344,6 +348,8 @@ class CudaEvalBackend final : public eval::AnswerBackend {
     const cuda::CudaShadowKvStats stats = model_->shadowkv_stats();
     answer->stats.chunk_selections = stats.chunks_selected;
     answer->stats.chunk_hits = stats.chunk_hits;
+    answer->stats.head_steps = stats.head_steps;  // select_drift only
+    answer->stats.head_selections = stats.head_selections;
     answer->rank = stats.rank;
     SKV_ASSIGN_OR_RETURN(const std::vector<int32_t> ranks, model_->ShadowKvLayerRanks(0));
     answer->layer_ranks.assign(ranks.begin(), ranks.end());

@@ -18,7 +18,7 @@
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first);
 #                      $BENCH_ARGS are added (e.g. --no-host-values)
 #   synth:CTX          the same on synthetic weights of $SYNTH (default llama3-8b) at batch
-#                      $BATCH (default auto)
+#                      $BATCH (default auto), $BENCH_ARGS added
 #   lab:NAME           a kernel lab of dev/cuda built here (nvcc ... dev/cuda/NAME.cu -o
 #                      .devrun/skv/NAME) and carried beside the bundle; its output to $OUT
 # MODEL is a file under $HOME/m (qwen, smol: $HOME/m/qwen.gguf); $TAG names the outputs.
@@ -83,7 +83,7 @@ for step in "$@"; do
     synth)
       timeout "${LIMIT:-400}" "$stage/bin/shadowkv" bench --device cuda \
         --synthetic "${SYNTH:-llama3-8b}" --kv "$kv" --context "$model" --batch "${BATCH:-auto}" \
-        --gen 64 --prefill-chunk 4096 --no-host-values --no-engine-loop \
+        --gen 64 --prefill-chunk 4096 --no-host-values --no-engine-loop ${BENCH_ARGS:-} \
         --json "$out/bench_synth_${model}_${tag}.json" > "$out/bench_synth_${model}_${tag}.log" 2>&1
       echo "synth $model: exit $?"
       grep -E "decode|tok/s|rank|batch" "$out/bench_synth_${model}_${tag}.log" | tail -20

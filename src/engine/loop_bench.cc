@@ -150,6 +150,7 @@ Result<LoopBenchResult> RunLoopBench(ServingModel& model, const kv::KvPolicy& po
   }
   if (!c.shared_prompt) result.prefill_seconds = slowest_first;
   result.hit_rate = stats.hit_rate();
+  result.selection_share = stats.selection_share();
   result.whole_tokens_per_s =
       total_tokens / std::max(std::chrono::duration<double>(end - start).count(), 1e-9);
   // The steady state: tokens handed out inside the window, and the gaps between a request's

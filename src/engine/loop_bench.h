@@ -42,6 +42,9 @@ struct LoopBenchResult {
   double publish_ms = 0;
   kv::MemoryUsage memory;  // all the requests' KV at their end
   double hit_rate = 0;     // chunk hits of the sparse policies
+  // Selections per (layer, KV head) decode step, where the policy counts them (select_drift on
+  // the GPU; the CPU ShadowKV policy always), else 0.
+  double selection_share = 0;
 };
 
 // kResourceExhausted when the model has no room for the batch; the model's own errors

@@ -4,12 +4,14 @@
 // rounding), two sequences of different lengths in one batch (one with values in pinned host
 // memory), graduation of generated chunks; per-layer ranks from the key spectrum (the layout at
 // the cap, decode at a rank below it); exact keys in the store (against the full cache and the
-// CPU). The basis solved on the GPU and the snapshots are in shadowkv_basis_snapshot_test.cc.
+// CPU); selection reuse by interval and by query drift. The basis solved on the GPU and the snapshots are in shadowkv_basis_snapshot_test.cc.
 // The host-side planning is tested in shadowkv_plan_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "engine/sampler.h"
 #include "gpu/model/cuda_model.h"
@@ -44,6 +46,15 @@ int GlobalLayers(const TinyModelSpec& spec) {
 // The decode steps of a parity run's 24 that select chunks (steps 0, N, 2N, ... at interval N).
 int64_t SelectingSteps(const kv::KvPolicyConfig& config) {
   return (24 + config.select_interval - 1) / config.select_interval;
+}
+
+// The chunks a parity run of `rows` rows selects (K = 8 at each selecting step of each layer and
+// KV head): under select_drift the (row, layer, KV head) steps that selected, as the device
+// counted them, else every head at each selecting step.
+int64_t SelectedChunks(const kv::KvPolicyConfig& config, const CudaShadowKvStats& stats, int rows,
+                       int layers, int kv_heads) {
+  if (config.select_drift > 0.0 && config.select_interval > 1) return stats.head_selections * 8;
+  return SelectingSteps(config) * rows * layers * kv_heads * 8;
 }
 
 // What a parity run must reach: the share of the GPU's gathered chunks the CPU gathered too, the
@@ -223,7 +234,8 @@ void CheckParity(const kv::KvPolicyConfig& gpu_config, const kv::KvPolicyConfig&
       stats.chunks_selected ? 100.0 * stats.chunk_hits / stats.chunks_selected : 0.0);
   EXPECT_GE(compared, bounds.min_compared);
   EXPECT_EQ(stats.host_value_sequences, rows / 2);
-  EXPECT_EQ(stats.chunks_selected, SelectingSteps(config) * rows * GlobalLayers(spec) * spec.kv_heads * 8);
+  EXPECT_EQ(stats.chunks_selected,
+            SelectedChunks(config, stats, rows, GlobalLayers(spec), spec.kv_heads));
   ASSERT_GT(gathered, 0);
   EXPECT_GE(static_cast<double>(matched) / gathered, bounds.min_overlap);
   EXPECT_EQ(gpu.shadowkv_length(0), 324);
@@ -503,9 +515,11 @@ void CheckParityWhereTheCpuRuns(const kv::KvPolicyConfig& config, int want_ranks
 // copies of 0 and 1, so the selection runs in two halves), greedy on each original's logits,
 // 24 steps with graduations. Returns the logits of every step and row, and checks the copies
 // equal their originals bit for bit and that every selecting step selected K chunks per KV
-// head. `gathered`: each step's chunks per (original sequence, layer, KV head), in that order.
+// head. `gathered`: each step's chunks per (original sequence, layer, KV head), in that order;
+// `stats` (optional): the run's counters at its end.
 std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
-                               std::vector<std::vector<int32_t>>* gathered) {
+                               std::vector<std::vector<int32_t>>* gathered,
+                               CudaShadowKvStats* stats = nullptr) {
   TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_rerank");
   auto gpu_or = CudaModel::Load(path, tp_testing::SmallOptions());
@@ -556,8 +570,10 @@ std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
     }
     all.insert(all.end(), got.begin(), got.begin() + 2 * vocab);
   }
-  EXPECT_EQ(gpu.shadowkv_stats().chunks_selected, SelectingSteps(config) * 4 * spec.layers * spec.kv_heads * 8)
+  const CudaShadowKvStats counted = gpu.shadowkv_stats();
+  EXPECT_EQ(counted.chunks_selected, SelectedChunks(config, counted, 4, spec.layers, spec.kv_heads))
       << config.display_name();
+  if (stats) *stats = counted;
   return all;
 }
 
@@ -648,6 +664,61 @@ TEST(CudaShadowKvParityTest, SelectIntervalReusesTheGatheredChunks) {
     }
     EXPECT_GT(changed, 0) << "no selecting step changed a slot";
     CheckParityWhereTheCpuRuns(config, /*want_ranks=*/24);
+  }
+}
+
+// select_drift through the whole step (graph replay, the selection in halves, host values), for
+// the landmark and re-rank selections. At drift 1 no step's queries are parallel to the last
+// selection's, so every KV head selects at every step and the decode equals interval 1's bit
+// for bit. At lower thresholds a head selects at least every select_interval (6) steps and
+// sooner where its queries turn: fewer selections the lower the threshold, some of them between
+// the interval's steps and some heads keeping their chunks; each (row, layer, KV head) step is
+// counted. Where selections are mixed, the CPU policy at the same settings agrees as at interval
+// 1 (it decides from fp32 queries, the GPU from bf16 ones).
+TEST(CudaShadowKvParityTest, SelectDriftSelectsWhereTheQueriesTurn) {
+  SKV_SKIP_WITHOUT_GPU();
+  const TinyModelSpec spec = SmallLlamaSpec(7);
+  const int64_t head_steps = int64_t{24} * 4 * spec.layers * spec.kv_heads;
+  const int64_t periodic = int64_t{4} * 4 * spec.layers * spec.kv_heads;  // steps 0, 6, 12, 18
+  for (const char* mode : {"landmarks", "rerank"}) {
+    kv::KvPolicyConfig every = ParityConfig(false);
+    every.selection = mode;
+    SCOPED_TRACE(mode);
+    std::vector<std::vector<int32_t>> every_chunks, always_chunks;
+    const std::vector<float> want = DecodeOnGpu(every, &every_chunks);
+    kv::KvPolicyConfig always = every;
+    always.select_interval = 6;
+    always.select_drift = 1.0;
+    CudaShadowKvStats stats;
+    const std::vector<float> got = DecodeOnGpu(always, &always_chunks, &stats);
+    ASSERT_FALSE(want.empty());
+    EXPECT_TRUE(got == want) << "drift 1 did not decode as every-step selection";
+    EXPECT_EQ(always_chunks, every_chunks);
+    EXPECT_EQ(stats.head_steps, head_steps);
+    EXPECT_EQ(stats.head_selections, head_steps);
+
+    std::vector<int64_t> selections;
+    std::optional<kv::KvPolicyConfig> mixed;
+    for (const char* drift : {"0.9", "0.6", "0.3", "0.1"}) {
+      kv::KvPolicyConfig config = always;
+      config.select_drift = std::stod(drift);
+      config.label = std::string("shadowkv:select=") + mode + ":interval=6:drift=" + drift;
+      std::vector<std::vector<int32_t>> chunks;
+      ASSERT_FALSE(DecodeOnGpu(config, &chunks, &stats).empty());
+      std::printf("[ drift    ] %s: %lld of %lld head steps selected\n", config.label.c_str(),
+                  static_cast<long long>(stats.head_selections),
+                  static_cast<long long>(stats.head_steps));
+      EXPECT_EQ(stats.head_steps, head_steps);
+      EXPECT_GE(stats.head_selections, periodic);
+      selections.push_back(stats.head_selections);
+      if (!mixed && stats.head_selections > periodic && stats.head_selections < head_steps) {
+        mixed = config;
+      }
+    }
+    // Decisions depend on the path (a selection moves the reference), so only the ends compare.
+    EXPECT_LT(selections.back(), selections.front()) << "drift 0.1 selected as often as 0.9";
+    ASSERT_TRUE(mixed.has_value()) << "no threshold mixed kept and turned heads";
+    CheckParityWhereTheCpuRuns(*mixed, /*want_ranks=*/24);
   }
 }
 

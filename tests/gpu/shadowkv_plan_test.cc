@@ -1,8 +1,8 @@
 // The host side of ShadowKV on the GPU (gpu/model/shadowkv_plan.h, pure C++, no GPU needed):
 // the row planner against the CPU's graduation rule, the refusals of prompts and settings the
 // kernels do not take, the rank from the key spectrum, the memory of a sequence (per-layer rank,
-// sliding-window rings, exact keys in the store), the capacity's tiles, and the bench's spread
-// of host-value rows.
+// sliding-window rings, exact keys in the store, the drift state), the capacity's tiles, and the
+// bench's spread of host-value rows.
 #include <algorithm>
 #include <vector>
 
@@ -171,13 +171,42 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   auto mass = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   EXPECT_EQ(mass.status().code(), ErrorCode::kUnsupported);
   EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
-  spectrum.selection = "rerank";
-  spectrum.select_interval = 4;
-  spectrum.select_drift = 0.9;  // the CPU policy's rule only
-  auto drift = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
-  EXPECT_EQ(drift.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(drift.status().message().find("select_drift"), std::string::npos)
-      << drift.status().ToString();
+}
+
+// select_drift: each (layer, KV head) of a sequence keeps its last selection's step (4 bytes)
+// and its group's queries (fp32), counted in the fast tier; without an interval above 1 (or
+// drift 0) there is nothing to keep. The rows are planned at interval 1 (the drift kernel
+// decides), and each plan carries its token's position.
+TEST(CudaShadowKvPlanTest, DriftKeepsEachHeadsLastSelectionInTheFastTier) {
+  ModelConfig model;
+  model.num_layers = 3;
+  model.num_query_heads = 8;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  kv::KvPolicyConfig config = testing::ParityConfig();
+  config.select_interval = 4;
+  auto interval = MakeSkvGeometryFor(config, model, 2, 512);
+  ASSERT_TRUE(interval.ok()) << interval.status().ToString();
+  EXPECT_FALSE(interval->drift());
+  EXPECT_EQ(interval->DriftBytesPerSequence(), 0);
+  config.select_drift = 0.9;
+  auto drift = MakeSkvGeometryFor(config, model, 2, 512);
+  ASSERT_TRUE(drift.ok()) << drift.status().ToString();
+  EXPECT_TRUE(drift->drift());
+  EXPECT_EQ(drift->group, 4);
+  EXPECT_EQ(drift->DriftBytesPerSequence(), 3 * 2 * (4 * 64 * 4 + 4));
+  EXPECT_EQ(drift->DeviceBytesPerSequence(),
+            interval->DeviceBytesPerSequence() + drift->DriftBytesPerSequence());
+  config.select_interval = 1;  // drift without an interval: every step selects anyway
+  auto every_step = MakeSkvGeometryFor(config, model, 2, 512);
+  ASSERT_TRUE(every_step.ok());
+  EXPECT_FALSE(every_step->drift());
+  const SkvSequenceInfo info{2, 8, 16, 80, 100};
+  for (int64_t length = 100; length < 104; ++length) {
+    const SkvRowMeta row = PlanSkvRow(0, length, 64, info, 8, 32, 1);
+    EXPECT_EQ(row.reuse, 0);
+    EXPECT_EQ(row.position, length);
+  }
 }
 
 // Exact keys: the store grows by one bf16 run of keys per chunk and head (FP8 codes and a scale

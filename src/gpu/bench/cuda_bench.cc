@@ -359,6 +359,9 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     run.hit_rate = counted.chunks_selected > 0
                        ? static_cast<double>(counted.chunk_hits) / counted.chunks_selected
                        : 0.0;
+    run.selection_share = counted.head_steps > 0 ? static_cast<double>(counted.head_selections) /
+                                                       static_cast<double>(counted.head_steps)
+                                                 : 0.0;
     run.step_ms = 1000.0 * seconds / c.decode_steps;
     run.decode_tokens_per_s = static_cast<double>(batch) * c.decode_steps / seconds;
     SKV_ASSIGN_OR_RETURN(DeviceInfo now, QueryDevice());

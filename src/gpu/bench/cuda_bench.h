@@ -96,6 +96,8 @@ struct ShadowKvBenchRun {
   double decode_tokens_per_s = 0;
   double step_ms = 0;
   double hit_rate = 0;
+  // select_drift: the (layer, KV head) decode steps that selected, of all (0 without drift).
+  double selection_share = 0;
   StepBreakdown breakdown;
   ShadowKvFloors floors;
 };

@@ -34,6 +34,9 @@ struct CudaKernelOptions {
   bool split_rows = true;    // false: one selection for all rows of a step
   int split_share = 50;      // percent of a split step's rows in its first part, 10 to 90
   int rebuild_slots = 0;     // gather slots per rebuild block, 64 or 128 (0: 32)
+  // The re-rank's reads of stored bf16 exact keys: 1 by cp.async, two tiles ahead of the tile a
+  // warp multiplies; 0 a tile at a time by plain loads.
+  int stored_key_prefetch = 1;
   // Split count of the sparse attention, 1 to kDecodeMaxSplits; 0: the full attention's rule
   // for the step's rows (DecodeNumSplits).
   int attention_splits = 0;
@@ -118,6 +121,9 @@ struct CudaShadowKvStats {
   int host_value_sequences = 0;
   int64_t chunks_selected = 0;    // summed over steps, layers, KV heads
   int64_t chunk_hits = 0;         // of which already in the gather buffer
+  // select_drift only (0 without it): (layer, KV head) decode steps, of which selected.
+  int64_t head_steps = 0;
+  int64_t head_selections = 0;
   double compress_seconds = 0;    // the last CompressToShadowKv
   // Its parts on the GPU's timeline (over tensor-parallel ranks, summed): the Gram matrices, the
   // eigenvectors (on the GPU, or downloaded, solved on the host and uploaded), the projection
@@ -130,6 +136,17 @@ struct CudaShadowKvStats {
 struct CudaChunkCounts {
   int64_t selected = 0;
   int64_t hits = 0;
+  // select_drift only (0 without it): (layer, KV head) decode steps, of which selected.
+  int64_t head_steps = 0;
+  int64_t head_selections = 0;
+
+  CudaChunkCounts& operator+=(const CudaChunkCounts& o) {
+    selected += o.selected;
+    hits += o.hits;
+    head_steps += o.head_steps;
+    head_selections += o.head_selections;
+    return *this;
+  }
 };
 
 // One ShadowKV sequence's whole state in (pageable) host memory: restored into an allocation

@@ -92,6 +92,9 @@ struct ShadowKvState {
   DeviceBuffer<uint8_t> outlier;
   DeviceBuffer<int32_t> slot_chunk;
   DeviceBuffer<int32_t> layer_rank;  // [seq, layer] each layer's own rank (SkvLayout::layer_rank)
+  // select_drift only (SkvLayout::drift_step, drift_queries); empty without it.
+  DeviceBuffer<int32_t> drift_step;
+  DeviceBuffer<float> drift_queries;
   DeviceBuffer<SkvSequenceInfo> info;
   DeviceBuffer<Bf16*> value_table;
   DeviceBuffer<unsigned long long> counters;
@@ -130,6 +133,7 @@ struct ShadowKvState {
   // [max_batch, query heads, max_candidates].
   DeviceBuffer<int32_t> candidates;
   DeviceBuffer<float> candidate_lse;
+  DeviceBuffer<uint8_t> head_keeps;  // select_drift only: [max_batch, kv heads]
   DeviceBuffer<uint8_t> meta_block;
   uint8_t* host_meta_block = nullptr;
   int64_t meta_bytes = 0;
@@ -163,6 +167,7 @@ struct SkvDecodeSettings {
   bool split_rows = true;
   int split_share = 50;
   int rebuild_slots = 0;
+  int stored_key_prefetch = 1;
   int attention_splits = 0;
 };
 SkvDecodeSettings ShadowKvDecodeSettings(const CudaKernelOptions& options);

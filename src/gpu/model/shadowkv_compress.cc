@@ -399,8 +399,13 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
       static_cast<size_t>(layers) * heads * g.max_budget * 4, stream));
-  SKV_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(l.SequenceCounters(seq), 0, 2 * sizeof(unsigned long long), stream));
+  SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.SequenceCounters(seq), 0,
+                                           kSkvCounters * sizeof(unsigned long long), stream));
+  if (l.drift_step) {  // the first decode step of every KV head selects
+    SKV_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(l.drift_step + static_cast<int64_t>(seq) * layers * heads, 0xFF,
+                        static_cast<size_t>(layers) * heads * sizeof(int32_t), stream));
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(s.info.get() + seq, &plan.info, sizeof(plan.info),
                                            cudaMemcpyHostToDevice, stream));
   SKV_CUDA_RETURN_IF_ERROR(mark(4));

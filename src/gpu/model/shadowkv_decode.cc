@@ -20,6 +20,7 @@ SkvDecodeSettings ShadowKvDecodeSettings(const CudaKernelOptions& options) {
   d.split_rows = options.split_rows;
   d.split_share = std::clamp(options.split_share, 10, 90);
   d.rebuild_slots = options.rebuild_slots;
+  d.stored_key_prefetch = options.stored_key_prefetch == 0 ? 0 : 1;
   d.attention_splits = std::clamp(options.attention_splits, 0, kDecodeMaxSplits);
   return d;
 }
@@ -57,8 +58,16 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.coarse_select = settings.coarse_select;
   p.select_registers = settings.select_registers;
   p.rebuild_slots = settings.rebuild_slots;
+  p.stored_key_prefetch = settings.stored_key_prefetch;
   p.select_successors = s.config.select_successors;
   p.select_heads = s.geometry.select_heads ? 1 : 0;
+  if (s.geometry.drift()) {
+    p.head_keeps = s.head_keeps.get();
+    p.select_drift = static_cast<float>(s.geometry.select_drift);
+    p.select_interval = s.geometry.select_interval;
+    // Which KV heads select at this step, for every row at once (the halves below read it).
+    SKV_CUDA_RETURN_IF_ERROR(LaunchSkvDrift(p, stream));
+  }
   if (s.geometry.max_candidates > 0) {
     p.rerank_factor = s.geometry.rerank_factor;
     p.rerank_rank = s.geometry.rerank_rank;
@@ -191,8 +200,9 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
       return Error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
                    tokens[i], config.vocab_size);
     }
+    // Under select_drift the drift kernel decides per KV head (LaunchSkvDrift).
     rows[i] = PlanSkvRow(seq, s.lengths[seq], s.exact_first0[seq], s.host_info[seq], g.chunk_size,
-                         g.local_window, s.config.select_interval);
+                         g.local_window, g.drift() ? 1 : s.config.select_interval);
     attn_rows[i] = rows[i].attn_row;
     pre_rows[i] = rows[i].pre_row;
     attn_last[i] = rows[i].attn_last;

@@ -161,7 +161,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   SKV_RETURN_IF_ERROR(sized(s->layer_rank.Allocate(n * layers)));
   SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->value_table.Allocate(n)));
-  SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(2 * n)));
+  SKV_RETURN_IF_ERROR(sized(s->counters.Allocate(kSkvCounters * n)));
+  if (g.drift()) {
+    SKV_RETURN_IF_ERROR(sized(s->drift_step.Allocate(n * layers * heads)));
+    SKV_RETURN_IF_ERROR(sized(s->drift_queries.Allocate(n * layers * heads * g.group * d)));
+  }
   s->parts = SkvLayerPartsOf(c);
   if (g.window_layers > 0) {
     const int64_t ring = n * g.window_layers * heads * g.window_rows * d;
@@ -180,6 +184,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   SKV_RETURN_IF_ERROR(sized(s->softmax_partials.Allocate(
       batch * c.num_query_heads * SkvScoreBlocks(static_cast<int>(g.capacity_chunks)) * 2)));
   SKV_RETURN_IF_ERROR(sized(s->miss_chunk.Allocate(batch * heads * g.max_budget)));
+  if (g.drift()) SKV_RETURN_IF_ERROR(sized(s->head_keeps.Allocate(batch * heads)));
   if (g.max_candidates > 0) {
     SKV_RETURN_IF_ERROR(sized(s->candidates.Allocate(batch * heads * g.max_candidates)));
     SKV_RETURN_IF_ERROR(sized(
@@ -187,6 +192,9 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
+  if (g.drift()) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->drift_step.get(), 0xFF, s->drift_step.bytes()));
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->info.get(), 0, s->info.bytes()));
   {
     const std::vector<int32_t> full_rank(static_cast<size_t>(n * layers), g.rank);
@@ -272,6 +280,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.values = s->value_table.get();
   l.info = s->info.get();
   l.counters = s->counters.get();
+  l.drift_step = s->drift_step.get();
+  l.drift_queries = s->drift_queries.get();
   cudaError_t configured = SkvConfigureKernels(l);
   if (configured == cudaSuccess && g.select_heads) configured = SkvConfigureSelectHeads(l);
   if (configured == cudaErrorInvalidValue) {
@@ -392,6 +402,8 @@ Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
   SKV_RETURN_IF_ERROR(part(s.outlier));
   SKV_RETURN_IF_ERROR(part(s.slot_chunk));
   SKV_RETURN_IF_ERROR(part(s.layer_rank));
+  SKV_RETURN_IF_ERROR(part(s.drift_step));
+  SKV_RETURN_IF_ERROR(part(s.drift_queries));
   SKV_RETURN_IF_ERROR(part(s.window_keys));
   SKV_RETURN_IF_ERROR(part(s.window_values));
   return part(s.info);
@@ -506,7 +518,7 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
   stats.max_budget_chunks = s.geometry.max_budget;
   stats.device_bytes = s.num_sequences * s.geometry.DeviceBytesPerSequence() + s.logits.bytes() +
                        s.softmax_partials.bytes() + s.miss_chunk.bytes() + s.candidates.bytes() +
-                       s.candidate_lse.bytes();
+                       s.candidate_lse.bytes() + s.head_keeps.bytes();
   for (int i = 0; i < s.num_sequences; ++i) {
     if (s.host_values[i]) {
       ++stats.host_value_sequences;
@@ -517,10 +529,12 @@ CudaShadowKvStats CudaModel::shadowkv_stats() const {
     }
   }
   if (auto counts = ShadowKvSequenceCounts(); counts.ok()) {
-    for (const CudaChunkCounts& c : *counts) {
-      stats.chunks_selected += c.selected;
-      stats.chunk_hits += c.hits;
-    }
+    CudaChunkCounts all;
+    for (const CudaChunkCounts& c : *counts) all += c;
+    stats.chunks_selected = all.selected;
+    stats.chunk_hits = all.hits;
+    stats.head_steps = all.head_steps;
+    stats.head_selections = all.head_selections;
   }
   stats.compress_seconds = s.compress_seconds;
   stats.compress_phase_seconds = s.compress_phase_seconds;
@@ -540,8 +554,11 @@ Result<std::vector<CudaChunkCounts>> CudaModel::ShadowKvSequenceCounts() const {
                                       cudaMemcpyDeviceToHost));
   std::vector<CudaChunkCounts> counts(s.num_sequences);
   for (int i = 0; i < s.num_sequences; ++i) {
-    counts[i].selected = static_cast<int64_t>(counters[2 * i]);
-    counts[i].hits = static_cast<int64_t>(counters[2 * i + 1]);
+    const unsigned long long* of = counters.data() + kSkvCounters * static_cast<int64_t>(i);
+    counts[i].selected = static_cast<int64_t>(of[0]);
+    counts[i].hits = static_cast<int64_t>(of[1]);
+    counts[i].head_steps = static_cast<int64_t>(of[2]);
+    counts[i].head_selections = static_cast<int64_t>(of[3]);
   }
   return counts;
 }

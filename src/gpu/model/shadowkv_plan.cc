@@ -19,7 +19,12 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
                    + heads * capacity_chunks                         // outlier flags
                    + heads * max_budget * 4                          // gather slots
                    + 4)                                              // the layer's rank
-         + LandmarkBytesPerSequence() + WindowBytesPerSequence();
+         + LandmarkBytesPerSequence() + WindowBytesPerSequence() + DriftBytesPerSequence();
+}
+
+int64_t SkvGeometry::DriftBytesPerSequence() const {
+  if (!drift()) return 0;
+  return int64_t{num_layers} * num_kv_heads * (int64_t{group} * head_dim * 4 + 4);
 }
 
 int64_t SkvGeometry::WindowBytesPerSequence() const {
@@ -57,10 +62,6 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   SKV_RETURN_IF_ERROR(config.Validate());
   if (config.exact_layers != 0) {
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
-  }
-  if (config.select_drift != 0.0) {
-    return Error(ErrorCode::kUnsupported,
-                 "ShadowKV select_drift runs on the CPU only (on the GPU, select_interval alone)");
   }
   if (config.basis_groups != 1) {
     return Error(ErrorCode::kUnsupported,
@@ -144,6 +145,8 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
     g.max_candidates = static_cast<int>(candidates);
   }
   g.select_heads = config.selection == "heads";
+  g.select_interval = config.select_interval;
+  g.select_drift = config.select_drift;
   g.recent_capacity = g.local_window + g.chunk_size;
   g.attn_capacity =
       static_cast<int64_t>(g.max_outliers + g.max_budget) * g.chunk_size + g.recent_capacity;
@@ -176,6 +179,7 @@ Result<SkvGeometry> MakeSkvGeometryFor(const kv::KvPolicyConfig& config, const M
   }
   SKV_ASSIGN_OR_RETURN(SkvGeometry g, MakeSkvGeometry(config, global, num_kv_heads,
                                                       model.head_dim, capacity_tokens));
+  g.group = model.num_query_heads / model.num_kv_heads;
   if (windowed > 0) {
     g.window_layers = windowed;
     g.window_rows = static_cast<int>(std::min<int64_t>(model.sliding_window, capacity_tokens));
@@ -244,6 +248,7 @@ SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSe
   m.num_chunks = static_cast<int32_t>(after / chunk_size);
   m.attn_last = info.recent_base + static_cast<int32_t>(length + 1 - after) - 1;
   m.reuse = select_interval > 1 && (length - info.decode_origin) % select_interval != 0 ? 1 : 0;
+  m.position = static_cast<int32_t>(length);
   return m;
 }
 

@@ -52,8 +52,20 @@ struct SkvGeometry {
   // serve the re-rank's scores only (kv::KvPolicyConfig::exact_keys).
   bool exact_keys = false;
   bool fp8_keys = false;  // the exact keys as FP8 e4m3 runs with their scales (fp8_keys)
+  // Reuse of a selection (kv::KvPolicyConfig select_interval and select_drift). Under drift each
+  // KV head of each layer keeps its last selection's step and its query heads' queries (fp32,
+  // without the rotary embedding), so the geometry needs the query heads per KV head: `group`,
+  // set by MakeSkvGeometryFor (1 from MakeSkvGeometry alone).
+  int select_interval = 1;
+  double select_drift = 0.0;
+  int group = 1;
 
   int kv_width() const { return num_kv_heads * head_dim; }
+  // A KV head decides on the device, from its queries, whether it selects at a decode step.
+  bool drift() const { return select_drift > 0.0 && select_interval > 1; }
+  // Bytes of one sequence's drift state ([layers, kv_heads] steps and [.., group, head_dim]
+  // queries); 0 without drift().
+  int64_t DriftBytesPerSequence() const;
   bool per_layer_rank() const { return rank_energy > 0.0; }
   // Device bytes of one sequence without its store (A and B at `rank`, the cap under a per-layer
   // rank; the windowed layers' rings included): the fast tier.
@@ -119,7 +131,8 @@ int64_t SkvExactFirst(int64_t length, int64_t exact_first0, int chunk_size, int 
 
 // The plan of one decode row that appends a token to a sequence of `length` tokens; with
 // select_interval > 1 the row selects only at decode steps (length - info.decode_origin) that
-// the interval divides, and reuses its gathered chunks between (the CPU policy's rule).
+// the interval divides, and reuses its gathered chunks between (the CPU policy's rule). Under
+// select_drift the caller passes 1: the drift kernel decides per KV head (LaunchSkvDrift).
 SkvRowMeta PlanSkvRow(int seq, int64_t length, int64_t exact_first0, const SkvSequenceInfo& info,
                       int chunk_size, int local_window, int select_interval = 1);
 

@@ -52,9 +52,12 @@ class CudaServingModel::Sequence final : public kv::SequenceKv {
   const kv::PolicyStats& stats() const override {
     if (compressed_) {
       if (auto counts = owner_->group_->ShadowKvSequenceCounts(); counts.ok()) {
-        const CudaChunkCounts& c = counts->at(static_cast<size_t>(sequence_));
-        stats_.chunk_selections = carried_.selected + c.selected;
-        stats_.chunk_hits = carried_.hits + c.hits;
+        CudaChunkCounts c = carried_;
+        c += counts->at(static_cast<size_t>(sequence_));
+        stats_.chunk_selections = c.selected;
+        stats_.chunk_hits = c.hits;
+        stats_.head_steps = c.head_steps;  // select_drift only
+        stats_.head_selections = c.head_selections;
       }
     }
     return stats_;
@@ -513,9 +516,7 @@ Result<bool> CudaServingModel::Decompress(Sequence& s) {
   }
   // The device counters restart with the next compression: what they hold so far is carried.
   if (auto counts = group_->ShadowKvSequenceCounts(); counts.ok()) {
-    const CudaChunkCounts& c = counts->at(static_cast<size_t>(s.sequence_));
-    s.carried_.selected += c.selected;
-    s.carried_.hits += c.hits;
+    s.carried_ += counts->at(static_cast<size_t>(s.sequence_));
   }
   SKV_RETURN_IF_ERROR(group_->FreeShadowKvValues(s.sequence_));
   s.has_values_ = false;

@@ -457,6 +457,8 @@ CudaShadowKvStats CudaModelGroup::shadowkv_stats() const {
     total.host_bytes += each[r].host_bytes;
     total.chunks_selected += each[r].chunks_selected;
     total.chunk_hits += each[r].chunk_hits;
+    total.head_steps += each[r].head_steps;
+    total.head_selections += each[r].head_selections;
     for (size_t i = 0; i < total.compress_phase_seconds.size(); ++i) {
       total.compress_phase_seconds[i] += each[r].compress_phase_seconds[i];
     }
@@ -475,8 +477,7 @@ Result<std::vector<CudaChunkCounts>> CudaModelGroup::ShadowKvSequenceCounts() co
   std::vector<CudaChunkCounts> total = each[0];
   for (size_t r = 1; r < each.size(); ++r) {
     for (size_t i = 0; i < total.size() && i < each[r].size(); ++i) {
-      total[i].selected += each[r][i].selected;
-      total[i].hits += each[r][i].hits;
+      total[i] += each[r][i];
     }
   }
   return total;

@@ -54,6 +54,22 @@ __device__ __forceinline__ void LoadStoredKeyTile(const SkvLayout& l, int seq, i
   __syncwarp();
 }
 
+// LoadStoredKeyTile for bf16 runs by cp.async: the copies are issued, not awaited (the caller
+// commits and waits).
+template <int kHeadDim>
+__device__ __forceinline__ void LoadStoredKeyTileAsync(const SkvLayout& l, int seq, int layer,
+                                                       int h, const int* chunks, int total_rows,
+                                                       int tile, Bf16* target, int pitch) {
+  constexpr int kVectors = kHeadDim / 8;
+  for (int i = threadIdx.x % 32; i < 16 * kVectors; i += 32) {
+    const int r = i / kVectors, v = i % kVectors;
+    const int token_row = min(tile * 16 + r, total_rows - 1);
+    const int64_t at = static_cast<int64_t>(token_row % l.chunk_size) * kHeadDim + v * 8;
+    CpAsync16(target + r * pitch + v * 8,
+              l.KeyRun(seq, layer, h, chunks[token_row / l.chunk_size]) + at, 16);
+  }
+}
+
 // After a block has staged the logits of its `count` candidate chunks in `token_logits`
 // [count * chunk_size, group] (a barrier before): each (chunk, query head)'s log-sum-exp over
 // the chunk's tokens into lse [group, max_candidates], from column `first`.
@@ -105,7 +121,8 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   if (candidates[first] < 0) return;  // the list is packed: nothing from here on
   const int chunks = min(per_block, l.max_candidates - first);
   const SkvRowMeta m = p.meta[row];
-  if (m.reuse) return;  // no selection at this step: the list is an earlier step's
+  // No selection at this step: the list is an earlier step's.
+  if (SkvKeepsChunks(p, m, row, h)) return;
   const int rank = ScoreRank(p, m.seq), width = l.kv_width();
   const int64_t stride = l.rank, layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
   const int tokens = per_block * chunk_size;
@@ -205,21 +222,29 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads, two mma N blocks), so no key
 // leaves the block either. Each warp loads its next tile's A rows
 // while it computes one: at the H200 that is faster than staging all of a block's rows at once,
-// which fits fewer blocks on a multiprocessor (dev/cuda/rerank_score_lab.cu).
+// which fits fewer blocks on a multiprocessor (dev/cuda/rerank_score_lab.cu). Stored bf16 keys
+// are read the same way, kStoredStages tiles deep: a warp's copies of its next two tiles are in
+// flight while it multiplies one (FP8 runs are decoded by plain loads, a tile at a time).
 
 constexpr int kExactFastWarps = 4;
 constexpr int kExactFastChunks = 32;  // candidate chunks per block
 constexpr int kExactFastHeads = 16;   // query heads of a group the tile product covers
+constexpr int kStoredStages = 3;      // key tiles per warp where bf16 stored keys are read
 
 int ExactFastGroupFits(const SkvLayout& l) { return l.group <= kExactFastHeads; }
 
+// Key tiles per warp: the ring of stored bf16 keys, else the one tile rebuilt or decoded.
+__host__ __device__ int ExactFastKeyTiles(const SkvLayout& l) {
+  return l.exact_keys && !l.fp8_keys ? kStoredStages : 1;
+}
+
 // Shared memory of one fast exact-scoring block: B_h [rank_padded, D + 8], the queries
-// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] and one key tile [16, D + 8], bf16;
-// then the tokens' logits [kExactFastChunks * C, group], fp32.
+// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] and its key tiles [16, D + 8] each
+// (ExactFastKeyTiles), bf16; then the tokens' logits [kExactFastChunks * C, group], fp32.
 __host__ __device__ int64_t ExactFastBf16Bytes(const SkvLayout& l) {
   const int64_t rank_padded = SkvRankPadded(l.rank), pitch = l.head_dim + 8;
   return 2 * (rank_padded * pitch + kExactFastHeads * pitch +
-              kExactFastWarps * (2 * 16 * (rank_padded + 8) + 16 * pitch));
+              kExactFastWarps * (2 * 16 * (rank_padded + 8) + ExactFastKeyTiles(l) * 16 * pitch));
 }
 int64_t ExactFastSharedBytes(const SkvLayout& l) {
   return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
@@ -238,7 +263,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
       p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
   if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
   // No selection at this step: the list is an earlier step's.
-  if (p.meta[row].reuse) return;
+  if (SkvKeepsChunks(p, p.meta[row], row, h)) return;
   if (threadIdx.x == 0) count_shared = 0;
   __syncthreads();
   if (threadIdx.x < kExactFastChunks) {
@@ -258,10 +283,13 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   Bf16* b_tile = reinterpret_cast<Bf16*>(exact_fast_shared);
   Bf16* q_tile = b_tile + rank_padded * pitch;
   Bf16* a_ring = q_tile + kExactFastHeads * pitch + warp * 2 * 16 * a_pitch;
-  Bf16* key_tile =
-      q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch + warp * 16 * pitch;
+  const int key_tiles = ExactFastKeyTiles(l);
+  Bf16* key_tile = q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch +
+                   warp * key_tiles * 16 * pitch;
   float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
   const bool stored = l.exact_keys != 0;  // the keys come from the store, not A·B
+  // bf16 runs, read by cp.async (the ring is sized for it whether or not it is used)
+  const bool stored_async = stored && !l.fp8_keys && p.stored_key_prefetch != 0;
   if (!stored) {
     SkvStageBasis<kHeadDim>(l.basis + layer_index * stride * width + h * kHeadDim, width, rank,
                             b_tile, pitch);
@@ -285,15 +313,37 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
     SkvLoadCoefficientTile(coefficients, stride, rank, chunk_size, chunks, total_rows, tile, target,
                            a_pitch);
   };
-  if (!stored && warp < num_tiles) load_tile(warp, a_ring);
-  CpAsyncCommit();
-  CpAsyncWait<1>();  // this thread's share of B_h and the queries have landed
+  auto load_keys = [&](int tile, int stage) {
+    LoadStoredKeyTileAsync<kHeadDim>(l, m.seq, p.layer, h, chunks, total_rows, tile,
+                                     key_tile + stage * 16 * pitch, pitch);
+  };
+  if (stored_async) {  // the warp's first kStoredStages - 1 tiles, a commit group each
+    for (int stage = 0; stage < kStoredStages - 1; ++stage) {
+      const int tile = warp + stage * kExactFastWarps;
+      if (tile < num_tiles) load_keys(tile, stage);
+      CpAsyncCommit();
+    }
+    CpAsyncWait<kStoredStages - 1>();  // this thread's share of B_h and the queries have landed
+  } else {
+    if (!stored && warp < num_tiles) load_tile(warp, a_ring);
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // this thread's share of B_h and the queries have landed
+  }
   __syncthreads();
 
   const int g = lane / 4, c2 = (lane % 4) * 2;
-  int buffer = 0;
-  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1) {
-    if (stored) {
+  int buffer = 0, step = 0;
+  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1, ++step) {
+    const Bf16* keys = key_tile;
+    if (stored_async) {
+      // Tile `step + kStoredStages - 1` of the warp goes in the stage freed by the last tile.
+      const int ahead = tile + (kStoredStages - 1) * kExactFastWarps;
+      if (ahead < num_tiles) load_keys(ahead, (step + kStoredStages - 1) % kStoredStages);
+      CpAsyncCommit();
+      CpAsyncWait<kStoredStages - 1>();
+      __syncwarp();  // this warp's tile `step` has landed
+      keys = key_tile + (step % kStoredStages) * 16 * pitch;
+    } else if (stored) {
       LoadStoredKeyTile<kHeadDim>(l, m.seq, p.layer, h, chunks, total_rows, tile, key_tile, pitch);
     } else {
       if (tile + kExactFastWarps < num_tiles) {
@@ -316,7 +366,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
 #pragma unroll
     for (int k0 = 0; k0 < kHeadDim; k0 += 16) {
       uint32_t a[4], b[4];
-      LdMatrixX4(a, key_tile + (lane & 15) * pitch + k0 + (lane >> 4) * 8);
+      LdMatrixX4(a, keys + (lane & 15) * pitch + k0 + (lane >> 4) * 8);
       LdMatrixX4(b, q_tile + ((lane >> 4) * 8 + (lane & 7)) * pitch + k0 + ((lane >> 3) & 1) * 8);
       MmaBf16(acc[0], a, b[0], b[1]);
       MmaBf16(acc[1], a, b[2], b[3]);
@@ -330,7 +380,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
           token_logits[token_row * l.group + head] = acc[nb][e] * p.scale;
       }
     }
-    __syncwarp();  // the key tile is rebuilt again by the next tile
+    __syncwarp();  // the key tile (stage) is written again by a later tile
   }
   CpAsyncWait<0>();
   __syncthreads();
@@ -397,7 +447,7 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
   const int h = blockIdx.x, row = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const SkvRowMeta m = p.meta[row];
-  if (m.reuse) return;  // the slots keep the chunks of the last selecting step
+  if (SkvKeepsChunks(p, m, row, h)) return;  // the slots keep the chunks of the last selecting step
   const SkvSequenceInfo info = l.info[m.seq];
   const int words = (l.capacity_chunks + 31) / 32;
   float* score = reinterpret_cast<float*>(rerank_shared);

@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreFastKernel(SkvDecodePar
   const SkvRowMeta m = p.meta[row];
   const SkvLayout& l = p.layout;
   const int first = blockIdx.x * kScoreChunksPerBlock;
-  if (first >= m.num_chunks || m.reuse) return;  // reuse: no selection at this step
+  // No selection at this step (reuse or drift).
+  if (first >= m.num_chunks || SkvKeepsChunks(p, m, row, h)) return;
   const int lane = threadIdx.x % kLanes, sub = threadIdx.x / kLanes;
   float q[kGroup][8];
   const Bf16* q_row =
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(kScoreTcWarps * 32) SkvScoreTcKernel(SkvDecode
   const int part = blockIdx.x * kScoreTcWarps + warp;
   const int first = part * kSkvScoreChunksPerBlock;
   // Whole warps only (the kernel has no block barrier); reuse: no selection at this step.
-  if (first >= m.num_chunks || m.reuse) return;
+  if (first >= m.num_chunks || SkvKeepsChunks(p, m, row, h)) return;
   const int last = min(first + kSkvScoreChunksPerBlock, m.num_chunks);
   const int tiles = (last - first + kScoreTcTile - 1) / kScoreTcTile;
   const int gq = lane / 4, cq = lane % 4;

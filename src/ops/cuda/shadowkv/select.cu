@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
   int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
   for (int w = tid; w < words; w += kThreads) wanted[w] = 0;
   for (int s = tid; s < l.max_budget; s += kThreads) miss[s] = -1;
-  if (m.reuse) return;  // the slots keep the chunks of the last selecting step
+  if (SkvKeepsChunks(p, m, row, h)) return;  // the slots keep the chunks of the last selecting step
   int* coarse = reinterpret_cast<int*>(coarse_words);
   if constexpr (kCoarse) {
     for (int b = tid; b < kCoarseBins; b += kThreads) coarse[b] = 0;  // WriteSelectKeys syncs first

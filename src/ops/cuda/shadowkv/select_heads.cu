@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kHeadsThreads) SkvSelectHeadsKernel(SkvDecodeP
   int32_t* slot_chunk = l.slot_chunk + l.HeadIndex(m.seq, p.layer, h) * budget;
   for (int w = tid; w < words; w += kHeadsThreads) wanted[w] = 0;
   for (int s = tid; s < budget; s += kHeadsThreads) miss[s] = -1;
-  if (m.reuse) return;  // the slots keep the chunks of the last selecting step
+  if (SkvKeepsChunks(p, m, row, h)) return;  // the slots keep the chunks of the last selecting step
   int selectable_local = 0;
   for (int c = tid; c < n; c += kHeadsThreads) selectable_local += logits[c] != -INFINITY;
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));

@@ -199,7 +199,8 @@ __global__ void __launch_bounds__(kScoreThreads) SkvScoreKernel(SkvDecodeParams 
   const SkvRowMeta m = p.meta[row];
   const SkvLayout& l = p.layout;
   const int first = blockIdx.x * kScoreChunksPerBlock;
-  if (first >= m.num_chunks || m.reuse) return;  // reuse: no selection at this step
+  // No selection at this step (reuse or drift).
+  if (first >= m.num_chunks || SkvKeepsChunks(p, m, row, h)) return;
   const int lane = threadIdx.x % kLanes, sub = threadIdx.x / kLanes;
   float q[kGroup][8];
   const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * kGroup * kHeadDim;
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
   for (int c = tid; c < n; c += kSelectThreads) score[c] = 0.0f;
   for (int w = tid; w < words; w += kSelectThreads) wanted[w] = 0;
   for (int s = tid; s < l.max_budget; s += kSelectThreads) miss[s] = -1;
-  if (m.reuse) return;  // the slots keep the chunks of the last selecting step
+  if (SkvKeepsChunks(p, m, row, h)) return;  // the slots keep the chunks of the last selecting step
   __syncthreads();
   for (int g = 0; g < group; ++g) {
     const float* x = logits + static_cast<int64_t>(g) * l.capacity_chunks;
@@ -624,6 +625,7 @@ SkvDecodeParams SkvDecodeRows(const SkvDecodeParams& p, int first, int count) {
         p.softmax_partials + heads * l.group * SkvScoreBlocks(l.capacity_chunks) * 2;
   }
   part.miss_chunk = p.miss_chunk + heads * l.max_budget;
+  if (p.head_keeps) part.head_keeps = p.head_keeps + heads;
   if (p.candidates) {
     part.candidates = p.candidates + heads * l.max_candidates;
     part.candidate_lse = p.candidate_lse + heads * l.group * static_cast<int64_t>(l.max_candidates);

@@ -34,6 +34,9 @@ SKV_HOST_DEVICE constexpr int SkvScoreBlocks(int capacity_chunks) {
   return (capacity_chunks + kSkvScoreChunksPerBlock - 1) / kSkvScoreChunksPerBlock;
 }
 
+// Counters per sequence (SkvLayout::counters).
+constexpr int kSkvCounters = 4;
+
 // Where every ShadowKV sequence keeps its state ([seqs, layers, ...] buffers, one per kind).
 struct SkvLayout {
   int num_layers = 0;
@@ -81,7 +84,14 @@ struct SkvLayout {
   int fp8_keys = 0;
   int64_t key_store_offset = 0;
   const SkvSequenceInfo* info = nullptr;      // [seqs]
-  // [seqs, 2]: each sequence's chunks selected, of which hits (or null)
+  // Selection reuse under select_drift (LaunchSkvDrift; null without it): each (sequence, layer,
+  // KV head)'s last selection, its decode step [seqs, layers, kv_heads] (-1: none since the
+  // compression) and its query heads' queries without the rotary embedding [seqs, layers,
+  // kv_heads, group, head_dim] fp32.
+  int32_t* drift_step = nullptr;
+  float* drift_queries = nullptr;
+  // [seqs, kSkvCounters]: each sequence's chunks selected, of which hits; under select_drift its
+  // (layer, KV head) decode steps, of which selected (or null).
   unsigned long long* counters = nullptr;
 
   SKV_HOST_DEVICE int kv_width() const { return num_kv_heads * head_dim; }
@@ -93,9 +103,9 @@ struct SkvLayout {
   SKV_HOST_DEVICE int RankOf(int seq, int layer) const {
     return layer_rank ? layer_rank[static_cast<int64_t>(seq) * num_layers + layer] : rank;
   }
-  // Sequence `seq`'s two counters, or null where the layout keeps none.
+  // Sequence `seq`'s counters, or null where the layout keeps none.
   SKV_HOST_DEVICE unsigned long long* SequenceCounters(int seq) const {
-    return counters ? counters + 2 * static_cast<int64_t>(seq) : nullptr;
+    return counters ? counters + kSkvCounters * static_cast<int64_t>(seq) : nullptr;
   }
   // Index of the run (layer, head, chunk) within one sequence's value store or landmark set.
   SKV_HOST_DEVICE int64_t RunIndex(int layer, int head, int chunk) const {
@@ -165,6 +175,9 @@ struct SkvDecodeParams {
   int select_registers = 0;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
+  // Fast re-rank with bf16 exact keys: 1 the stored keys read by cp.async, tiles ahead of the
+  // one multiplied; 0 a tile at a time by plain loads (kept to compare).
+  int stored_key_prefetch = 1;
   // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
   // keeps min(rerank_factor · K, selectable, layout.max_candidates) chunks per (row, KV head)
   // into candidates [rows, kv_heads, max_candidates] (increasing, then -1) and assigns no gather
@@ -182,7 +195,23 @@ struct SkvDecodeParams {
   // query head's own landmark softmax and takes them round-robin over the group's heads (each
   // its best not yet taken) until K; needs SkvConfigureSelectHeads.
   int select_heads = 0;
+  // select_drift: LaunchSkvDrift writes head_keeps [rows, kv_heads], 1 where the KV head keeps
+  // the chunks its slots hold (it selected fewer than select_interval steps ago and none of its
+  // query heads' queries, without the rotary embedding, has a cosine below select_drift with
+  // the one it last selected with); every selection kernel then leaves that (row, KV head) as
+  // it leaves a row whose plan reuses (SkvKeepsChunks). Null: no drift.
+  uint8_t* head_keeps = nullptr;
+  float select_drift = 0.0f;
+  int select_interval = 1;
 };
+
+// Whether KV head h of decode row `row` (plan m) attends the chunks its slots hold without
+// selecting at this step: the row's plan reuses (select_interval), or the drift test kept them.
+SKV_HOST_DEVICE inline bool SkvKeepsChunks(const SkvDecodeParams& p, const SkvRowMeta& m, int row,
+                                           int h) {
+  return m.reuse != 0 ||
+         (p.head_keeps && p.head_keeps[static_cast<int64_t>(row) * p.layout.num_kv_heads + h]);
+}
 
 constexpr int kSkvKernelsFirst = 0;
 constexpr int kSkvKernelsFast = 1;
@@ -202,6 +231,10 @@ cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);
 // Softmax per query head, max over the group, top-K (ties: lower chunk first), hits against the
 // gather slots, misses written to miss_chunk and slot_chunk; counters updated.
 cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
+// select_drift, before the layer's scoring: for each (row, KV head), whether it selects at this
+// step (head_keeps), and where it does its step and unrotated queries recorded; counters
+// updated. Needs head_keeps, layout.drift_step and layout.drift_queries.
+cudaError_t LaunchSkvDrift(const SkvDecodeParams& params, cudaStream_t stream);
 // Re-ranking, after a LaunchSkvSelect that kept candidates: each candidate's keys rebuilt from
 // A and B with RoPE (rounded to bf16, as the gather rows hold them) and scored against the
 // row's queries; per query head the softmax over all candidate tokens, a chunk's score the sum

@@ -34,6 +34,7 @@ struct SkvRowMeta {
   // 1: the step attends the chunks its gather slots hold from the last selecting step (no
   // scoring, select, re-rank, fetch or rebuild for this row; its miss lists are emptied).
   int32_t reuse = 0;
+  int32_t position = 0;  // the new token's position (its decode step: position - decode_origin)
 };
 
 }  // namespace shadowkv::cuda
