@@ -4,7 +4,8 @@
 // rounding), two sequences of different lengths in one batch (one with values in pinned host
 // memory), graduation of generated chunks; per-layer ranks from the key spectrum (the layout at
 // the cap, decode at a rank below it); exact keys in the store (against the full cache and the
-// CPU); selection reuse by interval and by query drift. The basis solved on the GPU and the snapshots are in shadowkv_basis_snapshot_test.cc.
+// CPU); selection reuse by interval and by query drift. The basis solved on the GPU and the
+// snapshots are in shadowkv_basis_snapshot_test.cc.
 // The host-side planning is tested in shadowkv_plan_test.cc.
 #include <algorithm>
 #include <cmath>
