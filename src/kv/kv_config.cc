@@ -8,6 +8,7 @@
 #include <map>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace shadowkv::kv {
 
@@ -228,6 +229,14 @@ constexpr std::string_view kPaperForcedKeys[] = {
     "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
+// The accurate setting (accurate=1; see ParseKvVariant): each variant key with its value.
+constexpr std::pair<std::string_view, std::string_view> kAccurateSettings[] = {
+    {"exact_keys", "1"},
+    {"rank", "8"},
+    {"budget_fraction", "0.125"},
+    {"interval", "8"},
+    {"drift", "0.85"}};
+
 }  // namespace
 
 int RankFloor(const KvPolicyConfig& config, int head_dim) {
@@ -269,6 +278,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base) {
   KvPolicyConfig config = base;
   std::vector<std::string_view> named;
+  bool accurate = false;
   config.label.clear();
   std::string_view rest = text;
   const size_t name_end = rest.find(':');
@@ -285,6 +295,17 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
                      text, item);
       }
       const std::string_view key = item.substr(0, equals);
+      if (key == "accurate") {
+        const std::string_view value = item.substr(equals + 1);
+        if (value != "0" && value != "1") {
+          return Error(ErrorCode::kInvalidArgument,
+                       "KV policy variant '{}': accurate must be 0 or 1, not '{}'", text, value);
+        }
+        accurate = value == "1";
+        if (item_end == std::string_view::npos) break;
+        rest.remove_prefix(item_end + 1);
+        continue;
+      }
       const auto setter = VariantKeys().find(key);
       if (setter == VariantKeys().end()) {
         std::vector<std::string> known;
@@ -300,6 +321,18 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
       }
       if (item_end == std::string_view::npos) break;
       rest.remove_prefix(item_end + 1);
+    }
+  }
+  if (accurate) {
+    if (config.policy != "shadowkv" || config.paper == 1) {
+      return Error(ErrorCode::kInvalidArgument,
+                   "KV policy variant '{}': accurate=1 is a ShadowKV setting and not one with "
+                   "paper=1",
+                   text);
+    }
+    for (const auto& [key, value] : kAccurateSettings) {
+      if (std::find(named.begin(), named.end(), key) != named.end()) continue;
+      SKV_RETURN_IF_ERROR(VariantKeys().find(key)->second(config, value));
     }
   }
   SKV_RETURN_IF_ERROR(config.Validate());

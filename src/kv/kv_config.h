@@ -9,6 +9,12 @@
 
 namespace shadowkv::kv {
 
+// The rule of KvPolicyConfig::ReselectsOnDrift, for the copies of the two settings that the GPU
+// plan keeps.
+constexpr bool ReselectsOnDrift(double select_drift, int select_interval) {
+  return select_drift > 0.0 && select_interval > 1;
+}
+
 struct KvPolicyConfig {
   std::string policy = "full";  // full | shadowkv | snapkv | quest | streaming
   // Name shown in reports: empty for the policy's own name, else a variant such as
@@ -118,6 +124,9 @@ struct KvPolicyConfig {
   Status Validate() const;
   // Budget T in tokens for a context of `context_tokens`.
   int64_t BudgetTokens(int64_t context_tokens) const;
+  // Whether a KV head selects again where its queries turn (select_drift on, with a longest
+  // interval above one step for it to shorten).
+  bool ReselectsOnDrift() const { return kv::ReselectsOnDrift(select_drift, select_interval); }
   const std::string& display_name() const { return label.empty() ? policy : label; }
 };
 
@@ -138,10 +147,15 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
 // rerank_factor, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
-// (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named too:
-// kInvalidArgument), exact_layers, exact_keys (0 or 1),
-// fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window,
-// snap_kernel, snap_pooling, page, dense_layers, sinks.
+// (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named
+// too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0
+// or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page,
+// dense_layers, sinks.
+// accurate=1 (shadowkv only; not with paper=1) names the setting measured within 2 points of full
+// attention on Qwen2.5-Coder-0.5B at 16K and 32K (docs/RESULTS.md, "Selecting again when the
+// queries turn"): exact_keys=1, rank=8 (with exact keys no decode step reads the rank-r factors),
+// budget_fraction=0.125 (12.5% of the context, the floor of `base` kept), interval=8, drift=0.85;
+// each of those keys named beside it keeps the named value, whatever the order.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);

@@ -134,6 +134,57 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   EXPECT_EQ(off->rank, 32);
 }
 
+TEST(KvConfigTest, AccurateNamesTheMeasuredSettingAndNamedKeysOverrideIt) {
+  const KvPolicyConfig base;
+  auto accurate = ParseKvVariant("shadowkv:accurate=1", base);
+  ASSERT_TRUE(accurate.ok()) << accurate.status().message();
+  EXPECT_EQ(accurate->exact_keys, 1);
+  EXPECT_EQ(accurate->rank, 8);
+  EXPECT_DOUBLE_EQ(accurate->budget_fraction, 0.125);
+  EXPECT_EQ(accurate->budget_tokens, 0);
+  EXPECT_EQ(accurate->select_interval, 8);
+  EXPECT_DOUBLE_EQ(accurate->select_drift, 0.85);
+  EXPECT_TRUE(accurate->ReselectsOnDrift());
+  EXPECT_EQ(accurate->selection, base.selection);  // the re-ranked selection, untouched
+  EXPECT_EQ(accurate->label, "shadowkv:accurate=1");
+  EXPECT_EQ(accurate->BudgetTokens(4096), 512);
+  EXPECT_EQ(accurate->BudgetTokens(16384), 2048);
+  EXPECT_EQ(accurate->BudgetTokens(32768), 4096);
+  EXPECT_EQ(accurate->BudgetTokens(2048), base.budget_min_tokens);  // the floor of the base
+
+  // A key named beside it keeps its value, before or after it.
+  for (const char* text : {"shadowkv:drift=0.9:accurate=1", "shadowkv:accurate=1:drift=0.9"}) {
+    auto named = ParseKvVariant(text, base);
+    ASSERT_TRUE(named.ok()) << text;
+    EXPECT_DOUBLE_EQ(named->select_drift, 0.9) << text;
+    EXPECT_EQ(named->select_interval, 8) << text;
+    EXPECT_EQ(named->exact_keys, 1) << text;
+  }
+  auto absolute = ParseKvVariant("shadowkv:accurate=1:budget=1024", base);
+  ASSERT_TRUE(absolute.ok());
+  EXPECT_EQ(absolute->BudgetTokens(32768), 1024);
+  // fp8_keys needs exact keys, which the setting gives.
+  auto fp8 = ParseKvVariant("shadowkv:fp8_keys=1:accurate=1", base);
+  ASSERT_TRUE(fp8.ok()) << fp8.status().message();
+  EXPECT_EQ(fp8->fp8_keys, 1);
+  auto off = ParseKvVariant("shadowkv:accurate=0:rank=32", base);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->exact_keys, 0);
+  EXPECT_EQ(off->rank, 32);
+  EXPECT_FALSE(off->ReselectsOnDrift());
+}
+
+TEST(KvConfigTest, DriftReselectsOnlyWithAnIntervalToShorten) {
+  KvPolicyConfig config;
+  EXPECT_FALSE(config.ReselectsOnDrift());
+  config.select_drift = 0.9;
+  EXPECT_FALSE(config.ReselectsOnDrift()) << "interval 1 selects at every step anyway";
+  config.select_interval = 2;
+  EXPECT_TRUE(config.ReselectsOnDrift());
+  config.select_drift = 0.0;
+  EXPECT_FALSE(config.ReselectsOnDrift());
+}
+
 TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
   const KvPolicyConfig base;
   struct Case {
@@ -162,6 +213,10 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:paper=1:rank=64", "paper=1 fixes 'rank'"},
         Case{"shadowkv:paper=1:interval=2", "paper=1 fixes 'interval'"},
         Case{"shadowkv:select=heads:paper=1", "paper=1 fixes 'select'"},
+        Case{"shadowkv:accurate=2", "accurate must be 0 or 1"},
+        Case{"shadowkv:accurate=1:paper=1", "not one with paper=1"},
+        Case{"quest:accurate=1", "accurate=1 is a ShadowKV setting"},
+        Case{"shadowkv:accurate=1:drift=1.5", "select drift 1.5"},
         Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);
     ASSERT_FALSE(config.ok()) << c.text;

@@ -25,14 +25,14 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
   // A single query selects at its decode step 0, select_interval, 2 * select_interval, ...
   const int interval = settings_.config.select_interval;
   const int64_t decode_step = layer.num_tokens - 1 - layer.decode_origin;
-  const bool drift_rule = settings_.config.select_drift > 0.0 && interval > 1 && num_queries == 1;
+  const bool drift_rule = settings_.config.ReselectsOnDrift() && num_queries == 1;
   const bool periodic = num_queries != 1 || interval <= 1 || decode_step % interval == 0;
   if (drift_rule) rope_table_.Extend(layer.num_tokens);
   for (int h = 0; h < g.num_kv_heads; ++h) {
     HeadState& head = layer.heads[h];
     auto& segments = out->heads[h];
-    const bool selects = drift_rule ? SelectsOnDrift(layer, head, h, queries, decode_step)
-                                    : periodic;
+    const bool selects =
+        drift_rule ? SelectsOnDrift(layer, head, h, queries, decode_step) : periodic;
     if (!drift_rule) head.selection_step = -1;
     if (layer.compressed) {
       if (!head.outlier_chunks.empty()) {

@@ -62,7 +62,7 @@ struct SkvGeometry {
 
   int kv_width() const { return num_kv_heads * head_dim; }
   // A KV head decides on the device, from its queries, whether it selects at a decode step.
-  bool drift() const { return select_drift > 0.0 && select_interval > 1; }
+  bool drift() const { return kv::ReselectsOnDrift(select_drift, select_interval); }
   // Bytes of one sequence's drift state ([layers, kv_heads] steps and [.., group, head_dim]
   // queries); 0 without drift().
   int64_t DriftBytesPerSequence() const;
