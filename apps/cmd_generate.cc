@@ -110,7 +110,9 @@ Result<LoadedModel> LoadForGenerate(const GenerateOptions& o, const std::string&
   return loaded;
 }
 
-int RunGenerate(const GenerateOptions& o) {
+int RunGenerate(GenerateOptions o) {
+  // --kv also takes one variant (shadowkv:accurate=1), as serve, bench and eval do.
+  if (Status s = ResolveKvVariant(o.kv); !s.ok()) return Fail(s.ToString());
   auto prompt_text = ReadPromptText(o.prompt, o.prompt_file);
   if (!prompt_text.ok()) return Fail(prompt_text.status().message());
   auto loaded = LoadForGenerate(o, *prompt_text);

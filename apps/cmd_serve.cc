@@ -158,11 +158,7 @@ int RunServe(ServeOptions& o) {
   }
 
   // --kv also takes one variant, as bench and eval name them (shadowkv:paper=1, shadowkv:rank=64).
-  if (o.kv.policy.find(':') != std::string::npos) {
-    auto variant = kv::ParseKvVariant(o.kv.policy, o.kv);
-    if (!variant.ok()) return Fail(variant.status().ToString());
-    o.kv = *variant;
-  }
+  if (Status s = ResolveKvVariant(o.kv); !s.ok()) return Fail(s.ToString());
   auto loaded = LoadServingModel(o);
   if (!loaded.ok()) return Fail(loaded.status().ToString());
   engine::ServingModel& model = *loaded->serving;

@@ -62,7 +62,9 @@ void AddModelOptions(CLI::App& app, ModelOptions& options) {
 }
 
 void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
-  app.add_option("--kv", c.policy, "KV policy: full | shadowkv | snapkv | quest | streaming")
+  app.add_option("--kv", c.policy,
+                 "KV policy: full | shadowkv | snapkv | quest | streaming, or one variant with "
+                 "settings of its own (shadowkv:accurate=1, shadowkv:rank=64:budget=1024)")
       ->capture_default_str();
   app.add_option("--budget", c.budget_tokens,
                  "sparse policies: tokens attended per KV head (0 = from --budget-fraction)");
@@ -146,6 +148,12 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
     }
     c = kv::WithPaperSettings(c);
   });
+}
+
+Status ResolveKvVariant(kv::KvPolicyConfig& config) {
+  if (config.policy.find(':') == std::string::npos) return Status::Ok();
+  SKV_ASSIGN_OR_RETURN(config, kv::ParseKvVariant(config.policy, config));
+  return Status::Ok();
 }
 
 void AddSamplingOptions(CLI::App& app, SamplingParams& p) {

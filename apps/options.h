@@ -22,6 +22,9 @@ struct ModelOptions {
 void AddModelOptions(CLI::App& app, ModelOptions& options);
 // Registers --kv and every policy setting (--budget, --rank, ...).
 void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& config);
+// Where --kv named one variant (shadowkv:accurate=1, shadowkv:rank=64: a policy with settings
+// of its own, as bench and eval name them), `config` with that variant's settings over the flags'.
+Status ResolveKvVariant(kv::KvPolicyConfig& config);
 // Registers --temp, --top-k, --top-p, --seed.
 void AddSamplingOptions(CLI::App& app, SamplingParams& params);
 

@@ -58,6 +58,12 @@ expect_error bad_bench_fp8 "fp8_values must be 0 or 1" "$bin" bench -m "$model" 
 expect_error paper_and_rank "paper fixes --rank" "$bin" generate -m "$model" -p hi --kv shadowkv --paper --rank 64
 expect_error paper_and_variant "paper=1 fixes 'rank'" "$bin" bench -m "$model" --paper --kv shadowkv:rank=64
 expect_error fp8_keys_alone "needs exact_keys=1" "$bin" generate -m "$model" -p hi --kv shadowkv --fp8-keys
+# --kv takes one variant in generate and serve as in bench and eval; the accurate setting is
+# ShadowKV's and not the published one's.
+expect_error generate_bad_variant "unknown setting 'colour'" "$bin" generate -m "$model" -p hi --kv shadowkv:colour=red
+expect_error accurate_value "accurate must be 0 or 1" "$bin" generate -m "$model" -p hi --kv shadowkv:accurate=2
+expect_error accurate_and_paper "not one with paper=1" "$bin" generate -m "$model" -p hi --kv shadowkv:accurate=1:paper=1
+expect_error accurate_quest "accurate=1 is a ShadowKV setting" "$bin" serve -m "$model" --kv quest:accurate=1
 # Tensor parallelism is CUDA-only: on the CPU paths it is refused, naming what is missing.
 expect_error tp_generate_cpu "needs --device cuda" "$bin" generate -m "$model" -p hi --tensor-parallel 2
 expect_error tp_bench_cpu "needs --device cuda" "$bin" bench -m "$model" --tensor-parallel 2
