@@ -90,8 +90,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     landmark_codes.resize(count * kDim);
     landmark_scales.resize(count);
     for (int64_t i = 0; i < count; ++i) {
-      landmark_scales[i] = QuantizeFp8Run(landmarks.data() + i * kDim, kDim,
-                                          landmark_codes.data() + i * kDim);
+      landmark_scales[i] =
+          QuantizeFp8Run(landmarks.data() + i * kDim, kDim, landmark_codes.data() + i * kDim);
       DequantizeFp8Run(landmark_codes.data() + i * kDim, kDim, landmark_scales[i],
                        landmarks.data() + i * kDim);
     }
@@ -99,7 +99,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   std::vector<uint8_t> outlier(kSeqs * kHeads * kCapacity, 0);
   for (int s = 0; s < kSeqs; ++s) {
     for (int h = 0; h < kHeads; ++h) {
-      for (int i = 0; i < 12; ++i) outlier[(s * kHeads + h) * kCapacity + (i * 97 + h * 13) % num_chunks[s]] = 1;
+      for (int i = 0; i < 12; ++i)
+        outlier[(s * kHeads + h) * kCapacity + (i * 97 + h * 13) % num_chunks[s]] = 1;
     }
   }
   auto d_landmarks = ToDevice(ToBf16(landmarks));
@@ -109,9 +110,10 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
   auto d_slots = ToDevice(std::vector<int32_t>(kSeqs * kHeads * kBudget, -1));
   std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{12, kBudget, 0, 0});
   auto d_info = ToDevice(info);
-  auto d_counters = ToDevice(std::vector<unsigned long long>(2 * kSeqs, 0));
+  auto d_counters = ToDevice(std::vector<unsigned long long>(kSkvCounters * kSeqs, 0));
   auto d_logits = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCapacity);
-  auto d_partials = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * SkvScoreBlocks(kCapacity) * 2);
+  auto d_partials =
+      Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * SkvScoreBlocks(kCapacity) * 2);
   auto d_miss = Poisoned<int32_t>(kSeqs * kHeads * kBudget);
   std::vector<SkvRowMeta> meta(kSeqs);
   for (int s = 0; s < kSeqs; ++s) {
@@ -170,7 +172,8 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(cudaDeviceSynchronize());
     std::vector<int32_t> slots(kSeqs * kHeads * kBudget), miss(kSeqs * kHeads * kBudget);
-    SKV_ASSERT_CUDA(cudaMemcpy(slots.data(), d_slots.get(), slots.size() * 4, cudaMemcpyDeviceToHost));
+    SKV_ASSERT_CUDA(
+        cudaMemcpy(slots.data(), d_slots.get(), slots.size() * 4, cudaMemcpyDeviceToHost));
     SKV_ASSERT_CUDA(cudaMemcpy(miss.data(), d_miss.get(), miss.size() * 4, cudaMemcpyDeviceToHost));
 
     for (int row = 0; row < kSeqs; ++row) {
@@ -217,11 +220,13 @@ void CheckSelection(int kernel_variant, const int kCapacity, bool successors, bo
     }
   }
   // Per sequence: two steps of every head's budget, and the hits the CPU's slots found.
-  std::vector<unsigned long long> counters(2 * kSeqs);
-  SKV_ASSERT_CUDA(cudaMemcpy(counters.data(), d_counters.get(), 16 * kSeqs, cudaMemcpyDeviceToHost));
+  std::vector<unsigned long long> counters(kSkvCounters * kSeqs);
+  SKV_ASSERT_CUDA(cudaMemcpy(counters.data(), d_counters.get(),
+                             sizeof(unsigned long long) * counters.size(), cudaMemcpyDeviceToHost));
   for (int s = 0; s < kSeqs; ++s) {
-    EXPECT_EQ(counters[2 * s], 2ull * kHeads * kBudget) << "sequence " << s;
-    EXPECT_EQ(static_cast<int64_t>(counters[2 * s + 1]), expected_hits_of[s]) << "sequence " << s;
+    EXPECT_EQ(counters[kSkvCounters * s], 2ull * kHeads * kBudget) << "sequence " << s;
+    EXPECT_EQ(static_cast<int64_t>(counters[kSkvCounters * s + 1]), expected_hits_of[s])
+        << "sequence " << s;
   }
   EXPECT_GT(expected_hits, 0);  // the second step reuses chunks
 }
@@ -238,7 +243,7 @@ void CheckSelectionEverywhere(int kernel_variant, bool successors, bool tied) {
   for (const SelectVariant select : SelectVariants(kernel_variant)) {
     for (const int capacity : {2000, 9000}) {
       SCOPED_TRACE(::testing::Message() << "capacity " << capacity << " chunks, coarse "
-                                         << select.coarse << ", registers " << select.registers);
+                                        << select.coarse << ", registers " << select.registers);
       CheckSelection(kernel_variant, capacity, successors, /*fp8=*/false, tied, select);
     }
   }
@@ -369,7 +374,8 @@ void CheckRebuild(int variant, RopeConfig::Style style, int head_dim, int rank, 
       for (int slot = 0; slot < kBudget; ++slot) {
         const int chunk = miss[(r * kHeads + h) * kBudget + slot];
         const float* got_chunk = keys.data() + ((int64_t{s} * kHeads + h) * attn_capacity +
-                                                gather_base + int64_t{slot} * kChunk) * head_dim;
+                                                gather_base + int64_t{slot} * kChunk) *
+                                                   head_dim;
         if (chunk < 0) {  // untouched: still the poison
           EXPECT_TRUE(std::isnan(got_chunk[0])) << "slot " << slot << " was written";
           continue;

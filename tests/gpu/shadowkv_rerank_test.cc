@@ -166,7 +166,7 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   std::vector<SkvSequenceInfo> info(kSeqs, SkvSequenceInfo{kOutliers, kBudget, kOutliers * kChunk,
                                                            (kOutliers + kBudget) * kChunk});
   auto d_info = ToDevice(info);
-  auto d_counters = ToDevice(std::vector<unsigned long long>(2 * kSeqs, 0));
+  auto d_counters = ToDevice(std::vector<unsigned long long>(kSkvCounters * kSeqs, 0));
   auto d_logits = Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * kCapacity);
   auto d_partials =
       Poisoned<float>(int64_t{kSeqs} * kHeads * kGroup * SkvScoreBlocks(kCapacity) * 2);
@@ -180,8 +180,8 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   }
   auto d_meta = ToDevice(meta);
 
-  SkvLayout l = RerankLayout(
-      {kHeads, kGroup, head_dim, kChunk, kRank, kCapacity, kBudget, kCandidates});
+  SkvLayout l =
+      RerankLayout({kHeads, kGroup, head_dim, kChunk, kRank, kCapacity, kBudget, kCandidates});
   l.landmarks = reinterpret_cast<__nv_bfloat16*>(d_landmarks.get());
   l.coefficients = reinterpret_cast<__nv_bfloat16*>(d_coefficients.get());
   l.basis = reinterpret_cast<__nv_bfloat16*>(d_basis.get());
@@ -305,8 +305,9 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   std::vector<unsigned long long> counters = ToHost(d_counters);
   int64_t hits = 0;
   for (int s = 0; s < kSeqs; ++s) {
-    EXPECT_EQ(counters[2 * s], 2ull * kHeads * kBudget) << "sequence " << s;
-    EXPECT_EQ(static_cast<int64_t>(counters[2 * s + 1]), expected_hits[s]) << "sequence " << s;
+    EXPECT_EQ(counters[kSkvCounters * s], 2ull * kHeads * kBudget) << "sequence " << s;
+    EXPECT_EQ(static_cast<int64_t>(counters[kSkvCounters * s + 1]), expected_hits[s])
+        << "sequence " << s;
     hits += expected_hits[s];
   }
   EXPECT_GT(hits, 0);  // the second step reuses chunks
@@ -333,14 +334,15 @@ TEST_P(CudaShadowKvRerankTest, TiedScoresKeepTheLowerChunks) {
   std::mt19937 rng(5);
   auto d_coefficients =
       ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kCapacity * kChunk * kRank, rng, 0.5f)));
-  auto d_basis = ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kRank * kHeads * kDim, rng, 0.2f)));
+  auto d_basis =
+      ToDevice(ToBf16(RandomBf16Values(int64_t{kRows} * kRank * kHeads * kDim, rng, 0.2f)));
   auto d_layer_rank = ToDevice(std::vector<int32_t>(kRows, kRank));
   auto d_freq = ToDevice(InvFreq(kDim));
   auto d_outlier = ToDevice(std::vector<uint8_t>(kRows * kHeads * kCapacity, 0));
   auto d_slots = ToDevice(std::vector<int32_t>(kRows * kHeads * kBudget, -1));
-  auto d_info = ToDevice(std::vector<SkvSequenceInfo>(
-      kRows, SkvSequenceInfo{0, kBudget, 0, kBudget * kChunk}));
-  auto d_counters = ToDevice(std::vector<unsigned long long>(2 * kRows, 0));
+  auto d_info = ToDevice(
+      std::vector<SkvSequenceInfo>(kRows, SkvSequenceInfo{0, kBudget, 0, kBudget * kChunk}));
+  auto d_counters = ToDevice(std::vector<unsigned long long>(kSkvCounters * kRows, 0));
   auto d_miss = Poisoned<int32_t>(kRows * kHeads * kBudget);
   auto d_lse = Poisoned<float>(int64_t{kRows} * kHeads * kGroup * kCandidates);
   auto d_queries = ToDevice(std::vector<uint16_t>(int64_t{kRows} * kHeads * kGroup * kDim, 0));
@@ -393,8 +395,8 @@ TEST_P(CudaShadowKvRerankTest, TiedScoresKeepTheLowerChunks) {
   }
   const std::vector<unsigned long long> counters = ToHost(d_counters);
   for (int row = 0; row < kRows; ++row) {
-    EXPECT_EQ(counters[2 * row], 1ull * kHeads * kBudget) << "row " << row;
-    EXPECT_EQ(counters[2 * row + 1], 0ull) << "row " << row;
+    EXPECT_EQ(counters[kSkvCounters * row], 1ull * kHeads * kBudget) << "row " << row;
+    EXPECT_EQ(counters[kSkvCounters * row + 1], 0ull) << "row " << row;
   }
 }
 
