@@ -48,8 +48,8 @@ void AddKernelTuningOptions(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({0, 32, 64, 128}));
   app.add_option("--stored-key-prefetch", k.stored_key_prefetch,
-                 "cuda shadowkv exact_keys: 1 the re-rank reads the stored keys by cp.async, "
-                 "tiles ahead; 0 a tile at a time")
+                 "cuda shadowkv exact_keys: 1 the re-rank reads the stored keys ahead of the "
+                 "tile it scores; 0 a tile at a time")
       ->capture_default_str()
       ->check(CLI::IsMember({0, 1}));
   app.add_option("--attention-splits", k.attention_splits,

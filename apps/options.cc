@@ -116,8 +116,8 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
                "shadowkv: keep every chunk's exact post-RoPE keys beside its values and attend "
                "to them (twice the slow tier; the rank then serves chunk selection only)");
   app.add_flag("--fp8-keys{1}", c.fp8_keys,
-               "shadowkv --exact-keys: store those keys as FP8 e4m3, one scale per chunk and KV "
-               "head");
+               "shadowkv --exact-keys: store those keys as FP8 e4m3, each less its chunk's "
+               "landmark, one scale per chunk and KV head");
   app.add_option("--value-store", c.value_store_path,
                  "shadowkv: directory for a file-backed value store (default: RAM)");
   app.add_option("--snap-window", c.snap_window, "snapkv: observation window")

@@ -27,9 +27,11 @@
 // FP8 (core/fp8.h), off by default: with fp8_values the slow tier holds each value run (one chunk
 // of one KV head) as e4m3 codes with one fp32 scale and gathers it dequantised; the outlier
 // chunks and the exact window keep fp32 values; fp8_keys does the same for the key store of
-// exact_keys. With fp8_landmarks each landmark is rounded through e4m3 (one scale per landmark)
-// as it is made, at compression and at graduation, and scoring reads the rounded vectors;
-// outliers are still picked from the exact chunk means. memory() and EstimateMemory count the
+// exact_keys, coding each key less its chunk's landmark (decoding adds the landmark back), so
+// the rounding falls on what the keys of a chunk do not share. With fp8_landmarks each landmark
+// is rounded through e4m3 (one scale per landmark) as it is made, at compression and at
+// graduation, and scoring reads the rounded vectors; outliers are still picked from the exact
+// chunk means. memory() and EstimateMemory count the
 // FP8 forms: a run chunk * head_dim + 4 bytes, a landmark head_dim + 4.
 #pragma once
 

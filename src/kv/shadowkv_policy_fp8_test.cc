@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/fp8.h"
+#include "kv/chunk_selection.h"
 #include "support/shadowkv_test_util.h"
 
 namespace shadowkv::kv {
@@ -71,9 +72,10 @@ TEST(ShadowKvTest, GatheredValuesAreExactOrTheDequantisedFp8Runs) {
 }
 
 TEST(ShadowKvTest, Fp8KeysGatherTheDequantisedExactKeys) {
-  // exact_keys with fp8_keys: the gathered chunks' keys are exactly the codec's dequantised run
-  // of the stream's post-RoPE keys (one scale per chunk and KV head) at rank 16 of 128, the
-  // values stay exact; the key store takes a byte an element plus a scale per run.
+  // exact_keys with fp8_keys: the gathered chunks' keys are exactly the chunk's landmark plus the
+  // codec's dequantised run of the stream's post-RoPE keys less that landmark (one scale per
+  // chunk and KV head) at rank 16 of 128, the values stay exact; the key store takes a byte an
+  // element plus a scale per run.
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 5);
   KvPolicyConfig config = ShadowConfig(8, 32, 2, 16);
@@ -88,8 +90,12 @@ TEST(ShadowKvTest, Fp8KeysGatherTheDequantisedExactKeys) {
     for (size_t slot = 0; slot < 8; ++slot) {
       const int32_t chunk = info.gathered_chunks[h][slot];
       auto keys = ChunkRows(stream, layer, h, 8, chunk, false);
+      std::vector<float> landmark(64);
+      ComputeLandmarks(keys.data(), 64, 1, 8, 64, landmark.data());
       auto expected = keys;
+      for (int i = 0; i < 8 * 64; ++i) expected[i] -= landmark[i % 64];
       RoundTripFp8Run(expected.data(), 8 * 64);
+      for (int i = 0; i < 8 * 64; ++i) expected[i] += landmark[i % 64];
       const auto values = ChunkRows(stream, layer, h, 8, chunk, true);
       for (int i = 0; i < 8 * 64; ++i) {
         ASSERT_EQ(gathered.keys[slot * 8 * 64 + i], expected[i]) << "slot " << slot;

@@ -180,13 +180,25 @@ Status ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadSt
     if (slot >= 0) {
       std::memcpy(target, head.gather_keys.data() + slot * chunk_floats, chunk_floats * kFloat);
     } else if (key_store_) {
-      SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[s.candidates[i]], target));
+      SKV_RETURN_IF_ERROR(ReadExactKeys(head, s.candidates[i], target));
     } else {
       s.rebuild_items.push_back(s.candidates[i]);
       s.rebuild_targets.push_back(target);
     }
   }
   RebuildKeys(layer, head, h, rank);
+  return Status::Ok();
+}
+
+Status ShadowKvSequenceImpl::ReadExactKeys(const HeadState& head, int32_t item,
+                                           float* keys) const {
+  SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
+  if (settings_.config.fp8_keys == 0) return Status::Ok();
+  const int head_dim = settings_.geometry.head_dim;
+  const float* landmark = head.landmarks.data() + static_cast<int64_t>(item) * head_dim;
+  for (int t = 0; t < settings_.chunk_size; ++t) {
+    for (int i = 0; i < head_dim; ++i) keys[t * head_dim + i] += landmark[i];
+  }
   return Status::Ok();
 }
 
@@ -244,7 +256,7 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
       std::memcpy(keys, s.candidate_keys.data() + (at - s.candidates.begin()) * chunk_floats,
                   chunk_floats * kFloat);
     } else if (key_store_) {
-      SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
+      SKV_RETURN_IF_ERROR(ReadExactKeys(head, item, keys));
     } else {
       s.rebuild_items.push_back(item);
       s.rebuild_targets.push_back(keys);

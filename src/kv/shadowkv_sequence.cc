@@ -141,8 +141,11 @@ Status ShadowKvSequenceImpl::AddChunks(LayerState& layer, int h, int64_t num_chu
       std::memcpy(scratch_.runs.data() + next * chunk_floats + t * g.head_dim, values + t * width,
                   g.head_dim * kFloat);
       if (key_store_) {
-        std::memcpy(scratch_.key_runs.data() + next * chunk_floats + t * g.head_dim,
-                    keys + t * width, g.head_dim * kFloat);
+        float* key_run = scratch_.key_runs.data() + next * chunk_floats + t * g.head_dim;
+        std::memcpy(key_run, keys + t * width, g.head_dim * kFloat);
+        if (settings_.config.fp8_keys != 0) {  // FP8 codes hold the key less its landmark
+          for (int i = 0; i < g.head_dim; ++i) key_run[i] -= landmark[i];
+        }
       }
     }
     head.landmark_chunks.push_back(static_cast<int32_t>(layer.num_chunks + c));

@@ -174,6 +174,9 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   // scratch_.rebuild_targets (chunk_size * head_dim floats each), from the basis's first `rank`
   // components (at most the layer's rank).
   void RebuildKeys(const LayerState& layer, const HeadState& head, int h, int rank);
+  // Chunk `item`'s exact keys from the key store (exact_keys) into `keys` (chunk_size * head_dim
+  // floats); FP8 runs (fp8_keys) hold each key less the chunk's landmark, added back here.
+  Status ReadExactKeys(const HeadState& head, int32_t item, float* keys) const;
   // Components the re-rank scores candidates with at `layer` (rerank_rank, at most its rank).
   int ScoreRank(const LayerState& layer) const {
     const int rerank_rank = settings_.config.rerank_rank;
@@ -191,7 +194,8 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
 
   Settings settings_;
   std::unique_ptr<ValueStore> store_;
-  // exact_keys: run i holds the exact post-RoPE keys of the chunk whose values are run i of store_.
+  // exact_keys: run i holds the exact post-RoPE keys of the chunk whose values are run i of store_
+  // (with fp8_keys, each key less that chunk's landmark).
   std::unique_ptr<ValueStore> key_store_;
   RopeTable rope_table_;
   std::vector<LayerState> layers_;

@@ -272,13 +272,14 @@ inline void CheckParityWhereTheCpuRuns(const kv::KvPolicyConfig& config, int wan
 // 24 steps with graduations. Returns the logits of every step and row, and checks the copies
 // equal their originals bit for bit and that every selecting step selected K chunks per KV
 // head. `gathered`: each step's chunks per (original sequence, layer, KV head), in that order;
-// `stats` (optional): the run's counters at its end.
-inline std::vector<float> DecodeOnGpu(const kv::KvPolicyConfig& config,
-                                      std::vector<std::vector<int32_t>>* gathered,
-                                      CudaShadowKvStats* stats = nullptr) {
+// `stats` (optional): the run's counters at its end; `options`: the model's (SmallOptions).
+inline std::vector<float> DecodeOnGpu(
+    const kv::KvPolicyConfig& config, std::vector<std::vector<int32_t>>* gathered,
+    CudaShadowKvStats* stats = nullptr,
+    const CudaModelOptions& options = tp_testing::SmallOptions()) {
   TinyModelSpec spec = SmallLlamaSpec(7);
   const std::string path = WriteTinyModel(spec, "gpu_shadowkv_rerank");
-  auto gpu_or = CudaModel::Load(path, tp_testing::SmallOptions());
+  auto gpu_or = CudaModel::Load(path, options);
   EXPECT_TRUE(gpu_or.ok()) << gpu_or.status().ToString();
   if (!gpu_or.ok()) return {};
   CudaModel& gpu = **gpu_or;

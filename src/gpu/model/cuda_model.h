@@ -34,8 +34,8 @@ struct CudaKernelOptions {
   bool split_rows = true;    // false: one selection for all rows of a step
   int split_share = 50;      // percent of a split step's rows in its first part, 10 to 90
   int rebuild_slots = 0;     // gather slots per rebuild block, 64 or 128 (0: 32)
-  // The re-rank's reads of stored bf16 exact keys: 1 by cp.async, two tiles ahead of the tile a
-  // warp multiplies; 0 a tile at a time by plain loads.
+  // The re-rank's reads of stored exact keys: 1 ahead of the tile a warp multiplies (bf16 by
+  // cp.async, two tiles; FP8 into registers, one tile); 0 a tile at a time by plain loads.
   int stored_key_prefetch = 1;
   // Split count of the sparse attention, 1 to kDecodeMaxSplits; 0: the full attention's rule
   // for the step's rows (DecodeNumSplits).

@@ -250,8 +250,8 @@ __global__ void SkvPlaceOutliersKernel(SkvOutlierParams p) {
   }
 }
 
-// One warp per (chunk, KV head): the chunk's values (kKeys: its post-RoPE keys), quantised into
-// the FP8 store.
+// One warp per (chunk, KV head): the chunk's values (kKeys: its post-RoPE keys less its
+// landmark, which SkvLandmarkKernel has stored), quantised into the FP8 store.
 constexpr int kStoreWarps = 4;
 template <bool kKeys>
 __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreRunsFp8Kernel(SkvLandmarkParams p) {
@@ -262,7 +262,14 @@ __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreRunsFp8Kernel(SkvLan
   const Bf16* source = (kKeys ? p.cache.keys : p.cache.values) +
                        p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
                        static_cast<int64_t>(c) * run;
-  WarpQuantizeFp8Run([&](int i) { return __bfloat162float(source[i]); }, run,
+  const int64_t landmark = l.HeadIndex(p.seq, p.layer, h) * l.capacity_chunks + c;
+  const int d = l.head_dim;
+  WarpQuantizeFp8Run(
+      [&](int i) {
+        const float x = __bfloat162float(source[i]);
+        return kKeys ? x - SkvLandmarkElement(l, landmark, i % d) : x;
+      },
+      run,
                      kKeys ? l.KeyCodes(p.seq, p.layer, h, c) : l.ValueCodes(p.seq, p.layer, h, c),
                      kKeys ? l.KeyScale(p.seq, p.layer, h, c) : l.ValueScale(p.seq, p.layer, h, c));
 }

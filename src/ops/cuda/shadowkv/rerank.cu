@@ -26,13 +26,11 @@ __device__ __forceinline__ int ScoreRank(const SkvDecodeParams& p, int seq) {
 }
 
 // Eight stored exact keys (exact_keys) of chunk `chunk`, from element `at` of its run (a
-// multiple of 8), as the fetch puts them in the gather rows: bf16, or FP8 codes decoded with the
-// run's scale.
+// multiple of 8), as the fetch puts them in the gather rows: bf16, or FP8 codes decoded.
 __device__ __forceinline__ uint4 StoredKeys8(const SkvLayout& l, int seq, int layer, int h,
                                              int chunk, int64_t at) {
   if (!l.fp8_keys) return *reinterpret_cast<const uint4*>(l.KeyRun(seq, layer, h, chunk) + at);
-  return DecodeFp8x8ToBf16(*reinterpret_cast<const uint2*>(l.KeyCodes(seq, layer, h, chunk) + at),
-                           *l.KeyScale(seq, layer, h, chunk));
+  return SkvDecodeFp8Keys8(l, seq, layer, h, chunk, at);
 }
 
 // One warp: the stored exact keys of token rows [16 tile, 16 tile + 16) of a list of chunks
@@ -224,7 +222,8 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // while it computes one: at the H200 that is faster than staging all of a block's rows at once,
 // which fits fewer blocks on a multiprocessor (dev/cuda/rerank_score_lab.cu). Stored bf16 keys
 // are read the same way, kStoredStages tiles deep: a warp's copies of its next two tiles are in
-// flight while it multiplies one (FP8 runs are decoded by plain loads, a tile at a time).
+// flight while it multiplies one. FP8 runs are loaded one tile ahead into registers and decoded
+// into the key tile (plain loads a tile at a time at head dim 256).
 
 constexpr int kExactFastWarps = 4;
 constexpr int kExactFastChunks = 32;  // candidate chunks per block
@@ -250,7 +249,9 @@ int64_t ExactFastSharedBytes(const SkvLayout& l) {
   return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
 }
 
-template <int kHeadDim, bool kHalves>
+// kFp8Ahead: the form for FP8 stored keys read ahead (below), its own instance so that the
+// registers it holds do not lower the other forms' occupancy.
+template <int kHeadDim, bool kHalves, bool kFp8Ahead>
 __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(SkvDecodeParams p) {
   extern __shared__ __align__(16) unsigned char exact_fast_shared[];
   __shared__ int chunks[kExactFastChunks];
@@ -331,11 +332,46 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   }
   __syncthreads();
 
+  // kFp8Ahead (FP8 runs, head dims up to 128): the warp loads its next tile's codes, scales and
+  // landmark elements into registers while it multiplies one, and decodes them into its key
+  // tile when it gets there (kFp8PerLane loads a lane).
+  constexpr int kFp8PerLane = 16 * (kHeadDim / 8) / 32;
+  const bool fp8_ahead = kFp8Ahead;
+  SkvFp8Keys8 fp8_next[kFp8Ahead ? kFp8PerLane : 1];
+  auto fp8_element = [&](int j, int tile, int* r, int* v, int* token_row) {
+    const int i = lane + 32 * j;
+    *r = i / (kHeadDim / 8);
+    *v = i % (kHeadDim / 8);
+    *token_row = min(tile * 16 + *r, total_rows - 1);
+  };
+  auto load_fp8 = [&](int tile) {
+#pragma unroll
+    for (int j = 0; j < (kFp8Ahead ? kFp8PerLane : 1); ++j) {
+      int r, v, token_row;
+      fp8_element(j, tile, &r, &v, &token_row);
+      const int64_t at = static_cast<int64_t>(token_row % chunk_size) * kHeadDim + v * 8;
+      fp8_next[j] = SkvLoadFp8Keys8(l, m.seq, p.layer, h, chunks[token_row / chunk_size], at);
+    }
+  };
+  auto decode_fp8 = [&](int tile) {
+#pragma unroll
+    for (int j = 0; j < (kFp8Ahead ? kFp8PerLane : 1); ++j) {
+      int r, v, token_row;
+      fp8_element(j, tile, &r, &v, &token_row);
+      *reinterpret_cast<uint4*>(key_tile + r * pitch + v * 8) = SkvDecodeFp8Keys8(l, fp8_next[j]);
+    }
+    __syncwarp();
+  };
+  if (fp8_ahead && warp < num_tiles) load_fp8(warp);
+
   const int g = lane / 4, c2 = (lane % 4) * 2;
   int buffer = 0, step = 0;
   for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1, ++step) {
     const Bf16* keys = key_tile;
-    if (stored_async) {
+    if (fp8_ahead) {
+      decode_fp8(tile);  // loaded during the warp's last tile
+      if (tile + kExactFastWarps < num_tiles) load_fp8(tile + kExactFastWarps);
+    } else if (stored_async) {
       // Tile `step + kStoredStages - 1` of the warp goes in the stage freed by the last tile.
       const int ahead = tile + (kStoredStages - 1) * kExactFastWarps;
       if (ahead < num_tiles) load_keys(ahead, (step + kStoredStages - 1) % kStoredStages);
@@ -389,30 +425,36 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
                     (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates);
 }
 
-// The tensor-core scorer for (head_dim, RoPE style), or null where it does not apply (the
-// first kernels, partial rotary, head dims other than 64, 96, 128 and 256, groups above 16
-// heads).
+// The tensor-core scorer's instance for (head dim, RoPE style, FP8 keys read ahead); there is no
+// read-ahead form at head dim 256 (a lane's share of a tile would not fit its registers): the
+// plain one serves.
+template <int kHeadDim>
+const void* ExactFastForm(bool halves, bool fp8_ahead) {
+  if constexpr (kHeadDim <= 128) {
+    if (fp8_ahead) {
+      return halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, true, true>)
+                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, false, true>);
+    }
+  }
+  return halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, true, false>)
+                : reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, false, false>);
+}
+
+// The tensor-core scorer for (head_dim, RoPE style, stored keys), or null where it does not
+// apply (the first kernels, partial rotary, head dims other than 64, 96, 128 and 256, groups
+// above 16 heads).
 const void* ExactFastKernel(const SkvDecodeParams& p) {
   const SkvLayout& l = p.layout;
   if (p.kernel_variant != kSkvKernelsFast || p.rotary_dim != l.head_dim || !ExactFastGroupFits(l))
     return nullptr;
-  if (l.head_dim == 256) {
-    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>)
-                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, false>);
+  const bool fp8_ahead = l.exact_keys && l.fp8_keys && p.stored_key_prefetch != 0;
+  switch (l.head_dim) {
+    case 64: return ExactFastForm<64>(p.halves, fp8_ahead);
+    case 96: return ExactFastForm<96>(p.halves, fp8_ahead);
+    case 128: return ExactFastForm<128>(p.halves, fp8_ahead);
+    case 256: return ExactFastForm<256>(p.halves, fp8_ahead);
+    default: return nullptr;
   }
-  if (l.head_dim == 96) {
-    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, true>)
-                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, false>);
-  }
-  if (l.head_dim == 128) {
-    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>)
-                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>);
-  }
-  if (l.head_dim == 64) {
-    return p.halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>)
-                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>);
-  }
-  return nullptr;
 }
 
 // ---- re-rank select ---------------------------------------------------------------------------
@@ -549,16 +591,14 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
   if (fast) {
     if (ExactFastSharedBytes(l) > limit) return cudaErrorInvalidValue;
     const int fast_bytes = static_cast<int>(ExactFastSharedBytes(l));
-    for (const auto* kernel :
-         {reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, true>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<64, false>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, true>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<96, false>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, true>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<128, false>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, true>),
-          reinterpret_cast<const void*>(SkvExactScoreFastKernel<256, false>)}) {
-      if ((e = AllowDynamicSharedMemory(kernel, fast_bytes)) != cudaSuccess) return e;
+    for (const bool halves : {false, true}) {
+      for (const bool fp8_ahead : {false, true}) {
+        for (const void* kernel :
+             {ExactFastForm<64>(halves, fp8_ahead), ExactFastForm<96>(halves, fp8_ahead),
+              ExactFastForm<128>(halves, fp8_ahead), ExactFastForm<256>(halves, fp8_ahead)}) {
+          if ((e = AllowDynamicSharedMemory(kernel, fast_bytes)) != cudaSuccess) return e;
+        }
+      }
     }
   }
   return AllowDynamicSharedMemory(RerankSelectKernel(l), static_cast<int>(select));

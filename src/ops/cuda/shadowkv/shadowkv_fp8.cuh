@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/fp8.h"
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 
 namespace shadowkv::cuda {
 
@@ -42,18 +43,86 @@ __device__ __forceinline__ uint32_t Fp8x2ToHalf2Bits(uint32_t codes) {
   return static_cast<uint32_t>(pair.x) | (static_cast<uint32_t>(pair.y) << 16);
 }
 
-// Eight codes → eight bf16 values code · scale.
-__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale) {
+// Eight codes → eight bf16 values code · scale + base[i].
+__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale, const float* base) {
   uint32_t out[4];
   const uint32_t words[2] = {codes.x, codes.y};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t half_bits = Fp8x2ToHalf2Bits(words[i / 2] >> (16 * (i % 2)));
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&half_bits));
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    const __nv_bfloat162 pair =
+        __floats2bfloat162_rn(f.x * scale + base[2 * i], f.y * scale + base[2 * i + 1]);
     out[i] = *reinterpret_cast<const uint32_t*>(&pair);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Eight codes → eight bf16 values code · scale.
+__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale) {
+  constexpr float kZeros[8] = {};
+  return DecodeFp8x8ToBf16(codes, scale, kZeros);
+}
+
+// Element e of stored landmark `landmark` (SkvLayout's [seqs, layers, kv_heads, capacity_chunks]
+// index) as the scoring reads it: bf16, or with fp8_landmarks its code times its scale.
+__device__ __forceinline__ float SkvLandmarkElement(const SkvLayout& l, int64_t landmark, int e) {
+  const int64_t at = landmark * l.head_dim + e;
+  if (!l.fp8_landmarks) return __bfloat162float(l.landmarks[at]);
+  return Fp8E4m3ToFp32(l.landmark_codes[at]) * l.landmark_scales[landmark];
+}
+
+// Eight stored FP8 exact keys (fp8_keys) as loaded, before decoding: their codes and run scale,
+// and the eight landmark elements of the same dimensions (bf16; with fp8_landmarks .x and .y
+// hold the codes and .z the landmark's scale), which a run's codes do not include.
+struct SkvFp8Keys8 {
+  uint2 codes;
+  float scale;
+  uint4 landmark;
+};
+
+// Loads chunk `chunk`'s eight stored FP8 keys from element `at` of its run (a multiple of 8).
+__device__ __forceinline__ SkvFp8Keys8 SkvLoadFp8Keys8(const SkvLayout& l, int seq, int layer,
+                                                       int h, int chunk, int64_t at) {
+  const int64_t landmark = l.HeadIndex(seq, layer, h) * l.capacity_chunks + chunk;
+  const int64_t e = landmark * l.head_dim + at % l.head_dim;
+  SkvFp8Keys8 k;
+  k.codes = *reinterpret_cast<const uint2*>(l.KeyCodes(seq, layer, h, chunk) + at);
+  k.scale = *l.KeyScale(seq, layer, h, chunk);
+  if (l.fp8_landmarks) {
+    const uint2 codes = *reinterpret_cast<const uint2*>(l.landmark_codes + e);
+    k.landmark = make_uint4(codes.x, codes.y, __float_as_uint(l.landmark_scales[landmark]), 0u);
+  } else {
+    k.landmark = *reinterpret_cast<const uint4*>(l.landmarks + e);
+  }
+  return k;
+}
+
+// The keys as bf16: code · scale plus the landmark's element (a run holds each key less the
+// chunk's landmark).
+__device__ __forceinline__ uint4 SkvDecodeFp8Keys8(const SkvLayout& l, const SkvFp8Keys8& k) {
+  float base[8];
+  if (l.fp8_landmarks) {  // as SkvLandmarkElement reads it: code · scale in fp32
+    const uint32_t words[2] = {k.landmark.x, k.landmark.y};
+    const float scale = __uint_as_float(k.landmark.z);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t half_bits = Fp8x2ToHalf2Bits(words[i / 2] >> (16 * (i % 2)));
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&half_bits));
+      base[2 * i] = f.x * scale;
+      base[2 * i + 1] = f.y * scale;
+    }
+  } else {
+    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&k.landmark);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) base[i] = __bfloat162float(values[i]);
+  }
+  return DecodeFp8x8ToBf16(k.codes, k.scale, base);
+}
+
+__device__ __forceinline__ uint4 SkvDecodeFp8Keys8(const SkvLayout& l, int seq, int layer, int h,
+                                                   int chunk, int64_t at) {
+  return SkvDecodeFp8Keys8(l, SkvLoadFp8Keys8(l, seq, layer, h, chunk, at));
 }
 
 // Two fp32 values → fp16x2 bits, saturating to ±65504 (query fragments of the FP8 scoring).

@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
   }
   if (!l.fp8_values && !l.fp8_landmarks && !l.fp8_keys) return;
   __syncthreads();
-  // FP8: one warp per KV head quantises the chunk's values, its keys and its landmark.
+  // FP8: one warp per KV head quantises the chunk's values, its landmark and its keys.
   for (int h = threadIdx.x / 32; h < l.num_kv_heads; h += blockDim.x / 32) {
     const int64_t recent = l.attn.HeadOffset(m.seq, layer, h) +
                            static_cast<int64_t>(info.recent_base) * d;
@@ -137,17 +137,18 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
                          l.ValueCodes(m.seq, layer, h, m.graduate_chunk),
                          l.ValueScale(m.seq, layer, h, m.graduate_chunk));
     }
-    if (l.fp8_keys) {
-      const Bf16* keys = l.attn.keys + recent;
-      WarpQuantizeFp8Run([&](int i) { return __bfloat162float(keys[i]); }, chunk * d,
-                         l.KeyCodes(m.seq, layer, h, m.graduate_chunk),
-                         l.KeyScale(m.seq, layer, h, m.graduate_chunk));
-    }
+    const int64_t landmark = l.HeadIndex(m.seq, layer, h) * l.capacity_chunks + m.graduate_chunk;
     if (l.fp8_landmarks) {
-      const int64_t landmark = l.HeadIndex(m.seq, layer, h) * l.capacity_chunks +
-                               m.graduate_chunk;
       WarpQuantizeFp8Run([&](int i) { return means[h * d + i]; }, d,
                          l.landmark_codes + landmark * d, l.landmark_scales + landmark);
+      __syncwarp();  // the key codes below are made against the landmark as stored
+    }
+    if (l.fp8_keys) {  // each key less the chunk's landmark
+      const Bf16* keys = l.attn.keys + recent;
+      WarpQuantizeFp8Run(
+          [&](int i) { return __bfloat162float(keys[i]) - SkvLandmarkElement(l, landmark, i % d); },
+          chunk * d, l.KeyCodes(m.seq, layer, h, m.graduate_chunk),
+          l.KeyScale(m.seq, layer, h, m.graduate_chunk));
     }
   }
 }
@@ -373,9 +374,11 @@ __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeP
   } else {
     gather(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run, nullptr, l.attn.values);
   }
-  if (l.fp8_keys) {
-    gather(l.KeyCodes(m.seq, p.layer, h, chunk), l.KeyScale(m.seq, p.layer, h, chunk),
-           l.attn.keys);
+  if (l.fp8_keys) {  // codes of each key less the chunk's landmark
+    uint4* target = reinterpret_cast<uint4*>(l.attn.keys + gather_row);
+    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
+      target[i] = SkvDecodeFp8Keys8(l, m.seq, p.layer, h, chunk, static_cast<int64_t>(i) * 8);
+    }
   } else if (l.exact_keys) {
     gather(l.KeyRun(m.seq, p.layer, h, chunk), nullptr, l.attn.keys);
   }

@@ -77,9 +77,10 @@ struct SkvLayout {
   int fp8_values = 0;
   // Exact keys (kv::KvPolicyConfig::exact_keys): the store continues, at byte key_store_offset
   // (16-byte aligned), with the chunks' post-RoPE keys, bf16, one run per chunk of one head in
-  // the values' order; with fp8_keys as e4m3 codes, then one fp32 scale per run, as FP8 values
-  // are laid out. The value fetch then copies (or decodes) a missed chunk's keys too, and there
-  // is no key rebuild (LaunchSkvRebuildKeys does nothing); A and B serve the re-rank's scores.
+  // the values' order; with fp8_keys as e4m3 codes of each key less its chunk's landmark (as
+  // stored, bf16 or FP8), then one fp32 scale per run, as FP8 values are laid out. The value
+  // fetch then copies (or decodes) a missed chunk's keys too, and there is no key rebuild
+  // (LaunchSkvRebuildKeys does nothing); A and B serve the re-rank's scores.
   int exact_keys = 0;
   int fp8_keys = 0;
   int64_t key_store_offset = 0;
@@ -175,8 +176,9 @@ struct SkvDecodeParams {
   int select_registers = 0;
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
-  // Fast re-rank with bf16 exact keys: 1 the stored keys read by cp.async, tiles ahead of the
-  // one multiplied; 0 a tile at a time by plain loads (kept to compare).
+  // Fast re-rank with exact keys: 1 the stored keys read ahead of the tile multiplied (bf16 by
+  // cp.async, two tiles; FP8 into registers, one tile, at head dims up to 128); 0 a tile at a
+  // time by plain loads (kept to compare).
   int stored_key_prefetch = 1;
   // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
   // keeps min(rerank_factor · K, selectable, layout.max_candidates) chunks per (row, KV head)
@@ -303,7 +305,8 @@ cudaError_t LaunchSkvPlaceOutliers(const SkvOutlierParams& params, cudaStream_t 
 // quantised from a full cache slot into sequence `seq`'s store (one run per chunk per head).
 // Reads the same fields as the landmarks (all but min_cosine).
 cudaError_t LaunchSkvStoreValuesFp8(const SkvLandmarkParams& params, cudaStream_t stream);
-// The same for the post-RoPE keys into the FP8 key store (exact_keys with fp8_keys).
+// The same for the post-RoPE keys into the FP8 key store (exact_keys with fp8_keys), each key
+// less its chunk's landmark as stored: after LaunchSkvLandmarks of the same chunks.
 cudaError_t LaunchSkvStoreKeysFp8(const SkvLandmarkParams& params, cudaStream_t stream);
 
 // Decompression (CudaModel::DecompressShadowKv), one compressed layer: post-RoPE keys of tokens
