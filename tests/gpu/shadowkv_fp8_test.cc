@@ -1,7 +1,7 @@
 // FP8 ShadowKV state on the GPU against the CPU codec (core/fp8.h): the value store written at
 // compression holds exactly the CPU's codes and scales, the value fetch writes exactly the
 // bf16 rounding of code · scale into the gather rows, and the landmarks are the CPU
-// quantisation of the same fp32 chunk means.
+// quantisation of the same fp32 chunk means; FP8 exact keys are coded less their landmark.
 #include <cmath>
 #include <cstring>
 
@@ -206,6 +206,130 @@ TEST(CudaShadowKvFp8Test, LandmarksAreTheCpuQuantisationOfTheChunkMeans) {
     }
   }
   EXPECT_EQ(scales[(int64_t{1} * kHeads) * kChunks + 5], 0.0f);  // the zero chunk
+}
+
+// FP8 exact keys (exact_keys with fp8_keys), FP8 landmarks beside them: the store written at
+// compression holds the CPU's codes and scale of each key less its chunk's landmark as the GPU
+// stored it (code · scale), and the fetch writes key = code · scale + landmark, rounded to bf16,
+// into the gather rows (the one rounding or two: the device may fuse the multiply and add).
+TEST(CudaShadowKvFp8Test, StoredKeysAreTheCpuCodesOfEachKeyLessItsLandmark) {
+  SKV_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(6);
+  const std::vector<float> keys = CacheValues(rng), values = CacheValues(rng);
+  auto d_keys = ToDevice(ToBf16(keys));
+  auto d_values = ToDevice(ToBf16(values));
+  const int64_t runs = int64_t{kLayers} * kHeads * kChunks;
+  const int64_t key_offset = (runs * kChunk * kDim + runs * 4 + 15) / 16 * 16;
+  auto d_store = Poisoned<uint8_t>(key_offset + runs * kChunk * kDim + runs * 4);
+  auto d_table = ToDevice(
+      std::vector<__nv_bfloat16*>(1, reinterpret_cast<__nv_bfloat16*>(d_store.get())));
+  auto d_codes = Poisoned<uint8_t>(runs * kDim);
+  auto d_scales = Poisoned<float>(runs);
+  auto d_outlier = Poisoned<uint8_t>(runs);
+  auto d_cosine = Poisoned<float>(int64_t{kHeads} * kChunks);
+  SkvLayout l = Fp8Layout();
+  l.values = d_table.get();
+  l.exact_keys = 1;
+  l.fp8_keys = 1;
+  l.key_store_offset = key_offset;
+  l.landmark_codes = d_codes.get();
+  l.landmark_scales = d_scales.get();
+  l.outlier = d_outlier.get();
+  constexpr int kLayer = 1, kSlot = 1;
+  SkvLandmarkParams lp;
+  lp.layout = l;
+  lp.layer = kLayer;
+  lp.cache_layer = kLayer;
+  lp.cache = CacheView(d_keys, d_values);
+  lp.cache_slot = kSlot;
+  lp.num_chunks = kChunks;
+  lp.min_cosine = d_cosine.get();
+  SKV_ASSERT_CUDA(LaunchSkvLandmarks(lp, nullptr));
+  SKV_ASSERT_CUDA(LaunchSkvStoreKeysFp8(lp, nullptr));
+  const std::vector<uint8_t> store = ToHost(d_store), landmark_codes = ToHost(d_codes);
+  const std::vector<float> landmark_scales = ToHost(d_scales);
+  auto landmark_of = [&](int h, int c) {
+    const int64_t landmark = (int64_t{kLayer} * kHeads + h) * kChunks + c;
+    std::vector<float> out(kDim);
+    for (int e = 0; e < kDim; ++e) {
+      out[e] = Fp8E4m3ToFp32(landmark_codes[landmark * kDim + e]) * landmark_scales[landmark];
+    }
+    return out;
+  };
+  const int64_t key_scales_at = key_offset + runs * kChunk * kDim;
+  for (int h = 0; h < kHeads; ++h) {
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t run = (int64_t{kLayer} * kHeads + h) * kChunks + c;
+      const float* chunk_keys =
+          keys.data() + lp.cache.HeadOffset(kSlot, kLayer, h) + int64_t{c} * kChunk * kDim;
+      const std::vector<float> landmark = landmark_of(h, c);
+      std::vector<float> residual(kChunk * kDim);
+      for (int i = 0; i < kChunk * kDim; ++i) residual[i] = chunk_keys[i] - landmark[i % kDim];
+      std::vector<uint8_t> want(kChunk * kDim);
+      const float want_scale = QuantizeFp8Run(residual.data(), kChunk * kDim, want.data());
+      float got_scale;
+      std::memcpy(&got_scale, store.data() + key_scales_at + run * 4, 4);
+      EXPECT_EQ(got_scale, want_scale) << "head " << h << " chunk " << c;
+      EXPECT_EQ(std::memcmp(store.data() + key_offset + run * kChunk * kDim, want.data(),
+                            want.size()),
+                0)
+          << "head " << h << " chunk " << c;
+    }
+  }
+
+  // Fetch: row 0 misses chunks 0-15 of each head into its 16 slots (chunk 5 is all zero).
+  const int gather_base = 2 * kChunk, attn_capacity = gather_base + 16 * kChunk + 40;
+  std::vector<int32_t> miss(kHeads * 16);
+  for (int i = 0; i < kHeads * 16; ++i) miss[i] = i % 16;
+  auto d_miss = ToDevice(miss);
+  auto d_info = ToDevice(std::vector<SkvSequenceInfo>{SkvSequenceInfo{2, 16, gather_base, 0}});
+  auto d_meta = ToDevice(std::vector<SkvRowMeta>(1));
+  const int64_t attn_elements = int64_t{kLayers} * kHeads * attn_capacity * kDim;
+  auto d_attn_keys = Poisoned<uint16_t>(attn_elements);
+  auto d_attn_values = Poisoned<uint16_t>(attn_elements);
+  l.info = d_info.get();
+  l.attn.keys = reinterpret_cast<__nv_bfloat16*>(d_attn_keys.get());
+  l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_attn_values.get());
+  l.attn.num_slots = 1;
+  l.attn.num_layers = kLayers;
+  l.attn.num_kv_heads = kHeads;
+  l.attn.head_dim = kDim;
+  l.attn.capacity = attn_capacity;
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = 1;
+  p.layer = kLayer;
+  p.miss_chunk = d_miss.get();
+  SKV_ASSERT_CUDA(LaunchSkvFetchValues(p, nullptr));
+  const std::vector<uint16_t> gathered = ToHost(d_attn_keys);
+  for (int h = 0; h < kHeads; ++h) {
+    for (int slot = 0; slot < 16; ++slot) {
+      const int chunk = miss[h * 16 + slot];
+      const int64_t run = (int64_t{kLayer} * kHeads + h) * kChunks + chunk;
+      const uint16_t* got = gathered.data() + l.attn.HeadOffset(0, kLayer, h) +
+                            (int64_t{gather_base} + slot * kChunk) * kDim;
+      const uint8_t* codes = store.data() + key_offset + run * kChunk * kDim;
+      float scale;
+      std::memcpy(&scale, store.data() + key_scales_at + run * 4, 4);
+      const std::vector<float> landmark = landmark_of(h, chunk);
+      const float* original =
+          keys.data() + lp.cache.HeadOffset(kSlot, kLayer, h) + int64_t{chunk} * kChunk * kDim;
+      for (int i = 0; i < kChunk * kDim; ++i) {
+        const float code = Fp8E4m3ToFp32(codes[i]);
+        volatile float product = code * scale;  // rounded before the add
+        const uint16_t fused = Fp32ToBf16(std::fma(code, scale, landmark[i % kDim]));
+        const uint16_t unfused = Fp32ToBf16(product + landmark[i % kDim]);
+        ASSERT_TRUE(got[i] == fused || got[i] == unfused)
+            << "head " << h << " slot " << slot << " i " << i << ": " << got[i] << " against "
+            << fused << " / " << unfused;
+        // And close to the key: e4m3 keeps 3 mantissa bits of the residual, bf16 8 of the sum.
+        const float residual = std::abs(original[i] - landmark[i % kDim]);
+        ASSERT_LE(std::abs(Bf16ToFp32(got[i]) - original[i]),
+                  residual / 16 + scale / 512 + std::abs(original[i]) / 128);
+      }
+    }
+  }
 }
 
 // FP8 landmarks exist only for the fast (tensor-core) scoring; the first kernels refuse them.

@@ -261,7 +261,13 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
     config.fp8_keys = fp8 ? 1 : 0;
     config.label = fp8 ? "shadowkv:exact_keys=1:fp8_keys=1:fp8_values=1:fp8_landmarks=1"
                        : "shadowkv:exact_keys=1";
-    CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24);
+    // Keys, values and landmarks all FP8, each coded from the CPU's fp32 numbers and the GPU's
+    // bf16 ones: an element near a rounding boundary takes the neighbouring code (1/16 of it) on
+    // one side, so the same chunks agree less closely than in bf16 (5.5e-2 at af1a683, where
+    // the keys' codes are exactly the CPU rule's: CudaShadowKvFp8Test).
+    ParityBounds bounds;
+    if (fp8) bounds.same_chunks = 7e-2;
+    CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7), bounds);
   }
   // The re-rank scores its candidates from the stored keys (bf16, and FP8 decoded). FP8 codes
   // are made from the CPU's fp32 keys and the GPU's bf16 ones, so an element near a rounding

@@ -43,25 +43,25 @@ __device__ __forceinline__ uint32_t Fp8x2ToHalf2Bits(uint32_t codes) {
   return static_cast<uint32_t>(pair.x) | (static_cast<uint32_t>(pair.y) << 16);
 }
 
-// Eight codes → eight bf16 values code · scale + base[i].
-__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale, const float* base) {
+// Eight codes → eight bf16 values code · scale, plus base[i] where a base is given (without
+// one nothing is added, so a code of -0 stays -0 as on the CPU).
+__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale,
+                                                   const float* base = nullptr) {
   uint32_t out[4];
   const uint32_t words[2] = {codes.x, codes.y};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t half_bits = Fp8x2ToHalf2Bits(words[i / 2] >> (16 * (i % 2)));
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&half_bits));
-    const __nv_bfloat162 pair =
-        __floats2bfloat162_rn(f.x * scale + base[2 * i], f.y * scale + base[2 * i + 1]);
+    float x = f.x * scale, y = f.y * scale;
+    if (base) {
+      x += base[2 * i];
+      y += base[2 * i + 1];
+    }
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
     out[i] = *reinterpret_cast<const uint32_t*>(&pair);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// Eight codes → eight bf16 values code · scale.
-__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale) {
-  constexpr float kZeros[8] = {};
-  return DecodeFp8x8ToBf16(codes, scale, kZeros);
 }
 
 // Element e of stored landmark `landmark` (SkvLayout's [seqs, layers, kv_heads, capacity_chunks]
