@@ -126,7 +126,9 @@ struct ShadowKvBenchResult {
 };
 
 // The settings a ShadowKV bench case of `context` tokens runs with: `settings` as policy
-// "shadowkv", and without a budget the bench's rule (the next power of two of context / 64).
+// "shadowkv", and without a budget in tokens the next power of two of the budget its fraction
+// and floor give at `context` (512 at 32K and 2,048 at 122K for the defaults; 4,096 at 32K for
+// shadowkv:accurate=1).
 kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int64_t context);
 
 // Byte counts are the whole group's; floors are per GPU (the group's bytes over its GPUs).
