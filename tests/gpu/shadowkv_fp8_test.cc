@@ -61,6 +61,49 @@ SkvLayout Fp8Layout() {
   return l;
 }
 
+// The fetch's view of sequence 0's attention rows: kGatherBase rows before its 16 gather slots.
+constexpr int kGatherBase = 2 * kChunk, kAttnCapacity = kGatherBase + 16 * kChunk + 40;
+KvCacheView AttnView() {
+  KvCacheView attn;
+  attn.num_slots = 1;
+  attn.num_layers = kLayers;
+  attn.num_kv_heads = kHeads;
+  attn.head_dim = kDim;
+  attn.capacity = kAttnCapacity;
+  return attn;
+}
+
+// First element of gather slot `slot` of head h at `layer` in AttnView's rows.
+int64_t GatherRow(int layer, int h, int slot) {
+  return AttnView().HeadOffset(0, layer, h) + (int64_t{kGatherBase} + slot * kChunk) * kDim;
+}
+
+// Row 0 (sequence 0) fetches the chunks of `miss` [kHeads, 16 slots] (-1: none) at `layer` with
+// LaunchSkvFetchValues; the attention rows it wrote, keys and values (0xFFFF where untouched).
+struct Gathered {
+  std::vector<uint16_t> keys, values;
+};
+Gathered FetchMisses(SkvLayout l, int layer, const std::vector<int32_t>& miss) {
+  auto d_miss = ToDevice(miss);
+  auto d_info = ToDevice(std::vector<SkvSequenceInfo>{SkvSequenceInfo{2, 16, kGatherBase, 0}});
+  auto d_meta = ToDevice(std::vector<SkvRowMeta>(1));
+  const int64_t elements = int64_t{kLayers} * kHeads * kAttnCapacity * kDim;
+  auto d_keys = Poisoned<uint16_t>(elements);
+  auto d_values = Poisoned<uint16_t>(elements);
+  l.info = d_info.get();
+  l.attn = AttnView();
+  l.attn.keys = reinterpret_cast<__nv_bfloat16*>(d_keys.get());
+  l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_values.get());
+  SkvDecodeParams p;
+  p.layout = l;
+  p.meta = d_meta.get();
+  p.rows = 1;
+  p.layer = layer;
+  p.miss_chunk = d_miss.get();
+  EXPECT_EQ(LaunchSkvFetchValues(p, nullptr), cudaSuccess);
+  return {ToHost(d_keys), ToHost(d_values)};
+}
+
 TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
   SKV_SKIP_WITHOUT_GPU();
   std::mt19937 rng(3);
@@ -108,36 +151,17 @@ TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
   }
 
   // Fetch: row 0 (sequence 0) misses chunks into some of its 16 slots of each head.
-  const int gather_base = 2 * kChunk, attn_capacity = gather_base + 16 * kChunk + 40;
   std::vector<int32_t> miss(kHeads * 16, -1);
   for (int h = 0; h < kHeads; ++h) {
     for (int slot = 0; slot < 16; slot += 1 + h) miss[h * 16 + slot] = (slot * 7 + h * 3) % kStored;
   }
   miss[0] = 5;  // the zero chunk
-  auto d_miss = ToDevice(miss);
-  auto d_info = ToDevice(std::vector<SkvSequenceInfo>{SkvSequenceInfo{2, 16, gather_base, 0}});
-  auto d_meta = ToDevice(std::vector<SkvRowMeta>(1));
-  auto d_attn_values = Poisoned<uint16_t>(int64_t{kLayers} * kHeads * attn_capacity * kDim);
-  l.info = d_info.get();
-  l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_attn_values.get());
-  l.attn.num_slots = 1;
-  l.attn.num_layers = kLayers;
-  l.attn.num_kv_heads = kHeads;
-  l.attn.head_dim = kDim;
-  l.attn.capacity = attn_capacity;
-  SkvDecodeParams p;
-  p.layout = l;
-  p.meta = d_meta.get();
-  p.rows = 1;
-  p.layer = kLayer;
-  p.miss_chunk = d_miss.get();
-  SKV_ASSERT_CUDA(LaunchSkvFetchValues(p, nullptr));
-  const std::vector<uint16_t> gathered = ToHost(d_attn_values);
+  const std::vector<uint16_t> gathered = FetchMisses(l, kLayer, miss).values;
+  ASSERT_FALSE(HasFailure());
   int64_t checked = 0;
   for (int h = 0; h < kHeads; ++h) {
     for (int slot = 0; slot < 16; ++slot) {
-      const uint16_t* got = gathered.data() + l.attn.HeadOffset(0, kLayer, h) +
-                            (int64_t{gather_base} + slot * kChunk) * kDim;
+      const uint16_t* got = gathered.data() + GatherRow(kLayer, h, slot);
       const int chunk = miss[h * 16 + slot];
       if (chunk < 0) {
         EXPECT_EQ(got[0], 0xFFFF) << "slot " << slot << " was written";
@@ -278,37 +302,15 @@ TEST(CudaShadowKvFp8Test, StoredKeysAreTheCpuCodesOfEachKeyLessItsLandmark) {
   }
 
   // Fetch: row 0 misses chunks 0-15 of each head into its 16 slots (chunk 5 is all zero).
-  const int gather_base = 2 * kChunk, attn_capacity = gather_base + 16 * kChunk + 40;
   std::vector<int32_t> miss(kHeads * 16);
   for (int i = 0; i < kHeads * 16; ++i) miss[i] = i % 16;
-  auto d_miss = ToDevice(miss);
-  auto d_info = ToDevice(std::vector<SkvSequenceInfo>{SkvSequenceInfo{2, 16, gather_base, 0}});
-  auto d_meta = ToDevice(std::vector<SkvRowMeta>(1));
-  const int64_t attn_elements = int64_t{kLayers} * kHeads * attn_capacity * kDim;
-  auto d_attn_keys = Poisoned<uint16_t>(attn_elements);
-  auto d_attn_values = Poisoned<uint16_t>(attn_elements);
-  l.info = d_info.get();
-  l.attn.keys = reinterpret_cast<__nv_bfloat16*>(d_attn_keys.get());
-  l.attn.values = reinterpret_cast<__nv_bfloat16*>(d_attn_values.get());
-  l.attn.num_slots = 1;
-  l.attn.num_layers = kLayers;
-  l.attn.num_kv_heads = kHeads;
-  l.attn.head_dim = kDim;
-  l.attn.capacity = attn_capacity;
-  SkvDecodeParams p;
-  p.layout = l;
-  p.meta = d_meta.get();
-  p.rows = 1;
-  p.layer = kLayer;
-  p.miss_chunk = d_miss.get();
-  SKV_ASSERT_CUDA(LaunchSkvFetchValues(p, nullptr));
-  const std::vector<uint16_t> gathered = ToHost(d_attn_keys);
+  const std::vector<uint16_t> gathered = FetchMisses(l, kLayer, miss).keys;
+  ASSERT_FALSE(HasFailure());
   for (int h = 0; h < kHeads; ++h) {
     for (int slot = 0; slot < 16; ++slot) {
       const int chunk = miss[h * 16 + slot];
       const int64_t run = (int64_t{kLayer} * kHeads + h) * kChunks + chunk;
-      const uint16_t* got = gathered.data() + l.attn.HeadOffset(0, kLayer, h) +
-                            (int64_t{gather_base} + slot * kChunk) * kDim;
+      const uint16_t* got = gathered.data() + GatherRow(kLayer, h, slot);
       const uint8_t* codes = store.data() + key_offset + run * kChunk * kDim;
       float scale;
       std::memcpy(&scale, store.data() + key_scales_at + run * 4, 4);
