@@ -61,8 +61,8 @@ inline int64_t SelectedChunks(const kv::KvPolicyConfig& config, const CudaShadow
 struct ParityBounds {
   double min_overlap = 0.97;
   int min_compared = 24;
-  double same_chunks = 5e-2;  // logit relative error where both attend the same chunks
   double after_divergence = 0.15;
+  double same_chunks = 5e-2;  // logit relative error where both attend the same chunks
 };
 
 // fp8: values and landmarks stored as FP8 on both sides (core/fp8.h, the same rule).
