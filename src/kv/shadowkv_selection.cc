@@ -190,8 +190,7 @@ Status ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadSt
   return Status::Ok();
 }
 
-Status ShadowKvSequenceImpl::ReadExactKeys(const HeadState& head, int32_t item,
-                                           float* keys) const {
+Status ShadowKvSequenceImpl::ReadExactKeys(const HeadState& head, int32_t item, float* keys) const {
   SKV_RETURN_IF_ERROR(key_store_->Read(head.value_runs[item], keys));
   if (settings_.config.fp8_keys == 0) return Status::Ok();
   const int head_dim = settings_.geometry.head_dim;

@@ -245,8 +245,8 @@ TEST(CudaShadowKvFp8Test, StoredKeysAreTheCpuCodesOfEachKeyLessItsLandmark) {
   const int64_t runs = int64_t{kLayers} * kHeads * kChunks;
   const int64_t key_offset = (runs * kChunk * kDim + runs * 4 + 15) / 16 * 16;
   auto d_store = Poisoned<uint8_t>(key_offset + runs * kChunk * kDim + runs * 4);
-  auto d_table = ToDevice(
-      std::vector<__nv_bfloat16*>(1, reinterpret_cast<__nv_bfloat16*>(d_store.get())));
+  auto d_table =
+      ToDevice(std::vector<__nv_bfloat16*>(1, reinterpret_cast<__nv_bfloat16*>(d_store.get())));
   auto d_codes = Poisoned<uint8_t>(runs * kDim);
   auto d_scales = Poisoned<float>(runs);
   auto d_outlier = Poisoned<uint8_t>(runs);
@@ -294,9 +294,8 @@ TEST(CudaShadowKvFp8Test, StoredKeysAreTheCpuCodesOfEachKeyLessItsLandmark) {
       float got_scale;
       std::memcpy(&got_scale, store.data() + key_scales_at + run * 4, 4);
       EXPECT_EQ(got_scale, want_scale) << "head " << h << " chunk " << c;
-      EXPECT_EQ(std::memcmp(store.data() + key_offset + run * kChunk * kDim, want.data(),
-                            want.size()),
-                0)
+      EXPECT_EQ(
+          std::memcmp(store.data() + key_offset + run * kChunk * kDim, want.data(), want.size()), 0)
           << "head " << h << " chunk " << c;
     }
   }

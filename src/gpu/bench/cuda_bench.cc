@@ -166,8 +166,7 @@ kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int
   kv::KvPolicyConfig kv_config = settings;
   kv_config.policy = "shadowkv";
   if (kv_config.budget_tokens <= 0) {
-    kv_config.budget_tokens =
-        NextPowerOfTwo(std::max<int64_t>(1, settings.BudgetTokens(context)));
+    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, settings.BudgetTokens(context)));
   }
   return kv_config;
 }

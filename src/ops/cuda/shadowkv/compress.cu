@@ -269,9 +269,8 @@ __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreRunsFp8Kernel(SkvLan
         const float x = __bfloat162float(source[i]);
         return kKeys ? x - SkvLandmarkElement(l, landmark, i % d) : x;
       },
-      run,
-                     kKeys ? l.KeyCodes(p.seq, p.layer, h, c) : l.ValueCodes(p.seq, p.layer, h, c),
-                     kKeys ? l.KeyScale(p.seq, p.layer, h, c) : l.ValueScale(p.seq, p.layer, h, c));
+      run, kKeys ? l.KeyCodes(p.seq, p.layer, h, c) : l.ValueCodes(p.seq, p.layer, h, c),
+      kKeys ? l.KeyScale(p.seq, p.layer, h, c) : l.ValueScale(p.seq, p.layer, h, c));
 }
 
 template <bool kKeys>

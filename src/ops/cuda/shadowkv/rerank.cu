@@ -449,11 +449,16 @@ const void* ExactFastKernel(const SkvDecodeParams& p) {
     return nullptr;
   const bool fp8_ahead = l.exact_keys && l.fp8_keys && p.stored_key_prefetch != 0;
   switch (l.head_dim) {
-    case 64: return ExactFastForm<64>(p.halves, fp8_ahead);
-    case 96: return ExactFastForm<96>(p.halves, fp8_ahead);
-    case 128: return ExactFastForm<128>(p.halves, fp8_ahead);
-    case 256: return ExactFastForm<256>(p.halves, fp8_ahead);
-    default: return nullptr;
+    case 64:
+      return ExactFastForm<64>(p.halves, fp8_ahead);
+    case 96:
+      return ExactFastForm<96>(p.halves, fp8_ahead);
+    case 128:
+      return ExactFastForm<128>(p.halves, fp8_ahead);
+    case 256:
+      return ExactFastForm<256>(p.halves, fp8_ahead);
+    default:
+      return nullptr;
   }
 }
 
