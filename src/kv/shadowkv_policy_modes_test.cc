@@ -442,7 +442,9 @@ void CheckSelectInterval(const std::string& mode) {
         last[layer] = held(b, layer);
         EXPECT_EQ(held(a, layer), last[layer]) << "step " << step << ", layer " << layer;
         EXPECT_EQ(added.chunk_selections, held_chunks);
-        if (mode != "mass") EXPECT_EQ(held_chunks, 8 * g.num_kv_heads);
+        if (mode != "mass") {
+          EXPECT_EQ(held_chunks, 8 * g.num_kv_heads);
+        }
       } else {
         ++reused;
         EXPECT_EQ(held(a, layer), last[layer]) << "step " << step << ", layer " << layer;
