@@ -33,17 +33,31 @@ std::vector<float> CacheValues(std::mt19937& rng) {
   return values;
 }
 
-KvCacheView CacheView(DeviceBuffer<uint16_t>& keys, DeviceBuffer<uint16_t>& values) {
-  KvCacheView cache;
-  cache.keys = reinterpret_cast<__nv_bfloat16*>(keys.get());
-  cache.values = reinterpret_cast<__nv_bfloat16*>(values.get());
-  cache.num_slots = kSlots;
-  cache.num_layers = kLayers;
-  cache.num_kv_heads = kHeads;
-  cache.head_dim = kDim;
-  cache.capacity = kTokens;
-  return cache;
-}
+// A full cache of kSlots slots: random K then V from one seed (CacheValues), fp32 on the host
+// and bf16 on the device.
+struct TestCache {
+  std::vector<float> keys, values;
+  DeviceBuffer<uint16_t> d_keys, d_values;
+
+  explicit TestCache(uint32_t seed) {
+    std::mt19937 rng(seed);
+    keys = CacheValues(rng);
+    values = CacheValues(rng);
+    d_keys = ToDevice(ToBf16(keys));
+    d_values = ToDevice(ToBf16(values));
+  }
+  KvCacheView View() {
+    KvCacheView cache;
+    cache.keys = reinterpret_cast<__nv_bfloat16*>(d_keys.get());
+    cache.values = reinterpret_cast<__nv_bfloat16*>(d_values.get());
+    cache.num_slots = kSlots;
+    cache.num_layers = kLayers;
+    cache.num_kv_heads = kHeads;
+    cache.head_dim = kDim;
+    cache.capacity = kTokens;
+    return cache;
+  }
+};
 
 SkvLayout Fp8Layout() {
   SkvLayout l;
@@ -60,6 +74,31 @@ SkvLayout Fp8Layout() {
   l.fp8_landmarks = 1;
   return l;
 }
+
+// FP8 landmark buffers for one sequence, set in `l`, and the parameters of LaunchSkvLandmarks
+// for every chunk of layer 1 of cache slot 1 into sequence 0 (with `l` as it is then).
+struct LandmarkLaunch {
+  static constexpr int64_t kLandmarks = int64_t{kLayers} * kHeads * kChunks;
+  DeviceBuffer<uint8_t> codes = Poisoned<uint8_t>(kLandmarks * kDim);
+  DeviceBuffer<float> scales = Poisoned<float>(kLandmarks);
+  DeviceBuffer<uint8_t> outlier = Poisoned<uint8_t>(kLandmarks);
+  DeviceBuffer<float> min_cosine = Poisoned<float>(int64_t{kHeads} * kChunks);
+  SkvLandmarkParams params;
+
+  LandmarkLaunch(SkvLayout& l, TestCache& cache) {
+    l.landmark_codes = codes.get();
+    l.landmark_scales = scales.get();
+    l.outlier = outlier.get();
+    params.layout = l;
+    params.seq = 0;
+    params.layer = 1;
+    params.cache_layer = 1;
+    params.cache = cache.View();
+    params.cache_slot = 1;
+    params.num_chunks = kChunks;
+    params.min_cosine = min_cosine.get();
+  }
+};
 
 // The fetch's view of sequence 0's attention rows: kGatherBase rows before its 16 gather slots.
 constexpr int kGatherBase = 2 * kChunk, kAttnCapacity = kGatherBase + 16 * kChunk + 40;
@@ -106,10 +145,8 @@ Gathered FetchMisses(SkvLayout l, int layer, const std::vector<int32_t>& miss) {
 
 TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
   SKV_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(3);
-  const std::vector<float> keys = CacheValues(rng), values = CacheValues(rng);
-  auto d_keys = ToDevice(ToBf16(keys));
-  auto d_values = ToDevice(ToBf16(values));
+  TestCache cache(3);
+  const std::vector<float>& values = cache.values;
   const int64_t runs = int64_t{kLayers} * kHeads * kChunks;
   const int64_t store_bytes = runs * kChunk * kDim + runs * 4;
   auto d_store = Poisoned<uint8_t>(store_bytes);
@@ -125,7 +162,7 @@ TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
   sp.seq = 0;
   sp.layer = kLayer;
   sp.cache_layer = kLayer;
-  sp.cache = CacheView(d_keys, d_values);
+  sp.cache = cache.View();
   sp.cache_slot = kSlot;
   sp.num_chunks = kStored;
   SKV_ASSERT_CUDA(LaunchSkvStoreValuesFp8(sp, nullptr));
@@ -187,31 +224,14 @@ TEST(CudaShadowKvFp8Test, StoredValuesAreTheCpuCodesAndTheFetchDecodesThem) {
 
 TEST(CudaShadowKvFp8Test, LandmarksAreTheCpuQuantisationOfTheChunkMeans) {
   SKV_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(4);
-  const std::vector<float> keys = CacheValues(rng), values = CacheValues(rng);
-  auto d_keys = ToDevice(ToBf16(keys));
-  auto d_values = ToDevice(ToBf16(values));
-  const int64_t landmarks = int64_t{kLayers} * kHeads * kChunks;  // one sequence
-  auto d_codes = Poisoned<uint8_t>(landmarks * kDim);
-  auto d_scales = Poisoned<float>(landmarks);
-  auto d_outlier = Poisoned<uint8_t>(landmarks);
-  auto d_cosine = Poisoned<float>(int64_t{kHeads} * kChunks);
+  TestCache cache(4);
+  const std::vector<float>& keys = cache.keys;
   SkvLayout l = Fp8Layout();
-  l.landmark_codes = d_codes.get();
-  l.landmark_scales = d_scales.get();
-  l.outlier = d_outlier.get();
-  SkvLandmarkParams lp;
-  lp.layout = l;
-  lp.seq = 0;
-  lp.layer = 1;
-  lp.cache_layer = 1;
-  lp.cache = CacheView(d_keys, d_values);
-  lp.cache_slot = 1;
-  lp.num_chunks = kChunks;
-  lp.min_cosine = d_cosine.get();
+  LandmarkLaunch launch(l, cache);
+  const SkvLandmarkParams& lp = launch.params;
   SKV_ASSERT_CUDA(LaunchSkvLandmarks(lp, nullptr));
-  const std::vector<uint8_t> codes = ToHost(d_codes);
-  const std::vector<float> scales = ToHost(d_scales);
+  const std::vector<uint8_t> codes = ToHost(launch.codes);
+  const std::vector<float> scales = ToHost(launch.scales);
   for (int h = 0; h < kHeads; ++h) {
     for (int c = 0; c < kChunks; ++c) {
       // The kernel's fp32 mean: the chunk's keys summed in token order, then divided.
@@ -238,40 +258,25 @@ TEST(CudaShadowKvFp8Test, LandmarksAreTheCpuQuantisationOfTheChunkMeans) {
 // into the gather rows (the one rounding or two: the device may fuse the multiply and add).
 TEST(CudaShadowKvFp8Test, StoredKeysAreTheCpuCodesOfEachKeyLessItsLandmark) {
   SKV_SKIP_WITHOUT_GPU();
-  std::mt19937 rng(6);
-  const std::vector<float> keys = CacheValues(rng), values = CacheValues(rng);
-  auto d_keys = ToDevice(ToBf16(keys));
-  auto d_values = ToDevice(ToBf16(values));
+  TestCache cache(6);
+  const std::vector<float>& keys = cache.keys;
   const int64_t runs = int64_t{kLayers} * kHeads * kChunks;
   const int64_t key_offset = (runs * kChunk * kDim + runs * 4 + 15) / 16 * 16;
   auto d_store = Poisoned<uint8_t>(key_offset + runs * kChunk * kDim + runs * 4);
   auto d_table =
       ToDevice(std::vector<__nv_bfloat16*>(1, reinterpret_cast<__nv_bfloat16*>(d_store.get())));
-  auto d_codes = Poisoned<uint8_t>(runs * kDim);
-  auto d_scales = Poisoned<float>(runs);
-  auto d_outlier = Poisoned<uint8_t>(runs);
-  auto d_cosine = Poisoned<float>(int64_t{kHeads} * kChunks);
   SkvLayout l = Fp8Layout();
   l.values = d_table.get();
   l.exact_keys = 1;
   l.fp8_keys = 1;
   l.key_store_offset = key_offset;
-  l.landmark_codes = d_codes.get();
-  l.landmark_scales = d_scales.get();
-  l.outlier = d_outlier.get();
-  constexpr int kLayer = 1, kSlot = 1;
-  SkvLandmarkParams lp;
-  lp.layout = l;
-  lp.layer = kLayer;
-  lp.cache_layer = kLayer;
-  lp.cache = CacheView(d_keys, d_values);
-  lp.cache_slot = kSlot;
-  lp.num_chunks = kChunks;
-  lp.min_cosine = d_cosine.get();
+  LandmarkLaunch launch(l, cache);
+  const SkvLandmarkParams& lp = launch.params;
+  constexpr int kLayer = 1, kSlot = 1;  // those of the launch
   SKV_ASSERT_CUDA(LaunchSkvLandmarks(lp, nullptr));
   SKV_ASSERT_CUDA(LaunchSkvStoreKeysFp8(lp, nullptr));
-  const std::vector<uint8_t> store = ToHost(d_store), landmark_codes = ToHost(d_codes);
-  const std::vector<float> landmark_scales = ToHost(d_scales);
+  const std::vector<uint8_t> store = ToHost(d_store), landmark_codes = ToHost(launch.codes);
+  const std::vector<float> landmark_scales = ToHost(launch.scales);
   auto landmark_of = [&](int h, int c) {
     const int64_t landmark = (int64_t{kLayer} * kHeads + h) * kChunks + c;
     std::vector<float> out(kDim);

@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) SkvStoreRunsFp8Kernel(SkvLan
   const Bf16* source = (kKeys ? p.cache.keys : p.cache.values) +
                        p.cache.HeadOffset(p.cache_slot, p.cache_layer, h) +
                        static_cast<int64_t>(c) * run;
-  const int64_t landmark = l.HeadIndex(p.seq, p.layer, h) * l.capacity_chunks + c;
+  const int64_t landmark = l.ChunkIndex(p.seq, p.layer, h, c);
   const int d = l.head_dim;
   WarpQuantizeFp8Run(
       [&](int i) {

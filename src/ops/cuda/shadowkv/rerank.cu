@@ -335,9 +335,8 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   // kFp8Ahead (FP8 runs, head dims up to 128): the warp loads its next tile's codes, scales and
   // landmark elements into registers while it multiplies one, and decodes them into its key
   // tile when it gets there (kFp8PerLane loads a lane).
-  constexpr int kFp8PerLane = 16 * (kHeadDim / 8) / 32;
-  const bool fp8_ahead = kFp8Ahead;
-  SkvFp8Keys8 fp8_next[kFp8Ahead ? kFp8PerLane : 1];
+  constexpr int kFp8PerLane = kFp8Ahead ? 16 * (kHeadDim / 8) / 32 : 1;
+  SkvFp8Keys8 fp8_next[kFp8PerLane];
   auto fp8_element = [&](int j, int tile, int* r, int* v, int* token_row) {
     const int i = lane + 32 * j;
     *r = i / (kHeadDim / 8);
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   };
   auto load_fp8 = [&](int tile) {
 #pragma unroll
-    for (int j = 0; j < (kFp8Ahead ? kFp8PerLane : 1); ++j) {
+    for (int j = 0; j < kFp8PerLane; ++j) {
       int r, v, token_row;
       fp8_element(j, tile, &r, &v, &token_row);
       const int64_t at = static_cast<int64_t>(token_row % chunk_size) * kHeadDim + v * 8;
@@ -355,20 +354,20 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   };
   auto decode_fp8 = [&](int tile) {
 #pragma unroll
-    for (int j = 0; j < (kFp8Ahead ? kFp8PerLane : 1); ++j) {
+    for (int j = 0; j < kFp8PerLane; ++j) {
       int r, v, token_row;
       fp8_element(j, tile, &r, &v, &token_row);
       *reinterpret_cast<uint4*>(key_tile + r * pitch + v * 8) = SkvDecodeFp8Keys8(l, fp8_next[j]);
     }
     __syncwarp();
   };
-  if (fp8_ahead && warp < num_tiles) load_fp8(warp);
+  if (kFp8Ahead && warp < num_tiles) load_fp8(warp);
 
   const int g = lane / 4, c2 = (lane % 4) * 2;
   int buffer = 0, step = 0;
   for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1, ++step) {
     const Bf16* keys = key_tile;
-    if (fp8_ahead) {
+    if (kFp8Ahead) {
       decode_fp8(tile);  // loaded during the warp's last tile
       if (tile + kExactFastWarps < num_tiles) load_fp8(tile + kExactFastWarps);
     } else if (stored_async) {

@@ -43,22 +43,30 @@ __device__ __forceinline__ uint32_t Fp8x2ToHalf2Bits(uint32_t codes) {
   return static_cast<uint32_t>(pair.x) | (static_cast<uint32_t>(pair.y) << 16);
 }
 
-// Eight codes → eight bf16 values code · scale, plus base[i] where a base is given (without
-// one nothing is added, so a code of -0 stays -0 as on the CPU).
-__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale,
-                                                   const float* base = nullptr) {
-  uint32_t out[4];
+// Eight codes → eight fp32 values code · scale.
+__device__ __forceinline__ void DecodeFp8x8ToFloat(uint2 codes, float scale, float out[8]) {
   const uint32_t words[2] = {codes.x, codes.y};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t half_bits = Fp8x2ToHalf2Bits(words[i / 2] >> (16 * (i % 2)));
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&half_bits));
-    float x = f.x * scale, y = f.y * scale;
-    if (base) {
-      x += base[2 * i];
-      y += base[2 * i + 1];
-    }
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
+    out[2 * i] = f.x * scale;
+    out[2 * i + 1] = f.y * scale;
+  }
+}
+
+// Eight codes → eight bf16 values code · scale, plus base[i] where a base is given (without
+// one nothing is added, so a code of -0 stays -0 as on the CPU).
+__device__ __forceinline__ uint4 DecodeFp8x8ToBf16(uint2 codes, float scale,
+                                                   const float* base = nullptr) {
+  float x[8];
+  DecodeFp8x8ToFloat(codes, scale, x);
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair =
+        base ? __floats2bfloat162_rn(x[2 * i] + base[2 * i], x[2 * i + 1] + base[2 * i + 1])
+             : __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
     out[i] = *reinterpret_cast<const uint32_t*>(&pair);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
@@ -84,7 +92,7 @@ struct SkvFp8Keys8 {
 // Loads chunk `chunk`'s eight stored FP8 keys from element `at` of its run (a multiple of 8).
 __device__ __forceinline__ SkvFp8Keys8 SkvLoadFp8Keys8(const SkvLayout& l, int seq, int layer,
                                                        int h, int chunk, int64_t at) {
-  const int64_t landmark = l.HeadIndex(seq, layer, h) * l.capacity_chunks + chunk;
+  const int64_t landmark = l.ChunkIndex(seq, layer, h, chunk);
   const int64_t e = landmark * l.head_dim + at % l.head_dim;
   SkvFp8Keys8 k;
   k.codes = *reinterpret_cast<const uint2*>(l.KeyCodes(seq, layer, h, chunk) + at);
@@ -103,15 +111,8 @@ __device__ __forceinline__ SkvFp8Keys8 SkvLoadFp8Keys8(const SkvLayout& l, int s
 __device__ __forceinline__ uint4 SkvDecodeFp8Keys8(const SkvLayout& l, const SkvFp8Keys8& k) {
   float base[8];
   if (l.fp8_landmarks) {  // as SkvLandmarkElement reads it: code · scale in fp32
-    const uint32_t words[2] = {k.landmark.x, k.landmark.y};
-    const float scale = __uint_as_float(k.landmark.z);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t half_bits = Fp8x2ToHalf2Bits(words[i / 2] >> (16 * (i % 2)));
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&half_bits));
-      base[2 * i] = f.x * scale;
-      base[2 * i + 1] = f.y * scale;
-    }
+    DecodeFp8x8ToFloat(make_uint2(k.landmark.x, k.landmark.y), __uint_as_float(k.landmark.z),
+                       base);
   } else {
     const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(&k.landmark);
 #pragma unroll

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kGraduateThreads) SkvGraduateKernel(SkvDecodeP
                          l.ValueCodes(m.seq, layer, h, m.graduate_chunk),
                          l.ValueScale(m.seq, layer, h, m.graduate_chunk));
     }
-    const int64_t landmark = l.HeadIndex(m.seq, layer, h) * l.capacity_chunks + m.graduate_chunk;
+    const int64_t landmark = l.ChunkIndex(m.seq, layer, h, m.graduate_chunk);
     if (l.fp8_landmarks) {
       WarpQuantizeFp8Run([&](int i) { return means[h * d + i]; }, d,
                          l.landmark_codes + landmark * d, l.landmark_scales + landmark);

@@ -100,6 +100,10 @@ struct SkvLayout {
   SKV_HOST_DEVICE int64_t HeadIndex(int seq, int layer, int head) const {
     return (static_cast<int64_t>(seq) * num_layers + layer) * num_kv_heads + head;
   }
+  // Index of (sequence, layer, KV head, chunk) in the per-chunk buffers (landmarks, outlier).
+  SKV_HOST_DEVICE int64_t ChunkIndex(int seq, int layer, int head, int chunk) const {
+    return HeadIndex(seq, layer, head) * capacity_chunks + chunk;
+  }
   // The rank (sequence, layer) uses (device code: layer_rank is device memory).
   SKV_HOST_DEVICE int RankOf(int seq, int layer) const {
     return layer_rank ? layer_rank[static_cast<int64_t>(seq) * num_layers + layer] : rank;
