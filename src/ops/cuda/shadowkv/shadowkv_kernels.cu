@@ -336,51 +336,112 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
 
 // ---- value fetch ------------------------------------------------------------------------------
 
-constexpr int kFetchThreads = 128;
+constexpr int kFetchThreads = 256;
+constexpr int kFetchSlots = 32;  // gather slots per block: one warp's ballot over their misses
+constexpr int kFetchUnroll = 4;  // 16-byte pieces in flight per thread
 
-// One block per (slot, KV head, row): one contiguous run of C·D values, store → gather rows,
-// and with exact_keys the chunk's run of keys.
+// Copies pieces [0, total) of a block's missed runs: every thread loads kFetchUnroll pieces (of
+// any run) before it stores one, so a block keeps up to kFetchThreads·kFetchUnroll loads in
+// flight (pinned host stores are read over PCIe). load(i) returns what store(i, loaded) writes.
+template <typename Load, typename Store>
+__device__ __forceinline__ void FetchPieces(int total, const Load& load, const Store& store) {
+  for (int base = threadIdx.x; base < total; base += kFetchThreads * kFetchUnroll) {
+    decltype(load(0)) loaded[kFetchUnroll];
+#pragma unroll
+    for (int u = 0; u < kFetchUnroll; ++u) {
+      const int i = base + u * kFetchThreads;
+      if (i < total) loaded[u] = load(i);
+    }
+#pragma unroll
+    for (int u = 0; u < kFetchUnroll; ++u) {
+      const int i = base + u * kFetchThreads;
+      if (i < total) store(i, loaded[u]);
+    }
+  }
+}
+
+// One block per (kFetchSlots gather slots, KV head, row). The first warp lists the slots that
+// missed (one ballot); then the block copies each missed chunk's run of C·D values, store →
+// gather rows (bf16 as stored, or FP8 codes decoded with the run's scale), and with exact_keys
+// the chunk's run of keys, in 16-byte pieces spread over all threads. A block whose slots all
+// hit (or whose row or KV head keeps its chunks this step) leaves after the ballot: a grid of a
+// block per slot spent most of a large budget's fetch launching blocks that had nothing to copy.
 __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeParams p) {
-  const int slot = blockIdx.x, h = blockIdx.y, row = blockIdx.z;
+  __shared__ int miss_slot[kFetchSlots], miss_chunk[kFetchSlots], miss_count;
+  const int h = blockIdx.y, row = blockIdx.z;
   const SkvLayout& l = p.layout;
-  const int chunk =
-      p.miss_chunk[(static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget + slot];
-  if (chunk < 0) return;
+  if (threadIdx.x < 32) {
+    const int slot = blockIdx.x * kFetchSlots + static_cast<int>(threadIdx.x);
+    const int chunk =
+        slot < l.max_budget
+            ? p.miss_chunk[(static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_budget + slot]
+            : -1;
+    const unsigned misses = __ballot_sync(0xffffffffu, chunk >= 0);
+    if (chunk >= 0) {
+      const int at = __popc(misses & ((1u << threadIdx.x) - 1u));
+      miss_slot[at] = slot;
+      miss_chunk[at] = chunk;
+    }
+    if (threadIdx.x == 0) miss_count = __popc(misses);
+  }
+  __syncthreads();
+  const int count = miss_count;
+  if (count == 0) return;
   const SkvRowMeta m = p.meta[row];
   const SkvSequenceInfo info = l.info[m.seq];
   const int run = l.chunk_size * l.head_dim;
-  const int64_t gather_row =
-      l.attn.HeadOffset(m.seq, p.layer, h) +
-      (static_cast<int64_t>(info.gather_base) + static_cast<int64_t>(slot) * l.chunk_size) *
-          l.head_dim;
-  // The block copies a stored run of `run` elements to the gather rows: bf16 as stored, or FP8
-  // codes decoded with the run's scale.
-  auto gather = [&](const void* stored, const float* scale, Bf16* rows) {
-    uint4* target = reinterpret_cast<uint4*>(rows + gather_row);
-    if (scale) {
-      const uint2* codes = reinterpret_cast<const uint2*>(stored);
-      const float s = *scale;
-      for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
-        target[i] = DecodeFp8x8ToBf16(codes[i], s);
-      }
-    } else {
-      const uint4* source = reinterpret_cast<const uint4*>(stored);
-      for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) target[i] = source[i];
-    }
+  const int pieces = run / 8;  // 16-byte pieces of a bf16 run
+  const int total = count * pieces;
+  // Piece i of the block's misses: run i / pieces, piece i % pieces of it.
+  auto chunk_of = [&](int i) { return miss_chunk[i / pieces]; };
+  auto target = [&](Bf16* rows, int i) {
+    const int64_t gather_row = l.attn.HeadOffset(m.seq, p.layer, h) +
+                               (static_cast<int64_t>(info.gather_base) +
+                                static_cast<int64_t>(miss_slot[i / pieces]) * l.chunk_size) *
+                                   l.head_dim;
+    return reinterpret_cast<uint4*>(rows + gather_row) + i % pieces;
   };
   if (l.fp8_values) {
-    gather(l.ValueCodes(m.seq, p.layer, h, chunk), l.ValueScale(m.seq, p.layer, h, chunk),
-           l.attn.values);
+    struct Codes {
+      uint2 codes;
+      float scale;
+    };
+    FetchPieces(
+        total,
+        [&](int i) {
+          const int chunk = chunk_of(i);
+          return Codes{
+              reinterpret_cast<const uint2*>(l.ValueCodes(m.seq, p.layer, h, chunk))[i % pieces],
+              *l.ValueScale(m.seq, p.layer, h, chunk)};
+        },
+        [&](int i, const Codes& c) {
+          *target(l.attn.values, i) = DecodeFp8x8ToBf16(c.codes, c.scale);
+        });
   } else {
-    gather(l.values[m.seq] + l.RunIndex(p.layer, h, chunk) * run, nullptr, l.attn.values);
+    FetchPieces(
+        total,
+        [&](int i) {
+          return reinterpret_cast<const uint4*>(
+              l.values[m.seq] + l.RunIndex(p.layer, h, chunk_of(i)) * run)[i % pieces];
+        },
+        [&](int i, const uint4& v) { *target(l.attn.values, i) = v; });
   }
   if (l.fp8_keys) {  // codes of each key less the chunk's landmark
-    uint4* target = reinterpret_cast<uint4*>(l.attn.keys + gather_row);
-    for (int i = threadIdx.x; i < run / 8; i += kFetchThreads) {
-      target[i] = SkvDecodeFp8Keys8(l, m.seq, p.layer, h, chunk, static_cast<int64_t>(i) * 8);
-    }
+    FetchPieces(
+        total,
+        [&](int i) {
+          return SkvLoadFp8Keys8(l, m.seq, p.layer, h, chunk_of(i),
+                                 static_cast<int64_t>(i % pieces) * 8);
+        },
+        [&](int i, const SkvFp8Keys8& k) { *target(l.attn.keys, i) = SkvDecodeFp8Keys8(l, k); });
   } else if (l.exact_keys) {
-    gather(l.KeyRun(m.seq, p.layer, h, chunk), nullptr, l.attn.keys);
+    FetchPieces(
+        total,
+        [&](int i) {
+          return reinterpret_cast<const uint4*>(
+              l.KeyRun(m.seq, p.layer, h, chunk_of(i)))[i % pieces];
+        },
+        [&](int i, const uint4& v) { *target(l.attn.keys, i) = v; });
   }
 }
 
@@ -658,7 +719,8 @@ cudaError_t LaunchSkvFetchValues(const SkvDecodeParams& p, cudaStream_t stream) 
   if (p.rows == 0) return cudaSuccess;
   const SkvLayout& l = p.layout;
   if ((l.chunk_size * l.head_dim) % 8 != 0) return cudaErrorInvalidValue;
-  SkvFetchValuesKernel<<<dim3(l.max_budget, l.num_kv_heads, p.rows), kFetchThreads, 0, stream>>>(p);
+  const dim3 grid((l.max_budget + kFetchSlots - 1) / kFetchSlots, l.num_kv_heads, p.rows);
+  SkvFetchValuesKernel<<<grid, kFetchThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
