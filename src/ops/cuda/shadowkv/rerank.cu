@@ -237,13 +237,24 @@ __host__ __device__ int ExactFastKeyTiles(const SkvLayout& l) {
   return l.exact_keys && !l.fp8_keys ? kStoredStages : 1;
 }
 
+// B_h's rows and the elements of a warp's ring of A tiles, for a rank: none where the keys come
+// from the store (exact_keys), which reads neither, so that more blocks fit on a multiprocessor.
+__host__ __device__ int ExactFastBasisRows(const SkvLayout& l, int rank) {
+  return l.exact_keys ? 0 : SkvRankPadded(rank);
+}
+__host__ __device__ int ExactFastRingElements(const SkvLayout& l, int rank) {
+  return l.exact_keys ? 0 : 2 * 16 * (SkvRankPadded(rank) + 8);
+}
+
 // Shared memory of one fast exact-scoring block: B_h [rank_padded, D + 8], the queries
-// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] and its key tiles [16, D + 8] each
+// [16, D + 8] and per warp two A tiles [16, rank_padded + 8] (ExactFastBasisRows and
+// ExactFastRingElements: neither with exact_keys) and its key tiles [16, D + 8] each
 // (ExactFastKeyTiles), bf16; then the tokens' logits [kExactFastChunks * C, group], fp32.
 __host__ __device__ int64_t ExactFastBf16Bytes(const SkvLayout& l) {
-  const int64_t rank_padded = SkvRankPadded(l.rank), pitch = l.head_dim + 8;
-  return 2 * (rank_padded * pitch + kExactFastHeads * pitch +
-              kExactFastWarps * (2 * 16 * (rank_padded + 8) + ExactFastKeyTiles(l) * 16 * pitch));
+  const int64_t pitch = l.head_dim + 8;
+  return 2 *
+         (ExactFastBasisRows(l, l.rank) * pitch + kExactFastHeads * pitch +
+          kExactFastWarps * (ExactFastRingElements(l, l.rank) + ExactFastKeyTiles(l) * 16 * pitch));
 }
 int64_t ExactFastSharedBytes(const SkvLayout& l) {
   return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
@@ -281,12 +292,12 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   const int rank_padded = SkvRankPadded(rank);
   const int a_pitch = rank_padded + 8, pitch = kHeadDim + 8;
   const int64_t layer_index = static_cast<int64_t>(m.seq) * l.num_layers + p.layer;
+  const int ring = ExactFastRingElements(l, rank), key_tiles = ExactFastKeyTiles(l);
   Bf16* b_tile = reinterpret_cast<Bf16*>(exact_fast_shared);
-  Bf16* q_tile = b_tile + rank_padded * pitch;
-  Bf16* a_ring = q_tile + kExactFastHeads * pitch + warp * 2 * 16 * a_pitch;
-  const int key_tiles = ExactFastKeyTiles(l);
-  Bf16* key_tile = q_tile + kExactFastHeads * pitch + kExactFastWarps * 2 * 16 * a_pitch +
-                   warp * key_tiles * 16 * pitch;
+  Bf16* q_tile = b_tile + ExactFastBasisRows(l, rank) * pitch;
+  Bf16* a_ring = q_tile + kExactFastHeads * pitch + warp * ring;
+  Bf16* key_tile =
+      q_tile + kExactFastHeads * pitch + kExactFastWarps * ring + warp * key_tiles * 16 * pitch;
   float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
   const bool stored = l.exact_keys != 0;  // the keys come from the store, not A·B
   // bf16 runs, read by cp.async (the ring is sized for it whether or not it is used)
