@@ -5,8 +5,9 @@
 # on a GPU machine from the repository root after scripts/cuda_device_run_accuracy.sh has
 # unpacked the bundle. Arguments after the first two go to `shadowkv bench`.
 # Usage: dev/cuda/profile_step.sh SKIP COUNT BENCH_ARGS...
-#   e.g. dev/cuda/profile_step.sh 4000 2000 -m ~/m/qwen.gguf --kv shadowkv:accurate=1 \
-#          --context 32000 --batch 162 --gen 64 --prefill-chunk 2048 --no-engine-loop
+#   e.g. KERNELS='Skv|Decode' dev/cuda/profile_step.sh 1500 2200 -m ~/m/qwen.gguf \
+#          --kv shadowkv:accurate=1 --context 32000 --batch 162 --gen 32 --prefill-chunk 2048 \
+#          --no-host-values --no-engine-loop
 # SKIP kernels are left out first (prefill, compression, the first steps), then COUNT are timed;
 # with KERNELS (an ncu regex, e.g. 'SkvSelectFast|DecodeMma') only kernels it matches count.
 set -uo pipefail
@@ -25,15 +26,16 @@ timeout "${LIMIT:-400}" "$ncu" --graph-profiling node --metrics gpu__time_durati
   "$stage/bin/shadowkv" bench --device cuda "$@" > "$csv" 2> "$out/step_kernels.err"
 echo "ncu: exit $?"
 python3 - "$csv" <<'EOF'
-import csv, sys, collections
+import collections, csv, re, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]  # the bench's own lines drop out
 at = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
 head, rows = rows[at], rows[at:]
 name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
 total, calls = collections.Counter(), collections.Counter()
 for r in rows[1:]:
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}[r[unit]]
-    key = r[name].replace("(anonymous namespace)::", "").split("(")[0].replace("void ", "").strip()
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r[unit]]
+    key = re.sub(r"^.*::", "", r[name].split("(")[0].split("<")[0]) + (
+        "<" + r[name].split("(")[0].split("<", 1)[1] if "<" in r[name].split("(")[0] else "")
     total[key] += float(r[value].replace(",", "")) * scale
     calls[key] += 1
 print(f"{sum(calls.values())} kernels timed; µs summed per kernel name (calls)")
