@@ -47,15 +47,13 @@ struct TestCache {
     d_values = ToDevice(ToBf16(values));
   }
   KvCacheView View() {
-    KvCacheView cache;
-    cache.keys = reinterpret_cast<__nv_bfloat16*>(d_keys.get());
-    cache.values = reinterpret_cast<__nv_bfloat16*>(d_values.get());
-    cache.num_slots = kSlots;
-    cache.num_layers = kLayers;
-    cache.num_kv_heads = kHeads;
-    cache.head_dim = kDim;
-    cache.capacity = kTokens;
-    return cache;
+    return KvCacheView{reinterpret_cast<__nv_bfloat16*>(d_keys.get()),
+                       reinterpret_cast<__nv_bfloat16*>(d_values.get()),
+                       kSlots,
+                       kLayers,
+                       kHeads,
+                       kDim,
+                       kTokens};
   }
 };
 
@@ -103,13 +101,7 @@ struct LandmarkLaunch {
 // The fetch's view of sequence 0's attention rows: kGatherBase rows before its 16 gather slots.
 constexpr int kGatherBase = 2 * kChunk, kAttnCapacity = kGatherBase + 16 * kChunk + 40;
 KvCacheView AttnView() {
-  KvCacheView attn;
-  attn.num_slots = 1;
-  attn.num_layers = kLayers;
-  attn.num_kv_heads = kHeads;
-  attn.head_dim = kDim;
-  attn.capacity = kAttnCapacity;
-  return attn;
+  return KvCacheView{nullptr, nullptr, 1, kLayers, kHeads, kDim, kAttnCapacity};
 }
 
 // First element of gather slot `slot` of head h at `layer` in AttnView's rows.

@@ -394,12 +394,13 @@ __global__ void __launch_bounds__(kFetchThreads) SkvFetchValuesKernel(SkvDecodeP
   const int total = count * pieces;
   // Piece i of the block's misses: run i / pieces, piece i % pieces of it.
   auto chunk_of = [&](int i) { return miss_chunk[i / pieces]; };
+  // The head's first gather row; slot s starts s runs after it.
+  const int64_t gather_base =
+      l.attn.HeadOffset(m.seq, p.layer, h) + static_cast<int64_t>(info.gather_base) * l.head_dim;
   auto target = [&](Bf16* rows, int i) {
-    const int64_t gather_row = l.attn.HeadOffset(m.seq, p.layer, h) +
-                               (static_cast<int64_t>(info.gather_base) +
-                                static_cast<int64_t>(miss_slot[i / pieces]) * l.chunk_size) *
-                                   l.head_dim;
-    return reinterpret_cast<uint4*>(rows + gather_row) + i % pieces;
+    return reinterpret_cast<uint4*>(rows + gather_base +
+                                    static_cast<int64_t>(miss_slot[i / pieces]) * run) +
+           i % pieces;
   };
   if (l.fp8_values) {
     struct Codes {
