@@ -94,6 +94,10 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
   app.add_option("--rerank-factor", c.rerank_factor,
                  "shadowkv --select rerank: candidates per kept chunk")
       ->capture_default_str();
+  app.add_option("--rerank-min", c.rerank_min_tokens,
+                 "shadowkv --select rerank: fewest candidate tokens whatever the factor gives "
+                 "(0 = none)")
+      ->capture_default_str();
   app.add_option("--rerank-rank", c.rerank_rank,
                  "shadowkv --select rerank: key components candidates are scored with (0 = all)")
       ->capture_default_str();

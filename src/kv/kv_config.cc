@@ -105,6 +105,9 @@ Status KvPolicyConfig::Validate() const {
   if (rerank_factor < 1) {
     return Error(ErrorCode::kInvalidArgument, "rerank factor {} must be at least 1", rerank_factor);
   }
+  if (rerank_min_tokens < 0) {
+    return Error(ErrorCode::kInvalidArgument, "rerank floor {} is negative", rerank_min_tokens);
+  }
   if (rerank_rank < 0 || rerank_rank % 8 != 0) {
     return Error(ErrorCode::kInvalidArgument, "rerank rank {} is not a multiple of 8 (0 = all)",
                  rerank_rank);
@@ -196,6 +199,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"rank_max", Assign(&KvPolicyConfig::rank_max)},
       {"select", Assign(&KvPolicyConfig::selection)},
       {"rerank_factor", Assign(&KvPolicyConfig::rerank_factor)},
+      {"rerank_min", Assign(&KvPolicyConfig::rerank_min_tokens)},
       {"rerank_rank", Assign(&KvPolicyConfig::rerank_rank)},
       {"mass", Assign(&KvPolicyConfig::select_mass)},
       {"basis_groups", Assign(&KvPolicyConfig::basis_groups)},
@@ -224,18 +228,23 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 // clang-format off
 constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
-    "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_rank", "mass",
+    "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_min", "rerank_rank", "mass",
     "outliers", "window", "successors", "interval", "drift", "exact_layers", "exact_keys", "fp8_values",
     "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
 // The accurate setting (accurate=1; see ParseKvVariant): each variant key with its value.
+// clang-format off
 constexpr std::pair<std::string_view, std::string_view> kAccurateSettings[] = {
     {"exact_keys", "1"},
     {"rank", "8"},
     {"budget_fraction", "0.125"},
+    {"budget_min", "768"},
+    {"rerank_factor", "3"},
+    {"rerank_min", "8192"},
     {"interval", "8"},
     {"drift", "0.85"}};
+// clang-format on
 
 }  // namespace
 
@@ -260,6 +269,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.rank_max = 0;
   config.selection = "landmarks";
   config.rerank_factor = defaults.rerank_factor;
+  config.rerank_min_tokens = defaults.rerank_min_tokens;
   config.rerank_rank = defaults.rerank_rank;
   config.select_mass = defaults.select_mass;
   config.outlier_chunks = -1;

@@ -1,6 +1,7 @@
 // KvPolicyConfig: every setting of every KV policy, as a user states it (absolute or ratio).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -59,6 +60,11 @@ struct KvPolicyConfig {
   //              a floor and a cap around K.
   std::string selection = "rerank";  // docs/RESULTS.md "Defaults"
   int rerank_factor = 4;
+  // A floor on the re-rank's candidates, in tokens: at least ceil(rerank_min_tokens / chunk)
+  // candidate chunks whatever rerank_factor * K gives (all selectable chunks where fewer); 0 =
+  // none. Short prompts have small budgets, and their landmarks rank the best chunks less well
+  // than a fixed share of K can catch (docs/RESULTS.md, "The accurate setting's candidates").
+  int64_t rerank_min_tokens = 0;
   // Components of the key basis the re-ranking scores candidates with: the first rerank_rank
   // (a multiple of 8; largest eigenvalues first), or every component the layer keeps when 0 or
   // above its rank. The kept chunks are attended with every component either way; scoring with
@@ -126,6 +132,13 @@ struct KvPolicyConfig {
   int64_t BudgetTokens(int64_t context_tokens) const;
   // Whether a KV head selects again where its queries turn (select_drift on, with a longest
   // interval above one step for it to shorten).
+  // Re-rank candidates for a budget of `budget_chunks` chunks of `chunk_size` tokens:
+  // max(rerank_factor * budget_chunks, ceil(rerank_min_tokens / chunk_size)), before the cap by
+  // the selectable chunks.
+  int64_t RerankCandidates(int64_t budget_chunks, int64_t chunk_size) const {
+    const int64_t floor = chunk_size > 0 ? (rerank_min_tokens + chunk_size - 1) / chunk_size : 0;
+    return std::max(static_cast<int64_t>(rerank_factor) * budget_chunks, floor);
+  }
   bool ReselectsOnDrift() const { return kv::ReselectsOnDrift(select_drift, select_interval); }
   const std::string& display_name() const { return label.empty() ? policy : label; }
 };
@@ -146,16 +159,17 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
-// rerank_factor, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
+// rerank_factor, rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
 // (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named
 // too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0
 // or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page,
 // dense_layers, sinks.
 // accurate=1 (shadowkv only; not with paper=1) names the setting measured within 2 points of full
-// attention on Qwen2.5-Coder-0.5B at 16K and 32K (docs/RESULTS.md, "Selecting again when the
-// queries turn"): exact_keys=1, rank=8 (with exact keys no decode step reads the rank-r factors),
-// budget_fraction=0.125 (12.5% of the context, the floor of `base` kept), interval=8, drift=0.85;
-// each of those keys named beside it keeps the named value, whatever the order.
+// attention on Qwen2.5-Coder-0.5B at 16K and 32K and on SmolLM2 at 4K (docs/RESULTS.md, "The
+// accurate setting"): exact_keys=1, rank=8 (with exact keys no decode step reads the rank-r
+// factors), budget_fraction=0.125 (12.5% of the context) with budget_min=768, rerank_factor=3
+// with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85; each of those
+// keys named beside it keeps the named value, whatever the order.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);

@@ -56,7 +56,7 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(config->fp8_values, 0);
   auto modes = ParseKvVariant(
       "shadowkv:rank_energy=0.95:rank_min=16:rank_max=96:select=rerank:rerank_factor=3:"
-      "rerank_rank=24:mass=0.8",
+      "rerank_rank=24:mass=0.8:rerank_min=100",
       base);
   ASSERT_TRUE(modes.ok()) << modes.status().ToString();
   EXPECT_DOUBLE_EQ(modes->rank_energy, 0.95);
@@ -65,6 +65,10 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(modes->selection, "rerank");
   EXPECT_EQ(modes->rerank_factor, 3);
   EXPECT_EQ(modes->rerank_rank, 24);
+  EXPECT_EQ(modes->rerank_min_tokens, 100);
+  EXPECT_EQ(modes->RerankCandidates(10, 8), 30);  // the factor's 30 above the floor's 13
+  EXPECT_EQ(modes->RerankCandidates(4, 8), 13);   // ceil(100 / 8)
+  EXPECT_EQ(config->rerank_min_tokens, 0);
   EXPECT_DOUBLE_EQ(modes->select_mass, 0.8);
   EXPECT_EQ(config->selection, base.selection);
   EXPECT_DOUBLE_EQ(config->rank_energy, 0.0);
@@ -147,10 +151,16 @@ TEST(KvConfigTest, AccurateNamesTheMeasuredSettingAndNamedKeysOverrideIt) {
   EXPECT_TRUE(accurate->ReselectsOnDrift());
   EXPECT_EQ(accurate->selection, base.selection);  // the re-ranked selection, untouched
   EXPECT_EQ(accurate->label, "shadowkv:accurate=1");
-  EXPECT_EQ(accurate->BudgetTokens(4096), 512);
+  EXPECT_EQ(accurate->BudgetTokens(4096), 768);  // its own floor
+  EXPECT_EQ(accurate->BudgetTokens(2048), 768);
   EXPECT_EQ(accurate->BudgetTokens(16384), 2048);
   EXPECT_EQ(accurate->BudgetTokens(32768), 4096);
-  EXPECT_EQ(accurate->BudgetTokens(2048), base.budget_min_tokens);  // the floor of the base
+  // Candidates: three per kept chunk, at least 1,024 chunks (8,192 tokens of chunk 8): four per
+  // kept chunk at 16K, three at 32K.
+  EXPECT_EQ(accurate->rerank_factor, 3);
+  EXPECT_EQ(accurate->RerankCandidates(2048 / 8, 8), 1024);
+  EXPECT_EQ(accurate->RerankCandidates(4096 / 8, 8), 1536);
+  EXPECT_EQ(accurate->RerankCandidates(768 / 8, 8), 1024);
 
   // A key named beside it keeps its value, before or after it.
   for (const char* text : {"shadowkv:drift=0.9:accurate=1", "shadowkv:accurate=1:drift=0.9"}) {
@@ -206,6 +216,7 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:paper=1:rank_head_ratio=0.25", "paper=1 fixes 'rank_head_ratio'"},
         Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
         Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
+        Case{"shadowkv:rerank_min=-8", "rerank floor -8 is negative"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
         Case{"shadowkv:exact_keys=1:rerank_rank=16", "scores the stored exact keys"},
         Case{"shadowkv:mass=0", "selection mass 0"},

@@ -269,17 +269,21 @@ TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndScoreTheRerank) {
   EXPECT_FALSE(MakeKvPolicy(config, g).ok());
 }
 
-// rerank_factor * K >= L: every landmark chunk is a candidate. The stream's keys have rank
-// `key_rank` (0: full), the basis keeps every component, and the candidates are scored with
-// `rerank_rank` of them (0: all). Gives, per (layer, KV head), whether the kept K are the
-// chunks of highest exact attention mass (fp64 reference).
-void RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank, std::vector<bool>* kept_best) {
+// rerank_factor * K >= L (the default factor 4) or a candidate floor of L chunks or more:
+// every landmark chunk is a candidate. The stream's keys have rank `key_rank` (0: full), the
+// basis keeps every component, and the candidates are scored with `rerank_rank` of them (0:
+// all). Gives, per (layer, KV head), whether the kept K are the chunks of highest exact
+// attention mass (fp64 reference).
+void RerankKeepsTheHighestExactMass(int key_rank, int rerank_rank, std::vector<bool>* kept_best,
+                                    int rerank_factor = 4, int64_t rerank_min_tokens = 0) {
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, key_rank, 37);
   KvPolicyConfig config = ShadowConfig(8, 32, 4, g.kv_width());
   config.budget_tokens = 80;  // K = 10 of 29 landmark chunks; 4 * 10 >= 29
   config.selection = "rerank";
   config.rerank_rank = rerank_rank;
+  config.rerank_factor = rerank_factor;
+  config.rerank_min_tokens = rerank_min_tokens;
   auto policy = MakePolicy(config, g);
   Runner runner(*policy, stream);
   runner.Step(300, true);
@@ -330,6 +334,19 @@ TEST(ShadowKvModesTest, RerankOverEveryChunkSelectsTheHighestExactMass) {
   ASSERT_NO_FATAL_FAILURE(RerankKeepsTheHighestExactMass(0, 0, &kept_best));
   ASSERT_FALSE(kept_best.empty());
   for (bool best : kept_best) EXPECT_TRUE(best);
+}
+
+// With one candidate per kept chunk the re-rank can only keep the landmarks' K, which miss the
+// best chunks somewhere; a floor of 232 candidate tokens (all 29 chunks) keeps the best
+// everywhere, as a factor of 4 does.
+TEST(ShadowKvModesTest, RerankFloorMakesEveryChunkACandidate) {
+  std::vector<bool> factor_only, with_floor;
+  ASSERT_NO_FATAL_FAILURE(RerankKeepsTheHighestExactMass(0, 0, &factor_only, 1, 0));
+  ASSERT_NO_FATAL_FAILURE(RerankKeepsTheHighestExactMass(0, 0, &with_floor, 1, 29 * 8));
+  ASSERT_FALSE(with_floor.empty());
+  EXPECT_TRUE(std::count(factor_only.begin(), factor_only.end(), false) > 0)
+      << "the landmarks alone kept the best chunks everywhere: the floor is not tested";
+  for (bool best : with_floor) EXPECT_TRUE(best);
 }
 
 TEST(ShadowKvModesTest, RerankRankScoresWithTheLeadingComponents) {

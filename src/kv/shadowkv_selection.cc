@@ -139,7 +139,7 @@ Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadSta
       return Status::Ok();
     case Selection::kRerank: {
       const int64_t wanted = std::min<int64_t>(
-          static_cast<int64_t>(settings_.config.rerank_factor) * budget_chunks_, items);
+          settings_.config.RerankCandidates(budget_chunks_, settings_.chunk_size), items);
       SelectTopK(s.scores, wanted, &s.top_values, &s.candidates);
       SKV_RETURN_IF_ERROR(CandidateKeys(layer, head, h));
       const auto count = static_cast<int64_t>(s.candidates.size());

@@ -285,6 +285,14 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
     if (fp8) bounds.min_compared = 12;
     CheckParity(rerank, rerank, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7), bounds);
   }
+  // A candidate floor above the factor's: 1 x 8 chunks, at least 160 tokens (20 candidates).
+  kv::KvPolicyConfig floor = ParityConfig(false);
+  floor.exact_keys = 1;
+  floor.selection = "rerank";
+  floor.rerank_factor = 1;
+  floor.rerank_min_tokens = 160;
+  floor.label = "shadowkv:exact_keys=1:select=rerank:rerank_factor=1:rerank_min=160";
+  CheckParity(floor, floor, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7), ParityBounds{});
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the

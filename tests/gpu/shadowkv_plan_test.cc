@@ -158,6 +158,18 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
   ASSERT_TRUE(rerank.ok());
   EXPECT_EQ(rerank->max_candidates, 64);
+  spectrum.rerank_factor = 1;  // 1 x 8 candidates, at least 200 tokens: 25 chunks
+  spectrum.rerank_min_tokens = 200;
+  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(rerank.ok());
+  EXPECT_EQ(rerank->max_candidates, 25);
+  EXPECT_EQ(rerank->rerank_min_chunks, 25);
+  spectrum.rerank_min_tokens = 1000;  // at most the 64 chunks
+  rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 512);
+  ASSERT_TRUE(rerank.ok());
+  EXPECT_EQ(rerank->max_candidates, 64);
+  EXPECT_EQ(rerank->rerank_min_chunks, 64);
+  spectrum.rerank_min_tokens = 0;
   spectrum.rerank_factor = 1000;
   rerank = MakeSkvGeometry(spectrum, 2, 2, 64, 1 << 17);  // 1000 x 8 of 16384 chunks > 4096
   EXPECT_EQ(rerank.status().code(), ErrorCode::kUnsupported) << rerank.status().ToString();

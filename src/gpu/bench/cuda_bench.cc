@@ -405,12 +405,15 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
              (run.device_value_sequences / device_rate +
               run.host_value_sequences / (kHostReadBytesPerSecond / 1000.0));
     };
-    // The re-rank reads each candidate chunk's keys once per KV head: its A rows (their first
-    // rerank_rank columns where set), or with exact keys its stored run, from wherever the
-    // sequence's store lives.
+    // The re-rank reads each candidate chunk's keys once per KV head (rerank_factor · K, at
+    // least the floor's): its A rows (their first rerank_rank columns where set), or with exact
+    // keys its stored run, from wherever the sequence's store lives.
     const double candidates =
         kv_config.selection == "rerank"
-            ? std::min(static_cast<double>(kv_config.rerank_factor) * budget, chunks)
+            ? std::min(std::max(kv_config.rerank_factor * budget,
+                                static_cast<double>(
+                                    kv_config.RerankCandidates(0, kv_config.chunk_size))),
+                       chunks)
             : 0.0;
     const double score_rank =
         kv_config.rerank_rank > 0 ? std::min<double>(kv_config.rerank_rank, rank) : rank;

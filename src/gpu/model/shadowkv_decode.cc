@@ -70,6 +70,7 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   }
   if (s.geometry.max_candidates > 0) {
     p.rerank_factor = s.geometry.rerank_factor;
+    p.rerank_min_chunks = s.geometry.rerank_min_chunks;
     p.rerank_rank = s.geometry.rerank_rank;
     p.candidates = s.candidates.get();
     p.candidate_lse = s.candidate_lse.get();

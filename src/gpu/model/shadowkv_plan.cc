@@ -134,13 +134,16 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   if (config.selection == "rerank") {
     g.rerank_factor = config.rerank_factor;
     g.rerank_rank = config.rerank_rank;
-    const int64_t candidates = std::min<int64_t>(
-        static_cast<int64_t>(config.rerank_factor) * g.max_budget, g.capacity_chunks);
+    g.rerank_min_chunks = static_cast<int>(std::min<int64_t>(
+        config.RerankCandidates(0, g.chunk_size), g.capacity_chunks));
+    const int64_t candidates =
+        std::min<int64_t>(config.RerankCandidates(g.max_budget, g.chunk_size), g.capacity_chunks);
     if (candidates > kSkvMaxRerankCandidates) {
       return Error(ErrorCode::kUnsupported,
                    "ShadowKV on the GPU re-ranks at most {} candidate chunks; rerank_factor {} x "
-                   "a budget of {} chunks asks for {}",
-                   kSkvMaxRerankCandidates, config.rerank_factor, g.max_budget, candidates);
+                   "a budget of {} chunks (at least {} tokens) asks for {}",
+                   kSkvMaxRerankCandidates, config.rerank_factor, g.max_budget,
+                   config.rerank_min_tokens, candidates);
     }
     g.max_candidates = static_cast<int>(candidates);
   }

@@ -38,6 +38,7 @@ struct SkvGeometry {
   // Chunk selection "rerank": the landmarks keep rerank_factor · K candidates per KV head (at
   // most max_candidates, the capacity's), whose rebuilt keys pick the K. 0: landmarks alone.
   int rerank_factor = 0;
+  int rerank_min_chunks = 0;  // candidates at least (rerank_min_tokens), at most the capacity's
   int rerank_rank = 0;  // components the candidates are scored with (0: the layer's rank)
   int max_candidates = 0;
   bool select_heads = false;    // selection "heads": each query head's own ranking, round-robin

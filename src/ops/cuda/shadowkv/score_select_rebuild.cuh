@@ -34,7 +34,8 @@ cudaError_t LaunchSkvSelectHeads(const SkvDecodeParams& params, cudaStream_t str
 // Chunks a select keeps for (row, KV head) of a sequence with `budget_chunks`: K, or under
 // re-ranking its candidates (before the cap by the selectable chunks).
 __device__ __forceinline__ int SkvSelectWanted(const SkvDecodeParams& p, int budget_chunks) {
-  return p.candidates ? min(budget_chunks * p.rerank_factor, p.layout.max_candidates)
+  return p.candidates ? min(max(budget_chunks * p.rerank_factor, p.rerank_min_chunks),
+                            p.layout.max_candidates)
                       : budget_chunks;
 }
 
