@@ -159,17 +159,17 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // A policy with settings of its own, for comparing variants in one run:
 // "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
 // budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
-// rerank_factor, rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
-// (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named
-// too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0
-// or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page,
-// dense_layers, sinks.
+// rerank_factor, rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or
+// 1), interval (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces
+// may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1),
+// fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel,
+// snap_pooling, page, dense_layers, sinks.
 // accurate=1 (shadowkv only; not with paper=1) names the setting measured within 2 points of full
 // attention on Qwen2.5-Coder-0.5B at 16K and 32K and on SmolLM2 at 4K (docs/RESULTS.md, "The
-// accurate setting"): exact_keys=1, rank=8 (with exact keys no decode step reads the rank-r
-// factors), budget_fraction=0.125 (12.5% of the context) with budget_min=768, rerank_factor=3
-// with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85; each of those
-// keys named beside it keeps the named value, whatever the order.
+// accurate setting's candidates"): exact_keys=1, rank=8 (with exact keys no decode step reads the
+// rank-r factors), budget_fraction=0.125 (12.5% of the context) with budget_min=768,
+// rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85;
+// each of those keys named beside it keeps the named value, whatever the order.
 // Settings not named come from `base`. Unknown keys, malformed values and invalid results are
 // kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
