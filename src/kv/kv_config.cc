@@ -228,9 +228,9 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 // clang-format off
 constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
-    "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_min", "rerank_rank", "mass",
-    "outliers", "window", "successors", "interval", "drift", "exact_layers", "exact_keys", "fp8_values",
-    "fp8_landmarks", "fp8_keys"};
+    "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_min",
+    "rerank_rank", "mass", "outliers", "window", "successors", "interval", "drift", "exact_layers",
+    "exact_keys", "fp8_values", "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
 // The accurate setting (accurate=1; see ParseKvVariant): each variant key with its value.
