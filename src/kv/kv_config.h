@@ -130,15 +130,19 @@ struct KvPolicyConfig {
   Status Validate() const;
   // Budget T in tokens for a context of `context_tokens`.
   int64_t BudgetTokens(int64_t context_tokens) const;
+  // The re-rank's candidate floor in chunks of `chunk_size` tokens: ceil(rerank_min_tokens /
+  // chunk_size).
+  int64_t RerankFloorChunks(int64_t chunk_size) const {
+    return chunk_size > 0 ? (rerank_min_tokens + chunk_size - 1) / chunk_size : 0;
+  }
+  // Re-rank candidates for a budget of `budget_chunks` chunks of `chunk_size` tokens:
+  // max(rerank_factor * budget_chunks, the floor), before the cap by the selectable chunks.
+  int64_t RerankCandidates(int64_t budget_chunks, int64_t chunk_size) const {
+    return std::max(static_cast<int64_t>(rerank_factor) * budget_chunks,
+                    RerankFloorChunks(chunk_size));
+  }
   // Whether a KV head selects again where its queries turn (select_drift on, with a longest
   // interval above one step for it to shorten).
-  // Re-rank candidates for a budget of `budget_chunks` chunks of `chunk_size` tokens:
-  // max(rerank_factor * budget_chunks, ceil(rerank_min_tokens / chunk_size)), before the cap by
-  // the selectable chunks.
-  int64_t RerankCandidates(int64_t budget_chunks, int64_t chunk_size) const {
-    const int64_t floor = chunk_size > 0 ? (rerank_min_tokens + chunk_size - 1) / chunk_size : 0;
-    return std::max(static_cast<int64_t>(rerank_factor) * budget_chunks, floor);
-  }
   bool ReselectsOnDrift() const { return kv::ReselectsOnDrift(select_drift, select_interval); }
   const std::string& display_name() const { return label.empty() ? policy : label; }
 };

@@ -411,8 +411,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double candidates =
         kv_config.selection == "rerank"
             ? std::min(std::max(kv_config.rerank_factor * budget,
-                                static_cast<double>(
-                                    kv_config.RerankCandidates(0, kv_config.chunk_size))),
+                                static_cast<double>(kv_config.RerankFloorChunks(kv_config.chunk_size))),
                        chunks)
             : 0.0;
     const double score_rank =

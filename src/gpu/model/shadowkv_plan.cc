@@ -134,8 +134,8 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   if (config.selection == "rerank") {
     g.rerank_factor = config.rerank_factor;
     g.rerank_rank = config.rerank_rank;
-    g.rerank_min_chunks = static_cast<int>(std::min<int64_t>(
-        config.RerankCandidates(0, g.chunk_size), g.capacity_chunks));
+    g.rerank_min_chunks = static_cast<int>(
+        std::min<int64_t>(config.RerankFloorChunks(g.chunk_size), g.capacity_chunks));
     const int64_t candidates =
         std::min<int64_t>(config.RerankCandidates(g.max_budget, g.chunk_size), g.capacity_chunks);
     if (candidates > kSkvMaxRerankCandidates) {

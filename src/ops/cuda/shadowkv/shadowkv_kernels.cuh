@@ -186,11 +186,11 @@ struct SkvDecodeParams {
   int stored_key_prefetch = 1;
   // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
   // keeps min(max(rerank_factor · K, rerank_min_chunks), selectable, layout.max_candidates)
-  // chunks per (row, KV head)
-  // into candidates [rows, kv_heads, max_candidates] (increasing, then -1) and assigns no gather
-  // slot; LaunchSkvRerank then scores their rebuilt keys exactly, into candidate_lse [rows,
-  // kv_heads * group, max_candidates]: per query head, the log-sum-exp of each candidate chunk's
-  // token logits; and keeps the best K, assigning the slots as the select does.
+  // chunks per (row, KV head) into candidates [rows, kv_heads, max_candidates] (increasing, then
+  // -1) and assigns no gather slot; LaunchSkvRerank then scores their rebuilt keys exactly, into
+  // candidate_lse [rows, kv_heads * group, max_candidates]: per query head, the log-sum-exp of
+  // each candidate chunk's token logits; and keeps the best K, assigning the slots as the select
+  // does.
   int rerank_factor = 0;
   int rerank_min_chunks = 0;
   // Components of the key basis the exact scoring rebuilds candidates from: the first
