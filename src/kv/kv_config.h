@@ -133,7 +133,8 @@ struct KvPolicyConfig {
   // The re-rank's candidate floor in chunks of `chunk_size` tokens: ceil(rerank_min_tokens /
   // chunk_size).
   int64_t RerankFloorChunks(int64_t chunk_size) const {
-    return chunk_size > 0 ? (rerank_min_tokens + chunk_size - 1) / chunk_size : 0;
+    if (chunk_size <= 0) return 0;
+    return rerank_min_tokens / chunk_size + (rerank_min_tokens % chunk_size != 0 ? 1 : 0);
   }
   // Re-rank candidates for a budget of `budget_chunks` chunks of `chunk_size` tokens:
   // max(rerank_factor * budget_chunks, the floor), before the cap by the selectable chunks.

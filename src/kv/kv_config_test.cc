@@ -68,6 +68,9 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(modes->rerank_min_tokens, 100);
   EXPECT_EQ(modes->RerankCandidates(10, 8), 30);  // the factor's 30 above the floor's 13
   EXPECT_EQ(modes->RerankCandidates(4, 8), 13);   // ceil(100 / 8)
+  auto huge = ParseKvVariant("shadowkv:rerank_min=9223372036854775807", base);
+  ASSERT_TRUE(huge.ok()) << huge.status().ToString();
+  EXPECT_EQ(huge->RerankFloorChunks(8), 1152921504606846976);  // ceil, without overflow
   EXPECT_EQ(config->rerank_min_tokens, 0);
   EXPECT_DOUBLE_EQ(modes->select_mass, 0.8);
   EXPECT_EQ(config->selection, base.selection);
