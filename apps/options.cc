@@ -72,6 +72,8 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
       ->capture_default_str();
   app.add_option("--budget-min", c.budget_min_tokens, "smallest budget for short contexts")
       ->capture_default_str();
+  app.add_option("--budget-max", c.budget_max_tokens, "largest budget for long contexts (0 = none)")
+      ->capture_default_str();
   app.add_option("--chunk-size", c.chunk_size, "shadowkv: tokens per chunk")->capture_default_str();
   app.add_option("--rank", c.rank, "shadowkv: rank of the pre-RoPE key factorisation (0 = ratio)");
   app.add_option("--rank-ratio", c.rank_ratio,
@@ -140,14 +142,17 @@ void AddKvOptions(CLI::App& app, kv::KvPolicyConfig& c) {
   // --paper fixes these; naming one as well is refused, as for the variant's paper=1.
   app.parse_complete_callback([&app, &c] {
     if (c.paper != 1) return;
-    for (const char* fixed :
-         {"--budget", "--budget-fraction", "--budget-min", "--chunk-size", "--rank", "--rank-ratio",
-          "--rank-energy", "--rank-min", "--rank-head-ratio", "--rank-max", "--select",
-          "--rerank-factor", "--rerank-rank", "--select-mass", "--select-interval", "--outliers",
-          "--local-window", "--fp8-values", "--fp8-landmarks", "--exact-keys", "--fp8-keys"}) {
+    for (const char* fixed : {"--budget",          "--budget-fraction", "--budget-min",
+                              "--budget-max",      "--chunk-size",      "--rank",
+                              "--rank-ratio",      "--rank-energy",     "--rank-min",
+                              "--rank-head-ratio", "--rank-max",        "--select",
+                              "--rerank-factor",   "--rerank-min",      "--rerank-rank",
+                              "--select-mass",     "--select-interval", "--outliers",
+                              "--local-window",    "--fp8-values",      "--fp8-landmarks",
+                              "--exact-keys",      "--fp8-keys"}) {
       if (app.count(fixed) > 0) {
-        throw CLI::ValidationError("--paper",
-                                   std::string("--paper fixes ") + fixed + "; name one or the other");
+        throw CLI::ValidationError(
+            "--paper", std::string("--paper fixes ") + fixed + "; name one or the other");
       }
     }
     c = kv::WithPaperSettings(c);

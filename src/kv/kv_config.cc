@@ -72,6 +72,13 @@ Status KvPolicyConfig::Validate() const {
   if (budget_min_tokens < 0) {
     return Error(ErrorCode::kInvalidArgument, "budget floor {} is negative", budget_min_tokens);
   }
+  if (budget_max_tokens < 0) {
+    return Error(ErrorCode::kInvalidArgument, "budget ceiling {} is negative", budget_max_tokens);
+  }
+  if (budget_max_tokens > 0 && budget_max_tokens < budget_min_tokens) {
+    return Error(ErrorCode::kInvalidArgument, "budget ceiling {} is below the budget floor {}",
+                 budget_max_tokens, budget_min_tokens);
+  }
   if (chunk_size <= 0) {
     return Error(ErrorCode::kInvalidArgument, "chunk size {} must be positive", chunk_size);
   }
@@ -154,7 +161,8 @@ Status KvPolicyConfig::Validate() const {
 int64_t KvPolicyConfig::BudgetTokens(int64_t context_tokens) const {
   if (budget_tokens > 0) return budget_tokens;
   const auto scaled = static_cast<int64_t>(std::llround(budget_fraction * context_tokens));
-  return std::max(budget_min_tokens, scaled);
+  const int64_t floored = std::max(budget_min_tokens, scaled);
+  return budget_max_tokens > 0 ? std::min(floored, budget_max_tokens) : floored;
 }
 
 namespace {
@@ -190,6 +198,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"budget", Assign(&KvPolicyConfig::budget_tokens)},
       {"budget_fraction", Assign(&KvPolicyConfig::budget_fraction)},
       {"budget_min", Assign(&KvPolicyConfig::budget_min_tokens)},
+      {"budget_max", Assign(&KvPolicyConfig::budget_max_tokens)},
       {"chunk", Assign(&KvPolicyConfig::chunk_size)},
       {"rank", Assign(&KvPolicyConfig::rank)},
       {"rank_ratio", Assign(&KvPolicyConfig::rank_ratio)},
@@ -227,10 +236,10 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
 // The variant keys whose settings paper=1 forces.
 // clang-format off
 constexpr std::string_view kPaperForcedKeys[] = {
-    "budget", "budget_fraction", "budget_min", "chunk", "rank", "rank_ratio", "rank_energy",
-    "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor", "rerank_min",
-    "rerank_rank", "mass", "outliers", "window", "successors", "interval", "drift", "exact_layers",
-    "exact_keys", "fp8_values", "fp8_landmarks", "fp8_keys"};
+    "budget", "budget_fraction", "budget_min", "budget_max", "chunk", "rank", "rank_ratio",
+    "rank_energy", "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor",
+    "rerank_min", "rerank_rank", "mass", "outliers", "window", "successors", "interval", "drift",
+    "exact_layers", "exact_keys", "fp8_values", "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
 // The accurate setting (accurate=1; see ParseKvVariant): each variant key with its value.
@@ -240,6 +249,7 @@ constexpr std::pair<std::string_view, std::string_view> kAccurateSettings[] = {
     {"rank", "8"},
     {"budget_fraction", "0.125"},
     {"budget_min", "768"},
+    {"budget_max", "8192"},
     {"rerank_factor", "3"},
     {"rerank_min", "8192"},
     {"interval", "8"},
@@ -260,6 +270,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.budget_tokens = 0;
   config.budget_fraction = 0.015625;
   config.budget_min_tokens = 256;
+  config.budget_max_tokens = 0;
   config.chunk_size = 8;
   config.rank = 0;
   config.rank_ratio = 1 / 6.4;

@@ -23,12 +23,15 @@ struct KvPolicyConfig {
   std::string label;
 
   // Token budget T shared by the sparse policies: budget_tokens if > 0, else
-  // max(budget_min_tokens, budget_fraction * context) rounded to the policy's granularity.
+  // max(budget_min_tokens, budget_fraction * context), at most budget_max_tokens where that is
+  // set, rounded to the policy's granularity.
   int64_t budget_tokens = 0;
   double budget_fraction = 0.015625;  // 1.56% (ShadowKV's default: 2048 of 131072)
   // Floor for short contexts: 512 (the published 256 loses long answers at 4K-32K, see
   // docs/RESULTS.md "Defaults").
   int64_t budget_min_tokens = 512;
+  // Ceiling for long contexts; 0 = none. At least budget_min_tokens where set.
+  int64_t budget_max_tokens = 0;
 
   // ShadowKV (docs/DESIGN.md, "ShadowKV").
   int chunk_size = 8;
@@ -153,30 +156,30 @@ struct KvPolicyConfig {
 // RankForEnergy cap it (the basis width; rank_max under rank_energy).
 int RankFloor(const KvPolicyConfig& config, int head_dim);
 
-// With config.paper == 1, `config` with the method's published settings forced: the fixed rank
-// rule r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, no rank floor,
-// rank_energy 0), selection landmarks at every step without successors, budget 1.56% of the
-// context with a 256-token floor (no absolute budget), outliers 24 per 1024 budget tokens (-1),
-// chunk 8, window 32, no exact layers, no exact keys, fp32 values, landmarks and keys.
-// Deployment settings (basis_groups, value_store_path) are kept. Otherwise `config` unchanged.
+// With config.paper == 1, `config` with the method's published settings forced: the fixed rank rule
+// r = ceil8(num_kv_heads * head_dim / 6.4) (rank 0, rank_ratio 1/6.4, no rank floor, rank_energy
+// 0), selection landmarks at every step without successors, budget 1.56% of the context with a
+// 256-token floor (no absolute budget, no ceiling), outliers 24 per 1024 budget tokens (-1), chunk
+// 8, window 32, no exact layers, no exact keys, fp32 values, landmarks and keys. Deployment
+// settings (basis_groups, value_store_path) are kept. Otherwise `config` unchanged.
 KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 
-// A policy with settings of its own, for comparing variants in one run:
-// "NAME[:KEY=VALUE]...", e.g. "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction,
-// budget_min, chunk, rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select,
-// rerank_factor, rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or
-// 1), interval (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces
-// may be named too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1),
-// fp8_landmarks (0 or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel,
-// snap_pooling, page, dense_layers, sinks.
-// accurate=1 (shadowkv only; not with paper=1) names the setting measured within 2 points of full
-// attention on Qwen2.5-Coder-0.5B at 16K and 32K and on SmolLM2 at 4K (docs/RESULTS.md, "The
-// accurate setting's candidates"): exact_keys=1, rank=8 (with exact keys no decode step reads the
-// rank-r factors), budget_fraction=0.125 (12.5% of the context) with budget_min=768,
-// rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85;
-// each of those keys named beside it keeps the named value, whatever the order.
-// Settings not named come from `base`. Unknown keys, malformed values and invalid results are
-// kInvalidArgument.
+// A policy with settings of its own, for comparing variants in one run: "NAME[:KEY=VALUE]...", e.g.
+// "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction, budget_min, budget_max, chunk,
+// rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select, rerank_factor,
+// rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
+// (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named
+// too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0
+// or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page,
+// dense_layers, sinks. accurate=1 (shadowkv only; not with paper=1) names the setting measured
+// within 2 points of full attention on Qwen2.5-Coder-0.5B at 16K and 32K and on SmolLM2 at 4K
+// (docs/RESULTS.md, "The accurate setting's candidates"): exact_keys=1, rank=8 (with exact keys no
+// decode step reads the rank-r factors), budget_fraction=0.125 (12.5% of the context) with
+// budget_min=768 and budget_max=8192 (the GPU select's 1,024 chunks; 12.5% reaches it at 64K,
+// beyond the lengths measured), rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate
+// chunks), interval=8, drift=0.85; each of those keys named beside it keeps the named value,
+// whatever the order. Settings not named come from `base`. Unknown keys, malformed values and
+// invalid results are kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 
 // The policy names MakeKvPolicy knows.

@@ -6,11 +6,15 @@
 namespace shadowkv::kv {
 namespace {
 
-TEST(KvConfigTest, BudgetIsAbsoluteOrFractionWithFloor) {
+TEST(KvConfigTest, BudgetIsAbsoluteOrFractionWithFloorAndCeiling) {
   KvPolicyConfig config;
   EXPECT_EQ(config.BudgetTokens(131072), 2048);  // 1/64 of the context
   EXPECT_EQ(config.BudgetTokens(4096), 512);     // the floor
-  config.budget_tokens = 300;
+  config.budget_max_tokens = 1024;
+  EXPECT_EQ(config.BudgetTokens(131072), 1024);  // the ceiling
+  EXPECT_EQ(config.BudgetTokens(49152), 768);    // below it: the fraction
+  EXPECT_EQ(config.BudgetTokens(4096), 512);
+  config.budget_tokens = 300;  // an absolute budget overrides both
   EXPECT_EQ(config.BudgetTokens(131072), 300);
 }
 
@@ -104,6 +108,7 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   base.budget_tokens = 1024;
   base.budget_fraction = 0.1;
   base.budget_min_tokens = 64;
+  base.budget_max_tokens = 512;
   base.outlier_chunks = 3;
   base.chunk_size = 4;
   base.local_window = 8;
@@ -123,6 +128,7 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   EXPECT_EQ(paper->budget_tokens, 0);
   EXPECT_DOUBLE_EQ(paper->budget_fraction, 0.015625);
   EXPECT_EQ(paper->budget_min_tokens, 256);
+  EXPECT_EQ(paper->budget_max_tokens, 0);
   EXPECT_EQ(paper->outlier_chunks, -1);
   EXPECT_EQ(paper->chunk_size, 8);
   EXPECT_EQ(paper->local_window, 32);
@@ -158,12 +164,15 @@ TEST(KvConfigTest, AccurateNamesTheMeasuredSettingAndNamedKeysOverrideIt) {
   EXPECT_EQ(accurate->BudgetTokens(2048), 768);
   EXPECT_EQ(accurate->BudgetTokens(16384), 2048);
   EXPECT_EQ(accurate->BudgetTokens(32768), 4096);
+  EXPECT_EQ(accurate->BudgetTokens(65536), 8192);   // 12.5% meets the ceiling
+  EXPECT_EQ(accurate->BudgetTokens(124928), 8192);  // the GPU select's 1,024 chunks of 8
   // Candidates: three per kept chunk, at least 1,024 chunks (8,192 tokens of chunk 8): four per
   // kept chunk at 16K, three at 32K.
   EXPECT_EQ(accurate->rerank_factor, 3);
   EXPECT_EQ(accurate->RerankCandidates(2048 / 8, 8), 1024);
   EXPECT_EQ(accurate->RerankCandidates(4096 / 8, 8), 1536);
   EXPECT_EQ(accurate->RerankCandidates(768 / 8, 8), 1024);
+  EXPECT_EQ(accurate->RerankCandidates(8192 / 8, 8), 3072);  // within the re-rank's 4,096
 
   // A key named beside it keeps its value, before or after it.
   for (const char* text : {"shadowkv:drift=0.9:accurate=1", "shadowkv:accurate=1:drift=0.9"}) {
@@ -220,6 +229,11 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:select=oracle", "chunk selection 'oracle'"},
         Case{"shadowkv:rerank_factor=0", "rerank factor 0"},
         Case{"shadowkv:rerank_min=-8", "rerank floor -8 is negative"},
+        Case{"shadowkv:budget_max=-1", "budget ceiling -1 is negative"},
+        Case{"shadowkv:budget_min=1024:budget_max=512",
+             "budget ceiling 512 is below the budget floor 1024"},
+        Case{"shadowkv:accurate=1:budget_max=512", "below the budget floor 768"},
+        Case{"shadowkv:paper=1:budget_max=4096", "paper=1 fixes 'budget_max'"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
         Case{"shadowkv:exact_keys=1:rerank_rank=16", "scores the stored exact keys"},
         Case{"shadowkv:mass=0", "selection mass 0"},
