@@ -3,7 +3,11 @@
 
 Usage: scripts/plot_pareto.py REPORT.json[.gz] [REPORT.json...] --out OUT.png
            [--bench BENCH.json]   # `shadowkv bench --json` of the same policies on the same model
-           [--length TOKENS]      # the report's context length to plot (default: its first)
+           [--length TOKENS]      # the reports' context length to plot (default: the first's first)
+
+The reports are merged by question as scripts/eval_table.py merges them (reports of one seed
+split by task, or later runs of new policies on the same questions), and the scores and their
+intervals are eval_table's.
 
 Left panel: the average score over the report's tasks, with its 95% bootstrap interval, against
 the fast-tier KV bytes per context token: the mean over questions of the report's
@@ -19,11 +23,16 @@ import argparse
 import gzip
 import json
 import math
+import os
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import eval_table  # noqa: E402
 
 
 def load(path):
@@ -32,25 +41,23 @@ def load(path):
         return json.load(handle)
 
 
-def points(report, length):
-    key = str(length)
-    scores = report["scores"][key]["average"]
-    intervals = report.get("intervals", {}).get(key, {}).get("average", {})
-    attended = report.get("attended_tokens_per_query", {}).get(key, {})
-    fast = {}
-    for question in report["questions"]:
-        if question["length"] != length:
-            continue
-        for output in question["outputs"]:
-            fast.setdefault(output["policy"], []).append(output.get("kv_fast_bytes", 0))
+def points(paths, length):
+    seed, policies, data = eval_table.load(paths)
+    if length not in data:
+        raise SystemExit(f"no questions at {length} tokens in the reports")
+    summary = eval_table.summarize(seed, policies, {length: data[length]}, policies[0])[length]
+    average = summary["rows"]["average"]
     rows = []
-    for policy, score in scores.items():
-        values = fast.get(policy, [])
-        per_token = sum(values) / len(values) / length if values else math.nan
-        low, high = intervals.get(policy, [math.nan, math.nan]) or [math.nan, math.nan]
-        rows.append({"policy": policy, "score": score, "low": low, "high": high,
+    for policy in policies:
+        outputs = [q[policy] for qs in data[length].values() for q in qs if policy in q]
+        fast = [o.get("kv_fast_bytes", 0) for o in outputs]
+        per_token = sum(fast) / len(fast) / length if fast else math.nan
+        low, high = average[policy]["interval"] or [math.nan, math.nan]
+        score = average[policy]["mean"]
+        rows.append({"policy": policy, "score": math.nan if score is None else score,
+                     "low": low, "high": high,
                      "bytes_per_token": per_token if per_token > 0 else math.nan,
-                     "attended": attended.get(policy)})
+                     "attended": summary["attended_tokens_per_query"][policy]})
     return rows
 
 
@@ -107,13 +114,10 @@ def main():
     parser.add_argument("--bench")
     parser.add_argument("--length", type=int)
     args = parser.parse_args()
-    rows, model = [], ""
-    for path in args.reports:
-        report = load(path)
-        length = args.length or report["settings"]["lengths"][0]
-        model = report["model"].get("summary", "").split(" (")[0] or model
-        seen = {row["policy"] for row in rows}
-        rows += [row for row in points(report, length) if row["policy"] not in seen]
+    first = load(args.reports[0])
+    length = args.length or first["settings"]["lengths"][0]
+    model = first["model"].get("summary", "").split(" (")[0]
+    rows = points(args.reports, length)
     bench = None
     if args.bench:
         bench = load(args.bench)
