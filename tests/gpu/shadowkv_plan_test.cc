@@ -1,8 +1,8 @@
 // The host side of ShadowKV on the GPU (gpu/model/shadowkv_plan.h, pure C++, no GPU needed):
 // the row planner against the CPU's graduation rule, the refusals of prompts and settings the
 // kernels do not take, the rank from the key spectrum, the memory of a sequence (per-layer rank,
-// sliding-window rings, exact keys in the store, the drift state), the capacity's tiles, and the
-// bench's spread of host-value rows.
+// sliding-window rings, exact keys in the store, the drift state), the capacity's tiles, the
+// bench's budget and its spread of host-value rows.
 #include <algorithm>
 #include <vector>
 
@@ -325,6 +325,28 @@ TEST(CudaShadowKvPlanTest, CapacityIsAWholeNumberOfScoringTiles) {
     ASSERT_TRUE(whole.ok());
     EXPECT_EQ(whole->capacity_chunks, 64);
   }
+}
+
+// The bench runs the budget a server gives a prompt of the bench's context, not a rounded one.
+TEST(CudaShadowKvPlanTest, BenchBudgetIsTheServedBudget) {
+  const kv::KvPolicyConfig defaults;
+  EXPECT_EQ(ShadowKvBenchSettings(defaults, 124928).budget_tokens, 1952);  // 1.5625%
+  EXPECT_EQ(ShadowKvBenchSettings(defaults, 32000).budget_tokens, 512);    // the floor
+  auto accurate = kv::ParseKvVariant("shadowkv:accurate=1", defaults);
+  ASSERT_TRUE(accurate.ok());
+  EXPECT_EQ(ShadowKvBenchSettings(*accurate, 32000).budget_tokens, 4000);   // 12.5%
+  EXPECT_EQ(ShadowKvBenchSettings(*accurate, 124928).budget_tokens, 8192);  // the ceiling
+  for (const int64_t context : {4096, 20000, 32000, 124928}) {
+    EXPECT_EQ(ShadowKvBenchSettings(*accurate, context).budget_tokens,
+              accurate->BudgetTokens(context))
+        << context;
+  }
+  kv::KvPolicyConfig absolute = defaults;
+  absolute.policy = "quest";
+  absolute.budget_tokens = 1000;
+  const kv::KvPolicyConfig kept = ShadowKvBenchSettings(absolute, 124928);
+  EXPECT_EQ(kept.budget_tokens, 1000);
+  EXPECT_EQ(kept.policy, "shadowkv");
 }
 
 // The bench's batch order puts host-value sequences in both halves of a split step's rows and

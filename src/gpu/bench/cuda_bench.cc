@@ -30,12 +30,6 @@ int32_t ArgmaxOf(const std::vector<float>& logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-int64_t NextPowerOfTwo(int64_t value) {
-  int64_t power = 1;
-  while (power < value) power *= 2;
-  return power;
-}
-
 // Prefills slot 0 with `context` random tokens (from `seed`) in chunks of `chunk`, after a
 // warm-up on a short prefix (module loading, cuBLAS heuristics); returns the timed seconds.
 // The last token's logits go to `logits`.
@@ -166,7 +160,7 @@ kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int
   kv::KvPolicyConfig kv_config = settings;
   kv_config.policy = "shadowkv";
   if (kv_config.budget_tokens <= 0) {
-    kv_config.budget_tokens = NextPowerOfTwo(std::max<int64_t>(1, settings.BudgetTokens(context)));
+    kv_config.budget_tokens = std::max<int64_t>(1, settings.BudgetTokens(context));
   }
   return kv_config;
 }
