@@ -351,9 +351,16 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
                    "paper=1",
                    text);
     }
+    std::vector<std::string> implied;
     for (const auto& [key, value] : kAccurateSettings) {
       if (std::find(named.begin(), named.end(), key) != named.end()) continue;
       SKV_RETURN_IF_ERROR(VariantKeys().find(key)->second(config, value));
+      implied.push_back(fmt::format("{}={}", key, value));
+    }
+    // An error may come from a value the user did not write: say where it came from.
+    if (Status s = config.Validate(); !s.ok()) {
+      return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': {} (accurate=1 sets {})",
+                   text, s.message(), fmt::join(implied, ":"));
     }
   }
   SKV_RETURN_IF_ERROR(config.Validate());

@@ -233,6 +233,9 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:budget_min=1024:budget_max=512",
              "budget ceiling 512 is below the budget floor 1024"},
         Case{"shadowkv:accurate=1:budget_max=512", "below the budget floor 768"},
+        // The ceiling the user did not write is named as the setting's.
+        Case{"shadowkv:accurate=1:budget_min=10000", "accurate=1 sets "},
+        Case{"shadowkv:accurate=1:budget_min=10000", "budget_max=8192"},
         Case{"shadowkv:paper=1:budget_max=4096", "paper=1 fixes 'budget_max'"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
         Case{"shadowkv:exact_keys=1:rerank_rank=16", "scores the stored exact keys"},
