@@ -36,6 +36,18 @@ Status KvPolicyConfig::Validate() const {
   if (!(select_drift >= 0.0 && select_drift <= 1.0)) {
     return Error(ErrorCode::kInvalidArgument, "select drift {} is not in [0, 1]", select_drift);
   }
+  if (!(select_drift_small >= 0.0 && select_drift_small <= 1.0)) {
+    return Error(ErrorCode::kInvalidArgument, "small-budget drift {} is not in [0, 1]",
+                 select_drift_small);
+  }
+  if (drift_small_below < 0) {
+    return Error(ErrorCode::kInvalidArgument, "small-budget drift bound {} is negative",
+                 drift_small_below);
+  }
+  if (select_drift_small > 0.0 && select_drift <= 0.0) {
+    return Error(ErrorCode::kInvalidArgument,
+                 "small-budget drift {} needs drift on (select drift is 0)", select_drift_small);
+  }
   if (paper != 0 && paper != 1) {
     return Error(ErrorCode::kInvalidArgument, "paper must be 0 or 1, not {}", paper);
   }
@@ -217,6 +229,8 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"successors", Assign(&KvPolicyConfig::select_successors)},
       {"interval", Assign(&KvPolicyConfig::select_interval)},
       {"drift", Assign(&KvPolicyConfig::select_drift)},
+      {"drift_small", Assign(&KvPolicyConfig::select_drift_small)},
+      {"drift_small_below", Assign(&KvPolicyConfig::drift_small_below)},
       {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
       {"exact_keys", Assign(&KvPolicyConfig::exact_keys)},
       {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
@@ -239,7 +253,8 @@ constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "budget_max", "chunk", "rank", "rank_ratio",
     "rank_energy", "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor",
     "rerank_min", "rerank_rank", "mass", "outliers", "window", "successors", "interval", "drift",
-    "exact_layers", "exact_keys", "fp8_values", "fp8_landmarks", "fp8_keys"};
+    "drift_small", "drift_small_below", "exact_layers", "exact_keys", "fp8_values",
+    "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
 // The accurate setting (accurate=1; see ParseKvVariant): each variant key with its value.
@@ -253,7 +268,9 @@ constexpr std::pair<std::string_view, std::string_view> kAccurateSettings[] = {
     {"rerank_factor", "3"},
     {"rerank_min", "8192"},
     {"interval", "8"},
-    {"drift", "0.85"}};
+    {"drift", "0.85"},
+    {"drift_small", "0.9"},
+    {"drift_small_below", "3072"}};
 // clang-format on
 
 }  // namespace
@@ -288,6 +305,8 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.select_successors = 0;
   config.select_interval = 1;
   config.select_drift = 0.0;
+  config.select_drift_small = 0.0;
+  config.drift_small_below = 0;
   config.exact_layers = 0;
   config.exact_keys = 0;
   config.fp8_keys = 0;

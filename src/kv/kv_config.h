@@ -95,6 +95,12 @@ struct KvPolicyConfig {
   // query it last selected with, their cosine (both without the rotary embedding) below
   // select_drift. 0 = off (the fixed interval alone); in [0, 1].
   double select_drift = 0.0;
+  // A tighter drift threshold for small budgets: a sequence whose budget (in whole chunks) is
+  // below drift_small_below tokens selects again at a cosine below drift_small instead of
+  // select_drift (a smaller kept set leaves the query's attention sooner as the query turns).
+  // drift_small 0 = off; in [0, 1], with select_drift on.
+  double select_drift_small = 0.0;
+  int64_t drift_small_below = 0;
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
@@ -145,6 +151,12 @@ struct KvPolicyConfig {
     return std::max(static_cast<int64_t>(rerank_factor) * budget_chunks,
                     RerankFloorChunks(chunk_size));
   }
+  // The drift threshold of a sequence whose budget is `budget_tokens` (its chunks times the
+  // chunk size): select_drift_small below drift_small_below, select_drift otherwise.
+  double DriftForBudget(int64_t budget_tokens) const {
+    return select_drift_small > 0.0 && budget_tokens < drift_small_below ? select_drift_small
+                                                                         : select_drift;
+  }
   // Whether a KV head selects again where its queries turn (select_drift on, with a longest
   // interval above one step for it to shorten).
   bool ReselectsOnDrift() const { return kv::ReselectsOnDrift(select_drift, select_interval); }
@@ -168,17 +180,18 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // "shadowkv:rank=64:budget=512". Keys: budget, budget_fraction, budget_min, budget_max, chunk,
 // rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select, rerank_factor,
 // rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
-// (select_interval), drift (select_drift), paper (0 or 1; with 1 no setting it forces may be named
-// too: kInvalidArgument), exact_layers, exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0
-// or 1), fp8_keys (0 or 1, with exact_keys), snap_window, snap_kernel, snap_pooling, page,
-// dense_layers, sinks. accurate=1 (shadowkv only; not with paper=1) names the setting measured
-// within 2 points of full attention on Qwen2.5-Coder-0.5B at 32K and on SmolLM2 at 4K and 2.2
-// points at 16K (docs/RESULTS.md, "The accurate setting's candidates"): exact_keys=1, rank=8 (with
-// exact keys no decode step reads the rank-r factors), budget_fraction=0.125 (12.5% of the context)
-// with budget_min=768 and budget_max=8192 (the GPU select's 1,024 chunks; 12.5% reaches it at 64K,
-// beyond the lengths measured), rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate
-// chunks), interval=8, drift=0.85; each of those keys named beside it keeps the named value,
-// whatever the order. Settings not named come from `base`. Unknown keys, malformed values and
+// (select_interval), drift (select_drift), drift_small (select_drift_small), drift_small_below,
+// paper (0 or 1; with 1 no setting it forces may be named too: kInvalidArgument), exact_layers,
+// exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with
+// exact_keys), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. accurate=1
+// (shadowkv only; not with paper=1) names the setting measured within 2 points of full attention
+// on Qwen2.5-Coder-0.5B at 16K and 32K and on SmolLM2 at 4K (docs/RESULTS.md, "The accurate
+// setting's candidates"): exact_keys=1, rank=8 (with exact keys no decode step reads the rank-r
+// factors), budget_fraction=0.125 (12.5% of the context) with budget_min=768 and budget_max=8192
+// (the GPU select's 1,024 chunks; 12.5% reaches it at 64K, beyond the lengths measured),
+// rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85,
+// and drift_small=0.9 below drift_small_below=3072 budget tokens (contexts under about 24K); each
+// of those keys named beside it keeps the named value, whatever the order. Settings not named come from `base`. Unknown keys, malformed values and
 // invalid results are kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 

@@ -116,6 +116,10 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   base.exact_layers = 2;
   base.fp8_values = 1;
   base.basis_groups = 2;
+  base.select_interval = 8;
+  base.select_drift = 0.8;
+  base.select_drift_small = 0.9;
+  base.drift_small_below = 4096;
   auto paper = ParseKvVariant("shadowkv:paper=1", base);
   ASSERT_TRUE(paper.ok()) << paper.status().ToString();
   EXPECT_EQ(paper->paper, 1);
@@ -135,6 +139,10 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   EXPECT_EQ(paper->select_successors, 0);
   EXPECT_EQ(paper->exact_layers, 0);
   EXPECT_EQ(paper->fp8_values, 0);
+  EXPECT_EQ(paper->select_interval, 1);
+  EXPECT_DOUBLE_EQ(paper->select_drift, 0.0);
+  EXPECT_DOUBLE_EQ(paper->select_drift_small, 0.0);
+  EXPECT_EQ(paper->drift_small_below, 0);
   EXPECT_EQ(paper->basis_groups, 2);  // a deployment setting, kept
   EXPECT_EQ(paper->label, "shadowkv:paper=1");
   // The same through WithPaperSettings; paper=0 changes nothing.
@@ -157,6 +165,13 @@ TEST(KvConfigTest, AccurateNamesTheMeasuredSettingAndNamedKeysOverrideIt) {
   EXPECT_EQ(accurate->budget_tokens, 0);
   EXPECT_EQ(accurate->select_interval, 8);
   EXPECT_DOUBLE_EQ(accurate->select_drift, 0.85);
+  // Budgets under 3,072 tokens (contexts under about 24K) reselect at 0.9.
+  EXPECT_DOUBLE_EQ(accurate->select_drift_small, 0.9);
+  EXPECT_EQ(accurate->drift_small_below, 3072);
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(2024), 0.9);  // 16K: 2,029 tokens, 253 chunks
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(768), 0.9);
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(3072), 0.85);
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(4096), 0.85);  // 32K
   EXPECT_TRUE(accurate->ReselectsOnDrift());
   EXPECT_EQ(accurate->selection, base.selection);  // the re-ranked selection, untouched
   EXPECT_EQ(accurate->label, "shadowkv:accurate=1");
@@ -248,6 +263,10 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:accurate=1:paper=1", "not one with paper=1"},
         Case{"quest:accurate=1", "accurate=1 is a ShadowKV setting"},
         Case{"shadowkv:accurate=1:drift=1.5", "select drift 1.5"},
+        Case{"shadowkv:drift=0.9:drift_small=1.5", "small-budget drift 1.5"},
+        Case{"shadowkv:drift=0.9:drift_small=0.95:drift_small_below=-1", "bound -1 is negative"},
+        Case{"shadowkv:drift_small=0.95:drift_small_below=4096", "needs drift on"},
+        Case{"shadowkv:paper=1:drift_small_below=4096", "paper=1 fixes 'drift_small_below'"},
         Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);
     ASSERT_FALSE(config.ok()) << c.text;

@@ -547,6 +547,64 @@ TEST(ShadowKvModesTest, SelectDriftSelectsWhenTheQueriesTurn) {
   }
 }
 
+// The head selections of each (decode step, layer) under `config` (re-ranked, K = 8 chunks, a
+// 64-token budget, interval 6) where steps 3-10's queries are the others' turned by `turn`
+// positions of the rotary embedding (a partial turn: their cosine with the others' is neither
+// near 1 nor near 0).
+void DriftSelections(const KvPolicyConfig& config, int turn, std::vector<int64_t>* out) {
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 37);
+  auto policy = MakePolicy(config, g);
+  Runner r(*policy, stream);
+  r.Step(300, true);
+  const Rope rope(g.rope);
+  for (int step = 0; step < 18; ++step) {
+    const int position = 300 + step;
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      std::vector<float> queries = stream.Make(layer, 5000).queries;
+      rope.Unapply(queries.data(), g.num_query_heads, g.head_dim, 5000);
+      rope.Apply(queries.data(), g.num_query_heads, g.head_dim,
+                 position + (step >= 3 && step < 11 ? turn : 0));
+      const PolicyStats before = r.sequence().layer_stats()[layer];
+      AttentionInput input;
+      ASSERT_NO_FATAL_FAILURE(r.AppendOne(layer, position, queries.data(), &input));
+      PolicyStats added = r.sequence().layer_stats()[layer];
+      added -= before;
+      out->push_back(added.head_selections);
+    }
+  }
+}
+
+// drift_small replaces drift where the sequence's budget (64 tokens here) is below
+// drift_small_below, and only there.
+TEST(ShadowKvModesTest, SmallBudgetsSelectAtTheirOwnDrift) {
+  auto with = [](double drift, double small, int64_t below) {
+    KvPolicyConfig config = ReuseConfigs("rerank", 6, drift).first;
+    config.select_drift_small = small;
+    config.drift_small_below = below;
+    return config;
+  };
+  constexpr int kTurn = 3;
+  std::vector<int64_t> tight, loose, small_tight, large_tight, small_loose;
+  ASSERT_NO_FATAL_FAILURE(DriftSelections(with(0.9, 0.0, 0), kTurn, &tight));
+  ASSERT_NO_FATAL_FAILURE(DriftSelections(with(0.3, 0.0, 0), kTurn, &loose));
+  // The two thresholds decide differently on these queries, or the rest would show nothing.
+  ASSERT_NE(tight, loose);
+  ASSERT_NO_FATAL_FAILURE(DriftSelections(with(0.3, 0.9, 65), kTurn, &small_tight));
+  ASSERT_NO_FATAL_FAILURE(DriftSelections(with(0.9, 0.3, 64), kTurn, &large_tight));
+  ASSERT_NO_FATAL_FAILURE(DriftSelections(with(0.3, 0.9, 64), kTurn, &small_loose));
+  EXPECT_EQ(small_tight, tight);  // 64 < 65: drift_small
+  EXPECT_EQ(large_tight, tight);  // 64 is not below 64: drift
+  EXPECT_EQ(small_loose, loose);
+
+  KvPolicyConfig config = ShadowConfig(8, 32, 2);
+  config.select_drift_small = 0.9;
+  config.drift_small_below = 1024;
+  auto refused = MakeKvPolicy(config, TestGeometry());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("needs drift on"), std::string::npos);
+}
+
 TEST(ShadowKvModesTest, PaperSettingIgnoresOtherDefaults) {
   // A config made in code with paper=1 runs the published method whatever else it says.
   const KvGeometry g = TestGeometry();

@@ -106,7 +106,7 @@ bool ShadowKvSequenceImpl::SelectsOnDrift(const LayerState& layer, HeadState& he
       bb += static_cast<double>(b[i]) * b[i];
     }
     const double cosine = aa > 0.0 && bb > 0.0 ? dot / std::sqrt(aa * bb) : 1.0;
-    selects = cosine < settings_.config.select_drift;
+    selects = cosine < settings_.config.DriftForBudget(budget_chunks_ * settings_.chunk_size);
   }
   if (selects) {
     head.selection_queries = unrotated;

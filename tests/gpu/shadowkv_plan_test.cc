@@ -221,6 +221,41 @@ TEST(CudaShadowKvPlanTest, DriftKeepsEachHeadsLastSelectionInTheFastTier) {
   }
 }
 
+// Each sequence reselects at the threshold of its own budget (one pool serves prompts of many
+// lengths): drift_small where its budget in whole chunks is below drift_small_below tokens,
+// drift from there, as the CPU policy decides (kv::KvPolicyConfig::DriftForBudget).
+TEST(CudaShadowKvPlanTest, EachSequenceDriftsAtItsOwnBudgetsThreshold) {
+  ModelConfig model;
+  model.num_layers = 3;
+  model.num_query_heads = 8;
+  model.num_kv_heads = 2;
+  model.head_dim = 64;
+  kv::KvPolicyConfig config = testing::ParityConfig();
+  config.budget_tokens = 0;
+  config.budget_fraction = 0.125;
+  config.budget_min_tokens = 64;
+  config.select_interval = 8;
+  config.select_drift = 0.85;
+  config.select_drift_small = 0.9;
+  config.drift_small_below = 256;
+  auto geometry = MakeSkvGeometryFor(config, model, 2, 4096);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().ToString();
+  ASSERT_TRUE(geometry->drift());
+  // Budgets of 125, 256 and 500 tokens: 15, 32 and 62 chunks of 8.
+  const std::vector<std::pair<int64_t, float>> cases = {{1000, 0.9f}, {2048, 0.85f}, {4000, 0.85f}};
+  for (const auto& [prompt, threshold] : cases) {
+    auto plan = PlanSkvCompression(config, *geometry, prompt);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_FLOAT_EQ(plan->info.select_drift, threshold) << "prompt " << prompt;
+    EXPECT_FLOAT_EQ(plan->info.select_drift,
+                    static_cast<float>(config.DriftForBudget(plan->info.budget_chunks * 8)));
+  }
+  config.select_drift_small = 0.0;  // off: every sequence at drift
+  auto plain = PlanSkvCompression(config, *geometry, 1000);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FLOAT_EQ(plain->info.select_drift, 0.85f);
+}
+
 // Exact keys: the store grows by one bf16 run of keys per chunk and head (FP8 codes and a scale
 // with fp8_keys), placed after the values (after the FP8 scales too) on a 16-byte boundary; the
 // fast tier does not change, and the pool counts the store where it sits.

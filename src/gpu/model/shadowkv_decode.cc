@@ -63,7 +63,6 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
   p.select_heads = s.geometry.select_heads ? 1 : 0;
   if (s.geometry.drift()) {
     p.head_keeps = s.head_keeps.get();
-    p.select_drift = static_cast<float>(s.geometry.select_drift);
     p.select_interval = s.geometry.select_interval;
     // Which KV heads select at this step, for every row at once (the halves below read it).
     SKV_CUDA_RETURN_IF_ERROR(LaunchSkvDrift(p, stream));

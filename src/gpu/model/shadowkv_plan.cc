@@ -228,6 +228,7 @@ Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,
   plan.info.gather_base = static_cast<int32_t>(outliers * chunk);
   plan.info.recent_base = static_cast<int32_t>((outliers + budget_chunks) * chunk);
   plan.info.decode_origin = static_cast<int32_t>(prompt_tokens);
+  plan.info.select_drift = static_cast<float>(config.DriftForBudget(budget_chunks * chunk));
   return plan;
 }
 

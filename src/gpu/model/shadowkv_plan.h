@@ -56,7 +56,9 @@ struct SkvGeometry {
   // Reuse of a selection (kv::KvPolicyConfig select_interval and select_drift). Under drift each
   // KV head of each layer keeps its last selection's step and its query heads' queries (fp32,
   // without the rotary embedding), so the geometry needs the query heads per KV head: `group`,
-  // set by MakeSkvGeometryFor (1 from MakeSkvGeometry alone).
+  // set by MakeSkvGeometryFor (1 from MakeSkvGeometry alone). select_drift turns the rule on;
+  // each sequence's threshold, which its budget may tighten, is its SkvSequenceInfo's
+  // (PlanSkvCompression).
   int select_interval = 1;
   double select_drift = 0.0;
   int group = 1;

@@ -3,8 +3,8 @@
 // its gather slots hold, by the CPU policy's rule (ShadowKvSequenceImpl::SelectsOnDrift): it
 // selects where it never selected since the compression, where its last selection is
 // select_interval decode steps old, or where one of its query heads' queries, taken back to
-// position 0 (the rotary embedding undone), has a cosine below select_drift with the query that
-// head selected with last.
+// position 0 (the rotary embedding undone), has a cosine below the sequence's threshold
+// (SkvSequenceInfo::select_drift) with the query that head selected with last.
 #include <cuda_bf16.h>
 
 #include "ops/cuda/common/device_utils.cuh"
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kDriftThreads) SkvDriftKernel(SkvDecodeParams 
       now = WarpSum(now);
       then = WarpSum(then);
       const float cosine = now > 0.0f && then > 0.0f ? dot * rsqrtf(now * then) : 1.0f;
-      turned |= cosine < p.select_drift;
+      turned |= cosine < l.info[m.seq].select_drift;
     }
   }
   const bool selects = __syncthreads_or(due || turned) != 0;

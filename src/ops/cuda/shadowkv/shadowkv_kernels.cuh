@@ -205,11 +205,11 @@ struct SkvDecodeParams {
   int select_heads = 0;
   // select_drift: LaunchSkvDrift writes head_keeps [rows, kv_heads], 1 where the KV head keeps
   // the chunks its slots hold (it selected fewer than select_interval steps ago and none of its
-  // query heads' queries, without the rotary embedding, has a cosine below select_drift with
-  // the one it last selected with); every selection kernel then leaves that (row, KV head) as
-  // it leaves a row whose plan reuses (SkvKeepsChunks). Null: no drift.
+  // query heads' queries, without the rotary embedding, has a cosine below its sequence's
+  // SkvSequenceInfo::select_drift with the one it last selected with); every selection kernel
+  // then leaves that (row, KV head) as it leaves a row whose plan reuses (SkvKeepsChunks).
+  // Null: no drift.
   uint8_t* head_keeps = nullptr;
-  float select_drift = 0.0f;
   int select_interval = 1;
 };
 

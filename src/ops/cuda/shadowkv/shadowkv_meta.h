@@ -19,6 +19,9 @@ struct SkvSequenceInfo {
   // Tokens held when compressed: the decode step that appends token p is p - decode_origin
   // (the chunks are selected at the steps select_interval divides, PlanSkvRow).
   int32_t decode_origin = 0;
+  // Under select_drift: the cosine below which a KV head of this sequence selects again
+  // (kv::KvPolicyConfig::DriftForBudget of its budget).
+  float select_drift = 0.0f;
 };
 
 // One decode row's plan for this step (mirrored on the device).
