@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shadowkv_parity_util.h"
@@ -135,7 +136,8 @@ TEST(CudaShadowKvParityTest, SelectIntervalReusesTheGatheredChunks) {
 // sooner where its queries turn: fewer selections the lower the threshold, some of them between
 // the interval's steps and some heads keeping their chunks; each (row, layer, KV head) step is
 // counted. Where selections are mixed, the CPU policy at the same settings agrees as at interval
-// 1 (it decides from fp32 queries, the GPU from bf16 ones).
+// 1 (it decides from fp32 queries, the GPU from bf16 ones). A sequence's own threshold follows its
+// budget (drift_small below drift_small_below).
 TEST(CudaShadowKvParityTest, SelectDriftSelectsWhereTheQueriesTurn) {
   SKV_SKIP_WITHOUT_GPU();
   const TinyModelSpec spec = SmallLlamaSpec(7);
@@ -178,6 +180,27 @@ TEST(CudaShadowKvParityTest, SelectDriftSelectsWhereTheQueriesTurn) {
     }
     // Decisions depend on the path (a selection moves the reference), so only the ends compare.
     EXPECT_LT(selections.back(), selections.front()) << "drift 0.1 selected as often as 0.9";
+
+    // Each sequence's threshold comes from its budget (64 tokens here): below drift_small_below
+    // it is drift_small, at the bound drift. Both of these decode as drift 0.9 itself.
+    kv::KvPolicyConfig tight = always;
+    tight.select_drift = 0.9;
+    std::vector<std::vector<int32_t>> tight_chunks;
+    const std::vector<float> tight_out = DecodeOnGpu(tight, &tight_chunks, &stats);
+    const int64_t tight_selections = stats.head_selections;
+    ASSERT_FALSE(tight_out.empty());
+    for (const auto& [base, small, below] :
+         {std::tuple{0.1, 0.9, int64_t{65}}, std::tuple{0.9, 0.1, int64_t{64}}}) {
+      kv::KvPolicyConfig config = always;
+      config.select_drift = base;
+      config.select_drift_small = small;
+      config.drift_small_below = below;
+      std::vector<std::vector<int32_t>> chunks;
+      EXPECT_TRUE(DecodeOnGpu(config, &chunks, &stats) == tight_out)
+          << "drift " << base << ", " << small << " below " << below;
+      EXPECT_EQ(chunks, tight_chunks);
+      EXPECT_EQ(stats.head_selections, tight_selections);
+    }
     ASSERT_TRUE(mixed.has_value()) << "no threshold mixed kept and turned heads";
     CheckParityWhereTheCpuRuns(*mixed, /*want_ranks=*/24);
   }
