@@ -185,16 +185,22 @@ TEST(CudaShadowKvPlanTest, PerLayerRankIsSizedAtItsCap) {
   EXPECT_NE(mass.status().message().find("'mass'"), std::string::npos) << mass.status().ToString();
 }
 
-// select_drift: each (layer, KV head) of a sequence keeps its last selection's step (4 bytes)
-// and its group's queries (fp32), counted in the fast tier; without an interval above 1 (or
-// drift 0) there is nothing to keep. The rows are planned at interval 1 (the drift kernel
-// decides), and each plan carries its token's position.
-TEST(CudaShadowKvPlanTest, DriftKeepsEachHeadsLastSelectionInTheFastTier) {
+// The drift tests' model: 3 layers, 2 KV heads of 64, 4 query heads each.
+ModelConfig DriftTestModel() {
   ModelConfig model;
   model.num_layers = 3;
   model.num_query_heads = 8;
   model.num_kv_heads = 2;
   model.head_dim = 64;
+  return model;
+}
+
+// select_drift: each (layer, KV head) of a sequence keeps its last selection's step (4 bytes)
+// and its group's queries (fp32), counted in the fast tier; without an interval above 1 (or
+// drift 0) there is nothing to keep. The rows are planned at interval 1 (the drift kernel
+// decides), and each plan carries its token's position.
+TEST(CudaShadowKvPlanTest, DriftKeepsEachHeadsLastSelectionInTheFastTier) {
+  const ModelConfig model = DriftTestModel();
   kv::KvPolicyConfig config = testing::ParityConfig();
   config.select_interval = 4;
   auto interval = MakeSkvGeometryFor(config, model, 2, 512);
@@ -225,11 +231,7 @@ TEST(CudaShadowKvPlanTest, DriftKeepsEachHeadsLastSelectionInTheFastTier) {
 // lengths): drift_small where its budget in whole chunks is below drift_small_below tokens,
 // drift from there, as the CPU policy decides (kv::KvPolicyConfig::DriftForBudget).
 TEST(CudaShadowKvPlanTest, EachSequenceDriftsAtItsOwnBudgetsThreshold) {
-  ModelConfig model;
-  model.num_layers = 3;
-  model.num_query_heads = 8;
-  model.num_kv_heads = 2;
-  model.head_dim = 64;
+  const ModelConfig model = DriftTestModel();
   kv::KvPolicyConfig config = testing::ParityConfig();
   config.budget_tokens = 0;
   config.budget_fraction = 0.125;
