@@ -363,6 +363,7 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
       rest.remove_prefix(item_end + 1);
     }
   }
+  std::vector<std::string> implied;  // what accurate=1 filled in, for the error below
   if (accurate) {
     if (config.policy != "shadowkv" || config.paper == 1) {
       return Error(ErrorCode::kInvalidArgument,
@@ -370,19 +371,18 @@ Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyCon
                    "paper=1",
                    text);
     }
-    std::vector<std::string> implied;
     for (const auto& [key, value] : kAccurateSettings) {
       if (std::find(named.begin(), named.end(), key) != named.end()) continue;
       SKV_RETURN_IF_ERROR(VariantKeys().find(key)->second(config, value));
       implied.push_back(fmt::format("{}={}", key, value));
     }
-    // An error may come from a value the user did not write: say where it came from.
-    if (Status s = config.Validate(); !s.ok()) {
-      return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': {} (accurate=1 sets {})",
-                   text, s.message(), fmt::join(implied, ":"));
-    }
   }
-  SKV_RETURN_IF_ERROR(config.Validate());
+  if (Status s = config.Validate(); !s.ok()) {
+    if (implied.empty()) return s;
+    // The error may come from a value the user did not write: say where it came from.
+    return Error(ErrorCode::kInvalidArgument, "KV policy variant '{}': {} (accurate=1 sets {})",
+                 text, s.message(), fmt::join(implied, ":"));
+  }
   if (config.paper == 1) {
     for (std::string_view key : named) {
       if (std::find(std::begin(kPaperForcedKeys), std::end(kPaperForcedKeys), key) !=

@@ -191,8 +191,8 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // (the GPU select's 1,024 chunks; 12.5% reaches it at 64K, beyond the lengths measured),
 // rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85,
 // and drift_small=0.9 below drift_small_below=3072 budget tokens (contexts under about 24K); each
-// of those keys named beside it keeps the named value, whatever the order. Settings not named come from `base`. Unknown keys, malformed values and
-// invalid results are kInvalidArgument.
+// of those keys named beside it keeps the named value, whatever the order. Settings not named
+// come from `base`. Unknown keys, malformed values and invalid results are kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 
 // The policy names MakeKvPolicy knows.
