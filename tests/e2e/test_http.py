@@ -314,6 +314,26 @@ def partial_requests(server, source, count, data=b"GET /health HTTP/1.1\r\n"):
     return sockets
 
 
+def bodies_under_way(server, source, count):
+    """`count` connections from `source`, each with a POST head sent and one byte of its body,
+    opened one after another: each waits for the server's 100 Continue, which it sends once it
+    has read past the head, so no sleep has to guess when the server has read them."""
+    sockets = []
+    for _ in range(count):
+        s = socket.create_connection((server.host, server.port), timeout=20,
+                                     source_address=(source, 0))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n"
+                  b"Expect: 100-continue\r\n\r\n{")
+        received = b""
+        while not received.endswith(b"\r\n\r\n"):
+            chunk = s.recv(1)
+            check(chunk, f"the server closed a body under way: {received!r}")
+            received += chunk
+        check(received == b"HTTP/1.1 100 Continue\r\n\r\n", f"not a 100 Continue: {received!r}")
+        sockets.append(s)
+    return sockets
+
+
 def get_health_from(server, source):
     reply = raw_exchange(server.host, server.port, b"GET /health HTTP/1.1\r\n\r\n",
                          source=source)
@@ -321,7 +341,6 @@ def get_health_from(server, source):
 
 
 def test_connection_caps(server_args):
-    partial_body = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"
     with Server(sys.argv[1], "--max-client-connections", "4", "--max-connections", "8") as server:
         # Per client: a fifth connection from an address with four requests under way: 429.
         heads = partial_requests(server, "127.0.0.2", 4)
@@ -331,24 +350,20 @@ def test_connection_caps(server_args):
         check_error(status, headers, body, "per-client cap", "too_many_connections")
         check(server.healthy(), "another address is refused by the per-client cap")
         # In all: with eight open, a ninth client gets the slot of the head arriving longest.
-        bodies = partial_requests(server, "127.0.0.3", 4, partial_body)
+        bodies = bodies_under_way(server, "127.0.0.3", 4)
         time.sleep(2.5)  # the refused connection above has drained; the heads are old
         status, _, _ = get_health_from(server, "127.0.0.4")
         check(status == 200, f"a new client at the total cap with slow heads open: {status}")
         status, headers, body = parse_responses(read_reply(heads[0], 10))[0]
         check(status == 408, f"the oldest slow head got {status}")
         check_error(status, headers, body, "evicted head", "request_timeout")
-        # Eight requests whose bodies are under way leave nothing to close: 503.
+        # Eight requests whose bodies are under way leave nothing to close: 503. Closed heads the
+        # server has not seen yet are the slowest heads when the new bodies arrive, so they are
+        # the ones closed for them; the bodies come from an address of their own, so such heads
+        # cannot trip the per-client cap either.
         for s in heads:
             s.close()
-        time.sleep(1.0)
-        # From an address of their own: were the closed heads not yet seen by the server, a new
-        # connection from 127.0.0.2 would be refused by the per-client cap (and the total never
-        # reached), while from here it evicts a closed head for its slot.
-        bodies += partial_requests(server, "127.0.0.5", 4, partial_body)
-        # Their bodies are under way (read past the head) before the ninth; a head not yet read
-        # would be evicted for it (a loaded machine needs the margin: 1 s fell short once).
-        time.sleep(3.0)
+        bodies += bodies_under_way(server, "127.0.0.5", 4)
         status, headers, body = get_health_from(server, "127.0.0.4")
         check(status == 503 and int(headers["retry-after"]) >= 1, f"total cap: {status}")
         check_error(status, headers, body, "total cap", "too_many_connections")
