@@ -68,12 +68,6 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument,
                  "fp8_keys stores the exact keys as FP8; it needs exact_keys=1");
   }
-  if (rerank_rank > 0 && exact_keys != 0) {
-    return Error(ErrorCode::kInvalidArgument,
-                 "rerank rank {} does not apply with exact_keys=1: the re-rank scores the stored "
-                 "exact keys",
-                 rerank_rank);
-  }
   if (budget_tokens < 0) {
     return Error(ErrorCode::kInvalidArgument, "budget of {} tokens is negative", budget_tokens);
   }

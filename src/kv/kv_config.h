@@ -72,7 +72,9 @@ struct KvPolicyConfig {
   // (a multiple of 8; largest eigenvalues first), or every component the layer keeps when 0 or
   // above its rank. The kept chunks are attended with every component either way; scoring with
   // fewer makes the re-rank cheaper where keys are wide. One basis for all heads only (basis_groups
-  // 1); not with exact_keys, whose re-rank scores the stored exact keys.
+  // 1). With exact_keys the re-rank scores the stored exact keys when 0, and with R > 0 the keys
+  // rebuilt from the factors' first R components instead (the attention still reads the exact
+  // keys): fewer bytes per candidate than a stored key.
   int rerank_rank = 0;
   double select_mass = 0.9;
   int64_t outlier_chunks = -1;  // O per KV head; -1 = 24 per 1024 budget tokens

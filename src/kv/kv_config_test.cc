@@ -253,7 +253,6 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:accurate=1:budget_min=10000", "budget_max=8192"},
         Case{"shadowkv:paper=1:budget_max=4096", "paper=1 fixes 'budget_max'"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
-        Case{"shadowkv:exact_keys=1:rerank_rank=16", "scores the stored exact keys"},
         Case{"shadowkv:mass=0", "selection mass 0"},
         Case{"shadowkv:paper=2", "paper must be 0 or 1"},
         Case{"shadowkv:paper=1:rank=64", "paper=1 fixes 'rank'"},

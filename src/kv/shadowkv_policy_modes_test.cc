@@ -224,19 +224,57 @@ TEST(ShadowKvModesTest, ExactKeysAtALowRankHoldTheStreamsKeys) {
   for (const std::string& mode : kModes) CheckSparseMode(mode, 0, true);
 }
 
-// exact_keys: the slow tier holds the keys beside the values (twice its bytes, as the estimate
-// says), the fast tier is the same as without, and the bytes read per miss count both runs. The
-// re-rank still scores with the rank-r keys: at rank 16 on keys of full rank the exact-key
-// sequence keeps the same chunks as the one without.
-// Exact keys double the slow tier and leave the fast tier as it is; the re-rank scores its
-// candidates from them, so at rank 16 of 192 it keeps the chunks that a basis of every component
-// (keys rebuilt exactly, up to rounding) keeps.
-TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndScoreTheRerank) {
-  const KvGeometry g = TestGeometry();
-  TokenStream stream(g, 0, 31);
+// exact_keys with rerank_rank: the candidates are scored from keys rebuilt from the factors'
+// first components, not from the key store, and the kept chunks are attended with their exact
+// keys. At rank 16 with rerank_rank 16 the sequence keeps, step for step, the chunks of the
+// sequence without exact keys (whose candidates are the same rank-16 keys), and the keys it
+// gathers are the stream's (CheckSparseMode).
+// The re-ranked policy of the exact-key tests: rank 16 of the keys' 192 dimensions, K = 8.
+KvPolicyConfig RerankAtRank16() {
   KvPolicyConfig config = ShadowConfig(8, 32, 2, 16);
   config.budget_tokens = 64;
   config.selection = "rerank";
+  return config;
+}
+
+TEST(ShadowKvModesTest, ExactKeysScoredFromTheFactorsKeepTheChunksOfTheFactorsScores) {
+  ASSERT_NO_FATAL_FAILURE(CheckSparseMode("rerank", 16, true));
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 41);
+  KvPolicyConfig config = RerankAtRank16();
+  auto plain = MakePolicy(config, g);
+  config.exact_keys = 1;
+  auto stored = MakePolicy(config, g);
+  config.rerank_rank = 16;
+  auto factors = MakePolicy(config, g);
+  Runner a(*plain, stream), b(*factors, stream), c(*stored, stream);
+  for (Runner* runner : {&a, &b, &c}) runner->Step(300, true);
+  int differs_from_stored = 0;
+  for (int step = 0; step < 8; ++step) {
+    for (Runner* runner : {&a, &b, &c}) runner->Step(1, false);
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      const auto ia = a.shadow().Inspect(layer), ib = b.shadow().Inspect(layer),
+                 ic = c.shadow().Inspect(layer);
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        ASSERT_EQ(AsSet(ib.gathered_chunks[h]), AsSet(ia.gathered_chunks[h]))
+            << "step " << step << " layer " << layer << " head " << h;
+        differs_from_stored += AsSet(ib.gathered_chunks[h]) != AsSet(ic.gathered_chunks[h]);
+      }
+    }
+  }
+  EXPECT_GT(differs_from_stored, 0)
+      << "scores from the factors chose as the stored keys everywhere";
+  EXPECT_EQ(b.sequence().memory().slow_bytes, c.sequence().memory().slow_bytes);
+}
+
+// exact_keys: the slow tier holds the keys beside the values (twice its bytes, as the estimate
+// says), the fast tier is the same as without, and the bytes read per miss count both runs. The
+// re-rank scores its candidates from the stored keys, so at rank 16 of 192 it keeps the chunks
+// that a basis of every component (keys rebuilt exactly, up to rounding) keeps.
+TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndScoreTheRerank) {
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 31);
+  KvPolicyConfig config = RerankAtRank16();
   auto plain = MakePolicy(config, g);
   config.exact_keys = 1;
   auto exact = MakePolicy(config, g);

@@ -171,15 +171,13 @@ Status ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadSt
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   const int rank = ScoreRank(layer);
-  // A slot holds the keys the scores read where they use every component, or are the exact keys
-  // (exact_keys, which refuses rerank_rank: then rank is the layer's).
-  const bool reuse_slots = rank == layer.basis.rank;
+  const bool reuse_slots = ScoresAttendedKeys(layer);
   for (size_t i = 0; i < s.candidates.size(); ++i) {
     float* target = s.candidate_keys.data() + i * chunk_floats;
     const int32_t slot = reuse_slots ? head.slots.slot_of_item(s.candidates[i]) : -1;
     if (slot >= 0) {
       std::memcpy(target, head.gather_keys.data() + slot * chunk_floats, chunk_floats * kFloat);
-    } else if (key_store_) {
+    } else if (key_store_ && reuse_slots) {  // scored from the stored exact keys
       SKV_RETURN_IF_ERROR(ReadExactKeys(head, s.candidates[i], target));
     } else {
       s.rebuild_items.push_back(s.candidates[i]);
@@ -244,7 +242,7 @@ Status ShadowKvSequenceImpl::FillMisses(const LayerState& layer, HeadState& head
   const int64_t chunk_floats =
       static_cast<int64_t>(settings_.chunk_size) * settings_.geometry.head_dim;
   const bool from_candidates =
-      settings_.selection == Selection::kRerank && ScoreRank(layer) == layer.basis.rank;
+      settings_.selection == Selection::kRerank && ScoresAttendedKeys(layer);
   s.rebuild_items.clear();
   s.rebuild_targets.clear();
   for (const auto [slot, item] : s.misses) {

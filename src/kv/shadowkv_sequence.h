@@ -168,7 +168,7 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   // "rerank": the candidates' post-RoPE keys into scratch_.candidate_keys, copied from the
   // gather buffer where a slot holds them and rebuilt otherwise (all rebuilt, from the first
   // ScoreRank components, where that is below the layer's rank); with exact_keys the exact keys,
-  // from a slot or the key store.
+  // from a slot or the key store, or with rerank_rank too all rebuilt from the factors.
   Status CandidateKeys(const LayerState& layer, const HeadState& head, int h);
   // Rebuilds the post-RoPE keys of chunks scratch_.rebuild_items of head h into
   // scratch_.rebuild_targets (chunk_size * head_dim floats each), from the basis's first `rank`
@@ -181,6 +181,14 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   int ScoreRank(const LayerState& layer) const {
     const int rerank_rank = settings_.config.rerank_rank;
     return rerank_rank > 0 ? std::min(rerank_rank, layer.basis.rank) : layer.basis.rank;
+  }
+  // Whether the re-rank scores its candidates with the keys the attention reads, so that a
+  // slot's keys serve as a candidate's and a kept candidate's keys fill its slot: the stored
+  // exact keys (exact_keys without rerank_rank), or, without exact keys, keys rebuilt from every
+  // component the layer keeps.
+  bool ScoresAttendedKeys(const LayerState& layer) const {
+    if (key_store_) return settings_.config.rerank_rank == 0;
+    return ScoreRank(layer) == layer.basis.rank;
   }
   // Fills the gather slots of scratch_.misses (keys rebuilt, or read from the key store with
   // exact_keys, or with "rerank" copied from its candidates' keys where those are the ones

@@ -293,6 +293,18 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
   floor.rerank_min_tokens = 160;
   floor.label = "shadowkv:exact_keys=1:select=rerank:rerank_factor=1:rerank_min=160";
   CheckParity(floor, floor, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7), ParityBounds{});
+  // The re-rank scoring keys rebuilt from the factors (rerank_rank 16 of the rank 24, and all 24:
+  // A·B on the GPU's tensor cores) while the kept chunks are attended with their stored exact
+  // keys, so the store is read only for the chunks a step misses.
+  for (const int rerank_rank : {16, 24}) {
+    kv::KvPolicyConfig factors = ParityConfig(false);
+    factors.exact_keys = 1;
+    factors.selection = "rerank";
+    factors.rerank_rank = rerank_rank;
+    factors.label =
+        "shadowkv:exact_keys=1:select=rerank:rerank_rank=" + std::to_string(rerank_rank);
+    CheckParity(factors, factors, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7));
+  }
 }
 
 // Each layer's rank from its own key spectrum: the GPU's choice (its fp32 Gram, solved on the

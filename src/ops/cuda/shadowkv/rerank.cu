@@ -1,7 +1,8 @@
 // ShadowKV re-ranking (selection "rerank"): the candidates a landmark select kept are scored by
 // their keys (exact attention logits, reduced to one log-sum-exp per chunk and query head), and
-// the best K of them take the gather slots. The keys are rebuilt from A·B, or with exact_keys
-// read from the store (bf16, or FP8 runs decoded as the fetch decodes them).
+// the best K of them take the gather slots. The keys are rebuilt from A·B, or with exact keys
+// scored as stored (rerank_stored) read from the store (bf16, or FP8 runs decoded as the fetch
+// decodes them).
 #include <cmath>
 #include <cub/block/block_scan.cuh>
 
@@ -103,8 +104,8 @@ int64_t ExactSharedBytes(const SkvLayout& l) {
 
 // One block per (ExactChunksPerBlock candidates, KV head, row). Keys: thread (pair, token
 // group) rebuilds one rotary pair of its tokens from the staged A rows and B_h (read through the
-// cache), up to the layer's own rank, or with exact_keys each thread reads stored keys; then one
-// warp per token scores it against every query of the group. No key leaves the block: the kept
+// cache), up to the layer's own rank, or with rerank_stored each thread reads stored keys; then
+// one warp per token scores it against every query of the group. No key leaves the block: the kept
 // chunks reach their gather slots by the ordinary rebuild or fetch, and only each chunk's
 // log-sum-exps go to memory.
 __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodeParams p) {
@@ -130,9 +131,8 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
   float* token_logits = queries + l.group * d;                   // [tokens, group]
 
   const Bf16* coefficients = l.coefficients + layer_index * l.capacity_chunks * chunk_size * stride;
-  // With exact_keys the keys are read from the store (below): no A rows are staged and no key
-  // is rebuilt.
-  const bool stored = l.exact_keys != 0;
+  // With keys scored from the store (rerank_stored) no A rows are staged and no key is rebuilt.
+  const bool stored = l.rerank_stored != 0;
   const int rebuilt_tokens = stored ? 0 : tokens;
   for (int i = threadIdx.x; i < rebuilt_tokens * rank; i += blockDim.x) {
     const int token = i / rank, k = i % rank, which = token / chunk_size;
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // ---- exact scoring on tensor cores --------------------------------------------------------------
 //
 // The candidates' keys are rebuilt 16 rows at a time as the gather rebuild makes them
-// (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), or with exact_keys read from the store
+// (SkvRebuildTile: A·B_h on tensor cores, RoPE, bf16), or with rerank_stored read from the store
 // (LoadStoredKeyTile), and each key tile is multiplied by the group's queries on tensor cores
 // too (keys [16, D] · Qᵀ [D, 16]: the group padded to 16 heads, two mma N blocks), so no key
 // leaves the block either. Each warp loads its next tile's A rows
@@ -234,21 +234,22 @@ int ExactFastGroupFits(const SkvLayout& l) { return l.group <= kExactFastHeads; 
 
 // Key tiles per warp: the ring of stored bf16 keys, else the one tile rebuilt or decoded.
 __host__ __device__ int ExactFastKeyTiles(const SkvLayout& l) {
-  return l.exact_keys && !l.fp8_keys ? kStoredStages : 1;
+  return l.rerank_stored && !l.fp8_keys ? kStoredStages : 1;
 }
 
 // B_h's rows and the elements of a warp's ring of A tiles, for a rank: none where the keys come
-// from the store (exact_keys), which reads neither, so that more blocks fit on a multiprocessor.
+// from the store (rerank_stored), which reads neither, so that more blocks fit on a
+// multiprocessor.
 __host__ __device__ int ExactFastBasisRows(const SkvLayout& l, int rank) {
-  return l.exact_keys ? 0 : SkvRankPadded(rank);
+  return l.rerank_stored ? 0 : SkvRankPadded(rank);
 }
 __host__ __device__ int ExactFastRingElements(const SkvLayout& l, int rank) {
-  return l.exact_keys ? 0 : 2 * 16 * (SkvRankPadded(rank) + 8);
+  return l.rerank_stored ? 0 : 2 * 16 * (SkvRankPadded(rank) + 8);
 }
 
 // Shared memory of one fast exact-scoring block: B_h [rank_padded, D + 8], the queries
 // [16, D + 8] and per warp two A tiles [16, rank_padded + 8] (ExactFastBasisRows and
-// ExactFastRingElements: neither with exact_keys) and its key tiles [16, D + 8] each
+// ExactFastRingElements: neither with rerank_stored) and its key tiles [16, D + 8] each
 // (ExactFastKeyTiles), bf16; then the tokens' logits [kExactFastChunks * C, group], fp32.
 __host__ __device__ int64_t ExactFastBf16Bytes(const SkvLayout& l) {
   const int64_t pitch = l.head_dim + 8;
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   Bf16* key_tile =
       q_tile + kExactFastHeads * pitch + kExactFastWarps * ring + warp * key_tiles * 16 * pitch;
   float* token_logits = reinterpret_cast<float*>(exact_fast_shared + ExactFastBf16Bytes(l));
-  const bool stored = l.exact_keys != 0;  // the keys come from the store, not A·B
+  const bool stored = l.rerank_stored != 0;  // the keys come from the store, not A·B
   // bf16 runs, read by cp.async (the ring is sized for it whether or not it is used)
   const bool stored_async = stored && !l.fp8_keys && p.stored_key_prefetch != 0;
   if (!stored) {
@@ -457,7 +458,7 @@ const void* ExactFastKernel(const SkvDecodeParams& p) {
   const SkvLayout& l = p.layout;
   if (p.kernel_variant != kSkvKernelsFast || p.rotary_dim != l.head_dim || !ExactFastGroupFits(l))
     return nullptr;
-  const bool fp8_ahead = l.exact_keys && l.fp8_keys && p.stored_key_prefetch != 0;
+  const bool fp8_ahead = l.rerank_stored && l.fp8_keys && p.stored_key_prefetch != 0;
   switch (l.head_dim) {
     case 64:
       return ExactFastForm<64>(p.halves, fp8_ahead);

@@ -80,9 +80,12 @@ struct SkvLayout {
   // the values' order; with fp8_keys as e4m3 codes of each key less its chunk's landmark (as
   // stored, bf16 or FP8), then one fp32 scale per run, as FP8 values are laid out. The value
   // fetch then copies (or decodes) a missed chunk's keys too, and there is no key rebuild
-  // (LaunchSkvRebuildKeys does nothing); A and B serve the re-rank's scores.
+  // (LaunchSkvRebuildKeys does nothing).
   int exact_keys = 0;
   int fp8_keys = 0;
+  // 1: the re-rank scores its candidates from the stored exact keys (exact_keys without
+  // rerank_rank); 0: from keys rebuilt from A and B (SkvDecodeParams::rerank_rank components).
+  int rerank_stored = 0;
   int64_t key_store_offset = 0;
   const SkvSequenceInfo* info = nullptr;      // [seqs]
   // Selection reuse under select_drift (LaunchSkvDrift; null without it): each (sequence, layer,
