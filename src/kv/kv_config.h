@@ -109,8 +109,9 @@ struct KvPolicyConfig {
   // 1: the slow tier also keeps every chunk's exact post-RoPE keys beside its values (a second
   // store of the same runs: fp32 on the CPU, bf16 after the values on the GPU), fetched with the
   // values for the chunks attended, and read by the re-rank ("rerank") to score its candidates
-  // (rerank_rank does not apply); the rank-r factors are then read by no decode step. Twice the
-  // slow tier, and the attended keys exact (docs/RESULTS.md, "Exact keys for the chunks
+  // unless rerank_rank is set (then the factors score them and the store is read only for the
+  // chunks a step misses); without rerank_rank no decode step reads the rank-r factors. Twice
+  // the slow tier, and the attended keys exact (docs/RESULTS.md, "Exact keys for the chunks
   // attended"). 0 or 1; off by default.
   int exact_keys = 0;
   // Store the slow tier's values as FP8 e4m3 with one fp32 scale per chunk of one KV head, and
@@ -159,6 +160,10 @@ struct KvPolicyConfig {
     return select_drift_small > 0.0 && budget_tokens < drift_small_below ? select_drift_small
                                                                          : select_drift;
   }
+  // Whether the re-rank scores its candidates from the stored exact keys (exact_keys without
+  // rerank_rank): such a store is read at every selection, not only for the chunks a step misses,
+  // so where it lives decides the selection's speed.
+  bool RerankReadsStore() const { return exact_keys != 0 && rerank_rank == 0; }
   // Whether a KV head selects again where its queries turn (select_drift on, with a longest
   // interval above one step for it to shorten).
   bool ReselectsOnDrift() const { return kv::ReselectsOnDrift(select_drift, select_interval); }

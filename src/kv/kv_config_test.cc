@@ -72,6 +72,16 @@ TEST(KvConfigTest, VariantOverridesNamedSettingsOnly) {
   EXPECT_EQ(modes->rerank_min_tokens, 100);
   EXPECT_EQ(modes->RerankCandidates(10, 8), 30);  // the factor's 30 above the floor's 13
   EXPECT_EQ(modes->RerankCandidates(4, 8), 13);   // ceil(100 / 8)
+  EXPECT_FALSE(modes->RerankReadsStore());  // no exact keys
+  // With exact keys the re-rank reads the store unless a rank scores from the factors.
+  auto exact = ParseKvVariant("shadowkv:exact_keys=1", base);
+  ASSERT_TRUE(exact.ok()) << exact.status().ToString();
+  EXPECT_TRUE(exact->RerankReadsStore());
+  auto exact_factors = ParseKvVariant("shadowkv:accurate=1:rank=48:rerank_rank=48", base);
+  ASSERT_TRUE(exact_factors.ok()) << exact_factors.status().ToString();
+  EXPECT_EQ(exact_factors->exact_keys, 1);
+  EXPECT_EQ(exact_factors->rerank_rank, 48);
+  EXPECT_FALSE(exact_factors->RerankReadsStore());
   auto huge = ParseKvVariant("shadowkv:rerank_min=9223372036854775807", base);
   ASSERT_TRUE(huge.ok()) << huge.status().ToString();
   EXPECT_EQ(huge->RerankFloorChunks(8), 1152921504606846976);  // ceil, without overflow

@@ -239,6 +239,7 @@ KvPolicyConfig RerankAtRank16() {
 
 TEST(ShadowKvModesTest, ExactKeysScoredFromTheFactorsKeepTheChunksOfTheFactorsScores) {
   ASSERT_NO_FATAL_FAILURE(CheckSparseMode("rerank", 16, true));
+  ASSERT_NO_FATAL_FAILURE(CheckSparseMode("rerank", 8, true));  // fewer components than kept
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 41);
   KvPolicyConfig config = RerankAtRank16();

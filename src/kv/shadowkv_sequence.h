@@ -187,7 +187,7 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   // exact keys (exact_keys without rerank_rank), or, without exact keys, keys rebuilt from every
   // component the layer keeps.
   bool ScoresAttendedKeys(const LayerState& layer) const {
-    if (key_store_) return settings_.config.rerank_rank == 0;
+    if (key_store_) return settings_.config.RerankReadsStore();
     return ScoreRank(layer) == layer.basis.rank;
   }
   // Fills the gather slots of scratch_.misses (keys rebuilt, or read from the key store with

@@ -401,7 +401,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     };
     // The re-rank reads each candidate chunk's keys once per KV head (rerank_factor · K, at
     // least the floor's): its A rows (their first rerank_rank columns where set), or with exact
-    // keys its stored run, from wherever the sequence's store lives.
+    // keys and no rerank_rank its stored run, from wherever the sequence's store lives.
     const double candidates =
         kv_config.selection == "rerank"
             ? std::min(std::max(kv_config.rerank_factor * budget,
@@ -411,7 +411,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double score_rank =
         kv_config.rerank_rank > 0 ? std::min<double>(kv_config.rerank_rank, rank) : rank;
     const double candidate_ms =
-        exact_keys ? store_read_ms(candidates * key_run_bytes)
+        kv_config.RerankReadsStore() ? store_read_ms(candidates * key_run_bytes)
                    : per_layer_rows * candidates * chunk * score_rank * 2 / device_rate;
     run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate + candidate_ms;
     run.floors.rebuild_ms =

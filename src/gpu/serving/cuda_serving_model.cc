@@ -470,10 +470,11 @@ Result<std::unique_ptr<kv::SequenceKv>> CudaServingModel::Fork(const Sequence& s
 Status CudaServingModel::Compress(Sequence& s) {
   Status placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/false);
   s.values_on_host_ = false;
-  // With exact keys the re-rank reads every candidate's stored keys at every step: from pinned
-  // host memory that is a PCIe read the whole batch waits for (docs/PERF.md), so such a store
-  // stays on the device or is not made.
-  if (placed.code() == ErrorCode::kResourceExhausted && options_.kv.exact_keys == 0) {
+  // With exact keys scored by the re-rank (no rerank_rank) every selection reads each
+  // candidate's stored keys: from pinned host memory that is a PCIe read the whole batch waits
+  // for (docs/PERF.md), so such a store stays on the device or is not made. Scored from the
+  // factors, the store is read only for the chunks a step misses, as values are.
+  if (placed.code() == ErrorCode::kResourceExhausted && !options_.kv.RerankReadsStore()) {
     placed = group_->AllocateShadowKvValues(s.sequence_, /*on_host=*/true);
     s.values_on_host_ = true;
   }
