@@ -224,11 +224,6 @@ TEST(ShadowKvModesTest, ExactKeysAtALowRankHoldTheStreamsKeys) {
   for (const std::string& mode : kModes) CheckSparseMode(mode, 0, true);
 }
 
-// exact_keys with rerank_rank: the candidates are scored from keys rebuilt from the factors'
-// first components, not from the key store, and the kept chunks are attended with their exact
-// keys. At rank 16 with rerank_rank 16 the sequence keeps, step for step, the chunks of the
-// sequence without exact keys (whose candidates are the same rank-16 keys), and the keys it
-// gathers are the stream's (CheckSparseMode).
 // The re-ranked policy of the exact-key tests: rank 16 of the keys' 192 dimensions, K = 8.
 KvPolicyConfig RerankAtRank16() {
   KvPolicyConfig config = ShadowConfig(8, 32, 2, 16);
@@ -237,18 +232,36 @@ KvPolicyConfig RerankAtRank16() {
   return config;
 }
 
+// RerankAtRank16 without exact keys, and with them as the re-rank's scores.
+struct PlainAndStored {
+  std::unique_ptr<KvPolicy> plain, stored;
+};
+PlainAndStored MakePlainAndStored(const KvGeometry& g) {
+  KvPolicyConfig config = RerankAtRank16();
+  PlainAndStored made;
+  made.plain = MakePolicy(config, g);
+  config.exact_keys = 1;
+  made.stored = MakePolicy(config, g);
+  return made;
+}
+
+// exact_keys with rerank_rank: the candidates are scored from keys rebuilt from the factors'
+// first components, not from the key store, and the kept chunks are attended with their exact
+// keys. At rank 16 with rerank_rank 16 the sequence keeps, step for step, the chunks of the
+// sequence without exact keys (whose candidates are the same rank-16 keys), reads the store only
+// for the chunks it misses (keys beside values: twice the plain sequence's bytes), and the keys
+// it gathers are the stream's (CheckSparseMode).
 TEST(ShadowKvModesTest, ExactKeysScoredFromTheFactorsKeepTheChunksOfTheFactorsScores) {
   ASSERT_NO_FATAL_FAILURE(CheckSparseMode("rerank", 16, true));
   ASSERT_NO_FATAL_FAILURE(CheckSparseMode("rerank", 8, true));  // fewer components than kept
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 41);
+  const PlainAndStored policies = MakePlainAndStored(g);
   KvPolicyConfig config = RerankAtRank16();
-  auto plain = MakePolicy(config, g);
   config.exact_keys = 1;
-  auto stored = MakePolicy(config, g);
   config.rerank_rank = 16;
   auto factors = MakePolicy(config, g);
-  Runner a(*plain, stream), b(*factors, stream), c(*stored, stream);
+  Runner a(*policies.plain, stream), b(*factors, stream), c(*policies.stored, stream);
   for (Runner* runner : {&a, &b, &c}) runner->Step(300, true);
   int differs_from_stored = 0;
   for (int step = 0; step < 8; ++step) {
@@ -266,6 +279,7 @@ TEST(ShadowKvModesTest, ExactKeysScoredFromTheFactorsKeepTheChunksOfTheFactorsSc
   EXPECT_GT(differs_from_stored, 0)
       << "scores from the factors chose as the stored keys everywhere";
   EXPECT_EQ(b.sequence().memory().slow_bytes, c.sequence().memory().slow_bytes);
+  EXPECT_EQ(b.sequence().stats().bytes_fetched, 2 * a.sequence().stats().bytes_fetched);
 }
 
 // exact_keys: the slow tier holds the keys beside the values (twice its bytes, as the estimate
@@ -275,14 +289,13 @@ TEST(ShadowKvModesTest, ExactKeysScoredFromTheFactorsKeepTheChunksOfTheFactorsSc
 TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndScoreTheRerank) {
   const KvGeometry g = TestGeometry();
   TokenStream stream(g, 0, 31);
+  const PlainAndStored policies = MakePlainAndStored(g);
+  const KvPolicy& plain = *policies.plain;
+  const KvPolicy& exact = *policies.stored;
   KvPolicyConfig config = RerankAtRank16();
-  auto plain = MakePolicy(config, g);
-  config.exact_keys = 1;
-  auto exact = MakePolicy(config, g);
-  config.exact_keys = 0;
   config.rank = g.kv_width();
   auto every_component = MakePolicy(config, g);
-  Runner a(*plain, stream), b(*exact, stream), c(*every_component, stream);
+  Runner a(plain, stream), b(exact, stream), c(*every_component, stream);
   for (Runner* runner : {&a, &b, &c}) {
     runner->Step(300, true);
     for (int step = 0; step < 6; ++step) runner->Step(1, false);
@@ -290,8 +303,8 @@ TEST(ShadowKvModesTest, ExactKeysDoubleTheSlowTierAndScoreTheRerank) {
   const MemoryUsage ma = a.sequence().memory(), mb = b.sequence().memory();
   EXPECT_EQ(mb.fast_bytes, ma.fast_bytes);
   EXPECT_EQ(mb.slow_bytes, 2 * ma.slow_bytes);
-  EXPECT_EQ(exact->EstimateMemory(300).slow_bytes, 2 * plain->EstimateMemory(300).slow_bytes);
-  EXPECT_EQ(exact->EstimateMemory(300).fast_bytes, plain->EstimateMemory(300).fast_bytes);
+  EXPECT_EQ(exact.EstimateMemory(300).slow_bytes, 2 * plain.EstimateMemory(300).slow_bytes);
+  EXPECT_EQ(exact.EstimateMemory(300).fast_bytes, plain.EstimateMemory(300).fast_bytes);
   EXPECT_EQ(b.sequence().stats().chunk_selections, c.sequence().stats().chunk_selections);
   EXPECT_EQ(b.sequence().stats().bytes_fetched, 2 * c.sequence().stats().bytes_fetched);
   int differs_from_rank_16 = 0;
