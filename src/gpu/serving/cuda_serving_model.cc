@@ -375,11 +375,12 @@ std::string CudaServingModel::Describe() const {
       "GiB each)",
       sequences_, context, num_slots_, slot_bytes_ / kGiB);
   if (shadowkv()) {
-    text += fmt::format(
-        "; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values{} (device "
-        "memory while it lasts, then pinned host memory)",
-        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB,
-        options_.kv.exact_keys != 0 ? " and exact keys" : "");
+    text += fmt::format("; ShadowKV sequences {:.2f} GiB each plus {:.2f} GiB of values{} ({})",
+                        skv_bytes_ / kGiB, skv_value_bytes_ / kGiB,
+                        options_.kv.exact_keys != 0 ? " and exact keys" : "",
+                        options_.kv.RerankReadsStore()
+                            ? "device memory only: the re-rank reads the stored keys"
+                            : "device memory while it lasts, then pinned host memory");
     if (options_.recompress_turns && options_.keep_prompt_keys) {
       text += fmt::format(
           "; later turns from the prompt's exact keys, kept in pinned host memory ({:.2f} GiB a "
