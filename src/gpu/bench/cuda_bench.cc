@@ -411,8 +411,9 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     const double score_rank =
         kv_config.rerank_rank > 0 ? std::min<double>(kv_config.rerank_rank, rank) : rank;
     const double candidate_ms =
-        kv_config.RerankReadsStore() ? store_read_ms(candidates * key_run_bytes)
-                   : per_layer_rows * candidates * chunk * score_rank * 2 / device_rate;
+        kv_config.RerankReadsStore()
+            ? store_read_ms(candidates * key_run_bytes)
+            : per_layer_rows * candidates * chunk * score_rank * 2 / device_rate;
     run.floors.scoring_ms = per_layer_rows * chunks * landmark_bytes / device_rate + candidate_ms;
     run.floors.rebuild_ms =
         exact_keys ? 0.0 : per_layer_rows * misses * chunk * (rank + d) * 2 / device_rate;
