@@ -274,7 +274,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.fp8_values = g.fp8_values ? 1 : 0;
   l.exact_keys = g.exact_keys ? 1 : 0;
   l.fp8_keys = g.fp8_keys ? 1 : 0;
-  l.rerank_stored = g.exact_keys && g.rerank_rank == 0 ? 1 : 0;  // KvPolicyConfig::RerankReadsStore
+  l.rerank_stored = config.RerankReadsStore() ? 1 : 0;
   l.key_store_offset = g.KeyStoreOffset();
   l.outlier = s->outlier.get();
   l.slot_chunk = s->slot_chunk.get();
