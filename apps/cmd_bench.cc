@@ -697,7 +697,8 @@ void AddCudaBenchOptions(CLI::App& cmd, BenchOptions& o) {
       ->check(CLI::Range(0, 1024));
   cmd.add_flag("--host-values,!--no-host-values", o.host_values,
                "cuda shadowkv: --batch auto also measures larger batches whose extra sequences "
-               "keep their values in pinned host memory")
+               "keep their values in pinned host memory (and their exact keys, where the re-rank "
+               "does not read them at every selection)")
       ->capture_default_str();
   cmd.add_flag("--engine-loop,!--no-engine-loop", o.engine_loop,
                "cuda: each case also decodes through the engine loop (the server's loop without "

@@ -18,7 +18,8 @@
 #   bench:MODEL:CTX    `bench --batch auto` at CTX tokens, policies $KV (full added first);
 #                      $BENCH_ARGS are added (e.g. --no-host-values)
 #   synth:CTX          the same on synthetic weights of $SYNTH (default llama3-8b) at batch
-#                      $BATCH (default auto), $BENCH_ARGS added
+#                      $BATCH (default auto), $BENCH_ARGS added; stores stay in device memory
+#                      unless HOST_VALUES=1
 #   lab:NAME           a kernel lab of dev/cuda built here (nvcc ... dev/cuda/NAME.cu -o
 #                      .devrun/skv/NAME) and carried beside the bundle; its output to $OUT
 # MODEL is a file under $HOME/m (qwen, smol: $HOME/m/qwen.gguf); $TAG names the outputs.
@@ -31,6 +32,8 @@ stage=/tmp/shadowkv_accuracy
 haystack=$HOME/jargon.txt.gz
 kv=${KV:-full,shadowkv}
 tag=${TAG:-run}
+host_flag=--no-host-values
+[ -n "${HOST_VALUES:-}" ] && host_flag=--host-values
 [ -e .devrun/skv/shadowkv_cuda.tar.xz ] && cp .devrun/skv/shadowkv_cuda.tar.xz "$bundle"
 [ -e .devrun/skv/jargon.txt.gz ] && cp .devrun/skv/jargon.txt.gz "$haystack"
 . scripts/cuda_bundle_env.sh
@@ -83,7 +86,8 @@ for step in "$@"; do
     synth)
       timeout "${LIMIT:-400}" "$stage/bin/shadowkv" bench --device cuda \
         --synthetic "${SYNTH:-llama3-8b}" --kv "$kv" --context "$model" --batch "${BATCH:-auto}" \
-        --gen 64 --prefill-chunk 4096 --no-host-values --no-engine-loop ${BENCH_ARGS:-} \
+        --gen 64 --prefill-chunk 4096 $host_flag --no-engine-loop \
+        ${BENCH_ARGS:-} \
         --json "$out/bench_synth_${model}_${tag}.json" > "$out/bench_synth_${model}_${tag}.log" 2>&1
       echo "synth $model: exit $?"
       grep -E "decode|tok/s|rank|batch" "$out/bench_synth_${model}_${tag}.log" | tail -20

@@ -212,8 +212,10 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
   SKV_ASSIGN_OR_RETURN(const int64_t free_bytes, model.FreeDeviceBytes());
   const int64_t staging = 3 * model.KvBytesPerToken() / 2 * c.context / devices;
   const int64_t device_room = free_bytes + staging - 2 * kReserveBytes;
+  // As in serving, a store the re-rank reads at every selection stays in device memory.
+  const bool host_stores = c.allow_host_values && !kv_config.RerankReadsStore();
   const int64_t host_room =
-      c.allow_host_values ? std::max<int64_t>(0, HostAvailableBytes() - c.host_reserve_bytes) : 0;
+      host_stores ? std::max<int64_t>(0, HostAvailableBytes() - c.host_reserve_bytes) : 0;
   const int64_t max_batch = model.options().max_batch;
   const int64_t meta_share = meta_bytes / devices, value_share = value_bytes / devices;
   const int64_t device_alone =
@@ -311,7 +313,7 @@ Result<ShadowKvBenchResult> RunShadowKvBenchCase(CudaModelGroup& model,
     for (int seq = 1; seq < plan.total; ++seq) {
       bool on_host = seq >= plan.on_device;
       Status allocated = model.AllocateShadowKvValues(seq, on_host);
-      if (!allocated.ok() && !on_host && c.allow_host_values && plan.on_device < plan.total) {
+      if (!allocated.ok() && !on_host && host_stores && plan.on_device < plan.total) {
         on_host = true;  // the device estimate missed: try the host
         allocated = model.AllocateShadowKvValues(seq, true);
       }

@@ -34,8 +34,10 @@ Result<int64_t> LeastSequenceBytes(const ModelConfig& config, int64_t context,
   SKV_ASSIGN_OR_RETURN(const SkvGeometry geometry,
                        MakeSkvGeometryFor(ShardKvPolicy(*shadowkv, size), config, kv_heads,
                                           context));
-  return ranks_per_gpu *
-         (geometry.DeviceBytesPerSequence() + (host_values ? 0 : geometry.StoreBytesPerSequence()));
+  // A store the re-rank reads at every selection stays in device memory.
+  const bool store_on_host = host_values && !shadowkv->RerankReadsStore();
+  return ranks_per_gpu * (geometry.DeviceBytesPerSequence() +
+                          (store_on_host ? 0 : geometry.StoreBytesPerSequence()));
 }
 
 Result<int> BatchBoundBeforeLoad(int64_t least_sequence_bytes) {

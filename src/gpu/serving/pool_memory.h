@@ -20,9 +20,10 @@ inline constexpr int kMaxStepBatch = 1024;
 inline constexpr int64_t kPoolReserveBytes = 2ll << 30;
 
 // The least device memory one sequence of `context` tokens takes on each GPU: its full cache
-// (keys and values, bf16), or with `shadowkv` set, its compressed state without the values when
-// `host_values` lets them live in pinned host memory, with them when not. Under tensor
-// parallelism each GPU holds its ranks' share.
+// (keys and values, bf16), or with `shadowkv` set, its compressed state without its store (values,
+// and exact keys where kept) when `host_values` lets the store live in pinned host memory, with
+// it when not or when the re-rank reads the store at every selection. Under tensor parallelism
+// each GPU holds its ranks' share.
 Result<int64_t> LeastSequenceBytes(const ModelConfig& config, int64_t context,
                                    const kv::KvPolicyConfig* shadowkv, bool host_values,
                                    const TensorParallelOptions& tensor_parallel);
