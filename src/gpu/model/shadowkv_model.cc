@@ -234,6 +234,11 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
     SKV_RETURN_IF_ERROR(sized(s->gram.Allocate(layers * width * width)));
     SKV_RETURN_IF_ERROR(sized(s->eigen_values.Allocate(layers * width)));
     SKV_RETURN_IF_ERROR(sized(s->eigen_info.Allocate(layers)));
+    // The solver's first run in a process loads its kernels (about 150 ms on an H100): it runs
+    // once here, on zero matrices, so that making the pool pays that and not the first
+    // request's compression.
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(s->gram.get(), 0, s->gram.bytes(), m.stream));
+    SKV_RETURN_IF_ERROR(s->eigen->Run(s->gram.get(), s->eigen_values.get(), s->eigen_info.get()));
   }
 
   s->device_values.resize(n);
