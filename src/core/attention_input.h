@@ -17,6 +17,10 @@ struct KvSegment {
   // precedes every query.
   bool causal = false;
   int64_t first_position = 0;
+  // Added to each row's score (q·k times the attention scale) before the softmax: every row
+  // stands for e^log_weight rows, as a uniform sample of a larger set does when weighted by the
+  // set's size over the sample's. 0 for rows that stand for themselves.
+  float log_weight = 0.0f;
 };
 
 // What the attention op reads for one layer of one sequence.

@@ -62,6 +62,7 @@ nlohmann::ordered_json KvConfigJson(const kv::KvPolicyConfig& c) {
           {"select_drift", c.select_drift},
           {"select_drift_small", c.select_drift_small},
           {"drift_small_below", c.drift_small_below},
+          {"select_sample", c.select_sample},
           {"exact_layers", c.exact_layers},
           {"exact_keys", c.exact_keys},
           {"fp8_values", c.fp8_values},
@@ -81,14 +82,14 @@ std::string KvConfigText(const kv::KvPolicyConfig& c) {
       "budget={};fraction={};min={};max={};chunk={};rank={};rank_ratio={:.4f};rank_energy={};"
       "rank_min={};rank_head_ratio={};rank_max={};select={};rerank_factor={};rerank_min={};"
       "rerank_rank={};mass={};paper={};outliers={};window={};basis_groups={};successors={};"
-      "interval={};drift={};drift_small={};drift_small_below={};"
+      "interval={};drift={};drift_small={};drift_small_below={};sample={};"
       "exact_layers={};exact_keys={};fp8_values={};fp8_landmarks={};fp8_keys={};"
       "snap_window={};snap_kernel={};snap_pooling={};page={};dense_layers={};sinks={}",
       c.budget_tokens, c.budget_fraction, c.budget_min_tokens, c.budget_max_tokens, c.chunk_size,
       c.rank, c.rank_ratio, c.rank_energy, c.rank_min, c.rank_head_ratio, c.rank_max, c.selection,
       c.rerank_factor, c.rerank_min_tokens, c.rerank_rank, c.select_mass, c.paper, c.outlier_chunks,
       c.local_window, c.basis_groups, c.select_successors, c.select_interval, c.select_drift,
-      c.select_drift_small, c.drift_small_below, c.exact_layers, c.exact_keys, c.fp8_values,
+      c.select_drift_small, c.drift_small_below, c.select_sample, c.exact_layers, c.exact_keys, c.fp8_values,
       c.fp8_landmarks, c.fp8_keys, c.snap_window, c.snap_kernel, c.snap_pooling,
       c.quest_page_size, c.quest_dense_layers, c.sink_tokens);
 }

@@ -48,6 +48,17 @@ Status KvPolicyConfig::Validate() const {
     return Error(ErrorCode::kInvalidArgument,
                  "small-budget drift {} needs drift on (select drift is 0)", select_drift_small);
   }
+  if (!(select_sample >= 0.0 && select_sample < 1.0)) {
+    return Error(ErrorCode::kInvalidArgument, "sampled share {} of the budget is not in [0, 1)",
+                 select_sample);
+  }
+  if (select_sample > 0.0 && selection != "landmarks" && selection != "rerank") {
+    return Error(ErrorCode::kInvalidArgument,
+                 "sample applies to select=landmarks or rerank, not '{}'", selection);
+  }
+  if (select_sample > 0.0 && select_successors != 0) {
+    return Error(ErrorCode::kInvalidArgument, "sample does not apply with successors");
+  }
   if (paper != 0 && paper != 1) {
     return Error(ErrorCode::kInvalidArgument, "paper must be 0 or 1, not {}", paper);
   }
@@ -225,6 +236,7 @@ const std::map<std::string, Setter, std::less<>>& VariantKeys() {
       {"drift", Assign(&KvPolicyConfig::select_drift)},
       {"drift_small", Assign(&KvPolicyConfig::select_drift_small)},
       {"drift_small_below", Assign(&KvPolicyConfig::drift_small_below)},
+      {"sample", Assign(&KvPolicyConfig::select_sample)},
       {"exact_layers", Assign(&KvPolicyConfig::exact_layers)},
       {"exact_keys", Assign(&KvPolicyConfig::exact_keys)},
       {"fp8_values", Assign(&KvPolicyConfig::fp8_values)},
@@ -247,7 +259,7 @@ constexpr std::string_view kPaperForcedKeys[] = {
     "budget", "budget_fraction", "budget_min", "budget_max", "chunk", "rank", "rank_ratio",
     "rank_energy", "rank_min", "rank_head_ratio", "rank_max", "select", "rerank_factor",
     "rerank_min", "rerank_rank", "mass", "outliers", "window", "successors", "interval", "drift",
-    "drift_small", "drift_small_below", "exact_layers", "exact_keys", "fp8_values",
+    "drift_small", "drift_small_below", "sample", "exact_layers", "exact_keys", "fp8_values",
     "fp8_landmarks", "fp8_keys"};
 // clang-format on
 
@@ -301,6 +313,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config) {
   config.select_drift = 0.0;
   config.select_drift_small = 0.0;
   config.drift_small_below = 0;
+  config.select_sample = 0.0;
   config.exact_layers = 0;
   config.exact_keys = 0;
   config.fp8_keys = 0;

@@ -103,6 +103,13 @@ struct KvPolicyConfig {
   // drift_small 0 = off; in [0, 1], with select_drift on.
   double select_drift_small = 0.0;
   int64_t drift_small_below = 0;
+  // The share of the budget's chunks drawn at random, at each selection, from the selectable
+  // chunks the selection did not rank among the best (budget minus sampled): those are attended
+  // with a log weight ln(unranked / sampled), so that they stand for the attention mass of every
+  // chunk left out (an unbiased estimate of its sum), and the rest of the budget keeps the best.
+  // Attended tokens are unchanged. 0 = off; in [0, 1). CPU only; with select=landmarks or rerank,
+  // not with successors.
+  double select_sample = 0.0;
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.
   int exact_layers = 0;
@@ -160,6 +167,13 @@ struct KvPolicyConfig {
     return select_drift_small > 0.0 && budget_tokens < drift_small_below ? select_drift_small
                                                                          : select_drift;
   }
+  // Chunks of a budget of `budget_chunks` drawn at random by select_sample: the share rounded
+  // to the nearest chunk, leaving at least one ranked chunk (0 where the budget has one chunk).
+  int64_t SampledChunks(int64_t budget_chunks) const {
+    if (select_sample <= 0.0 || budget_chunks < 2) return 0;
+    const auto sampled = static_cast<int64_t>(select_sample * static_cast<double>(budget_chunks) + 0.5);
+    return std::min(sampled, budget_chunks - 1);
+  }
   // Whether the re-rank scores its candidates from the stored exact keys (exact_keys without
   // rerank_rank): such a store is read at every selection, not only for the chunks a step misses,
   // so where it lives decides the selection's speed.
@@ -188,6 +202,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select, rerank_factor,
 // rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
 // (select_interval), drift (select_drift), drift_small (select_drift_small), drift_small_below,
+// sample (select_sample),
 // paper (0 or 1; with 1 no setting it forces may be named too: kInvalidArgument), exact_layers,
 // exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with
 // exact_keys), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. accurate=1

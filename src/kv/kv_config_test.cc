@@ -153,6 +153,13 @@ TEST(KvConfigTest, PaperForcesThePublishedSettings) {
   EXPECT_DOUBLE_EQ(paper->select_drift, 0.0);
   EXPECT_DOUBLE_EQ(paper->select_drift_small, 0.0);
   EXPECT_EQ(paper->drift_small_below, 0);
+  // The sampled share (which does not go with successors, so on a base of its own).
+  KvPolicyConfig sampling;
+  sampling.policy = "shadowkv";
+  sampling.select_sample = 0.25;
+  auto unsampled = ParseKvVariant("shadowkv:paper=1", sampling);
+  ASSERT_TRUE(unsampled.ok()) << unsampled.status().ToString();
+  EXPECT_DOUBLE_EQ(unsampled->select_sample, 0.0);
   EXPECT_EQ(paper->basis_groups, 2);  // a deployment setting, kept
   EXPECT_EQ(paper->label, "shadowkv:paper=1");
   // The same through WithPaperSettings; paper=0 changes nothing.
@@ -276,6 +283,11 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:drift=0.9:drift_small=0.95:drift_small_below=-1", "bound -1 is negative"},
         Case{"shadowkv:drift_small=0.95:drift_small_below=4096", "needs drift on"},
         Case{"shadowkv:paper=1:drift_small_below=4096", "paper=1 fixes 'drift_small_below'"},
+        Case{"shadowkv:sample=1", "sampled share 1 of the budget is not in [0, 1)"},
+        Case{"shadowkv:sample=-0.1", "sampled share -0.1"},
+        Case{"shadowkv:sample=0.25:select=mass", "sample applies to select=landmarks or rerank"},
+        Case{"shadowkv:sample=0.25:successors=1", "sample does not apply with successors"},
+        Case{"shadowkv:paper=1:sample=0.25", "paper=1 fixes 'sample'"},
         Case{"nonsense:rank=8", "unknown KV policy 'nonsense'"}}) {
     auto config = ParseKvVariant(c.text, base);
     ASSERT_FALSE(config.ok()) << c.text;
@@ -283,6 +295,20 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
     EXPECT_NE(config.status().message().find(c.mentions), std::string::npos)
         << c.text << ": " << config.status().message();
   }
+}
+
+TEST(KvConfigTest, SampledChunksTakeTheShareAndLeaveOneRanked) {
+  auto config = ParseKvVariant("shadowkv:accurate=1:sample=0.25", KvPolicyConfig{});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_DOUBLE_EQ(config->select_sample, 0.25);
+  EXPECT_EQ(config->SampledChunks(96), 24);
+  EXPECT_EQ(config->SampledChunks(10), 3);  // 2.5 rounds up
+  EXPECT_EQ(config->SampledChunks(2), 1);   // 0.5 rounds up, one chunk stays ranked
+  EXPECT_EQ(config->SampledChunks(1), 0);
+  config->select_sample = 0.9;
+  EXPECT_EQ(config->SampledChunks(4), 3);  // 3.6 rounds to 4; one stays ranked
+  config->select_sample = 0.0;
+  EXPECT_EQ(config->SampledChunks(96), 0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
@@ -656,6 +657,84 @@ TEST(ShadowKvModesTest, SmallBudgetsSelectAtTheirOwnDrift) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("needs drift on"), std::string::npos);
 }
+
+// select_sample 0.25 at K = 8 chunks: each selection ranks 6 chunks, exactly the 6 that the same
+// stream's sequence at K = 6 without sampling selects, and draws 2 of the other selectable
+// chunks, attended as their exact rows with the log weight ln(unranked / 2). The draw differs
+// from selection to selection and is the same in a second run.
+void CheckSampledChunks(const std::string& mode) {
+  SCOPED_TRACE(mode);
+  const KvGeometry g = TestGeometry();
+  TokenStream stream(g, 0, 37);
+  KvPolicyConfig ranked_config = ShadowConfig(8, 32, 2, g.kv_width());
+  ranked_config.selection = mode;
+  ranked_config.rerank_min_tokens = 100000;  // every chunk a candidate, whatever K
+  ranked_config.budget_tokens = 48;          // K = 6
+  KvPolicyConfig sampled_config = ranked_config;
+  sampled_config.budget_tokens = 64;  // K = 8, of them 2 drawn
+  sampled_config.select_sample = 0.25;
+  auto ranked_policy = MakePolicy(ranked_config, g);
+  auto sampled_policy = MakePolicy(sampled_config, g);
+  ASSERT_TRUE(ranked_policy && sampled_policy);
+  Runner ranked(*ranked_policy, stream), sampled(*sampled_policy, stream),
+      again(*sampled_policy, stream);
+  for (Runner* r : {&ranked, &sampled, &again}) r->Step(300, true);
+  std::set<std::set<int64_t>> draws;
+  for (int position = 300; position < 306; ++position) {
+    for (int layer = 0; layer < g.num_layers; ++layer) {
+      AttentionInput ranked_input, sampled_input, again_input;
+      ASSERT_NO_FATAL_FAILURE(ranked.AppendOne(layer, position, nullptr, &ranked_input));
+      ASSERT_NO_FATAL_FAILURE(sampled.AppendOne(layer, position, nullptr, &sampled_input));
+      ASSERT_NO_FATAL_FAILURE(again.AppendOne(layer, position, nullptr, &again_input));
+      const auto info = sampled.shadow().Inspect(layer);
+      const auto ranked_held = HeldChunks(ranked, layer);
+      const auto sampled_held = HeldChunks(sampled, layer);
+      EXPECT_EQ(sampled_held, HeldChunks(again, layer));
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        ASSERT_EQ(sampled_held[h].size(), 8u);
+        ASSERT_EQ(ranked_held[h].size(), 6u);
+        // The weighted rows: which held chunk each 8-row block is, by its exact keys.
+        const auto landmarks = static_cast<double>(info.num_chunks) -
+                               static_cast<double>(info.outlier_chunks[h].size());
+        std::set<int64_t> drawn;
+        for (const KvSegment& segment : sampled_input.heads[h]) {
+          if (segment.log_weight == 0.0f) continue;
+          EXPECT_NEAR(segment.log_weight, std::log((landmarks - 6.0) / 2.0), 1e-5);
+          ASSERT_EQ(segment.num_tokens % 8, 0);
+          for (int block = 0; block < segment.num_tokens / 8; ++block) {
+            int64_t found = -1;
+            for (int64_t chunk : sampled_held[h]) {
+              const auto keys = ChunkRows(stream, layer, h, 8, chunk, false);
+              const auto values = ChunkRows(stream, layer, h, 8, chunk, true);
+              bool same = true;
+              for (int i = 0; i < 8 * g.head_dim && same; ++i) {
+                same = std::fabs(segment.keys[block * 8 * g.head_dim + i] - keys[i]) < 1e-4f &&
+                       segment.values[block * 8 * g.head_dim + i] == values[i];
+              }
+              if (same) found = chunk;
+            }
+            ASSERT_GE(found, 0) << "a weighted block that is no held chunk's rows";
+            drawn.insert(found);
+          }
+        }
+        ASSERT_EQ(drawn.size(), 2u);
+        std::set<int64_t> rest;
+        std::set_difference(sampled_held[h].begin(), sampled_held[h].end(), drawn.begin(),
+                            drawn.end(), std::inserter(rest, rest.begin()));
+        EXPECT_EQ(rest, ranked_held[h]) << "layer " << layer << " head " << h;
+        draws.insert(drawn);
+        EXPECT_EQ(sampled_input.num_tokens(h), again_input.num_tokens(h));
+        EXPECT_EQ(sampled_input.num_tokens(h), ranked_input.num_tokens(h) + 16);
+      }
+    }
+  }
+  EXPECT_GE(draws.size(), 4u);  // the draw changes from selection to selection
+}
+
+TEST(ShadowKvModesTest, LandmarksSampleTheRestOfTheBudgetWeighted) {
+  CheckSampledChunks("landmarks");
+}
+TEST(ShadowKvModesTest, RerankSamplesTheRestOfTheBudgetWeighted) { CheckSampledChunks("rerank"); }
 
 TEST(ShadowKvModesTest, PaperSettingIgnoresOtherDefaults) {
   // A config made in code with paper=1 runs the published method whatever else it says.

@@ -1,7 +1,7 @@
 // A ShadowKV sequence's decode step: Prepare selects each KV head's chunks (landmark scores, the
-// re-rank of their candidates by exact scores, per-head or cumulative-mass selections,
-// select_interval and select_drift reuse) and fills the gather slots it misses from the basis or
-// the key store and the value store.
+// re-rank of their candidates by exact scores, per-head or cumulative-mass selections, a share
+// drawn at random and weighted (select_sample), select_interval and select_drift reuse) and fills
+// the gather slots it misses from the basis or the key store and the value store.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -45,7 +45,12 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         step.head_steps += 1;
         if (selects) {
           step.head_selections += 1;
-          SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
+          const uint64_t seed = (static_cast<uint64_t>(layer_index) << 48) ^
+                                (static_cast<uint64_t>(h) << 40) ^
+                                static_cast<uint64_t>(layer.num_tokens);
+          SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries, seed));
+          head.sampled = scratch_.sampled;
+          head.sample_log_weight = scratch_.sample_log_weight;
           const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
           SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
           step.chunk_selections += static_cast<int64_t>(scratch_.selected.size());
@@ -53,18 +58,27 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
         }
         // One segment per run of occupied slots (the chunks of this or the last selecting step;
         // Assign empties the others): all of them, except where "mass" selects fewer chunks than
-        // it has slots.
+        // it has slots. A run holds ranked chunks only or sampled chunks only, the latter
+        // attended with the sample's log weight.
         const int64_t chunk_floats = static_cast<int64_t>(chunk) * g.head_dim;
+        auto sampled = [&](int32_t slot) {
+          return std::binary_search(head.sampled.begin(), head.sampled.end(),
+                                    head.slots.item_in_slot(slot));
+        };
         for (int32_t s = 0; s < head.slots.num_slots();) {
           if (head.slots.item_in_slot(s) < 0) {
             ++s;
             continue;
           }
+          const bool run_sampled = sampled(s);
           int32_t end = s;
-          while (end < head.slots.num_slots() && head.slots.item_in_slot(end) >= 0) ++end;
+          while (end < head.slots.num_slots() && head.slots.item_in_slot(end) >= 0 &&
+                 sampled(end) == run_sampled) {
+            ++end;
+          }
           segments.push_back({head.gather_keys.data() + s * chunk_floats,
                               head.gather_values.data() + s * chunk_floats, (end - s) * chunk,
-                              g.head_dim, false, 0});
+                              g.head_dim, false, 0, run_sampled ? head.sample_log_weight : 0.0f});
           attended += (end - s) * chunk;
           s = end;
         }
@@ -116,12 +130,17 @@ bool ShadowKvSequenceImpl::SelectsOnDrift(const LayerState& layer, HeadState& he
 }
 
 Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState& head, int h,
-                                          const float* queries, int num_queries) {
+                                          const float* queries, int num_queries, uint64_t seed) {
   const KvGeometry& g = settings_.geometry;
   const float* group_queries = queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim;
   const int64_t items = head.num_landmarks();
-  const int64_t k = std::min(budget_chunks_, items);
   auto& s = scratch_;
+  s.sampled.clear();
+  s.sample_log_weight = 0.0f;
+  // With select_sample (landmarks or rerank only) the ranking keeps the budget less the chunks
+  // drawn; where every chunk fits the budget there is nothing to draw for.
+  const int64_t drawn = items > budget_chunks_ ? settings_.config.SampledChunks(budget_chunks_) : 0;
+  const int64_t k = std::min(budget_chunks_, items) - drawn;
   if (settings_.selection == Selection::kHeads) {
     s.head_scores.resize(static_cast<size_t>(g.group_size()) * items);
     ScoreLandmarksPerHead(group_queries, num_queries, g.q_width(), g.group_size(),
@@ -150,6 +169,7 @@ Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadSta
       SelectTopK(s.exact_scores, k, &s.top_values, &s.positions);
       s.selected.clear();
       for (int32_t position : s.positions) s.selected.push_back(s.candidates[position]);
+      if (drawn > 0) DrawSample(items, drawn, seed);
       return Status::Ok();
     }
     default:
@@ -158,9 +178,48 @@ Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadSta
                                  &s.selected);
       } else {
         SelectTopK(s.scores, k, &s.top_values, &s.selected);
+        if (drawn > 0) DrawSample(items, drawn, seed);
       }
   }
   return Status::Ok();
+}
+
+void ShadowKvSequenceImpl::DrawSample(int64_t items, int64_t count, uint64_t seed) {
+  auto& s = scratch_;
+  // The items not ranked among the best (s.selected is increasing).
+  s.unranked.clear();
+  size_t next = 0;
+  for (int32_t item = 0; item < items; ++item) {
+    if (next < s.selected.size() && s.selected[next] == item) {
+      ++next;
+    } else {
+      s.unranked.push_back(item);
+    }
+  }
+  const auto pool = static_cast<int64_t>(s.unranked.size());
+  count = std::min(count, pool);
+  if (count <= 0) return;
+  // A partial Fisher-Yates shuffle driven by splitmix64: the first `count` entries are a
+  // uniform draw without replacement.
+  uint64_t state = seed;
+  auto next_random = [&state]() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const auto j = i + static_cast<int64_t>(next_random() % static_cast<uint64_t>(pool - i));
+    std::swap(s.unranked[i], s.unranked[j]);
+  }
+  s.sampled.assign(s.unranked.begin(), s.unranked.begin() + count);
+  std::sort(s.sampled.begin(), s.sampled.end());
+  s.sample_log_weight =
+      static_cast<float>(std::log(static_cast<double>(pool) / static_cast<double>(count)));
+  const size_t ranked = s.selected.size();
+  s.selected.insert(s.selected.end(), s.sampled.begin(), s.sampled.end());
+  std::inplace_merge(s.selected.begin(), s.selected.begin() + static_cast<int64_t>(ranked),
+                     s.selected.end());
 }
 
 Status ShadowKvSequenceImpl::CandidateKeys(const LayerState& layer, const HeadState& head, int h) {

@@ -81,6 +81,10 @@ struct HeadState {
   // position 0 ([group_size, head_dim]), and its decode step (-1: none since the compression).
   std::vector<float> selection_queries;
   int64_t selection_step = -1;
+  // select_sample: the landmark items of the last selection drawn at random (increasing), and
+  // the log weight their rows are attended with.
+  std::vector<int32_t> sampled;
+  float sample_log_weight = 0.0f;
 
   int64_t num_landmarks() const { return static_cast<int64_t>(landmark_chunks.size()); }
 };
@@ -125,6 +129,9 @@ struct Scratch {
   std::vector<float> runs;               // value runs being packed for the store
   std::vector<float> key_runs;           // exact_keys: key runs being packed for the key store
   std::vector<float> unrotated;          // select_drift: [group_size, head_dim]
+  std::vector<int32_t> sampled;          // select_sample: the items drawn, increasing
+  float sample_log_weight = 0.0f;        // select_sample: ln(unranked items / items drawn)
+  std::vector<int32_t> unranked;         // select_sample: the items it draws from
 };
 
 class ShadowKvSequenceImpl final : public ShadowKvSequence {
@@ -162,9 +169,15 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
                    const std::vector<int32_t>& outliers);
   void DropExactRows(LayerState& layer, int64_t rows);
   // Chooses head h's chunks for this step into scratch_.selected (landmark items, increasing)
-  // by the configured selection; "rerank" also leaves its candidates' keys in scratch_.
+  // by the configured selection; "rerank" also leaves its candidates' keys in scratch_. With
+  // select_sample the selection ranks the budget less the sampled chunks, and DrawSample adds
+  // those (scratch_.sampled, drawn from `seed`).
   Status SelectChunks(const LayerState& layer, const HeadState& head, int h,
-                      const float* queries, int num_queries);
+                      const float* queries, int num_queries, uint64_t seed);
+  // select_sample: draws `count` of head's items not in scratch_.selected (uniformly, without
+  // replacement, from `seed`) into scratch_.sampled, with their log weight, and merges them
+  // into scratch_.selected.
+  void DrawSample(int64_t items, int64_t count, uint64_t seed);
   // "rerank": the candidates' post-RoPE keys into scratch_.candidate_keys, copied from the
   // gather buffer where a slot holds them and rebuilt otherwise (all rebuilt, from the first
   // ScoreRank components, where that is below the layer's rank); with exact_keys the exact keys,

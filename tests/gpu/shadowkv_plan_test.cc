@@ -82,6 +82,17 @@ TEST(CudaShadowKvPlanTest, NoExactWindowIsRefusedNamingTheWindow) {
   EXPECT_TRUE(MakeSkvGeometry(config, 2, 2, 64, 512).ok());
 }
 
+TEST(CudaShadowKvPlanTest, SampledChunksAreRefusedAsCpuOnly) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.select_sample = 0.25;
+  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
+  ASSERT_FALSE(geometry.ok());
+  EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(geometry.status().message().find("CPU only"), std::string::npos)
+      << geometry.status().ToString();
+}
+
 // Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the
 // spectrum given stops at 16 (a fit at a cap of 16), so shares past 95% take the cap.
 TEST(CudaShadowKvPlanTest, RankForEnergyIsTheSmallestMultipleOfEightHoldingTheShare) {

@@ -63,6 +63,9 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   if (config.exact_layers != 0) {
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
   }
+  if (config.select_sample > 0.0) {
+    return Error(ErrorCode::kUnsupported, "ShadowKV sample (sampled chunks) runs on the CPU only");
+  }
   if (config.basis_groups != 1) {
     return Error(ErrorCode::kUnsupported,
                  "ShadowKV basis_groups runs on the CPU only (on the "

@@ -120,6 +120,12 @@ void RunTask(const AttentionShape& shape, const AttentionJob& job, const Task& t
   for (size_t i = 0; i < segments.size(); ++i) {
     const auto& s = segments[i];
     if (used[i] > 0) ScoreRows(q, q_stride, rows, s, used[i], d, shape.scale, scores.data() + column, total);
+    if (used[i] > 0 && s.log_weight != 0.0f) {
+      for (int r = 0; r < rows; ++r) {
+        float* row = scores.data() + static_cast<int64_t>(r) * total + column;
+        for (int64_t t = 0; t < used[i]; ++t) row[t] += s.log_weight;
+      }
+    }
     column += used[i];
   }
   // Causal mask, then row softmax.
@@ -214,7 +220,7 @@ void ReferenceAttention(const AttentionShape& shape, const AttentionJob& job) {
           const float* k = s.keys + static_cast<int64_t>(t) * s.row_stride;
           double dot = 0;
           for (int c = 0; c < d; ++c) dot += static_cast<double>(q[c]) * k[c];
-          weights.push_back(dot * shape.scale);
+          weights.push_back(dot * shape.scale + s.log_weight);
           values.push_back(s.values + static_cast<int64_t>(t) * s.row_stride);
         }
       }

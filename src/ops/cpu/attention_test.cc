@@ -71,5 +71,52 @@ TEST(AttentionTest, SingleKeyReturnsItsValue) {
     for (int c = 0; c < 4; ++c) EXPECT_FLOAT_EQ(out[h * 4 + c], v[c]);
 }
 
+// A segment with log_weight ln(n) attends as n copies of its rows: the same output from one
+// weighted segment as from n unweighted segments over the same rows, for a decode query and for
+// a block of queries (the BLAS path).
+void CheckWeightedRowsAsCopies(int num_queries) {
+  std::mt19937 rng(31 + num_queries);
+  AttentionShape shape{4, 2, 16, 0.25f};
+  const int width = shape.num_kv_heads * shape.head_dim;
+  const int prefix = 24, sampled = 5, copies = 3;
+  auto keys = RandomVector(static_cast<size_t>(prefix + sampled) * width, rng);
+  auto values = RandomVector(keys.size(), rng);
+  auto queries = RandomVector(static_cast<size_t>(num_queries) * shape.num_query_heads *
+                                  shape.head_dim, rng);
+  AttentionInput weighted, repeated;
+  weighted.Reset(shape.num_kv_heads);
+  repeated.Reset(shape.num_kv_heads);
+  for (int h = 0; h < shape.num_kv_heads; ++h) {
+    const int64_t base = h * shape.head_dim, tail = base + prefix * width;
+    const KvSegment exact{keys.data() + base, values.data() + base, prefix, width, false, 0};
+    const KvSegment sample{keys.data() + tail, values.data() + tail, sampled, width, false, 0};
+    weighted.heads[h] = {exact, sample};
+    weighted.heads[h][1].log_weight = std::log(static_cast<float>(copies));
+    repeated.heads[h] = {exact};
+    for (int c = 0; c < copies; ++c) repeated.heads[h].push_back(sample);
+  }
+  std::vector<float> out(queries.size()), expected(queries.size());
+  AttentionJob job{queries.data(), out.data(), num_queries, prefix + sampled, &weighted};
+  AttentionJob copies_job{queries.data(), expected.data(), num_queries, prefix + sampled,
+                          &repeated};
+  ThreadPool pool(2);
+  RunAttention(shape, std::span<const AttentionJob>(&job, 1), pool);
+  RunAttention(shape, std::span<const AttentionJob>(&copies_job, 1), pool);
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_NEAR(out[i], expected[i], 1e-5f * (1.0f + std::fabs(expected[i]))) << "element " << i;
+  }
+  // The weight changes the output (the check above is not vacuous).
+  weighted.heads[0][1].log_weight = 0.0f;
+  std::vector<float> unweighted(queries.size());
+  job.out = unweighted.data();
+  RunAttention(shape, std::span<const AttentionJob>(&job, 1), pool);
+  double change = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) change += std::fabs(unweighted[i] - out[i]);
+  EXPECT_GT(change, 1e-3);
+}
+
+TEST(AttentionTest, WeightedRowsAttendAsCopiesInDecode) { CheckWeightedRowsAsCopies(1); }
+TEST(AttentionTest, WeightedRowsAttendAsCopiesInABlock) { CheckWeightedRowsAsCopies(20); }
+
 }  // namespace
 }  // namespace shadowkv
