@@ -4,6 +4,7 @@
 // sliding-window rings, exact keys in the store, the drift state), the capacity's tiles, the
 // bench's budget and its spread of host-value rows.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "gpu/bench/cuda_bench.h"
@@ -68,29 +69,25 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
 }
 
-// A step graduates before it appends, so the GPU needs an exact token behind the new one.
-TEST(CudaShadowKvPlanTest, NoExactWindowIsRefusedNamingTheWindow) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.local_window = 0;
-  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
-  ASSERT_FALSE(geometry.ok());
-  EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(geometry.status().message().find("window=0"), std::string::npos)
-      << geometry.status().ToString();
-  config.local_window = 1;
-  EXPECT_TRUE(MakeSkvGeometry(config, 2, 2, 64, 512).ok());
-}
-
-TEST(CudaShadowKvPlanTest, SampledChunksAreRefusedAsCpuOnly) {
-  kv::KvPolicyConfig config;
-  config.policy = "shadowkv";
-  config.select_sample = 0.25;
-  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
-  ASSERT_FALSE(geometry.ok());
-  EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(geometry.status().message().find("CPU only"), std::string::npos)
-      << geometry.status().ToString();
+// Settings the GPU does not run are refused by name: no exact window (a step graduates before
+// it appends, so the GPU needs an exact token behind the new one) and sampled chunks (CPU only).
+TEST(CudaShadowKvPlanTest, SettingsTheGpuDoesNotRunAreRefusedByName) {
+  kv::KvPolicyConfig no_window;
+  no_window.policy = "shadowkv";
+  no_window.local_window = 0;
+  kv::KvPolicyConfig sampled;
+  sampled.policy = "shadowkv";
+  sampled.select_sample = 0.25;
+  for (const auto& [config, mention] : {std::pair{no_window, "window=0"},
+                                        std::pair{sampled, "CPU only"}}) {
+    auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
+    ASSERT_FALSE(geometry.ok()) << mention;
+    EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
+    EXPECT_NE(geometry.status().message().find(mention), std::string::npos)
+        << geometry.status().ToString();
+  }
+  no_window.local_window = 1;
+  EXPECT_TRUE(MakeSkvGeometry(no_window, 2, 2, 64, 512).ok());
 }
 
 // Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the
