@@ -297,10 +297,19 @@ TEST(CudaShadowKvPlanTest, ExactKeysFollowTheValuesInTheStore) {
     model.num_layers = 2;
     model.num_kv_heads = 2;
     model.head_dim = 64;
+    // The re-rank reads such a store at every selection, so it stays in device memory whether
+    // or not host stores are allowed; scored from the factors (rerank_rank), it may leave.
     auto on_device = LeastSequenceBytes(model, 512, &exact, /*host_values=*/false, {});
     auto on_host = LeastSequenceBytes(model, 512, &exact, /*host_values=*/true, {});
     ASSERT_TRUE(on_device.ok() && on_host.ok());
-    EXPECT_EQ(*on_device - *on_host, with_keys->StoreBytesPerSequence());
+    EXPECT_EQ(*on_device, *on_host);
+    kv::KvPolicyConfig factors = exact;
+    factors.rank = 16;
+    factors.rerank_rank = 16;
+    auto factors_device = LeastSequenceBytes(model, 512, &factors, /*host_values=*/false, {});
+    auto factors_host = LeastSequenceBytes(model, 512, &factors, /*host_values=*/true, {});
+    ASSERT_TRUE(factors_device.ok() && factors_host.ok());
+    EXPECT_EQ(*factors_device - *factors_host, with_keys->StoreBytesPerSequence());
   }
   // FP8 keys: a byte an element and a scale per run, after the values.
   exact.fp8_keys = 1;
