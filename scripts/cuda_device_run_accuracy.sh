@@ -86,8 +86,7 @@ for step in "$@"; do
     synth)
       timeout "${LIMIT:-400}" "$stage/bin/shadowkv" bench --device cuda \
         --synthetic "${SYNTH:-llama3-8b}" --kv "$kv" --context "$model" --batch "${BATCH:-auto}" \
-        --gen 64 --prefill-chunk 4096 $host_flag --no-engine-loop \
-        ${BENCH_ARGS:-} \
+        --gen 64 --prefill-chunk 4096 $host_flag --no-engine-loop ${BENCH_ARGS:-} \
         --json "$out/bench_synth_${model}_${tag}.json" > "$out/bench_synth_${model}_${tag}.log" 2>&1
       echo "synth $model: exit $?"
       grep -E "decode|tok/s|rank|batch" "$out/bench_synth_${model}_${tag}.log" | tail -20

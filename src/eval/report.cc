@@ -89,8 +89,8 @@ std::string KvConfigText(const kv::KvPolicyConfig& c) {
       c.rank, c.rank_ratio, c.rank_energy, c.rank_min, c.rank_head_ratio, c.rank_max, c.selection,
       c.rerank_factor, c.rerank_min_tokens, c.rerank_rank, c.select_mass, c.paper, c.outlier_chunks,
       c.local_window, c.basis_groups, c.select_successors, c.select_interval, c.select_drift,
-      c.select_drift_small, c.drift_small_below, c.select_sample, c.exact_layers, c.exact_keys, c.fp8_values,
-      c.fp8_landmarks, c.fp8_keys, c.snap_window, c.snap_kernel, c.snap_pooling,
+      c.select_drift_small, c.drift_small_below, c.select_sample, c.exact_layers, c.exact_keys,
+      c.fp8_values, c.fp8_landmarks, c.fp8_keys, c.snap_window, c.snap_kernel, c.snap_pooling,
       c.quest_page_size, c.quest_dense_layers, c.sink_tokens);
 }
 

@@ -171,7 +171,8 @@ struct KvPolicyConfig {
   // to the nearest chunk, leaving at least one ranked chunk (0 where the budget has one chunk).
   int64_t SampledChunks(int64_t budget_chunks) const {
     if (select_sample <= 0.0 || budget_chunks < 2) return 0;
-    const auto sampled = static_cast<int64_t>(select_sample * static_cast<double>(budget_chunks) + 0.5);
+    const auto sampled =
+        static_cast<int64_t>(select_sample * static_cast<double>(budget_chunks) + 0.5);
     return std::min(sampled, budget_chunks - 1);
   }
   // Whether the re-rank scores its candidates from the stored exact keys (exact_keys without
@@ -202,8 +203,7 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // rank, rank_ratio, rank_energy, rank_min, rank_head_ratio, rank_max, select, rerank_factor,
 // rerank_min, rerank_rank, mass, basis_groups, outliers, window, successors (0 or 1), interval
 // (select_interval), drift (select_drift), drift_small (select_drift_small), drift_small_below,
-// sample (select_sample),
-// paper (0 or 1; with 1 no setting it forces may be named too: kInvalidArgument), exact_layers,
+// sample (select_sample), paper (0 or 1; with 1 no setting it forces may be named too: kInvalidArgument), exact_layers,
 // exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with
 // exact_keys), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. accurate=1
 // (shadowkv only; not with paper=1) names the setting measured within 2 points of full attention

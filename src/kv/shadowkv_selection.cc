@@ -48,9 +48,8 @@ Status ShadowKvSequenceImpl::Prepare(int layer_index, const float* queries, int 
           const uint64_t seed = (static_cast<uint64_t>(layer_index) << 48) ^
                                 (static_cast<uint64_t>(h) << 40) ^
                                 static_cast<uint64_t>(layer.num_tokens);
-          SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries, seed));
-          head.sampled = scratch_.sampled;
-          head.sample_log_weight = scratch_.sample_log_weight;
+          SKV_RETURN_IF_ERROR(SelectChunks(layer, head, h, queries, num_queries));
+          DrawSample(head, seed);
           const int64_t hits = head.slots.Assign(scratch_.selected, &scratch_.misses);
           SKV_RETURN_IF_ERROR(FillMisses(layer, head, h, &step));
           step.chunk_selections += static_cast<int64_t>(scratch_.selected.size());
@@ -130,17 +129,14 @@ bool ShadowKvSequenceImpl::SelectsOnDrift(const LayerState& layer, HeadState& he
 }
 
 Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadState& head, int h,
-                                          const float* queries, int num_queries, uint64_t seed) {
+                                          const float* queries, int num_queries) {
   const KvGeometry& g = settings_.geometry;
   const float* group_queries = queries + static_cast<int64_t>(h) * g.group_size() * g.head_dim;
   const int64_t items = head.num_landmarks();
-  auto& s = scratch_;
-  s.sampled.clear();
-  s.sample_log_weight = 0.0f;
   // With select_sample (landmarks or rerank only) the ranking keeps the budget less the chunks
-  // drawn; where every chunk fits the budget there is nothing to draw for.
-  const int64_t drawn = items > budget_chunks_ ? settings_.config.SampledChunks(budget_chunks_) : 0;
-  const int64_t k = std::min(budget_chunks_, items) - drawn;
+  // DrawSample adds.
+  const int64_t k = std::min(budget_chunks_, items) - DrawnChunks(head);
+  auto& s = scratch_;
   if (settings_.selection == Selection::kHeads) {
     s.head_scores.resize(static_cast<size_t>(g.group_size()) * items);
     ScoreLandmarksPerHead(group_queries, num_queries, g.q_width(), g.group_size(),
@@ -169,7 +165,6 @@ Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadSta
       SelectTopK(s.exact_scores, k, &s.top_values, &s.positions);
       s.selected.clear();
       for (int32_t position : s.positions) s.selected.push_back(s.candidates[position]);
-      if (drawn > 0) DrawSample(items, drawn, seed);
       return Status::Ok();
     }
     default:
@@ -178,14 +173,23 @@ Status ShadowKvSequenceImpl::SelectChunks(const LayerState& layer, const HeadSta
                                  &s.selected);
       } else {
         SelectTopK(s.scores, k, &s.top_values, &s.selected);
-        if (drawn > 0) DrawSample(items, drawn, seed);
       }
   }
   return Status::Ok();
 }
 
-void ShadowKvSequenceImpl::DrawSample(int64_t items, int64_t count, uint64_t seed) {
+int64_t ShadowKvSequenceImpl::DrawnChunks(const HeadState& head) const {
+  return head.num_landmarks() > budget_chunks_ ? settings_.config.SampledChunks(budget_chunks_)
+                                               : 0;
+}
+
+void ShadowKvSequenceImpl::DrawSample(HeadState& head, uint64_t seed) {
   auto& s = scratch_;
+  head.sampled.clear();
+  head.sample_log_weight = 0.0f;
+  const int64_t count = DrawnChunks(head);
+  if (count == 0) return;
+  const int64_t items = head.num_landmarks();
   // The items not ranked among the best (s.selected is increasing).
   s.unranked.clear();
   size_t next = 0;
@@ -196,9 +200,8 @@ void ShadowKvSequenceImpl::DrawSample(int64_t items, int64_t count, uint64_t see
       s.unranked.push_back(item);
     }
   }
+  // More than `count`: the budget is below the items, and the ranking kept it less `count`.
   const auto pool = static_cast<int64_t>(s.unranked.size());
-  count = std::min(count, pool);
-  if (count <= 0) return;
   // A partial Fisher-Yates shuffle driven by splitmix64: the first `count` entries are a
   // uniform draw without replacement.
   uint64_t state = seed;
@@ -212,12 +215,12 @@ void ShadowKvSequenceImpl::DrawSample(int64_t items, int64_t count, uint64_t see
     const auto j = i + static_cast<int64_t>(next_random() % static_cast<uint64_t>(pool - i));
     std::swap(s.unranked[i], s.unranked[j]);
   }
-  s.sampled.assign(s.unranked.begin(), s.unranked.begin() + count);
-  std::sort(s.sampled.begin(), s.sampled.end());
-  s.sample_log_weight =
+  head.sampled.assign(s.unranked.begin(), s.unranked.begin() + count);
+  std::sort(head.sampled.begin(), head.sampled.end());
+  head.sample_log_weight =
       static_cast<float>(std::log(static_cast<double>(pool) / static_cast<double>(count)));
   const size_t ranked = s.selected.size();
-  s.selected.insert(s.selected.end(), s.sampled.begin(), s.sampled.end());
+  s.selected.insert(s.selected.end(), head.sampled.begin(), head.sampled.end());
   std::inplace_merge(s.selected.begin(), s.selected.begin() + static_cast<int64_t>(ranked),
                      s.selected.end());
 }

@@ -129,8 +129,6 @@ struct Scratch {
   std::vector<float> runs;               // value runs being packed for the store
   std::vector<float> key_runs;           // exact_keys: key runs being packed for the key store
   std::vector<float> unrotated;          // select_drift: [group_size, head_dim]
-  std::vector<int32_t> sampled;          // select_sample: the items drawn, increasing
-  float sample_log_weight = 0.0f;        // select_sample: ln(unranked items / items drawn)
   std::vector<int32_t> unranked;         // select_sample: the items it draws from
 };
 
@@ -170,14 +168,16 @@ class ShadowKvSequenceImpl final : public ShadowKvSequence {
   void DropExactRows(LayerState& layer, int64_t rows);
   // Chooses head h's chunks for this step into scratch_.selected (landmark items, increasing)
   // by the configured selection; "rerank" also leaves its candidates' keys in scratch_. With
-  // select_sample the selection ranks the budget less the sampled chunks, and DrawSample adds
-  // those (scratch_.sampled, drawn from `seed`).
+  // select_sample it ranks the budget less DrawnChunks(head), which DrawSample adds.
   Status SelectChunks(const LayerState& layer, const HeadState& head, int h,
-                      const float* queries, int num_queries, uint64_t seed);
-  // select_sample: draws `count` of head's items not in scratch_.selected (uniformly, without
-  // replacement, from `seed`) into scratch_.sampled, with their log weight, and merges them
-  // into scratch_.selected.
-  void DrawSample(int64_t items, int64_t count, uint64_t seed);
+                      const float* queries, int num_queries);
+  // select_sample: the chunks a selection of `head` draws (none where every chunk fits the
+  // budget).
+  int64_t DrawnChunks(const HeadState& head) const;
+  // Draws DrawnChunks(head) of head's items not in scratch_.selected (uniformly, without
+  // replacement, from `seed`) into head.sampled with their log weight, and merges them into
+  // scratch_.selected; head.sampled is emptied where nothing is drawn.
+  void DrawSample(HeadState& head, uint64_t seed);
   // "rerank": the candidates' post-RoPE keys into scratch_.candidate_keys, copied from the
   // gather buffer where a slot holds them and rebuilt otherwise (all rebuilt, from the first
   // ScoreRank components, where that is below the layer's rank); with exact_keys the exact keys,
