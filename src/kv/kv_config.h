@@ -107,8 +107,8 @@ struct KvPolicyConfig {
   // chunks the selection did not rank among the best (budget minus sampled): those are attended
   // with a log weight ln(unranked / sampled), so that they stand for the attention mass of every
   // chunk left out (an unbiased estimate of its sum), and the rest of the budget keeps the best.
-  // Attended tokens are unchanged. 0 = off; in [0, 1). CPU only; with select=landmarks or rerank,
-  // not with successors.
+  // Attended tokens are unchanged. 0 = off; in [0, 1). With select=landmarks or rerank, not with
+  // successors; the GPU draws the same chunks.
   double select_sample = 0.0;
   // Leading layers kept exact (full attention, nothing compressed): a diagnostic of which
   // layers a task needs exact; 0 by default. CPU only.

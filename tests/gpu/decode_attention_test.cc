@@ -1,6 +1,6 @@
 // GPU split-KV decode attention against the CPU attention op: head dims 16-256, GQA groups
 // 1-8 and the wide ones served 8 heads a block (12, 16: GLM-4-9B's, 32), one split or many, sequences of different lengths in one launch, sliding windows shorter
-// and longer than the sequences. With SKV_GPU_BENCH=1 a
+// and longer than the sequences, keys with log weights. With SKV_GPU_BENCH=1 a
 // micro-benchmark also times it at Llama-3-8B decode shapes against the read probe.
 #include "ops/cuda/attention/decode_attention.cuh"
 
@@ -18,7 +18,38 @@ namespace {
 
 using namespace testing;
 
-void CheckDecode(int head_dim, int group, int num_splits, int window = 0) {
+// Splits each head's one segment of `input` at the weighted runs of `first` (runs of `run`
+// keys, run j weighted weights[h * runs + j]) into segments of their own, weighted as the CPU op
+// weighs them.
+AttentionInput WeightedRuns(const AttentionInput& input, int first, int runs, int run,
+                            const float* weights) {
+  AttentionInput out;
+  out.Reset(static_cast<int>(input.heads.size()));
+  for (size_t h = 0; h < input.heads.size(); ++h) {
+    const KvSegment& whole = input.heads[h][0];
+    auto piece = [&](int begin, int end, float log_weight) {
+      end = std::min(end, whole.num_tokens);
+      if (begin >= end) return;
+      KvSegment part = whole;
+      part.keys += static_cast<int64_t>(begin) * whole.row_stride;
+      part.values += static_cast<int64_t>(begin) * whole.row_stride;
+      part.num_tokens = end - begin;
+      part.log_weight = log_weight;
+      out.heads[h].push_back(part);
+    };
+    piece(0, first, 0.0f);
+    for (int j = 0; j < runs; ++j) {
+      piece(first + j * run, first + (j + 1) * run, weights[h * runs + j]);
+    }
+    piece(first + runs * run, whole.num_tokens, 0.0f);
+  }
+  return out;
+}
+
+// weighted: runs of keys carry log weights (DecodeAttentionParams::key_log_weight), as
+// ShadowKV's chunks drawn at random do: 6 runs of 8 keys from a row's own first key, some of
+// weight 0; window 0 only.
+void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool weighted = false) {
   std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits + window * 7);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim;
@@ -52,6 +83,18 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0) {
   p.num_splits = num_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   p.window = window;
+  constexpr int kRuns = 6, kRun = 8;
+  const std::vector<int32_t> first = {0, 40, 500};  // per row
+  std::vector<float> weights(static_cast<size_t>(4) * 2 * num_kv_heads * kRuns);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = i % 3 == 0 ? 0.0f : 0.5f + i % 7 * 0.4f;
+  auto device_first = ToDevice(first);
+  auto device_weights = ToDevice(weights);
+  if (weighted) {
+    p.key_log_weight = device_weights.get();
+    p.weight_first = device_first.get();
+    p.weight_runs = kRuns;
+    p.weight_run = kRun;
+  }
   SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
 
@@ -61,6 +104,11 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0) {
   std::vector<AttentionInput> inputs;
   for (int r = 0; r < rows; ++r) {
     inputs.push_back(cache.Segments(slots[r], layer, positions[r] + 1, window > 0));
+    if (weighted) {
+      const int64_t head_weights = (static_cast<int64_t>(slots[r]) * 2 + layer) * num_kv_heads;
+      inputs.back() = WeightedRuns(inputs.back(), first[r], kRuns, kRun,
+                                   weights.data() + head_weights * kRuns);
+    }
   }
   std::vector<AttentionJob> jobs;
   for (int r = 0; r < rows; ++r) {
@@ -70,12 +118,25 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0) {
   }
   ThreadPool pool(2);
   RunAttention(shape, jobs, pool);
+  if (weighted) {  // the weights matter: the same keys unweighted attend elsewhere
+    std::vector<float> unweighted(got.size());
+    std::vector<AttentionInput> plain;
+    for (int r = 0; r < rows; ++r) plain.push_back(cache.Segments(slots[r], layer, positions[r] + 1, false));
+    std::vector<AttentionJob> plain_jobs = jobs;
+    for (int r = 0; r < rows; ++r) {
+      plain_jobs[r].input = &plain[r];
+      plain_jobs[r].out = unweighted.data() + static_cast<int64_t>(r) * q_width;
+    }
+    RunAttention(shape, plain_jobs, pool);
+    EXPECT_GT(RelativeError(got, unweighted), 10 * kAttentionTolerance);
+  }
   const double error = RelativeError(got, want);
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
-                                        << " splits " << num_splits << " window " << window;
+                                        << " splits " << num_splits << " window " << window
+                                        << (weighted ? " weighted" : "");
   ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
                                       std::to_string(group) + "_s" + std::to_string(num_splits) +
-                                      "_w" + std::to_string(window),
+                                      "_w" + std::to_string(window) + (weighted ? "_weighted" : ""),
                                   std::to_string(error));
 }
 
@@ -121,6 +182,17 @@ TEST(CudaDecodeAttentionTest, SlidingWindow) {
     }
   }
   CheckDecode(128, 8, 64, 1000);
+}
+
+// Keys with log weights (ShadowKV's chunks drawn at random) attend as the CPU op weighs them:
+// every head dim, narrow and wide groups, one split or many (a run split across splits).
+TEST(CudaDecodeAttentionTest, WeightedKeysCountAsCopies) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (int head_dim : {16, 64, 96, 128, 256}) {
+    CheckDecode(head_dim, 4, 1, 0, true);
+    CheckDecode(head_dim, 2, 16, 0, true);
+  }
+  CheckDecode(128, 16, 64, 0, true);
 }
 
 // A window the CPU op would not apply to the same keys fails the comparison: the test sees it.

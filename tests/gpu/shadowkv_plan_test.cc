@@ -69,25 +69,50 @@ TEST(CudaShadowKvPlanTest, ShortPromptsAreRefusedNotMiscompressed) {
   EXPECT_EQ(ok->info.recent_base, (2 + 8) * 8);
 }
 
-// Settings the GPU does not run are refused by name: no exact window (a step graduates before
-// it appends, so the GPU needs an exact token behind the new one) and sampled chunks (CPU only).
-TEST(CudaShadowKvPlanTest, SettingsTheGpuDoesNotRunAreRefusedByName) {
-  kv::KvPolicyConfig no_window;
-  no_window.policy = "shadowkv";
-  no_window.local_window = 0;
-  kv::KvPolicyConfig sampled;
-  sampled.policy = "shadowkv";
+// No exact window is refused by name: a step graduates before it appends, so the GPU needs an
+// exact token behind the new one.
+TEST(CudaShadowKvPlanTest, NoExactWindowIsRefusedByName) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.local_window = 0;
+  auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
+  ASSERT_FALSE(geometry.ok());
+  EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(geometry.status().message().find("window=0"), std::string::npos)
+      << geometry.status().ToString();
+  config.local_window = 1;
+  EXPECT_TRUE(MakeSkvGeometry(config, 2, 2, 64, 512).ok());
+}
+
+// Sampled chunks (select_sample): each sequence draws the share of its own budget (0.25 of 8
+// chunks: 2; of 20: 5), the layout reserves the share of the largest, and one fp32 log weight
+// per gather slot (2 layers x 2 KV heads x 20 slots) is counted on the device.
+TEST(CudaShadowKvPlanTest, SampledChunksFollowEachSequencesBudget) {
+  kv::KvPolicyConfig config;
+  config.policy = "shadowkv";
+  config.budget_tokens = 0;
+  config.budget_fraction = 0.3125;  // 160 tokens (20 chunks) at the capacity of 512
+  config.budget_min_tokens = 64;
+  kv::KvPolicyConfig sampled = config;
   sampled.select_sample = 0.25;
-  for (const auto& [config, mention] : {std::pair{no_window, "window=0"},
-                                        std::pair{sampled, "CPU only"}}) {
-    auto geometry = MakeSkvGeometry(config, 2, 2, 64, 512);
-    ASSERT_FALSE(geometry.ok()) << mention;
-    EXPECT_EQ(geometry.status().code(), ErrorCode::kUnsupported);
-    EXPECT_NE(geometry.status().message().find(mention), std::string::npos)
-        << geometry.status().ToString();
-  }
-  no_window.local_window = 1;
-  EXPECT_TRUE(MakeSkvGeometry(no_window, 2, 2, 64, 512).ok());
+  auto plain = MakeSkvGeometry(config, 2, 2, 64, 512);
+  auto geometry = MakeSkvGeometry(sampled, 2, 2, 64, 512);
+  ASSERT_TRUE(plain.ok() && geometry.ok()) << geometry.status().ToString();
+  EXPECT_EQ(plain->max_sample, 0);
+  EXPECT_EQ(geometry->max_budget, 20);
+  EXPECT_EQ(geometry->max_sample, 5);
+  EXPECT_EQ(geometry->DeviceBytesPerSequence() - plain->DeviceBytesPerSequence(), 2 * 2 * 20 * 4);
+  auto small = PlanSkvCompression(sampled, *geometry, 200);  // budget 64 tokens: 8 chunks
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_EQ(small->info.budget_chunks, 8);
+  EXPECT_EQ(small->info.sample_chunks, 2);
+  auto large = PlanSkvCompression(sampled, *geometry, 512);
+  ASSERT_TRUE(large.ok()) << large.status().ToString();
+  EXPECT_EQ(large->info.budget_chunks, 20);
+  EXPECT_EQ(large->info.sample_chunks, 5);
+  auto none = PlanSkvCompression(config, *plain, 512);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->info.sample_chunks, 0);
 }
 
 // Hand-computed: of a trace of 100, the first 8 eigenvalues hold 80 and the next 8 hold 15; the

@@ -1,13 +1,15 @@
 // ShadowKV's selection modes through the whole GPU decode step (graph replay, the selection in
 // halves, host values, graduations) and their reuse: the re-rank and the per-query-head
-// selection against the landmark selection and the CPU policy, a selection served for several
-// steps (select_interval) and made again where the queries turn (select_drift).
+// selection against the landmark selection and the CPU policy, chunks drawn at random beside the
+// ranked ones (select_sample), a selection served for several steps (select_interval) and made
+// again where the queries turn (select_drift).
 #include <cstdio>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "ops/cuda/shadowkv/shadowkv_kernels.cuh"
 #include "shadowkv_parity_util.h"
 
 namespace shadowkv::cuda {
@@ -126,6 +128,45 @@ TEST(CudaShadowKvParityTest, SelectIntervalReusesTheGatheredChunks) {
     }
     EXPECT_GT(changed, 0) << "no selecting step changed a slot";
     CheckParityWhereTheCpuRuns(config, /*want_ranks=*/24);
+  }
+}
+
+// Chunks drawn at random (select_sample 0.25 of K = 8: 6 ranked, 2 drawn) under the landmark
+// selection and the re-rank, and kept between selections (interval 3): the GPU draws what the CPU
+// policy draws (the same seed and shuffle) and weighs them alike, so the parity holds as for the
+// ranked selections; the draw changes the chunks gathered; the first kernels draw as the fast
+// ones do (their scores may round apart, so nearly always the same chunks).
+TEST(CudaShadowKvParityTest, SampledChunksAreDrawnAsTheCpuPolicyDrawsThem) {
+  SKV_SKIP_WITHOUT_GPU();
+  for (const char* mode : {"landmarks", "rerank"}) {
+    for (const int interval : {1, 3}) {
+      kv::KvPolicyConfig ranked = ParityConfig(false);
+      ranked.selection = mode;
+      ranked.select_interval = interval;
+      kv::KvPolicyConfig config = ranked;
+      config.select_sample = 0.25;
+      config.label = std::string("shadowkv:select=") + mode + ":sample=0.25:interval=" +
+                     std::to_string(interval);
+      SCOPED_TRACE(config.label);
+      std::vector<std::vector<int32_t>> drawn_chunks, ranked_chunks, first_chunks;
+      const std::vector<float> drawn = DecodeOnGpu(config, &drawn_chunks);
+      ASSERT_FALSE(drawn.empty());
+      ASSERT_FALSE(DecodeOnGpu(ranked, &ranked_chunks).empty());
+      EXPECT_NE(drawn_chunks, ranked_chunks) << "the draw never changed a choice";
+      CudaModelOptions first = tp_testing::SmallOptions();
+      first.kernels.shadowkv_kernels = kSkvKernelsFirst;
+      ASSERT_EQ(DecodeOnGpu(config, &first_chunks, nullptr, first).size(), drawn.size());
+      ASSERT_EQ(first_chunks.size(), drawn_chunks.size());
+      int64_t same = 0, total = 0;
+      for (size_t i = 0; i < first_chunks.size(); ++i) {
+        const std::set<int32_t> fast(drawn_chunks[i].begin(), drawn_chunks[i].end());
+        for (int32_t c : first_chunks[i]) same += fast.count(c);
+        total += static_cast<int64_t>(first_chunks[i].size());
+      }
+      EXPECT_GE(static_cast<double>(same), 0.97 * static_cast<double>(total))
+          << "the first kernels gathered other chunks";
+      CheckParityWhereTheCpuRuns(config, /*want_ranks=*/24);
+    }
   }
 }
 

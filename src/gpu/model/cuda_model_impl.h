@@ -91,6 +91,7 @@ struct ShadowKvState {
   DeviceBuffer<float> landmark_scales;
   DeviceBuffer<uint8_t> outlier;
   DeviceBuffer<int32_t> slot_chunk;
+  DeviceBuffer<float> slot_log_weight;  // select_sample only (SkvLayout::slot_log_weight)
   DeviceBuffer<int32_t> layer_rank;  // [seq, layer] each layer's own rank (SkvLayout::layer_rank)
   // select_drift only (SkvLayout::drift_step, drift_queries); empty without it.
   DeviceBuffer<int32_t> drift_step;
@@ -143,6 +144,7 @@ struct ShadowKvState {
   int32_t* attn_last = nullptr;    // device [max_batch]
   int32_t* window_rows = nullptr;  // device [max_batch] ring row of the new token: p % rows
   int32_t* window_last = nullptr;  // device [max_batch] last ring row it sees: min(p, rows - 1)
+  int32_t* gather_first = nullptr;  // device [max_batch] first gather row (the weighted runs')
   cudaStream_t side_stream = nullptr;  // value fetch, beside the key rebuild
   cudaEvent_t fork = nullptr, join = nullptr;
   // The second half of a graph-replayed step's rows (see RunShadowKvAttention): its selection

@@ -399,6 +399,11 @@ Status CudaModel::CompressToShadowKv(int full_slot, int seq) {
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
       l.slot_chunk + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0xFF,
       static_cast<size_t>(layers) * heads * g.max_budget * 4, stream));
+  if (l.slot_log_weight) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        l.slot_log_weight + static_cast<int64_t>(seq) * layers * heads * g.max_budget, 0,
+        static_cast<size_t>(layers) * heads * g.max_budget * sizeof(float), stream));
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(l.SequenceCounters(seq), 0,
                                            kSkvCounters * sizeof(unsigned long long), stream));
   if (l.drift_step) {  // the first decode step of every KV head selects

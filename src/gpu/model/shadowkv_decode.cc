@@ -108,6 +108,12 @@ Status CudaModel::Impl::RunShadowKvAttention(const StepPlan& plan, int layer,
     d.head_dim = c.head_dim;
     d.num_splits = splits;
     d.scale = AttentionScaleOf(c);  // the model's own softmax scale (phi3: LongRoPE's factor)
+    if (s.layout.slot_log_weight) {  // chunks drawn at random stand for the pool they came from
+      d.key_log_weight = s.layout.slot_log_weight;
+      d.weight_first = s.gather_first + first;
+      d.weight_runs = s.layout.max_budget;
+      d.weight_run = s.layout.chunk_size;
+    }
     return LaunchDecodeAttention(d, on);
   };
   const int rows = plan.decode_rows;
@@ -183,6 +189,7 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
   auto* attn_last = pre_rows + batch;
   auto* window_rows = attn_last + batch;
   auto* window_last = window_rows + batch;
+  auto* gather_first = window_last + batch;
   StepMeta& h = host_meta;
   for (int i = 0; i < n; ++i) {
     const int seq = seq_list[i];
@@ -206,6 +213,7 @@ Status CudaModel::Impl::ShadowKvDecodeStepImpl(std::span<const int> seq_list,
     attn_rows[i] = rows[i].attn_row;
     pre_rows[i] = rows[i].pre_row;
     attn_last[i] = rows[i].attn_last;
+    gather_first[i] = s.host_info[seq].gather_base;
     if (g.window_layers > 0) {  // the ring row the token goes to, and the last it sees
       window_rows[i] = static_cast<int32_t>(s.lengths[seq] % g.window_rows);
       window_last[i] = static_cast<int32_t>(std::min<int64_t>(s.lengths[seq], g.window_rows - 1));

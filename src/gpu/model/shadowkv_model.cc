@@ -158,6 +158,9 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   }
   SKV_RETURN_IF_ERROR(sized(s->outlier.Allocate(n * layers * heads * g.capacity_chunks)));
   SKV_RETURN_IF_ERROR(sized(s->slot_chunk.Allocate(n * layers * heads * g.max_budget)));
+  if (g.max_sample > 0) {
+    SKV_RETURN_IF_ERROR(sized(s->slot_log_weight.Allocate(n * layers * heads * g.max_budget)));
+  }
   SKV_RETURN_IF_ERROR(sized(s->layer_rank.Allocate(n * layers)));
   SKV_RETURN_IF_ERROR(sized(s->info.Allocate(n)));
   SKV_RETURN_IF_ERROR(sized(s->value_table.Allocate(n)));
@@ -191,6 +194,9 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
         s->candidate_lse.Allocate(batch * c.num_query_heads * g.max_candidates)));
   }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_chunk.get(), 0xFF, s->slot_chunk.bytes()));
+  if (g.max_sample > 0) {
+    SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->slot_log_weight.get(), 0, s->slot_log_weight.bytes()));
+  }
   SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->counters.get(), 0, s->counters.bytes()));
   if (g.drift()) {
     SKV_CUDA_RETURN_IF_ERROR(cudaMemset(s->drift_step.get(), 0xFF, s->drift_step.bytes()));
@@ -202,11 +208,12 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
                                         s->layer_rank.bytes(), cudaMemcpyHostToDevice));
   }
 
-  // Per-row plans: [SkvRowMeta x batch] then five int arrays, one block uploaded per step.
+  // Per-row plans: [SkvRowMeta x batch] then six int arrays, one block uploaded per step.
   const int64_t at_rows = 0, at_attn = batch * sizeof(SkvRowMeta), at_pre = at_attn + batch * 4,
                 at_last = at_pre + batch * 4, at_window_rows = at_last + batch * 4,
-                at_window_last = at_window_rows + batch * 4;
-  s->meta_bytes = at_window_last + batch * 4;
+                at_window_last = at_window_rows + batch * 4,
+                at_gather_first = at_window_last + batch * 4;
+  s->meta_bytes = at_gather_first + batch * 4;
   SKV_RETURN_IF_ERROR(s->meta_block.Allocate(s->meta_bytes));
   void* host_block = nullptr;
   SKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host_block, s->meta_bytes, cudaHostAllocDefault));
@@ -218,6 +225,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   s->attn_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_last);
   s->window_rows = reinterpret_cast<int32_t*>(s->meta_block.get() + at_window_rows);
   s->window_last = reinterpret_cast<int32_t*>(s->meta_block.get() + at_window_last);
+  s->gather_first = reinterpret_cast<int32_t*>(s->meta_block.get() + at_gather_first);
   for (cudaStream_t* created : {&s->side_stream, &s->half.stream, &s->half.fetch_stream}) {
     SKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(created, cudaStreamNonBlocking));
   }
@@ -283,6 +291,8 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.key_store_offset = g.KeyStoreOffset();
   l.outlier = s->outlier.get();
   l.slot_chunk = s->slot_chunk.get();
+  l.slot_log_weight = s->slot_log_weight.get();
+  l.max_sample = g.max_sample;
   l.values = s->value_table.get();
   l.info = s->info.get();
   l.counters = s->counters.get();
@@ -407,6 +417,7 @@ Status ForEachSequenceBuffer(ShadowKvState& s, Visit&& visit) {
   SKV_RETURN_IF_ERROR(part(s.landmark_scales));
   SKV_RETURN_IF_ERROR(part(s.outlier));
   SKV_RETURN_IF_ERROR(part(s.slot_chunk));
+  SKV_RETURN_IF_ERROR(part(s.slot_log_weight));
   SKV_RETURN_IF_ERROR(part(s.layer_rank));
   SKV_RETURN_IF_ERROR(part(s.drift_step));
   SKV_RETURN_IF_ERROR(part(s.drift_queries));

@@ -18,6 +18,7 @@ int64_t SkvGeometry::DeviceBytesPerSequence() const {
                    + static_cast<int64_t>(rank) * kv_width() * bf16  // B
                    + heads * capacity_chunks                         // outlier flags
                    + heads * max_budget * 4                          // gather slots
+                   + (max_sample > 0 ? heads * max_budget * 4 : 0)   // their log weights
                    + 4)                                              // the layer's rank
          + LandmarkBytesPerSequence() + WindowBytesPerSequence() + DriftBytesPerSequence();
 }
@@ -62,9 +63,6 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
   SKV_RETURN_IF_ERROR(config.Validate());
   if (config.exact_layers != 0) {
     return Error(ErrorCode::kUnsupported, "ShadowKV exact_layers runs on the CPU only");
-  }
-  if (config.select_sample > 0.0) {
-    return Error(ErrorCode::kUnsupported, "ShadowKV sample (sampled chunks) runs on the CPU only");
   }
   if (config.basis_groups != 1) {
     return Error(ErrorCode::kUnsupported,
@@ -151,6 +149,7 @@ Result<SkvGeometry> MakeSkvGeometry(const kv::KvPolicyConfig& config, int num_la
     g.max_candidates = static_cast<int>(candidates);
   }
   g.select_heads = config.selection == "heads";
+  g.max_sample = static_cast<int>(config.SampledChunks(g.max_budget));
   g.select_interval = config.select_interval;
   g.select_drift = config.select_drift;
   g.recent_capacity = g.local_window + g.chunk_size;
@@ -232,6 +231,7 @@ Result<SkvCompressionPlan> PlanSkvCompression(const kv::KvPolicyConfig& config,
   plan.info.recent_base = static_cast<int32_t>((outliers + budget_chunks) * chunk);
   plan.info.decode_origin = static_cast<int32_t>(prompt_tokens);
   plan.info.select_drift = static_cast<float>(config.DriftForBudget(budget_chunks * chunk));
+  plan.info.sample_chunks = static_cast<int32_t>(config.SampledChunks(budget_chunks));
   return plan;
 }
 

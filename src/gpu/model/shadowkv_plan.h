@@ -42,6 +42,9 @@ struct SkvGeometry {
   int rerank_rank = 0;  // components the candidates are scored with (0: the layer's rank)
   int max_candidates = 0;
   bool select_heads = false;    // selection "heads": each query head's own ranking, round-robin
+  // select_sample: chunks a selection draws at random at most (the share of max_budget), each
+  // gather slot then with a log weight (SkvLayout::slot_log_weight); 0 without it.
+  int max_sample = 0;
   int max_outliers = 0;         // O for that budget
   int recent_capacity = 0;      // local_window + chunk_size
   int64_t attn_capacity = 0;    // (max_outliers + max_budget) * C + recent_capacity

@@ -3,7 +3,7 @@
 // head once: GLM-4's 16 read it twice); 4 warps stream 16-token tiles into mma.sync fragments
 // and merge in shared memory; the combine kernel (one block per query head and row) merges the
 // splits. A sliding window only moves the first key a row reads; the splits divide the keys it
-// sees.
+// sees. Keys with log weights (ShadowKV's drawn chunks) are a second form of the kernel.
 #include "ops/cuda/attention/decode_attention.cuh"
 
 #include <algorithm>
@@ -112,11 +112,14 @@ struct MmaState {
   float acc[8 * KvTile<kHeadDim>::kValueChunks][2] = {};  // [n-tile][row g's two columns]
 };
 
+// `bias`: what each of this lane's four tokens (2c, 2c + 1, 2c + 8, 2c + 9) adds to its scaled
+// score, in log2 units (weighted keys), or null.
 template <int kHeadDim>
 __device__ __forceinline__ void ProcessKvTile(const KvTile<kHeadDim>& tile,
                                               const uint32_t (&q)[KvTile<kHeadDim>::kKeyChunks][4],
                                               float q_scale, int base, int end, int c,
-                                              MmaState<kHeadDim>& state) {
+                                              MmaState<kHeadDim>& state,
+                                              const float* bias = nullptr) {
   constexpr int kKeyChunks = KvTile<kHeadDim>::kKeyChunks;
   constexpr int kValueChunks = KvTile<kHeadDim>::kValueChunks;
   float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;  // tokens 2c, 2c+1 | 2c+8, 2c+9
@@ -132,6 +135,10 @@ __device__ __forceinline__ void ProcessKvTile(const KvTile<kHeadDim>& tile,
   }
   const int token = base + 2 * c;
   float x[4] = {s0 * q_scale, s1 * q_scale, s2 * q_scale, s3 * q_scale};
+  if (bias) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] += bias[i];
+  }
   if (token + 9 >= end) {
     if (token >= end) x[0] = -INFINITY;
     if (token + 1 >= end) x[1] = -INFINITY;
@@ -170,7 +177,8 @@ __device__ __forceinline__ void ProcessKvTile(const KvTile<kHeadDim>& tile,
   }
 }
 
-template <int kHeadDim>
+// kWeighted: the keys' log weights (DecodeAttentionParams::key_log_weight) are read.
+template <int kHeadDim, bool kWeighted>
 __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParams p) {
   constexpr int kKeyChunks = KvTile<kHeadDim>::kKeyChunks;
   constexpr int kValueChunks = KvTile<kHeadDim>::kValueChunks;
@@ -213,11 +221,31 @@ __global__ void __launch_bounds__(kThreads) DecodeMmaKernel(DecodeAttentionParam
 
   MmaState<kHeadDim> state;
   const int num_tiles = (end - begin + 15) / 16, last = end - 1;
+  // Weighted keys: the runs' first key and count, and this KV head's weights.
+  int weight_first = 0, weight_keys = 0;
+  const float* weights = nullptr;
+  if constexpr (kWeighted) {
+    weight_first = p.weight_first[row];
+    weight_keys = p.weight_runs * p.weight_run;
+    weights = p.key_log_weight +
+              ((static_cast<int64_t>(p.slots[row]) * p.cache.num_layers + p.layer) *
+                   p.num_kv_heads + kv_head) * p.weight_runs;
+  }
   for (int t = warp; t < num_tiles; t += kWarps) {
     const int base = begin + 16 * t;
     KvTile<kHeadDim> tile;
     LoadKvTile<kHeadDim>(tile, keys, values, base, last, g, c);
-    ProcessKvTile<kHeadDim>(tile, q, q_scale, base, end, c, state);
+    if constexpr (kWeighted) {
+      float bias[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = base + 2 * c + (i & 1) + (i >> 1) * 8 - weight_first;
+        bias[i] = key >= 0 && key < weight_keys ? weights[key / p.weight_run] * kLog2e : 0.0f;
+      }
+      ProcessKvTile<kHeadDim>(tile, q, q_scale, base, end, c, state, bias);
+    } else {
+      ProcessKvTile<kHeadDim>(tile, q, q_scale, base, end, c, state);
+    }
   }
 
   // Merge the warps: row g's sum over its quad, then every warp's share through shared memory.
@@ -280,7 +308,11 @@ __global__ void DecodeCombineKernel(DecodeAttentionParams p) {
 template <int kHeadDim>
 cudaError_t LaunchForHeadDim(const DecodeAttentionParams& p, cudaStream_t stream) {
   const dim3 grid(p.num_splits, DecodeHeadBlocks(p.num_query_heads, p.num_kv_heads), p.rows);
-  DecodeMmaKernel<kHeadDim><<<grid, kThreads, 0, stream>>>(p);
+  if (p.key_log_weight) {
+    DecodeMmaKernel<kHeadDim, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    DecodeMmaKernel<kHeadDim, false><<<grid, kThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
@@ -302,6 +334,9 @@ cudaError_t LaunchDecodeAttention(const DecodeAttentionParams& p, cudaStream_t s
   if (p.rows == 0) return cudaSuccess;
   if (p.rows < 0 || p.num_kv_heads <= 0 || p.num_query_heads % p.num_kv_heads != 0 ||
       p.num_splits < 1 || p.num_splits > kDecodeMaxSplits || p.window < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (p.key_log_weight && (!p.weight_first || p.weight_runs < 0 || p.weight_run < 1)) {
     return cudaErrorInvalidValue;
   }
   const int group = p.num_query_heads / p.num_kv_heads;

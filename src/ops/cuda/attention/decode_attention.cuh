@@ -47,6 +47,15 @@ struct DecodeAttentionParams {
                        // max(kDecodeMinSplitTokens, ceil(L / num_splits) rounded up to 16) keys
   float scale = 0.0f;  // the model's softmax scale (usually 1/sqrt(head_dim))
   int window = 0;      // > 0: sliding-window attention over the last `window` keys; 0: all keys
+  // Keys that stand for several (ShadowKV's chunks drawn at random), or null: none. Row r's keys
+  // [weight_first[r], weight_first[r] + weight_runs · weight_run) form runs of weight_run keys,
+  // and run j of KV head h adds key_log_weight[((slots[r] · cache layers + layer) · kv heads + h)
+  // · weight_runs + j] to their scores (after the scale): a key of weight w counts as e^w copies
+  // of itself. Keys outside the runs have weight 0.
+  const float* key_log_weight = nullptr;
+  const int32_t* weight_first = nullptr;  // [rows]
+  int weight_runs = 0;
+  int weight_run = 0;
 };
 
 // True when the kernel is built for this head_dim and group size (query heads per KV head).

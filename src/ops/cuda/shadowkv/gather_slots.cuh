@@ -1,6 +1,7 @@
 // Device code shared by the ShadowKV select kernels: the gather-slot assignment that follows
-// the top-K choice (hits keep their slot, misses fill the free slots in slot order), and the
-// block-wide pieces of a top-K by radix select.
+// the top-K choice (hits keep their slot, misses fill the free slots in slot order), the chunks
+// drawn at random beside it (select_sample), and the block-wide pieces of a top-K by radix
+// select.
 #pragma once
 
 #include <cmath>
@@ -177,6 +178,176 @@ __device__ __forceinline__ void AssignGatherSlots(typename Scan::TempStorage& sc
   if (tid == 0 && counters) {
     atomicAdd(&counters[0], static_cast<unsigned long long>(k));
     atomicAdd(&counters[1], static_cast<unsigned long long>(k - miss_total));
+  }
+}
+
+// ---- chunks drawn at random (select_sample) ---------------------------------------------------
+
+// Chunks the selection of a KV head draws: the sequence's sample_chunks where its selectable
+// chunks outnumber its budget (the CPU policy's DrawnChunks), else none.
+__device__ __forceinline__ int SkvDrawnChunks(const SkvLayout& l, const SkvSequenceInfo& info,
+                                              int selectable) {
+  return l.slot_log_weight && selectable > info.budget_chunks ? min(info.sample_chunks, l.max_sample)
+                                                                : 0;
+}
+
+// Word w of the bitmap of selectable chunks among [0, n), from a select kernel's keys (0: not
+// selectable).
+__device__ __forceinline__ uint32_t SkvLiveWord(const uint32_t* keys, int n, int w) {
+  uint32_t bits = 0;
+  const int first = 32 * w, last = min(n, first + 32);
+  for (int c = first; c < last; ++c) bits |= (keys[c] != 0u ? 1u : 0u) << (c - first);
+  return bits;
+}
+
+// The seed of a selection's draw, as the CPU policy forms it: the layer (among the compressed
+// ones), the KV head and the tokens held, the new one included.
+__device__ __forceinline__ uint64_t SkvSampleSeed(int layer, int head, int64_t tokens) {
+  return (static_cast<uint64_t>(layer) << 48) ^ (static_cast<uint64_t>(head) << 40) ^
+         static_cast<uint64_t>(tokens);
+}
+
+// Output i (from 0) of the splitmix64 generator seeded `seed`, the CPU policy's: its state
+// advances by one constant per output, so each output is computed on its own.
+__device__ __forceinline__ uint64_t SkvSplitMix(uint64_t seed, int i) {
+  uint64_t z = seed + static_cast<uint64_t>(i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Dynamic shared memory of the draw (SkvFinishSelection's `scratch`): a count per bitmap word
+// and three ints per drawn chunk.
+__host__ __device__ constexpr int64_t SkvSampleSharedBytes(int capacity_chunks, int max_sample) {
+  return max_sample > 0 ? 4ll * ((capacity_chunks + 31) / 32 + 1) + 12ll * max_sample : 0;
+}
+
+// Draws `count` chunks uniformly without replacement from the pool (the chunks whose bits
+// pool_word(w) sets, w in [0, words)) exactly as the CPU policy does: a partial Fisher-Yates
+// shuffle of the pool in increasing order, step i swapping positions i and
+// j_i = i + SkvSplitMix(seed, i) mod (pool - i), and the first `count` positions kept. Returns
+// the pool's size; the chunks end in drawn[0, min(count, pool)) and are not yet marked anywhere.
+// Every thread calls it (it contains barriers; the last makes `drawn` visible). `scratch`:
+// words + 1 + count ints.
+//
+// The shuffle is resolved in parallel. Step i leaves position i for good (later steps touch
+// positions above it), so the chunk drawn at step i is what position j_i holds before it: what
+// the latest earlier step e with j_e = j_i put there (the value position e held before step e),
+// or j_i itself. Position e held, before step e, what the latest earlier step with target e put
+// there, or e: a chain of strictly earlier steps, followed to its end.
+template <typename Scan, typename PoolWord>
+__device__ __forceinline__ int SkvDrawSample(typename Scan::TempStorage& scan_storage,
+                                             PoolWord&& pool_word, int words, int count,
+                                             uint64_t seed, int* scratch, int* drawn) {
+  int* word_before = scratch;         // [words + 1] pool members in the words before
+  int* target = scratch + words + 1;  // [count] j_i
+  int* previous = target + count;     // [count] the latest earlier step whose target is i, or -1
+  const int tid = threadIdx.x;
+  int pool = 0;
+  for (int base = 0; base < words; base += blockDim.x) {
+    const int w = base + tid;
+    const int own = w < words ? __popc(pool_word(w)) : 0;
+    int before = 0, total = 0;
+    Scan(scan_storage).ExclusiveSum(own, before, total);
+    if (w < words) word_before[w] = pool + before;
+    pool += total;
+    __syncthreads();  // the scan's storage is used again
+  }
+  const int draws = min(count, pool);
+  for (int i = tid; i < draws; i += blockDim.x) {
+    target[i] = i + static_cast<int>(SkvSplitMix(seed, i) % static_cast<uint64_t>(pool - i));
+  }
+  if (tid == 0) word_before[words] = pool;
+  __syncthreads();
+  for (int i = tid; i < draws; i += blockDim.x) {
+    int to_i = -1, same_target = -1;
+    for (int e = 0; e < i; ++e) {
+      if (target[e] == i) to_i = e;
+      if (target[e] == target[i]) same_target = e;
+    }
+    previous[i] = to_i;
+    drawn[i] = same_target;
+  }
+  __syncthreads();
+  for (int i = tid; i < draws; i += blockDim.x) {
+    int position = target[i];
+    if (int e = drawn[i]; e >= 0) {
+      while (previous[e] >= 0) e = previous[e];
+      position = e;
+    }
+    // The position-th pool member: its word by binary search, then its bit.
+    int low = 0, high = words - 1;
+    while (low < high) {
+      const int mid = (low + high + 1) / 2;
+      if (word_before[mid] <= position) low = mid;
+      else high = mid - 1;
+    }
+    const uint32_t bits = pool_word(low);
+    drawn[i] = 32 * low + static_cast<int>(__fns(bits, 0, position - word_before[low] + 1));
+  }
+  __syncthreads();
+  return pool;
+}
+
+// The chunks whose bits `wanted` sets, increasing, into `list`; returns their count. Every thread
+// calls it (it contains barriers; the last makes `list` visible).
+template <typename Scan>
+__device__ __forceinline__ int SkvListWanted(typename Scan::TempStorage& scan_storage,
+                                             const uint32_t* wanted, int words, int* list) {
+  int listed = 0;
+  for (int base = 0; base < words; base += blockDim.x) {
+    const int w = base + threadIdx.x;
+    uint32_t bits = w < words ? wanted[w] : 0u;
+    int before = 0, total = 0;
+    Scan(scan_storage).ExclusiveSum(__popc(bits), before, total);
+    for (int at = listed + before; bits != 0u; bits &= bits - 1u) list[at++] = 32 * w + __ffs(bits) - 1;
+    listed += total;
+    __syncthreads();
+  }
+  return listed;
+}
+
+// The end of every select kernel's selection of (row, KV head), after a barrier that made
+// `selected` (the `ranked` chunks kept, increasing) and `wanted` (their bits) visible: under
+// select_sample (drawn > 0) `drawn` chunks more drawn from the chunks whose bits live_word(w)
+// sets less the ranked ones, seeded by (layer, head, tokens held); the gather slots assigned
+// (AssignGatherSlots, one thread per slot); with layout.slot_log_weight each slot's weight
+// written. `scratch` holds SkvSampleSharedBytes of shared memory. Every thread calls it.
+template <typename Scan, typename LiveWord>
+__device__ __forceinline__ void SkvFinishSelection(
+    typename Scan::TempStorage& scan_storage, const SkvDecodeParams& p, const SkvRowMeta& m,
+    const SkvSequenceInfo& info, int h, int ranked, int drawn, LiveWord&& live_word,
+    int* selected, uint32_t* wanted, int* free_slots, int* scratch, int32_t* slot_chunk,
+    int32_t* miss) {
+  const SkvLayout& l = p.layout;
+  const int words = (l.capacity_chunks + 31) / 32;
+  int* drawn_chunks = scratch + words + 1 + 2 * l.max_sample;  // [max_sample]
+  int k = ranked, draws = 0;
+  float log_weight = 0.0f;
+  if (drawn > 0) {
+    const int pool = SkvDrawSample<Scan>(
+        scan_storage, [&](int w) { return live_word(w) & ~wanted[w]; }, words, drawn,
+        SkvSampleSeed(p.layer, h, static_cast<int64_t>(m.position) + 1), scratch, drawn_chunks);
+    draws = min(drawn, pool);
+    for (int i = threadIdx.x; i < draws; i += blockDim.x) {
+      atomicOr(&wanted[drawn_chunks[i] >> 5], 1u << (drawn_chunks[i] & 31));
+    }
+    __syncthreads();
+    k = SkvListWanted<Scan>(scan_storage, wanted, words, selected);
+    if (draws > 0) {
+      log_weight = static_cast<float>(log(static_cast<double>(pool) / static_cast<double>(draws)));
+    }
+  }
+  AssignGatherSlots<Scan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
+                          free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
+  if (!l.slot_log_weight) return;
+  __syncthreads();  // every slot's chunk is written
+  float* weight = l.slot_log_weight + l.HeadIndex(m.seq, p.layer, h) * l.max_budget;
+  for (int s = threadIdx.x; s < info.budget_chunks; s += blockDim.x) {
+    const int chunk = slot_chunk[s];
+    bool was_drawn = false;
+    for (int i = 0; i < draws; ++i) was_drawn = was_drawn || drawn_chunks[i] == chunk;
+    weight[s] = chunk >= 0 && was_drawn ? log_weight : 0.0f;
   }
 }
 

@@ -485,9 +485,9 @@ int RerankThreads(const SkvLayout& l) {
 
 int64_t RerankSharedBytes(const SkvLayout& l) {
   // The candidates' scores and the candidates, the kept list and the free slots, the wanted
-  // bitmap, each query head's log-sum-exp over all candidates.
+  // bitmap, each query head's log-sum-exp over all candidates, the draw's scratch.
   return 8ll * l.max_candidates + 8ll * l.max_budget + 4ll * ((l.capacity_chunks + 31) / 32) +
-         4ll * l.group;
+         4ll * l.group + SkvSampleSharedBytes(l.capacity_chunks, l.max_sample);
 }
 
 // One block per (KV head, row): per query head the softmax over every candidate token, a
@@ -557,7 +557,10 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
   // Keep the best K by (score, lower index first): the K-th largest score by radix select
   // (scores are >= 0, so their bits order like them; + 1 keeps 0 for "none"), then every
   // candidate above it and the first ties, placed in index order (candidates are in index order).
-  const int k = min(info.budget_chunks, count);
+  // Under select_sample the chunks drawn, from every selectable chunk (all but the outliers)
+  // not kept, take the last places of the budget.
+  const int drawn = SkvDrawnChunks(l, info, m.num_chunks - info.outlier_chunks);
+  const int k = min(info.budget_chunks, count) - drawn;
   auto key_of = [&](int i) { return __float_as_uint(score[i]) + 1u; };
   int ties_allowed = 0;
   const uint32_t threshold = SkvRadixKthKey(key_of, count, k, histogram, &prefix_shared,
@@ -571,8 +574,15 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
                               });
   }
   __syncthreads();
-  AssignGatherSlots<Scan>(scan_storage, info.budget_chunks, k, m.num_chunks, selected, wanted,
-                          free_slots, slot_chunk, miss, l.SequenceCounters(m.seq));
+  const uint8_t* outlier = l.outlier + l.ChunkIndex(m.seq, p.layer, h, 0);
+  auto live_word = [&](int w) {
+    uint32_t bits = 0;
+    const int first = 32 * w, last = min(m.num_chunks, first + 32);
+    for (int c = first; c < last; ++c) bits |= (outlier[c] == 0 ? 1u : 0u) << (c - first);
+    return bits;
+  };
+  SkvFinishSelection<Scan>(scan_storage, p, m, info, h, k, drawn, live_word, selected, wanted,
+                           free_slots, reinterpret_cast<int*>(all + l.group), slot_chunk, miss);
 }
 
 const void* RerankSelectKernel(const SkvLayout& l) {

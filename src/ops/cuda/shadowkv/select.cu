@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
   const int selectable = WriteSelectKeys<kGroup, kThreads>(p, row, h, n, keys, reduce, [&](uint32_t key) {
     if (count_while_writing) count_coarse(key);
   });
-  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable);
+  const int drawn = p.candidates ? 0 : SkvDrawnChunks(l, info, selectable);
+  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable) - drawn;
   if (p.select_successors) KeepSuccessors<kThreads>(keys, n);
   if (tid == 0) {
     prefix_shared = 0;
@@ -340,8 +341,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
     SkvWriteCandidates(p, row, h, k, selected);
     return;
   }
-  AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
-                               slot_chunk, miss, l.SequenceCounters(m.seq));
+  SkvFinishSelection<SelectScan>(scan_storage, p, m, info, h, k, drawn,
+                                 [&](int w) { return SkvLiveWord(keys, n, w); }, selected, wanted,
+                                 free_slots, free_slots + l.max_budget, slot_chunk, miss);
 }
 
 // The roomy select (the coarse one's default; SkvDecodeParams::select_registers = 32 turns it

@@ -310,7 +310,8 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
     selectable_local += live;
   }
   const int selectable = static_cast<int>(BlockSum(static_cast<float>(selectable_local), reduce));
-  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable);
+  const int drawn = p.candidates ? 0 : SkvDrawnChunks(l, info, selectable);
+  const int k = min(SkvSelectWanted(p, info.budget_chunks), selectable) - drawn;
 
   // Radix select of the k-th largest key, then the selected chunks in index order.
   auto key_of = [&](int c) { return keys[c]; };
@@ -330,8 +331,9 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
     SkvWriteCandidates(p, row, h, k, selected);
     return;
   }
-  AssignGatherSlots<SelectScan>(scan_storage, info.budget_chunks, k, n, selected, wanted, free_slots,
-                               slot_chunk, miss, l.SequenceCounters(m.seq));
+  SkvFinishSelection<SelectScan>(scan_storage, p, m, info, h, k, drawn,
+                                 [&](int w) { return SkvLiveWord(keys, n, w); }, selected, wanted,
+                                 free_slots, free_slots + l.max_budget, slot_chunk, miss);
 }
 
 // ---- value fetch ------------------------------------------------------------------------------
@@ -586,10 +588,12 @@ int64_t GraduateCoefficientsSharedBytes(const SkvLayout& l) {
 
 }  // namespace
 
-int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates) {
-  // Keys, the wanted bitmap, the selected list (the candidates under re-ranking), free slots.
-  return 4ll * capacity_chunks + 4ll * ((capacity_chunks + 31) / 32) +
-         4ll * std::max(max_budget, max_candidates) + 4ll * max_budget;
+int64_t SkvSelectSharedBytes(const SkvLayout& l) {
+  // Keys, the wanted bitmap, the selected list (the candidates under re-ranking), free slots,
+  // the draw's scratch.
+  return 4ll * l.capacity_chunks + 4ll * ((l.capacity_chunks + 31) / 32) +
+         4ll * std::max(l.max_budget, l.max_candidates) + 4ll * l.max_budget +
+         SkvSampleSharedBytes(l.capacity_chunks, l.max_sample);
 }
 
 cudaError_t SkvSharedMemoryLimit(int* limit) {
@@ -604,7 +608,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
   cudaError_t e = SkvSharedMemoryLimit(&limit);
   if (e != cudaSuccess) return e;
   const int64_t select_bytes =
-      SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates) +
+      SkvSelectSharedBytes(l) +
       static_cast<int64_t>(sizeof(SelectScan::TempStorage)) + 2048;
   const int64_t rebuild_bytes = RebuildSharedBytes(l.rank, l.head_dim);
   const int64_t graduate_bytes = GraduateSharedBytes(l);
@@ -621,7 +625,7 @@ cudaError_t SkvConfigureKernels(const SkvLayout& l) {
     return AllowDynamicSharedMemory(kernel, static_cast<int>(bytes));
   };
   const int64_t dynamic_select =
-      SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
+      SkvSelectSharedBytes(l);
   if ((e = raise(reinterpret_cast<const void*>(SkvSelectKernel), dynamic_select)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateKernel), graduate_bytes)) != cudaSuccess) return e;
   if ((e = raise(reinterpret_cast<const void*>(SkvGraduateCoefficientsKernel),
@@ -709,7 +713,7 @@ cudaError_t LaunchSkvSelect(const SkvDecodeParams& p, cudaStream_t stream) {
     if (p.candidates || p.select_successors) return cudaErrorInvalidValue;  // one mode at a time
     return LaunchSkvSelectHeads(p, stream);
   }
-  const int64_t bytes = SkvSelectSharedBytes(l.capacity_chunks, l.max_budget, l.max_candidates);
+  const int64_t bytes = SkvSelectSharedBytes(l);
   if (p.kernel_variant == kSkvKernelsFast) return LaunchSkvSelectFast(p, bytes, stream);
   if (p.select_successors) return cudaErrorInvalidValue;  // the fast kernels only
   SkvSelectKernel<<<dim3(l.num_kv_heads, p.rows), kSelectThreads, bytes, stream>>>(p);

@@ -69,6 +69,14 @@ struct SkvLayout {
   float* landmark_scales = nullptr;
   uint8_t* outlier = nullptr;             // [seqs, layers, kv_heads, capacity_chunks] 1 = outlier
   int32_t* slot_chunk = nullptr;          // [seqs, layers, kv_heads, max_budget] -1 = empty
+  // select_sample (kv::KvPolicyConfig), or null without it: [seqs, layers, kv_heads, max_budget]
+  // each gather slot's log weight, ln(pool / drawn) where its chunk was drawn at random from the
+  // pool of selectable chunks the ranking left out, 0 where it was ranked; the attention adds it
+  // to the slot's scores, so a drawn chunk stands for pool / drawn chunks. A selecting step
+  // rewrites every slot's weight with its slot_chunk. max_sample: chunks a selection draws at
+  // most (SkvSequenceInfo::sample_chunks of the largest budget).
+  float* slot_log_weight = nullptr;
+  int max_sample = 0;
   // values[seq] → [layers, kv_heads, capacity_chunks * C, head_dim]: device or mapped pinned
   // host memory; one chunk of one head is one contiguous run. With fp8_values the run is e4m3
   // codes (1 byte each) and the store continues, after all the codes, with one fp32 scale per
@@ -240,7 +248,10 @@ cudaError_t LaunchSkvGraduate(const SkvDecodeParams& params, cudaStream_t stream
 // logits[row, q head, chunk] = scale·q·L (−inf for outliers); chunks [0, num_chunks).
 cudaError_t LaunchSkvScore(const SkvDecodeParams& params, cudaStream_t stream);
 // Softmax per query head, max over the group, top-K (ties: lower chunk first), hits against the
-// gather slots, misses written to miss_chunk and slot_chunk; counters updated.
+// gather slots, misses written to miss_chunk and slot_chunk; counters updated. Under
+// select_sample (fast kernels, landmark selection) the top K less the sequence's sample_chunks,
+// and that many more drawn at random from the selectable rest, as the CPU policy draws them
+// (same seed, same shuffle: SkvDrawSample), with the slots' log weights written.
 cudaError_t LaunchSkvSelect(const SkvDecodeParams& params, cudaStream_t stream);
 // select_drift, before the layer's scoring: for each (row, KV head), whether it selects at this
 // step (head_keeps), and where it does its step and unrotated queries recorded; counters
@@ -250,7 +261,8 @@ cudaError_t LaunchSkvDrift(const SkvDecodeParams& params, cudaStream_t stream);
 // A and B with RoPE (rounded to bf16, as the gather rows hold them) and scored against the
 // row's queries; per query head the softmax over all candidate tokens, a chunk's score the sum
 // of its tokens' probabilities, max over the group; the best K (ties: the lower chunk) go to
-// the gather slots as LaunchSkvSelect's would (hits, misses, counters).
+// the gather slots as LaunchSkvSelect's would (hits, misses, counters; under select_sample the
+// best K less the drawn chunks, which are drawn from every selectable chunk not kept).
 cudaError_t LaunchSkvRerank(const SkvDecodeParams& params, cudaStream_t stream);
 // Values of the missed chunks (and with exact_keys their keys): store → attention buffer gather
 // rows.
@@ -332,9 +344,9 @@ struct SkvRopeRowsParams {
 };
 cudaError_t LaunchSkvRopeRows(const SkvRopeRowsParams& params, cudaStream_t stream);
 
-// Dynamic shared memory of the select kernel (max_candidates: the layout's, 0 without
-// re-ranking).
-int64_t SkvSelectSharedBytes(int capacity_chunks, int max_budget, int max_candidates = 0);
+// Dynamic shared memory of the select kernel for this layout (its capacity, budget, candidates
+// and draw).
+int64_t SkvSelectSharedBytes(const SkvLayout& layout);
 
 // Checks the layout against the kernels' limits and raises their shared-memory limits (call
 // before the first launch, outside any graph capture). cudaErrorInvalidValue: not supported.

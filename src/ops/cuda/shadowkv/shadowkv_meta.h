@@ -22,6 +22,9 @@ struct SkvSequenceInfo {
   // Under select_drift: the cosine below which a KV head of this sequence selects again
   // (kv::KvPolicyConfig::DriftForBudget of its budget).
   float select_drift = 0.0f;
+  // Under select_sample: chunks a selection draws at random (kv::KvPolicyConfig::SampledChunks
+  // of the budget) where the selectable chunks outnumber the budget, else none; 0 without it.
+  int32_t sample_chunks = 0;
 };
 
 // One decode row's plan for this step (mirrored on the device).
