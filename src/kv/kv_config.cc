@@ -276,7 +276,8 @@ constexpr std::pair<std::string_view, std::string_view> kAccurateSettings[] = {
     {"interval", "8"},
     {"drift", "0.85"},
     {"drift_small", "0.9"},
-    {"drift_small_below", "3072"}};
+    {"drift_small_below", "3072"},
+    {"sample", "0.25"}};
 // clang-format on
 
 }  // namespace

@@ -207,14 +207,15 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // exact_keys (0 or 1), fp8_values (0 or 1), fp8_landmarks (0 or 1), fp8_keys (0 or 1, with
 // exact_keys), snap_window, snap_kernel, snap_pooling, page, dense_layers, sinks. accurate=1
 // (shadowkv only; not with paper=1) names the setting measured within 2 points of full attention
-// on Qwen2.5-Coder-0.5B at 16K and 32K and on SmolLM2 at 4K on the questions it was chosen on
-// (3.6-3.7 below on held-out ones; docs/RESULTS.md, "The accurate setting's candidates" and
-// "Held-out questions"): exact_keys=1, rank=8 (with exact keys no decode step reads the rank-r
-// factors), budget_fraction=0.125 (12.5% of the context) with budget_min=768 and budget_max=8192
-// (the GPU select's 1,024 chunks; 12.5% reaches it at 64K, beyond the lengths measured),
-// rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate chunks), interval=8, drift=0.85,
-// and drift_small=0.9 below drift_small_below=3072 budget tokens (contexts under about 24K); each
-// of those keys named beside it keeps the named value, whatever the order. Settings not named
+// on Qwen2.5-Coder-0.5B at 16K and 32K, on the questions its settings were chosen on and on
+// held-out ones, and on SmolLM2 at 4K (docs/RESULTS.md, "The accurate setting's candidates",
+// "Held-out questions" and "Sampled chunks"): exact_keys=1, rank=8 (with exact keys no decode
+// step reads the rank-r factors), budget_fraction=0.125 (12.5% of the context) with
+// budget_min=768 and budget_max=8192 (the GPU select's 1,024 chunks; 12.5% reaches it at 64K,
+// beyond the lengths measured), rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate
+// chunks), interval=8, drift=0.85, drift_small=0.9 below drift_small_below=3072 budget tokens
+// (contexts under about 24K), and sample=0.25 (a quarter of the budget drawn at random and
+// weighted); each of those keys named beside it keeps the named value, whatever the order. Settings not named
 // come from `base`. Unknown keys, malformed values and invalid results are kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);
 

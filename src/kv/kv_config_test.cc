@@ -190,6 +190,7 @@ TEST(KvConfigTest, AccurateNamesTheMeasuredSettingAndNamedKeysOverrideIt) {
   EXPECT_DOUBLE_EQ(accurate->DriftForBudget(3072), 0.85);
   EXPECT_DOUBLE_EQ(accurate->DriftForBudget(4096), 0.85);  // 32K
   EXPECT_TRUE(accurate->ReselectsOnDrift());
+  EXPECT_DOUBLE_EQ(accurate->select_sample, 0.25);  // a quarter of the budget drawn
   EXPECT_EQ(accurate->selection, base.selection);  // the re-ranked selection, untouched
   EXPECT_EQ(accurate->label, "shadowkv:accurate=1");
   EXPECT_EQ(accurate->BudgetTokens(4096), 768);  // its own floor
@@ -298,7 +299,7 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
 }
 
 TEST(KvConfigTest, SampledChunksTakeTheShareAndLeaveOneRanked) {
-  auto config = ParseKvVariant("shadowkv:accurate=1:sample=0.25", KvPolicyConfig{});
+  auto config = ParseKvVariant("shadowkv:sample=0.25", KvPolicyConfig{});
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EXPECT_DOUBLE_EQ(config->select_sample, 0.25);
   EXPECT_EQ(config->SampledChunks(96), 24);
