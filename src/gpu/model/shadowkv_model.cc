@@ -293,6 +293,7 @@ Status CudaModel::AllocateShadowKv(const kv::KvPolicyConfig& requested, int num_
   l.slot_chunk = s->slot_chunk.get();
   l.slot_log_weight = s->slot_log_weight.get();
   l.max_sample = g.max_sample;
+  l.first_head = static_cast<int>(m.shard.kv_heads.begin);
   l.values = s->value_table.get();
   l.info = s->info.get();
   l.counters = s->counters.get();

@@ -201,7 +201,8 @@ __device__ __forceinline__ uint32_t SkvLiveWord(const uint32_t* keys, int n, int
 }
 
 // The seed of a selection's draw, as the CPU policy forms it: the layer (among the compressed
-// ones), the KV head and the tokens held, the new one included.
+// ones), the KV head (the model's: SkvLayout::first_head + the layout's) and the tokens held,
+// the new one included.
 __device__ __forceinline__ uint64_t SkvSampleSeed(int layer, int head, int64_t tokens) {
   return (static_cast<uint64_t>(layer) << 48) ^ (static_cast<uint64_t>(head) << 40) ^
          static_cast<uint64_t>(tokens);
@@ -327,7 +328,8 @@ __device__ __forceinline__ void SkvFinishSelection(
   if (drawn > 0) {
     const int pool = SkvDrawSample<Scan>(
         scan_storage, [&](int w) { return live_word(w) & ~wanted[w]; }, words, drawn,
-        SkvSampleSeed(p.layer, h, static_cast<int64_t>(m.position) + 1), scratch, drawn_chunks);
+        SkvSampleSeed(p.layer, l.first_head + h, static_cast<int64_t>(m.position) + 1), scratch,
+        drawn_chunks);
     draws = min(drawn, pool);
     for (int i = threadIdx.x; i < draws; i += blockDim.x) {
       atomicOr(&wanted[drawn_chunks[i] >> 5], 1u << (drawn_chunks[i] & 31));

@@ -77,6 +77,10 @@ struct SkvLayout {
   // most (SkvSequenceInfo::sample_chunks of the largest budget).
   float* slot_log_weight = nullptr;
   int max_sample = 0;
+  // The model's index of this layout's KV head 0 (under tensor parallelism its rank's first
+  // head, else 0): the draw is seeded by the model's head, so every rank draws what one GPU and
+  // the CPU policy draw.
+  int first_head = 0;
   // values[seq] → [layers, kv_heads, capacity_chunks * C, head_dim]: device or mapped pinned
   // host memory; one chunk of one head is one contiguous run. With fp8_values the run is e4m3
   // codes (1 byte each) and the store continues, after all the codes, with one fp32 scale per
