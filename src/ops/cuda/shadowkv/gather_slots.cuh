@@ -191,12 +191,12 @@ __device__ __forceinline__ int SkvDrawnChunks(const SkvLayout& l, const SkvSeque
                                                                 : 0;
 }
 
-// Word w of the bitmap of selectable chunks among [0, n), from a select kernel's keys (0: not
-// selectable).
-__device__ __forceinline__ uint32_t SkvLiveWord(const uint32_t* keys, int n, int w) {
+// Word w of the bitmap of the chunks c in [0, n) for which live(c) holds (the selectable ones).
+template <typename Live>
+__device__ __forceinline__ uint32_t SkvLiveWord(int n, int w, Live&& live) {
   uint32_t bits = 0;
   const int first = 32 * w, last = min(n, first + 32);
-  for (int c = first; c < last; ++c) bits |= (keys[c] != 0u ? 1u : 0u) << (c - first);
+  for (int c = first; c < last; ++c) bits |= (live(c) ? 1u : 0u) << (c - first);
   return bits;
 }
 

@@ -576,10 +576,7 @@ __global__ void __launch_bounds__(kThreads) SkvRerankSelectKernel(SkvDecodeParam
   __syncthreads();
   const uint8_t* outlier = l.outlier + l.ChunkIndex(m.seq, p.layer, h, 0);
   auto live_word = [&](int w) {
-    uint32_t bits = 0;
-    const int first = 32 * w, last = min(m.num_chunks, first + 32);
-    for (int c = first; c < last; ++c) bits |= (outlier[c] == 0 ? 1u : 0u) << (c - first);
-    return bits;
+    return SkvLiveWord(m.num_chunks, w, [&](int c) { return outlier[c] == 0; });
   };
   SkvFinishSelection<Scan>(scan_storage, p, m, info, h, k, drawn, live_word, selected, wanted,
                            free_slots, reinterpret_cast<int*>(all + l.group), slot_chunk, miss);

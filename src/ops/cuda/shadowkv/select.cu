@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SkvSelectFastKernel(SkvD
     return;
   }
   SkvFinishSelection<SelectScan>(scan_storage, p, m, info, h, k, drawn,
-                                 [&](int w) { return SkvLiveWord(keys, n, w); }, selected, wanted,
+                                 [&](int w) { return SkvLiveWord(n, w, [&](int c) { return keys[c] != 0u; }); }, selected, wanted,
                                  free_slots, free_slots + l.max_budget, slot_chunk, miss);
 }
 
