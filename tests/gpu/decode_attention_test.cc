@@ -47,9 +47,10 @@ AttentionInput WeightedRuns(const AttentionInput& input, int first, int runs, in
 }
 
 // weighted: runs of keys carry log weights (DecodeAttentionParams::key_log_weight), as
-// ShadowKV's chunks drawn at random do: 6 runs of 8 keys from a row's own first key, some of
+// ShadowKV's chunks drawn at random do: 6 runs of `run` keys from a row's own first key, some of
 // weight 0; window 0 only.
-void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool weighted = false) {
+void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool weighted = false,
+                 int run = 8) {
   std::mt19937 rng(head_dim * 1000 + group * 10 + num_splits + window * 7);
   const int num_kv_heads = 2, num_query_heads = num_kv_heads * group;
   const int q_width = num_query_heads * head_dim;
@@ -83,7 +84,7 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool w
   p.num_splits = num_splits;
   p.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   p.window = window;
-  constexpr int kRuns = 6, kRun = 8;
+  constexpr int kRuns = 6;
   const std::vector<int32_t> first = {0, 40, 500};  // per row
   std::vector<float> weights(static_cast<size_t>(4) * 2 * num_kv_heads * kRuns);
   for (size_t i = 0; i < weights.size(); ++i) weights[i] = i % 3 == 0 ? 0.0f : 0.5f + i % 7 * 0.4f;
@@ -93,7 +94,7 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool w
     p.key_log_weight = device_weights.get();
     p.weight_first = device_first.get();
     p.weight_runs = kRuns;
-    p.weight_run = kRun;
+    p.weight_run = run;
   }
   SKV_ASSERT_CUDA(LaunchDecodeAttention(p, nullptr));
   const std::vector<float> got = ToHostBf16(out);
@@ -106,7 +107,7 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool w
     inputs.push_back(cache.Segments(slots[r], layer, positions[r] + 1, window > 0));
     if (weighted) {
       const int64_t head_weights = (static_cast<int64_t>(slots[r]) * 2 + layer) * num_kv_heads;
-      inputs.back() = WeightedRuns(inputs.back(), first[r], kRuns, kRun,
+      inputs.back() = WeightedRuns(inputs.back(), first[r], kRuns, run,
                                    weights.data() + head_weights * kRuns);
     }
   }
@@ -133,7 +134,7 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool w
   const double error = RelativeError(got, want);
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
                                         << " splits " << num_splits << " window " << window
-                                        << (weighted ? " weighted" : "");
+                                        << (weighted ? " weighted, runs of " + std::to_string(run) : "");
   ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
                                       std::to_string(group) + "_s" + std::to_string(num_splits) +
                                       "_w" + std::to_string(window) + (weighted ? "_weighted" : ""),
@@ -185,7 +186,8 @@ TEST(CudaDecodeAttentionTest, SlidingWindow) {
 }
 
 // Keys with log weights (ShadowKV's chunks drawn at random) attend as the CPU op weighs them:
-// every head dim, narrow and wide groups, one split or many (a run split across splits).
+// every head dim, narrow and wide groups, one split or many (a run split across splits), runs of
+// 8 keys and of lengths that are not powers of two.
 TEST(CudaDecodeAttentionTest, WeightedKeysCountAsCopies) {
   SKV_SKIP_WITHOUT_GPU();
   for (int head_dim : {16, 64, 96, 128, 256}) {
@@ -193,6 +195,9 @@ TEST(CudaDecodeAttentionTest, WeightedKeysCountAsCopies) {
     CheckDecode(head_dim, 2, 16, 0, true);
   }
   CheckDecode(128, 16, 64, 0, true);
+  // Runs whose length is not a power of two (the kernel divides instead of shifting).
+  CheckDecode(64, 7, 1, 0, true, 6);
+  CheckDecode(128, 4, 16, 0, true, 3);
 }
 
 // A window the CPU op would not apply to the same keys fails the comparison: the test sees it.
