@@ -270,7 +270,7 @@ constexpr std::pair<std::string_view, std::string_view> kAccurateSettings[] = {
     {"rank", "8"},
     {"budget_fraction", "0.125"},
     {"budget_min", "768"},
-    {"budget_max", "8192"},
+    {"budget_max", "2048"},
     {"rerank_factor", "3"},
     {"rerank_min", "8192"},
     {"interval", "8"},

@@ -211,10 +211,11 @@ KvPolicyConfig WithPaperSettings(KvPolicyConfig config);
 // held-out ones, and on SmolLM2 at 4K (docs/RESULTS.md, "The accurate setting's candidates",
 // "Held-out questions" and "Sampled chunks"): exact_keys=1, rank=8 (with exact keys no decode
 // step reads the rank-r factors), budget_fraction=0.125 (12.5% of the context) with
-// budget_min=768 and budget_max=8192 (the GPU select's 1,024 chunks; 12.5% reaches it at 64K,
-// beyond the lengths measured), rerank_factor=3 with rerank_min=8192 (at least 1,024 candidate
-// chunks), interval=8, drift=0.85, drift_small=0.9 below drift_small_below=3072 budget tokens
-// (contexts under about 24K), and sample=0.25 (a quarter of the budget drawn at random and
+// budget_min=768 and budget_max=2048 (12.5% reaches it at about 16K; at 32K half the budget of
+// 12.5% kept the accuracy with the drawn chunks), rerank_factor=3 with rerank_min=8192 (at least
+// 1,024 candidate chunks), interval=8, drift=0.85, drift_small=0.9 below drift_small_below=3072
+// budget tokens (so every budget under the ceiling reselects at 0.9; 0.85 applies where
+// budget_max is raised), and sample=0.25 (a quarter of the budget drawn at random and
 // weighted); each of those keys named beside it keeps the named value, whatever the order. Settings not named
 // come from `base`. Unknown keys, malformed values and invalid results are kInvalidArgument.
 Result<KvPolicyConfig> ParseKvVariant(const std::string& text, const KvPolicyConfig& base);

@@ -187,20 +187,21 @@ TEST(KvConfigTest, AccurateNamesTheMeasuredSettingAndNamedKeysOverrideIt) {
   EXPECT_EQ(accurate->drift_small_below, 3072);
   EXPECT_DOUBLE_EQ(accurate->DriftForBudget(2024), 0.9);  // 16K: 2,029 tokens, 253 chunks
   EXPECT_DOUBLE_EQ(accurate->DriftForBudget(768), 0.9);
-  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(3072), 0.85);
-  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(4096), 0.85);  // 32K
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(2048), 0.9);  // the ceiling: 16K and longer
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(3072), 0.85);  // with budget_max raised
+  EXPECT_DOUBLE_EQ(accurate->DriftForBudget(4096), 0.85);
   EXPECT_TRUE(accurate->ReselectsOnDrift());
   EXPECT_DOUBLE_EQ(accurate->select_sample, 0.25);  // a quarter of the budget drawn
   EXPECT_EQ(accurate->selection, base.selection);  // the re-ranked selection, untouched
   EXPECT_EQ(accurate->label, "shadowkv:accurate=1");
   EXPECT_EQ(accurate->BudgetTokens(4096), 768);  // its own floor
   EXPECT_EQ(accurate->BudgetTokens(2048), 768);
-  EXPECT_EQ(accurate->BudgetTokens(16384), 2048);
-  EXPECT_EQ(accurate->BudgetTokens(32768), 4096);
-  EXPECT_EQ(accurate->BudgetTokens(65536), 8192);   // 12.5% meets the ceiling
-  EXPECT_EQ(accurate->BudgetTokens(124928), 8192);  // the GPU select's 1,024 chunks of 8
-  // Candidates: three per kept chunk, at least 1,024 chunks (8,192 tokens of chunk 8): four per
-  // kept chunk at 16K, three at 32K.
+  EXPECT_EQ(accurate->BudgetTokens(12288), 1536);
+  EXPECT_EQ(accurate->BudgetTokens(16384), 2048);   // 12.5% meets the ceiling
+  EXPECT_EQ(accurate->BudgetTokens(32768), 2048);
+  EXPECT_EQ(accurate->BudgetTokens(124928), 2048);
+  // Candidates: three per kept chunk, at least 1,024 chunks (8,192 tokens of chunk 8): at the
+  // ceiling the floor, four per kept chunk.
   EXPECT_EQ(accurate->rerank_factor, 3);
   EXPECT_EQ(accurate->RerankCandidates(2048 / 8, 8), 1024);
   EXPECT_EQ(accurate->RerankCandidates(4096 / 8, 8), 1536);
@@ -268,7 +269,7 @@ TEST(KvConfigTest, BadVariantsAreErrorsNamingTheProblem) {
         Case{"shadowkv:accurate=1:budget_max=512", "below the budget floor 768"},
         // The ceiling the user did not write is named as the setting's.
         Case{"shadowkv:accurate=1:budget_min=10000", "accurate=1 sets "},
-        Case{"shadowkv:accurate=1:budget_min=10000", "budget_max=8192"},
+        Case{"shadowkv:accurate=1:budget_min=10000", "budget_max=2048"},
         Case{"shadowkv:paper=1:budget_max=4096", "paper=1 fixes 'budget_max'"},
         Case{"shadowkv:rerank_rank=20", "rerank rank 20 is not a multiple of 8"},
         Case{"shadowkv:mass=0", "selection mass 0"},

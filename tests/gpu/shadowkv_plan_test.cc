@@ -413,8 +413,8 @@ TEST(CudaShadowKvPlanTest, BenchBudgetIsTheServedBudget) {
   EXPECT_EQ(ShadowKvBenchSettings(defaults, 32000).budget_tokens, 512);    // the floor
   auto accurate = kv::ParseKvVariant("shadowkv:accurate=1", defaults);
   ASSERT_TRUE(accurate.ok());
-  EXPECT_EQ(ShadowKvBenchSettings(*accurate, 32000).budget_tokens, 4000);   // 12.5%
-  EXPECT_EQ(ShadowKvBenchSettings(*accurate, 124928).budget_tokens, 8192);  // the ceiling
+  EXPECT_EQ(ShadowKvBenchSettings(*accurate, 12000).budget_tokens, 1500);   // 12.5%
+  EXPECT_EQ(ShadowKvBenchSettings(*accurate, 124928).budget_tokens, 2048);  // the ceiling
   for (const int64_t context : {4096, 20000, 32000, 124928}) {
     EXPECT_EQ(ShadowKvBenchSettings(*accurate, context).budget_tokens,
               accurate->BudgetTokens(context))

@@ -128,7 +128,7 @@ struct ShadowKvBenchResult {
 // The settings a ShadowKV bench case of `context` tokens runs with: `settings` as policy
 // "shadowkv", and without a budget in tokens the budget its fraction, floor and ceiling give at
 // `context`, the one a server gives a prompt of that length (512 at 32K and 1,952 at 124,928
-// for the defaults; 4,000 at 32,000 and 8,192 at 124,928 for shadowkv:accurate=1).
+// for the defaults; 1,500 at 12,000 and 2,048 at 32,000 and beyond for shadowkv:accurate=1).
 kv::KvPolicyConfig ShadowKvBenchSettings(const kv::KvPolicyConfig& settings, int64_t context);
 
 // Byte counts are the whole group's; floors are per GPU (the group's bytes over its GPUs).
