@@ -134,7 +134,8 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool w
   const double error = RelativeError(got, want);
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
                                         << " splits " << num_splits << " window " << window
-                                        << (weighted ? " weighted, runs of " + std::to_string(run) : "");
+                                        << (weighted ? " weighted, runs of " + std::to_string(run)
+                                                     : "");
   ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
                                       std::to_string(group) + "_s" + std::to_string(num_splits) +
                                       "_w" + std::to_string(window) + (weighted ? "_weighted" : ""),
@@ -195,7 +196,7 @@ TEST(CudaDecodeAttentionTest, WeightedKeysCountAsCopies) {
     CheckDecode(head_dim, 2, 16, 0, true);
   }
   CheckDecode(128, 16, 64, 0, true);
-  // Runs whose length is not a power of two (the kernel divides instead of shifting).
+  // Runs whose length is not a power of two.
   CheckDecode(64, 7, 1, 0, true, 6);
   CheckDecode(128, 4, 16, 0, true, 3);
 }

@@ -200,6 +200,11 @@ __device__ __forceinline__ uint32_t SkvLiveWord(int n, int w, Live&& live) {
   return bits;
 }
 
+// The same from a select kernel's keys (0: not selectable).
+__device__ __forceinline__ uint32_t SkvKeysLiveWord(const uint32_t* keys, int n, int w) {
+  return SkvLiveWord(n, w, [&](int c) { return keys[c] != 0u; });
+}
+
 // The seed of a selection's draw, as the CPU policy forms it: the layer (among the compressed
 // ones), the KV head (the model's: SkvLayout::first_head + the layout's) and the tokens held,
 // the new one included.

@@ -331,9 +331,9 @@ __global__ void __launch_bounds__(kSelectThreads) SkvSelectKernel(SkvDecodeParam
     SkvWriteCandidates(p, row, h, k, selected);
     return;
   }
-  SkvFinishSelection<SelectScan>(scan_storage, p, m, info, h, k, drawn,
-                                 [&](int w) { return SkvLiveWord(n, w, [&](int c) { return keys[c] != 0u; }); }, selected, wanted,
-                                 free_slots, free_slots + l.max_budget, slot_chunk, miss);
+  SkvFinishSelection<SelectScan>(
+      scan_storage, p, m, info, h, k, drawn, [&](int w) { return SkvKeysLiveWord(keys, n, w); },
+      selected, wanted, free_slots, free_slots + l.max_budget, slot_chunk, miss);
 }
 
 // ---- value fetch ------------------------------------------------------------------------------
