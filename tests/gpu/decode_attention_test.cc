@@ -132,13 +132,13 @@ void CheckDecode(int head_dim, int group, int num_splits, int window = 0, bool w
     EXPECT_GT(RelativeError(got, unweighted), 10 * kAttentionTolerance);
   }
   const double error = RelativeError(got, want);
+  const std::string weighting = weighted ? "_weighted_run" + std::to_string(run) : "";
   EXPECT_LT(error, kAttentionTolerance) << "head_dim " << head_dim << " group " << group
                                         << " splits " << num_splits << " window " << window
-                                        << (weighted ? " weighted, runs of " + std::to_string(run)
-                                                     : "");
+                                        << weighting;
   ::testing::Test::RecordProperty("relative_error_h" + std::to_string(head_dim) + "_g" +
                                       std::to_string(group) + "_s" + std::to_string(num_splits) +
-                                      "_w" + std::to_string(window) + (weighted ? "_weighted" : ""),
+                                      "_w" + std::to_string(window) + weighting,
                                   std::to_string(error));
 }
 
