@@ -11,18 +11,11 @@ namespace shadowkv::kv {
 namespace {
 
 using testing::ExactBytes;
+using testing::NewSequence;
 using testing::PositionsOf;
 using testing::RandomStream;
 using testing::SmallGeometry;
 using testing::TokenStream;
-
-std::unique_ptr<SequenceKv> NewSequence(const KvPolicyConfig& config, const KvGeometry& geometry) {
-  auto policy = MakeKvPolicy(config, geometry);
-  EXPECT_TRUE(policy.ok()) << policy.status().ToString();
-  auto sequence = (*policy)->NewSequence();
-  EXPECT_TRUE(sequence.ok());
-  return std::move(*sequence);
-}
 
 KvPolicyConfig QuestConfig(int64_t budget, int page_size, int dense_layers) {
   KvPolicyConfig config;

@@ -12,20 +12,11 @@ namespace shadowkv::kv {
 namespace {
 
 using testing::ExactBytes;
+using testing::NewSequence;
 using testing::PositionsOf;
 using testing::RandomStream;
 using testing::SmallGeometry;
 using testing::TokenStream;
-
-std::unique_ptr<SequenceKv> NewSequence(const KvPolicyConfig& config, const KvGeometry& geometry,
-                                        std::unique_ptr<KvPolicy>* policy_out = nullptr) {
-  auto policy = MakeKvPolicy(config, geometry);
-  EXPECT_TRUE(policy.ok()) << policy.status().ToString();
-  auto sequence = (*policy)->NewSequence();
-  EXPECT_TRUE(sequence.ok());
-  if (policy_out) *policy_out = std::move(*policy);
-  return std::move(*sequence);
-}
 
 KvPolicyConfig SnapConfig(int64_t budget, int window, int kernel, const std::string& pooling) {
   KvPolicyConfig config;

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -30,6 +31,21 @@ inline KvGeometry SmallGeometry(int num_layers = 2, int num_query_heads = 4, int
 inline AttentionShape ShapeOf(const KvGeometry& geometry) {
   return {geometry.num_query_heads, geometry.num_kv_heads, geometry.head_dim,
           1.0f / std::sqrt(static_cast<float>(geometry.head_dim))};
+}
+
+// A new sequence of the policy `config` names on `geometry` (a failed test where either cannot be
+// made). The sequence does not need its policy; `policy_out`, where given, keeps it.
+inline std::unique_ptr<SequenceKv> NewSequence(const KvPolicyConfig& config,
+                                               const KvGeometry& geometry,
+                                               std::unique_ptr<KvPolicy>* policy_out = nullptr) {
+  auto policy = MakeKvPolicy(config, geometry);
+  EXPECT_TRUE(policy.ok()) << policy.status().ToString();
+  if (!policy.ok()) return nullptr;
+  auto sequence = (*policy)->NewSequence();
+  EXPECT_TRUE(sequence.ok()) << sequence.status().ToString();
+  if (!sequence.ok()) return nullptr;
+  if (policy_out) *policy_out = std::move(*policy);
+  return std::move(*sequence);
 }
 
 // Every token's post-RoPE query, key and value at every layer.
