@@ -33,8 +33,9 @@ inline AttentionShape ShapeOf(const KvGeometry& geometry) {
           1.0f / std::sqrt(static_cast<float>(geometry.head_dim))};
 }
 
-// A new sequence of the policy `config` names on `geometry` (a failed test where either cannot be
-// made). The sequence does not need its policy; `policy_out`, where given, keeps it.
+// A new sequence of the policy `config` names on `geometry`; where the policy or the sequence
+// cannot be made, a failed expectation naming the error and nullptr. The sequence does not need
+// its policy; `policy_out`, where given, keeps it.
 inline std::unique_ptr<SequenceKv> NewSequence(const KvPolicyConfig& config,
                                                const KvGeometry& geometry,
                                                std::unique_ptr<KvPolicy>* policy_out = nullptr) {
