@@ -269,11 +269,12 @@ TEST(CudaShadowKvParityTest, ExactKeysInTheStoreDecodeAsTheFullCacheAndTheCpuPol
     if (fp8) bounds.same_chunks = 7e-2;
     CheckParity(config, config, /*copies=*/true, /*want_ranks=*/24, SmallLlamaSpec(7), bounds);
   }
-  // The re-rank scores its candidates from the stored keys (bf16, and FP8 decoded). FP8 codes
-  // are made from the CPU's fp32 keys and the GPU's bf16 ones, so an element near a rounding
-  // boundary takes the next code on one side; the re-rank reads every candidate's codes (the
-  // landmark selection reads only the attended chunks'), near-ties part more often, and fewer
-  // pairs keep the same chunks (19 of 48 at 5f483cc against 36 with bf16 keys).
+  // The re-rank scores its candidates from the stored keys (bf16, and FP8 as coded: the codes
+  // times the queries plus the landmark's logit). FP8 codes are made from the CPU's fp32 keys
+  // and the GPU's bf16 ones, so an element near a rounding boundary takes the next code on one
+  // side; the re-rank reads every candidate's codes (the landmark selection reads only the
+  // attended chunks'), near-ties part more often, and fewer pairs keep the same chunks (19 of 48
+  // at 5f483cc, FP8 keys then decoded to bf16 before scoring, against 36 with bf16 keys).
   for (const bool fp8 : {false, true}) {
     kv::KvPolicyConfig rerank = ParityConfig(false);
     rerank.exact_keys = 1;

@@ -1,14 +1,18 @@
 // ShadowKV re-ranking kernels (selection "rerank", both kernel variants) against a CPU reference
 // written out here: the landmark candidates (ScoreLandmarks, SelectTopK of rerank_factor · K),
-// their keys rebuilt from A and B at each sequence's own rank with RoPE and rounded to bf16, the
-// exact logits and each chunk's log-sum-exp of them per query head, the per-head softmax over all
+// their keys (rebuilt from A and B at each sequence's own rank with RoPE and rounded to bf16, or
+// stored as FP8 codes of each key less its chunk's landmark and decoded in fp32), the exact
+// logits and each chunk's log-sum-exp of them per query head, the per-head softmax over all
 // candidate tokens whose per-chunk mass (max over the GQA group) picks the K, and the gather
 // slots those take (GatherSlots), over two steps.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <set>
 
+#include "core/fp8.h"
 #include "core/rope.h"
 #include "gpu_test_util.h"
 #include "kv/chunk_selection.h"
@@ -30,27 +34,18 @@ struct ExactReference {
   std::vector<float> scores;  // [candidates]
 };
 
+// Token t of chunk `chunk`'s key of the (row, KV head) scored: head_dim values into `key`.
+using KeyOf = std::function<void(int32_t chunk, int t, float* key)>;
+
 ExactReference ExactScores(const std::vector<int32_t>& chunks, const float* queries, int group,
-                           int head_dim, int head, const kv::LowRankBasis& basis,
-                           const float* coefficients, int layout_rank, int chunk_size,
-                           const Rope& rope, float scale) {
+                           int head_dim, int chunk_size, float scale, const KeyOf& key_of) {
   const int count = static_cast<int>(chunks.size()), tokens = count * chunk_size;
-  const int own = basis.rank;
   ExactReference out;
   out.logits.assign(static_cast<size_t>(group) * tokens, 0.0f);
-  std::vector<float> rows(static_cast<size_t>(chunk_size) * own);
-  std::vector<float> keys(static_cast<size_t>(chunk_size) * head_dim);
+  std::vector<float> key(head_dim);
   for (int i = 0; i < count; ++i) {
     for (int t = 0; t < chunk_size; ++t) {
-      std::copy_n(coefficients + (int64_t{chunks[i]} * chunk_size + t) * layout_rank, own,
-                  rows.data() + int64_t{t} * own);
-    }
-    kv::RebuildColumns(basis, rows.data(), chunk_size, head * head_dim, head_dim, keys.data(),
-                       head_dim);
-    for (int t = 0; t < chunk_size; ++t) {
-      float* key = keys.data() + int64_t{t} * head_dim;
-      rope.Apply(key, 1, head_dim, int64_t{chunks[i]} * chunk_size + t);
-      for (int e = 0; e < head_dim; ++e) key[e] = Bf16ToFp32(Fp32ToBf16(key[e]));
+      key_of(chunks[i], t, key.data());
       for (int g = 0; g < group; ++g) {
         double dot = 0.0;
         for (int e = 0; e < head_dim; ++e) dot += double{queries[g * head_dim + e]} * key[e];
@@ -126,7 +121,24 @@ std::vector<float> InvFreq(int head_dim) {
   return inv_freq;
 }
 
-void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
+// Where the re-rank's candidate keys come from: rebuilt from A and B; stored FP8 runs scored as
+// coded (the fast kernels) or decoded into key tiles (stored_key_prefetch 0, and the first
+// kernels).
+enum class RerankKeys { kRebuilt, kStoredFp8, kStoredFp8Decoded };
+
+const char* KeysName(RerankKeys keys) {
+  switch (keys) {
+    case RerankKeys::kRebuilt:
+      return "rebuilt keys";
+    case RerankKeys::kStoredFp8:
+      return "FP8 stored keys";
+    default:
+      return "FP8 stored keys decoded";
+  }
+}
+
+void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style,
+                 RerankKeys keys = RerankKeys::kRebuilt) {
   constexpr int kHeads = 2, kGroup = 4, kChunk = 8, kCapacity = 2000, kBudget = 16, kFactor = 4;
   constexpr int kSeqs = 2, kRank = 40, kCandidates = kFactor * kBudget, kOutliers = 12;
   const int width = kHeads * head_dim;
@@ -150,6 +162,34 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
       }
     }
   }
+  // FP8 stored keys: each sequence's store holds, per (head, chunk) run, the codes of each key
+  // less its chunk's landmark (the key: the landmark plus a residual of up to 0.25), then one
+  // fp32 scale per run (SkvLayout::KeyCodes, KeyScale; the keys start the store here).
+  const bool stored = keys != RerankKeys::kRebuilt;
+  const int64_t runs = int64_t{kHeads} * kCapacity, run_size = int64_t{kChunk} * head_dim;
+  std::vector<std::vector<uint8_t>> stores(stored ? kSeqs : 0);
+  for (int s = 0; s < static_cast<int>(stores.size()); ++s) {
+    std::vector<uint8_t>& store = stores[s];
+    store.assign(runs * run_size + runs * 4, 0);
+    std::uniform_real_distribution<float> residual(-0.25f, 0.25f);
+    std::vector<float> run(run_size);
+    for (int h = 0; h < kHeads; ++h) {
+      for (int c = 0; c < num_chunks[s]; ++c) {
+        for (float& x : run) x = residual(rng);
+        const int64_t at = int64_t{h} * kCapacity + c;
+        const float scale = QuantizeFp8Run(run.data(), run_size, store.data() + at * run_size);
+        std::memcpy(store.data() + runs * run_size + at * 4, &scale, 4);
+      }
+    }
+  }
+  std::vector<DeviceBuffer<uint8_t>> d_stores;
+  std::vector<__nv_bfloat16*> store_table;
+  for (const std::vector<uint8_t>& store : stores) {
+    d_stores.push_back(ToDevice(store));
+    store_table.push_back(reinterpret_cast<__nv_bfloat16*>(d_stores.back().get()));
+  }
+  auto d_store_table = ToDevice(stored ? store_table : std::vector<__nv_bfloat16*>(1, nullptr));
+
   RopeConfig rope_config;
   rope_config.rotary_dim = head_dim;
   rope_config.theta_base = 10000.0f;
@@ -190,6 +230,12 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   l.slot_chunk = d_slots.get();
   l.info = d_info.get();
   l.counters = d_counters.get();
+  if (stored) {
+    l.values = d_store_table.get();
+    l.exact_keys = 1;
+    l.fp8_keys = 1;
+    l.rerank_stored = 1;
+  }
   SKV_ASSERT_CUDA(SkvConfigureKernels(l));
 
   std::vector<kv::GatherSlots> cpu_slots(kSeqs * kHeads);
@@ -210,6 +256,7 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
     p.inv_freq = d_freq.get();
     p.candidates = d_candidates.get();
     p.candidate_lse = d_lse.get();
+    p.stored_key_prefetch = keys == RerankKeys::kStoredFp8Decoded ? 0 : 1;
     SKV_ASSERT_CUDA(LaunchSkvScore(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvSelect(p, nullptr));
     SKV_ASSERT_CUDA(LaunchSkvRerank(p, nullptr));
@@ -249,10 +296,26 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
             << "landmark candidates";
 
         // Exact scores and the K they keep.
-        const ExactReference reference =
-            ExactScores(want_candidates, q, kGroup, head_dim, h, own_basis,
-                        coefficients.data() + int64_t{s} * kCapacity * kChunk * kRank, kRank,
-                        kChunk, rope, p.scale);
+        std::vector<float> rows(static_cast<size_t>(own_rank[s]));
+        const KeyOf rebuilt = [&](int32_t chunk, int t, float* key) {
+          const float* a = coefficients.data() +
+                           ((int64_t{s} * kCapacity + chunk) * kChunk + t) * kRank;
+          std::copy_n(a, own_rank[s], rows.data());
+          kv::RebuildColumns(own_basis, rows.data(), 1, h * head_dim, head_dim, key, head_dim);
+          rope.Apply(key, 1, head_dim, int64_t{chunk} * kChunk + t);
+          for (int e = 0; e < head_dim; ++e) key[e] = Bf16ToFp32(Fp32ToBf16(key[e]));
+        };
+        const KeyOf decoded = [&](int32_t chunk, int t, float* key) {
+          const int64_t at = int64_t{h} * kCapacity + chunk;
+          const uint8_t* codes = stores[s].data() + at * run_size + int64_t{t} * head_dim;
+          float scale;
+          std::memcpy(&scale, stores[s].data() + runs * run_size + at * 4, 4);
+          const float* landmark =
+              landmarks.data() + ((int64_t{s} * kHeads + h) * kCapacity + chunk) * head_dim;
+          for (int e = 0; e < head_dim; ++e) key[e] = Fp8E4m3ToFp32(codes[e]) * scale + landmark[e];
+        };
+        const ExactReference reference = ExactScores(want_candidates, q, kGroup, head_dim, kChunk,
+                                                     p.scale, stored ? decoded : rebuilt);
         const float* got_lse = lse.data() + (int64_t{row} * kHeads + h) * kGroup * kCandidates;
         EXPECT_LT(RelativeError(std::vector<float>(got_lse, got_lse + kGroup * kCandidates),
                                 reference.lse),
@@ -312,16 +375,32 @@ void CheckRerank(int kernel_variant, int head_dim, RopeConfig::Style style) {
   }
   EXPECT_GT(hits, 0);  // the second step reuses chunks
   std::printf(
-      "[ rerank   ] head_dim %d, %s: %d of 8 (step, row, head) choices decided by a "
+      "[ rerank   ] head_dim %d, %s, %s: %d of 8 (step, row, head) choices decided by a "
       "near-tie; %lld hits\n",
-      head_dim, style == RopeConfig::Style::kHalves ? "halves" : "pairs", near_ties,
-      static_cast<long long>(hits));
+      head_dim, style == RopeConfig::Style::kHalves ? "halves" : "pairs", KeysName(keys),
+      near_ties, static_cast<long long>(hits));
 }
 
 TEST_P(CudaShadowKvRerankTest, KeepsTheCandidatesWhoseRebuiltKeysScoreBest) {
   SKV_SKIP_WITHOUT_GPU();
   CheckRerank(GetParam(), 128, RopeConfig::Style::kHalves);
   CheckRerank(GetParam(), 64, RopeConfig::Style::kPairs);
+}
+
+// FP8 stored keys (exact_keys with fp8_keys, scored from the store): the fast kernels score the
+// codes as they are and add the landmark's logit (SkvExactScoreFp8Kernel), or with
+// stored_key_prefetch 0 decode them into key tiles, as the first kernels do; either keeps the
+// candidates whose keys, decoded exactly here, score best. Head dims 128, 96 and 64 (the
+// as-coded kernel's three forms; 96 on the fast kernels only, which the first ones refuse).
+TEST_P(CudaShadowKvRerankTest, KeepsTheCandidatesWhoseStoredFp8KeysScoreBest) {
+  SKV_SKIP_WITHOUT_GPU();
+  const bool fast = GetParam() == kSkvKernelsFast;
+  for (const RerankKeys keys : {RerankKeys::kStoredFp8, RerankKeys::kStoredFp8Decoded}) {
+    if (!fast && keys == RerankKeys::kStoredFp8) continue;  // the first kernels always decode
+    CheckRerank(GetParam(), 128, RopeConfig::Style::kHalves, keys);
+    CheckRerank(GetParam(), 64, RopeConfig::Style::kPairs, keys);
+    if (fast) CheckRerank(GetParam(), 96, RopeConfig::Style::kHalves, keys);
+  }
 }
 
 // Candidates that all score the same (zero queries: every logit is 0, every chunk holds the

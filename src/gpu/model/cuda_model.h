@@ -35,7 +35,8 @@ struct CudaKernelOptions {
   int split_share = 50;      // percent of a split step's rows in its first part, 10 to 90
   int rebuild_slots = 0;     // gather slots per rebuild block, 64 or 128 (0: 32)
   // The re-rank's reads of stored exact keys: 1 ahead of the tile a warp multiplies (bf16 by
-  // cp.async, two tiles; FP8 into registers, one tile); 0 a tile at a time by plain loads.
+  // cp.async, two tiles; FP8 codes into registers, one tile, scored as coded); 0 a tile at a
+  // time by plain loads, FP8 decoded to bf16.
   int stored_key_prefetch = 1;
   // Split count of the sparse attention, 1 to kDecodeMaxSplits; 0: the full attention's rule
   // for the step's rows (DecodeNumSplits).

@@ -222,8 +222,9 @@ __global__ void __launch_bounds__(kExactThreads) SkvExactScoreKernel(SkvDecodePa
 // while it computes one: at the H200 that is faster than staging all of a block's rows at once,
 // which fits fewer blocks on a multiprocessor (dev/cuda/rerank_score_lab.cu). Stored bf16 keys
 // are read the same way, kStoredStages tiles deep: a warp's copies of its next two tiles are in
-// flight while it multiplies one. FP8 runs are loaded one tile ahead into registers and decoded
-// into the key tile (plain loads a tile at a time at head dim 256).
+// flight while it multiplies one. FP8 runs are scored as coded by a kernel of their own
+// (SkvExactScoreFp8Kernel, below; decoded into the key tile a tile at a time at head dim 256 or
+// with stored_key_prefetch 0).
 
 constexpr int kExactFastWarps = 4;
 constexpr int kExactFastChunks = 32;  // candidate chunks per block
@@ -261,9 +262,7 @@ int64_t ExactFastSharedBytes(const SkvLayout& l) {
   return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
 }
 
-// kFp8Ahead: the form for FP8 stored keys read ahead (below), its own instance so that the
-// registers it holds do not lower the other forms' occupancy.
-template <int kHeadDim, bool kHalves, bool kFp8Ahead>
+template <int kHeadDim, bool kHalves>
 __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(SkvDecodeParams p) {
   extern __shared__ __align__(16) unsigned char exact_fast_shared[];
   __shared__ int chunks[kExactFastChunks];
@@ -344,45 +343,11 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   }
   __syncthreads();
 
-  // kFp8Ahead (FP8 runs, head dims up to 128): the warp loads its next tile's codes, scales and
-  // landmark elements into registers while it multiplies one, and decodes them into its key
-  // tile when it gets there (kFp8PerLane loads a lane).
-  constexpr int kFp8PerLane = kFp8Ahead ? 16 * (kHeadDim / 8) / 32 : 1;
-  SkvFp8Keys8 fp8_next[kFp8PerLane];
-  auto fp8_element = [&](int j, int tile, int* r, int* v, int* token_row) {
-    const int i = lane + 32 * j;
-    *r = i / (kHeadDim / 8);
-    *v = i % (kHeadDim / 8);
-    *token_row = min(tile * 16 + *r, total_rows - 1);
-  };
-  auto load_fp8 = [&](int tile) {
-#pragma unroll
-    for (int j = 0; j < kFp8PerLane; ++j) {
-      int r, v, token_row;
-      fp8_element(j, tile, &r, &v, &token_row);
-      const int64_t at = static_cast<int64_t>(token_row % chunk_size) * kHeadDim + v * 8;
-      fp8_next[j] = SkvLoadFp8Keys8(l, m.seq, p.layer, h, chunks[token_row / chunk_size], at);
-    }
-  };
-  auto decode_fp8 = [&](int tile) {
-#pragma unroll
-    for (int j = 0; j < kFp8PerLane; ++j) {
-      int r, v, token_row;
-      fp8_element(j, tile, &r, &v, &token_row);
-      *reinterpret_cast<uint4*>(key_tile + r * pitch + v * 8) = SkvDecodeFp8Keys8(l, fp8_next[j]);
-    }
-    __syncwarp();
-  };
-  if (kFp8Ahead && warp < num_tiles) load_fp8(warp);
-
   const int g = lane / 4, c2 = (lane % 4) * 2;
   int buffer = 0, step = 0;
   for (int tile = warp; tile < num_tiles; tile += kExactFastWarps, buffer ^= 1, ++step) {
     const Bf16* keys = key_tile;
-    if (kFp8Ahead) {
-      decode_fp8(tile);  // loaded during the warp's last tile
-      if (tile + kExactFastWarps < num_tiles) load_fp8(tile + kExactFastWarps);
-    } else if (stored_async) {
+    if (stored_async) {
       // Tile `step + kStoredStages - 1` of the warp goes in the stage freed by the last tile.
       const int ahead = tile + (kStoredStages - 1) * kExactFastWarps;
       if (ahead < num_tiles) load_keys(ahead, (step + kStoredStages - 1) % kStoredStages);
@@ -436,38 +401,204 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
                     (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.group * l.max_candidates);
 }
 
-// The tensor-core scorer's instance for (head dim, RoPE style, FP8 keys read ahead); there is no
-// read-ahead form at head dim 256 (a lane's share of a tile would not fit its registers): the
-// plain one serves.
+// ---- FP8 stored keys scored as coded ------------------------------------------------------------
+//
+// A run of FP8 stored keys holds each key less its chunk's landmark L (codes times the run's
+// scale s), so a candidate token's logit is
+//   scale · q·(s · code + L) = s · (scale · q·code) + scale · q·L,
+// and scale · q·L is the logit the landmark scoring wrote for the chunk at this step (p.logits;
+// candidates are never outliers, whose logit is −∞). So the scorer multiplies the codes as they
+// are, converted exactly to fp16, by the group's queries rounded to fp16 (saturated, as the FP8
+// landmark scoring rounds them) on tensor cores with fp32 sums, and adds the landmark's logit:
+// it reads a key's codes and nothing else, where decoding reads the landmark's elements too.
+// A warp takes 16 token rows a tile; lane (g, c) holds dims [c·D/4, c·D/4 + D/4) of rows g and
+// g + 8, and at mma step t gives dims c·D/4 + 4t .. + 3 as k = 2c, 2c + 1, 2c + 8, 2c + 9 (the
+// query fragments permuted alike; a dot product ignores the order), so each lane reads its
+// share of a row in 8- or 16-byte loads. A warp loads its next tile while it multiplies one.
+// Head dims up to 128 (at 256 a lane's share of two tiles would not fit its registers).
 template <int kHeadDim>
-const void* ExactFastForm(bool halves, bool fp8_ahead) {
-  if constexpr (kHeadDim <= 128) {
-    if (fp8_ahead) {
-      return halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, true, true>)
-                    : reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, false, true>);
+__global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFp8Kernel(SkvDecodeParams p) {
+  static_assert(kHeadDim % 32 == 0, "a lane's D/4 codes of a row are whole 8-byte words");
+  constexpr int kSteps = kHeadDim / 16;  // mma steps; one 32-bit word of 4 codes each
+  extern __shared__ __align__(16) unsigned char exact_fp8_shared[];
+  __shared__ int chunks[kExactFastChunks];
+  __shared__ float run_scale[kExactFastChunks];
+  __shared__ int count_shared;
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int first = blockIdx.x * kExactFastChunks;
+  const int32_t* list =
+      p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
+  if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
+  // No selection at this step: the list is an earlier step's.
+  if (SkvKeepsChunks(p, p.meta[row], row, h)) return;
+  const SkvRowMeta m = p.meta[row];
+  const int group = l.group, chunk_size = l.chunk_size;
+  // [kExactFastChunks * C, group] the tokens' logits, then [kExactFastChunks, group] the
+  // landmarks' logits
+  float* token_logits = reinterpret_cast<float*>(exact_fp8_shared);
+  float* landmark_logits = token_logits + kExactFastChunks * chunk_size * group;
+  const float* logits =
+      p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group * l.capacity_chunks;
+  if (threadIdx.x == 0) count_shared = 0;
+  __syncthreads();
+  if (threadIdx.x < kExactFastChunks) {
+    const int i = first + threadIdx.x;
+    const int chunk = i < l.max_candidates ? list[i] : -1;
+    chunks[threadIdx.x] = chunk;
+    run_scale[threadIdx.x] = chunk >= 0 ? *l.KeyScale(m.seq, p.layer, h, chunk) * p.scale : 0.0f;
+    if (chunk >= 0) atomicAdd(&count_shared, 1);
+  }
+  __syncthreads();  // the chunk list and its count are visible
+  const int count = count_shared, total_rows = count * chunk_size;
+  const int num_tiles = (total_rows + 15) / 16;
+  for (int i = threadIdx.x; i < count * group; i += blockDim.x) {
+    const int which = i / group, g = i % group;
+    landmark_logits[i] = logits[static_cast<int64_t>(g) * l.capacity_chunks + chunks[which]];
+  }
+
+  const int g = lane / 4, c = lane % 4;
+  // B fragments: column g of head tile nb is query head 8 · nb + g.
+  uint32_t qb[2][kSteps][2];
+  const Bf16* q_row = p.queries + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group * kHeadDim;
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb) {
+    const int head = 8 * nb + g;
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      qb[nb][t][0] = qb[nb][t][1] = 0u;
+      if (head < group) {
+        const uint2 four = *reinterpret_cast<const uint2*>(q_row + head * kHeadDim +
+                                                          c * (kHeadDim / 4) + 4 * t);
+        const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&four.x));
+        const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&four.y));
+        qb[nb][t][0] = PackHalf2Saturated(low.x, low.y);
+        qb[nb][t][1] = PackHalf2Saturated(high.x, high.y);
+      }
     }
   }
-  return halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, true, false>)
-                : reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, false, false>);
+
+  // A lane's codes of a tile: words [row g, row g + 8][kSteps].
+  auto load_codes = [&](int tile, uint32_t (&words)[2][kSteps]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int token_row = min(tile * 16 + g + 8 * half, total_rows - 1);
+      const uint8_t* from = l.KeyCodes(m.seq, p.layer, h, chunks[token_row / chunk_size]) +
+                            static_cast<int64_t>(token_row % chunk_size) * kHeadDim +
+                            c * (kHeadDim / 4);
+      if constexpr (kSteps % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < kSteps / 4; ++i) {
+          const uint4 v = reinterpret_cast<const uint4*>(from)[i];
+          words[half][4 * i] = v.x;
+          words[half][4 * i + 1] = v.y;
+          words[half][4 * i + 2] = v.z;
+          words[half][4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kSteps / 2; ++i) {
+          const uint2 v = reinterpret_cast<const uint2*>(from)[i];
+          words[half][2 * i] = v.x;
+          words[half][2 * i + 1] = v.y;
+        }
+      }
+    }
+  };
+  uint32_t next[2][kSteps];
+  if (warp < num_tiles) load_codes(warp, next);
+  __syncthreads();  // the landmarks' logits are staged
+  const bool two_tiles = group > 8;
+  for (int tile = warp; tile < num_tiles; tile += kExactFastWarps) {
+    uint32_t words[2][kSteps];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int t = 0; t < kSteps; ++t) words[half][t] = next[half][t];
+    }
+    if (tile + kExactFastWarps < num_tiles) load_codes(tile + kExactFastWarps, next);
+    float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      uint32_t a[4];
+      // word t of a row: dims d .. d + 3, d = c·D/4 + 4t; k = 2c, 2c + 1 then 2c + 8, 2c + 9
+      a[0] = Fp8x2ToHalf2Bits(words[0][t]);  // row g
+      a[1] = Fp8x2ToHalf2Bits(words[1][t]);  // row g + 8
+      a[2] = Fp8x2ToHalf2Bits(words[0][t] >> 16);
+      a[3] = Fp8x2ToHalf2Bits(words[1][t] >> 16);
+      MmaF16(acc[0], a, qb[0][t][0], qb[0][t][1]);
+      if (two_tiles) MmaF16(acc[1], a, qb[1][t][0], qb[1][t][1]);
+    }
+    // acc[nb]: (row g, head 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1), heads from 8 · nb.
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token_row = tile * 16 + g + 8 * (e >> 1), head = nb * 8 + 2 * c + (e & 1);
+        if (token_row < total_rows && head < group) {
+          const int which = token_row / chunk_size;
+          token_logits[token_row * group + head] =
+              fmaf(acc[nb][e], run_scale[which], landmark_logits[which * group + head]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  WriteChunkLse(token_logits, count, chunk_size, group, l.max_candidates, first,
+                p.candidate_lse +
+                    (static_cast<int64_t>(row) * l.num_kv_heads + h) * group * l.max_candidates);
 }
 
-// The tensor-core scorer for (head_dim, RoPE style, stored keys), or null where it does not
-// apply (the first kernels, partial rotary, head dims other than 64, 96, 128 and 256, groups
-// above 16 heads).
-const void* ExactFastKernel(const SkvDecodeParams& p) {
+// Shared memory of one SkvExactScoreFp8Kernel block: its tokens' and its chunks' logits, fp32.
+int64_t ExactFp8SharedBytes(const SkvLayout& l) {
+  return 4ll * kExactFastChunks * (l.chunk_size + 1) * l.group;
+}
+
+// Whether the re-rank scores FP8 stored keys as coded (SkvExactScoreFp8Kernel): the fast kernels,
+// stored FP8 keys read ahead (stored_key_prefetch), head dims up to 128; other FP8 stores are
+// decoded into key tiles.
+bool ScoresFp8AsCoded(const SkvDecodeParams& p) {
+  const SkvLayout& l = p.layout;
+  return l.rerank_stored && l.fp8_keys && p.stored_key_prefetch != 0 && l.head_dim <= 128;
+}
+
+// The tensor-core scorer's instance for (head dim, RoPE style).
+template <int kHeadDim>
+const void* ExactFastForm(bool halves) {
+  return halves ? reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, true>)
+                : reinterpret_cast<const void*>(SkvExactScoreFastKernel<kHeadDim, false>);
+}
+
+// The tensor-core scorer for (head_dim, RoPE style, stored keys) and its shared bytes, or null
+// where it does not apply (the first kernels, partial rotary, head dims other than 64, 96, 128
+// and 256, groups above 16 heads).
+const void* ExactFastKernel(const SkvDecodeParams& p, int64_t* shared_bytes) {
   const SkvLayout& l = p.layout;
   if (p.kernel_variant != kSkvKernelsFast || p.rotary_dim != l.head_dim || !ExactFastGroupFits(l))
     return nullptr;
-  const bool fp8_ahead = l.rerank_stored && l.fp8_keys && p.stored_key_prefetch != 0;
+  if (ScoresFp8AsCoded(p)) {
+    *shared_bytes = ExactFp8SharedBytes(l);
+    switch (l.head_dim) {
+      case 64:
+        return reinterpret_cast<const void*>(SkvExactScoreFp8Kernel<64>);
+      case 96:
+        return reinterpret_cast<const void*>(SkvExactScoreFp8Kernel<96>);
+      case 128:
+        return reinterpret_cast<const void*>(SkvExactScoreFp8Kernel<128>);
+      default:
+        return nullptr;
+    }
+  }
+  *shared_bytes = ExactFastSharedBytes(l);
   switch (l.head_dim) {
     case 64:
-      return ExactFastForm<64>(p.halves, fp8_ahead);
+      return ExactFastForm<64>(p.halves);
     case 96:
-      return ExactFastForm<96>(p.halves, fp8_ahead);
+      return ExactFastForm<96>(p.halves);
     case 128:
-      return ExactFastForm<128>(p.halves, fp8_ahead);
+      return ExactFastForm<128>(p.halves);
     case 256:
-      return ExactFastForm<256>(p.halves, fp8_ahead);
+      return ExactFastForm<256>(p.halves);
     default:
       return nullptr;
   }
@@ -615,12 +746,17 @@ cudaError_t SkvConfigureRerank(const SkvLayout& l) {
     if (ExactFastSharedBytes(l) > limit) return cudaErrorInvalidValue;
     const int fast_bytes = static_cast<int>(ExactFastSharedBytes(l));
     for (const bool halves : {false, true}) {
-      for (const bool fp8_ahead : {false, true}) {
-        for (const void* kernel :
-             {ExactFastForm<64>(halves, fp8_ahead), ExactFastForm<96>(halves, fp8_ahead),
-              ExactFastForm<128>(halves, fp8_ahead), ExactFastForm<256>(halves, fp8_ahead)}) {
-          if ((e = AllowDynamicSharedMemory(kernel, fast_bytes)) != cudaSuccess) return e;
-        }
+      for (const void* kernel : {ExactFastForm<64>(halves), ExactFastForm<96>(halves),
+                                 ExactFastForm<128>(halves), ExactFastForm<256>(halves)}) {
+        if ((e = AllowDynamicSharedMemory(kernel, fast_bytes)) != cudaSuccess) return e;
+      }
+    }
+    if (l.fp8_keys) {
+      const int fp8_bytes = static_cast<int>(ExactFp8SharedBytes(l));
+      for (const void* kernel : {reinterpret_cast<const void*>(SkvExactScoreFp8Kernel<64>),
+                                 reinterpret_cast<const void*>(SkvExactScoreFp8Kernel<96>),
+                                 reinterpret_cast<const void*>(SkvExactScoreFp8Kernel<128>)}) {
+        if ((e = AllowDynamicSharedMemory(kernel, fp8_bytes)) != cudaSuccess) return e;
       }
     }
   }
@@ -632,13 +768,15 @@ cudaError_t LaunchSkvRerank(const SkvDecodeParams& p, cudaStream_t stream) {
   const SkvLayout& l = p.layout;
   if (!p.candidates || !p.candidate_lse || l.max_candidates < 1) return cudaErrorInvalidValue;
   cudaError_t error = cudaSuccess;
-  if (const void* fast = ExactFastKernel(p)) {
+  int64_t fast_bytes = 0;
+  if (const void* fast = ExactFastKernel(p, &fast_bytes)) {
+    if (ScoresFp8AsCoded(p) && !p.logits) return cudaErrorInvalidValue;  // landmark logits
     const dim3 grid((l.max_candidates + kExactFastChunks - 1) / kExactFastChunks, l.num_kv_heads,
                     p.rows);
     SkvDecodeParams params = p;
     void* args[] = {&params};
     error = cudaLaunchKernel(fast, grid, dim3(kExactFastWarps * 32), args,
-                             static_cast<size_t>(ExactFastSharedBytes(l)), stream);
+                             static_cast<size_t>(fast_bytes), stream);
   } else {
     if (!ExactGenericFits(l)) return cudaErrorInvalidValue;  // e.g. head_dim 96, first kernels
     const int per_block = ExactChunksPerBlock(l.chunk_size);

@@ -196,8 +196,8 @@ struct SkvDecodeParams {
   // Fast rebuild: gather slots per block, 32, 64 or 128 (0: the default, 32).
   int rebuild_slots = 0;
   // Fast re-rank with exact keys: 1 the stored keys read ahead of the tile multiplied (bf16 by
-  // cp.async, two tiles; FP8 into registers, one tile, at head dims up to 128); 0 a tile at a
-  // time by plain loads (kept to compare).
+  // cp.async, two tiles; FP8 codes into registers, one tile, and scored as coded, at head dims
+  // up to 128); 0 a tile at a time by plain loads, FP8 decoded to bf16 (kept to compare).
   int stored_key_prefetch = 1;
   // Re-ranking (kv::KvPolicyConfig selection "rerank"): with `candidates` set, LaunchSkvSelect
   // keeps min(max(rerank_factor · K, rerank_min_chunks), selectable, layout.max_candidates)
