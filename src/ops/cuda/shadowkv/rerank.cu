@@ -262,6 +262,33 @@ int64_t ExactFastSharedBytes(const SkvLayout& l) {
   return ExactFastBf16Bytes(l) + 4ll * kExactFastChunks * l.chunk_size * l.group;
 }
 
+// The prologue of a fast scoring block (blockIdx.x: its kExactFastChunks candidates, y: the KV
+// head, z: the row). Returns false, the same in every thread, where the block has nothing to
+// score: past the packed list, or no selection at this step (the list is an earlier step's).
+// Else threads [0, kExactFastChunks) put the block's candidates in chunks (-1 past the list),
+// count them into *count and call visit(i, chunk) for theirs; the caller's barrier makes them
+// visible.
+template <typename Visit>
+__device__ __forceinline__ bool StageFastCandidates(const SkvDecodeParams& p, int* chunks,
+                                                    int* count, Visit&& visit) {
+  const SkvLayout& l = p.layout;
+  const int h = blockIdx.y, row = blockIdx.z, first = blockIdx.x * kExactFastChunks;
+  const int32_t* list =
+      p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
+  if (first >= l.max_candidates || list[first] < 0) return false;  // packed: nothing from here on
+  if (SkvKeepsChunks(p, p.meta[row], row, h)) return false;
+  if (threadIdx.x == 0) *count = 0;
+  __syncthreads();
+  if (threadIdx.x < kExactFastChunks) {
+    const int i = first + threadIdx.x;
+    const int chunk = i < l.max_candidates ? list[i] : -1;
+    chunks[threadIdx.x] = chunk;
+    visit(threadIdx.x, chunk);
+    if (chunk >= 0) atomicAdd(count, 1);
+  }
+  return true;
+}
+
 template <int kHeadDim, bool kHalves>
 __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(SkvDecodeParams p) {
   extern __shared__ __align__(16) unsigned char exact_fast_shared[];
@@ -271,19 +298,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFastKernel(
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = blockIdx.x * kExactFastChunks;
-  const int32_t* list =
-      p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
-  if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
-  // No selection at this step: the list is an earlier step's.
-  if (SkvKeepsChunks(p, p.meta[row], row, h)) return;
-  if (threadIdx.x == 0) count_shared = 0;
-  __syncthreads();
-  if (threadIdx.x < kExactFastChunks) {
-    const int i = first + threadIdx.x;
-    const int chunk = i < l.max_candidates ? list[i] : -1;
-    chunks[threadIdx.x] = chunk;
-    if (chunk >= 0) atomicAdd(&count_shared, 1);
-  }
+  if (!StageFastCandidates(p, chunks, &count_shared, [](int, int) {})) return;
   for (int i = threadIdx.x; i < kHeadDim / 2; i += blockDim.x) inv_freq[i] = p.inv_freq[i];
 
   const SkvRowMeta m = p.meta[row];
@@ -427,12 +442,13 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFp8Kernel(S
   const SkvLayout& l = p.layout;
   const int h = blockIdx.y, row = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = blockIdx.x * kExactFastChunks;
-  const int32_t* list =
-      p.candidates + (static_cast<int64_t>(row) * l.num_kv_heads + h) * l.max_candidates;
-  if (first >= l.max_candidates || list[first] < 0) return;  // packed: nothing from here on
-  // No selection at this step: the list is an earlier step's.
-  if (SkvKeepsChunks(p, p.meta[row], row, h)) return;
   const SkvRowMeta m = p.meta[row];
+  // Each candidate's run scale, times the logits' scale.
+  if (!StageFastCandidates(p, chunks, &count_shared, [&](int i, int chunk) {
+        run_scale[i] = chunk >= 0 ? *l.KeyScale(m.seq, p.layer, h, chunk) * p.scale : 0.0f;
+      })) {
+    return;
+  }
   const int group = l.group, chunk_size = l.chunk_size;
   // [kExactFastChunks * C, group] the tokens' logits, then [kExactFastChunks, group] the
   // landmarks' logits
@@ -440,16 +456,7 @@ __global__ void __launch_bounds__(kExactFastWarps * 32) SkvExactScoreFp8Kernel(S
   float* landmark_logits = token_logits + kExactFastChunks * chunk_size * group;
   const float* logits =
       p.logits + (static_cast<int64_t>(row) * l.num_kv_heads + h) * group * l.capacity_chunks;
-  if (threadIdx.x == 0) count_shared = 0;
-  __syncthreads();
-  if (threadIdx.x < kExactFastChunks) {
-    const int i = first + threadIdx.x;
-    const int chunk = i < l.max_candidates ? list[i] : -1;
-    chunks[threadIdx.x] = chunk;
-    run_scale[threadIdx.x] = chunk >= 0 ? *l.KeyScale(m.seq, p.layer, h, chunk) * p.scale : 0.0f;
-    if (chunk >= 0) atomicAdd(&count_shared, 1);
-  }
-  __syncthreads();  // the chunk list and its count are visible
+  __syncthreads();  // the chunk list, its count and the scales are visible
   const int count = count_shared, total_rows = count * chunk_size;
   const int num_tiles = (total_rows + 15) / 16;
   for (int i = threadIdx.x; i < count * group; i += blockDim.x) {
