@@ -28,6 +28,11 @@ cudaError_t LaunchSkvRebuildFast(const SkvDecodeParams& params, cudaStream_t str
 cudaError_t SkvSharedMemoryLimit(int* limit);
 // The re-ranking kernels' shared memory limits (rerank.cu).
 cudaError_t SkvConfigureRerank(const SkvLayout& layout);
+// The re-rank's select (rerank_select.cu): refuses a layout whose select does not fit `limit`
+// bytes of shared memory (or more candidates or budget chunks than it takes), else raises its
+// limit; and its launch, after the scorer has written candidate_lse.
+cudaError_t SkvConfigureRerankSelect(const SkvLayout& layout, int limit);
+cudaError_t LaunchSkvRerankSelect(const SkvDecodeParams& params, cudaStream_t stream);
 // The per-query-head select (select_heads.cu), either kernel variant.
 cudaError_t LaunchSkvSelectHeads(const SkvDecodeParams& params, cudaStream_t stream);
 
